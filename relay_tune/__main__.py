@@ -1,0 +1,5 @@
+"""`python -m relay_tune` is the `relay-tune` command."""
+
+from relay_tune.cli import main
+
+raise SystemExit(main())

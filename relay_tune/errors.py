@@ -1,0 +1,64 @@
+"""User-facing errors. The CLI prints these as one clear message (never a traceback).
+
+Every error a user can cause with their input derives from `RelayTuneError`.
+"""
+
+from __future__ import annotations
+
+from relay_tune.ir.span import Span
+
+
+class RelayTuneError(Exception):
+    """Base class of errors caused by the user's input or environment."""
+
+
+class ParseError(RelayTuneError):
+    """A syntax error in Relay text, located by file, line and column.
+
+    `str(err)` shows the message, the offending source line and a caret under the column.
+    """
+
+    def __init__(
+        self, message: str, source_name: str, line: int, column: int, source_line: str | None = None
+    ) -> None:
+        self.message = message
+        self.source_name = source_name
+        self.line = line
+        self.column = column
+        self.source_line = source_line
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = f"{self.source_name}:{self.line}:{self.column}: error: {self.message}"
+        if self.source_line is not None:
+            line = self.source_line.rstrip("\n").replace("\t", " ")
+            gutter = f"{self.line} | "
+            caret_pad = " " * (len(gutter) + max(self.column - 1, 0))
+            text += f"\n{gutter}{line}\n{caret_pad}^"
+        return text
+
+
+class RelayTypeError(RelayTuneError):
+    """A shape/dtype error found by type inference; names the call and where it is."""
+
+    def __init__(self, message: str, span: Span | None = None, op_name: str | None = None) -> None:
+        self.message = message
+        self.span = span
+        self.op_name = op_name
+        where = f"{span}: " if span is not None else ""
+        call = f"in call to `{op_name}`: " if op_name else ""
+        super().__init__(f"{where}type error: {call}{message}")
+
+
+class UnknownOperatorError(RelayTuneError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"operator `{name}` is not registered (unknown operator)")
+
+
+class UnsupportedError(RelayTuneError):
+    """A valid program that uses a feature relay-tune does not support (yet)."""
+
+
+class CompileError(RelayTuneError):
+    """Code generation failed for a kernel or model."""

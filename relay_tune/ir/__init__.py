@@ -1,0 +1,41 @@
+"""The Relay intermediate representation: types, expressions, modules and traversals."""
+
+from relay_tune.ir.attrs import EMPTY_ATTRS, Attrs
+from relay_tune.ir.expr import (
+    Call,
+    Constant,
+    Expr,
+    Function,
+    GlobalVar,
+    If,
+    Let,
+    Op,
+    Tuple,
+    TupleGetItem,
+    Var,
+    const,
+    op,
+)
+from relay_tune.ir.module import IRModule
+from relay_tune.ir.span import Span
+from relay_tune.ir.structural import structural_equal, structural_hash
+from relay_tune.ir.traversal import free_vars, post_order, pre_order, rewrite, substitute
+from relay_tune.ir.types import (
+    ANY,
+    AnyDim,
+    FuncType,
+    IncompleteType,
+    TensorType,
+    TupleType,
+    Type,
+    TypeVar,
+    scalar_type,
+)
+
+__all__ = [
+    "ANY", "AnyDim", "Attrs", "Call", "Constant", "EMPTY_ATTRS", "Expr", "FuncType", "Function",
+    "GlobalVar", "IRModule", "If", "IncompleteType", "Let", "Op", "Span", "TensorType", "Tuple",
+    "TupleGetItem", "TupleType", "Type", "TypeVar", "Var", "const", "free_vars", "op",
+    "post_order", "pre_order", "rewrite", "scalar_type", "structural_equal", "structural_hash",
+    "substitute",
+]
