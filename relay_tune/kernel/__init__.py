@@ -1,0 +1,1 @@
+"""Kernel layer: tensor expressions, the loop-nest IR, schedules and lowering."""
