@@ -8,8 +8,20 @@ import numpy as np
 import pytest
 
 from relay_tune.ir import (
-    Call, Function, IRModule, Let, TensorType, Tuple, TupleGetItem, Var, const, free_vars, op, post_order,
-    rewrite, structural_equal,
+    Call,
+    Function,
+    IRModule,
+    Let,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    Var,
+    const,
+    free_vars,
+    op,
+    post_order,
+    rewrite,
+    structural_equal,
 )
 
 T = TensorType((2, 3), "float32")

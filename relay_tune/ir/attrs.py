@@ -37,7 +37,7 @@ def _typed_key(value: AttrValue) -> Any:
 class Attrs(Mapping[str, AttrValue]):
     """A frozen, hashable mapping of attribute names to values."""
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         merged = dict(items or {})

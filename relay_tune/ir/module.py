@@ -42,7 +42,7 @@ class IRModule(Mapping[str, Function]):
         functions[name] = func
         return IRModule(functions)
 
-    def map_functions(self, fn: "callable[[str, Function], Function]") -> IRModule:  # type: ignore[valid-type]
+    def map_functions(self, fn: callable[[str, Function], Function]) -> IRModule:  # type: ignore[valid-type]
         return IRModule({name: fn(name, f) for name, f in self._functions.items()})
 
     def __eq__(self, other: object) -> bool:

@@ -141,7 +141,9 @@ def _local_equal(a: Expr, b: Expr, var_map: dict[int, Var]) -> bool:
     if isinstance(a, Constant):
         assert isinstance(b, Constant)
         da, db = a.data, b.data
-        return da.dtype == db.dtype and da.shape == db.shape and bool(np.array_equal(da, db, equal_nan=da.dtype.kind == "f"))
+        if da.dtype != db.dtype or da.shape != db.shape:
+            return False
+        return bool(np.array_equal(da, db, equal_nan=da.dtype.kind == "f"))
     if isinstance(a, Call):
         assert isinstance(b, Call)
         return a.attrs == b.attrs and len(a.args) == len(b.args)

@@ -6,7 +6,6 @@ Types are small immutable values; dataclass equality is structural and exact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 class AnyDim:
@@ -32,7 +31,7 @@ class AnyDim:
 
 ANY = AnyDim()
 
-Dim = Union[int, AnyDim]
+Dim = int | AnyDim
 
 
 class Type:
