@@ -15,6 +15,11 @@ register_op(
     "relay.attrs.Conv2DAttrs",
 )
 register_op(
+    "nn.contrib_conv2d_NCHWc", 2, OUT_EW,
+    {"strides": (1, 1), "dilation": (1, 1), **_CONV_COMMON, "data_layout": "NCHW", "kernel_layout": "OIHW"},
+    "relay.attrs.Conv2DAttrs", description="conv2d on channel-blocked layouts (NCHW[x]c data, OIHW[x]i[y]o kernel)",
+)
+register_op(
     "nn.conv1d", 2, OUT_EW,
     {"strides": (1,), "dilation": (1,), **_CONV_COMMON, "data_layout": "NCW", "kernel_layout": "OIW"},
     "relay.attrs.Conv1DAttrs",
