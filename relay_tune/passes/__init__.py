@@ -1,0 +1,48 @@
+"""Graph passes: type inference, inference simplification, constant folding, scale folding, CSE, DCE, fusion.
+
+    from relay_tune.passes import optimize
+    fused = optimize(mod, opt_level=3)          # the default pipeline; one Primitive=1 function per fused group
+
+    from relay_tune.passes import FuseOps, PassConfig, Sequential
+    mod = Sequential((SimplifyInference(), FuseOps(max_depth=8))).run(mod, PassConfig(opt_level=3))
+
+Task extraction (one tuning task per distinct fused function) lives in `relay_tune.passes.extract_tasks`.
+"""
+
+from relay_tune.passes.base import (
+    DEFAULT_CONFIG,
+    InferType,
+    Pass,
+    PassConfig,
+    Sequential,
+    get_pass,
+    register_pass,
+    registered_passes,
+)
+from relay_tune.passes.dead_code import DeadCodeElimination
+from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
+from relay_tune.passes.fold_constant import FoldConstant
+from relay_tune.passes.fold_scale_axis import FoldScaleAxis
+from relay_tune.passes.fuse_ops import FuseOps, fused_groups
+from relay_tune.passes.pipeline import default_pipeline, optimize
+from relay_tune.passes.simplify_inference import SimplifyInference
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "DeadCodeElimination",
+    "EliminateCommonSubexpr",
+    "FoldConstant",
+    "FoldScaleAxis",
+    "FuseOps",
+    "InferType",
+    "Pass",
+    "PassConfig",
+    "Sequential",
+    "SimplifyInference",
+    "default_pipeline",
+    "fused_groups",
+    "get_pass",
+    "optimize",
+    "register_pass",
+    "registered_passes",
+]

@@ -1,0 +1,249 @@
+"""Pass infrastructure: `Pass`, `PassConfig`, `Sequential`, `InferType` and traversal helpers shared by passes.
+
+A pass is a small frozen dataclass. Its fields are its options (`FuseOps(max_depth=64)`), its class variables say
+when it runs (`opt_level`: the lowest optimisation level at which a pipeline includes it) and what it needs first
+(`required`: names of passes that must have run, in practice `"InferType"`). Configuration that applies to a whole
+pipeline run (the optimisation level, passes to skip, fusion depth...) travels in an explicit `PassConfig` argument,
+never in global state, so two pipelines with different settings can run side by side.
+
+Calling order: `Pass.run(mod, config)` first satisfies `required` (type inference runs only when the module is not
+typed yet), then calls `transform(mod, config)`, which subclasses implement and which must return a type-correct
+module (passes that build new nodes end with `infer_types`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from relay_tune.ir import Expr, Function, IRModule, TensorType
+from relay_tune.ir.expr import Call
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    """Settings shared by every pass of one pipeline run.
+
+    Attributes:
+        opt_level: passes whose `opt_level` exceeds this are skipped by `Sequential`; FuseOps at level 0 puts every
+            operator call in its own primitive function.
+        disabled_passes: names of passes a `Sequential` skips.
+        fuse_max_depth: most nodes in one fused group (TVM's `relay.FuseOps.max_depth`).
+        fold_small_result_elements: FoldConstant always folds a call whose result has at most this many elements,
+            however small its inputs (see `FoldConstant` for the whole rule).
+    """
+
+    opt_level: int = 2
+    disabled_passes: frozenset[str] = frozenset()
+    fuse_max_depth: int = 256
+    fold_small_result_elements: int = 4096
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "disabled_passes", frozenset(self.disabled_passes))
+        if self.fuse_max_depth < 1:
+            raise ValueError(f"fuse_max_depth must be at least 1, got {self.fuse_max_depth}")
+
+
+DEFAULT_CONFIG = PassConfig()
+
+
+class Pass(abc.ABC):
+    """A module-to-module transformation.
+
+    Subclasses are frozen dataclasses (their fields are options), set the class variables `name`, `opt_level` and
+    `required`, and implement `transform`. Users call `run` (or the pass itself).
+    """
+
+    name: ClassVar[str]
+    opt_level: ClassVar[int] = 0
+    required: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
+        """The transformation itself; may assume the `required` passes have run."""
+
+    def run(self, mod: IRModule, config: PassConfig | None = None) -> IRModule:
+        config = config or DEFAULT_CONFIG
+        for name in self.required:
+            if name == InferType.name:
+                if not is_typed(mod):
+                    mod = InferType().run(mod, config)
+            else:
+                mod = get_pass(name).run(mod, config)
+        return self.transform(mod, config)
+
+    def __call__(self, mod: IRModule, config: PassConfig | None = None) -> IRModule:
+        return self.run(mod, config)
+
+
+@dataclass(frozen=True)
+class Sequential(Pass):
+    """Runs `passes` in order, skipping those above `config.opt_level` or named in `config.disabled_passes`.
+
+    `opt_level` is the level of the sequence itself (when nested in another sequence).
+    """
+
+    passes: tuple[Pass, ...]
+    opt_level: int = 0  # type: ignore[misc]  # an option here, a class constant on other passes
+    name: str = "Sequential"  # type: ignore[misc]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passes", tuple(self.passes))
+
+    def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
+        for p in self.passes:
+            if p.opt_level > config.opt_level or p.name in config.disabled_passes:
+                continue
+            mod = p.run(mod, config)
+        return mod
+
+
+@dataclass(frozen=True)
+class InferType(Pass):
+    """Fills `checked_type` on every node (see `relay_tune.type_infer.infer_types`)."""
+
+    name: ClassVar[str] = "InferType"
+
+    def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
+        from relay_tune.type_infer import infer_types
+
+        return infer_types(mod)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Registry: pass name -> class, so that `required` and command lines can name passes.
+# ---------------------------------------------------------------------------------------------------------------------
+
+_PASSES: dict[str, type[Pass]] = {"InferType": InferType}
+
+
+def register_pass(cls: type[Pass]) -> type[Pass]:
+    if cls.name in _PASSES and _PASSES[cls.name] is not cls:
+        raise ValueError(f"pass {cls.name} registered twice")
+    _PASSES[cls.name] = cls
+    return cls
+
+
+def get_pass(name: str, **options: Any) -> Pass:
+    """A pass by name with its options, e.g. `get_pass("FuseOps", max_depth=8)`."""
+    import relay_tune.passes  # noqa: F401  (importing the package registers every pass)
+
+    try:
+        cls = _PASSES[name]
+    except KeyError:
+        known = ", ".join(sorted(_PASSES))
+        raise KeyError(f"unknown pass {name!r} (known: {known})") from None
+    return cls(**options)
+
+
+def registered_passes() -> list[str]:
+    import relay_tune.passes  # noqa: F401
+
+    return sorted(_PASSES)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helpers shared by the passes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def is_typed(mod: IRModule) -> bool:
+    return all(f.has_type() and f.body.has_type() for f in mod.values())
+
+
+def should_transform(func: Function) -> bool:
+    """Global functions a graph pass rewrites: not already lowered (`Primitive`) and not offloaded (`Compiler`)."""
+    return not func.is_primitive and "Compiler" not in func.attrs
+
+
+def is_opaque_function(node: Expr) -> bool:
+    """Function literals whose bodies graph passes leave exactly as they are."""
+    return isinstance(node, Function) and not should_transform(node)
+
+
+def dataflow_post_order(root: Expr) -> list[Expr]:
+    """Like `relay_tune.ir.post_order`, but primitive/external function literals are leaves (their bodies are
+    not visited)."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if is_opaque_function(node):
+            continue
+        for child in reversed(node.children()):
+            if id(child) not in seen:
+                stack.append((child, False))
+    return order
+
+
+RewriteFn = Callable[[Expr, Expr], Expr]
+
+
+def rewrite_dataflow(root: Expr, fn: RewriteFn) -> Expr:
+    """Bottom-up rebuild (see `relay_tune.ir.rewrite`) that leaves primitive/external function literals alone."""
+    mapped: dict[int, Expr] = {}
+    for node in dataflow_post_order(root):
+        children = () if is_opaque_function(node) else node.children()
+        if children:
+            new_children = [mapped.get(id(c), c) for c in children]
+            changed = any(n is not c for n, c in zip(new_children, children))
+            updated = node.with_children(new_children) if changed else node
+        else:
+            updated = node
+        mapped[id(node)] = fn(node, updated)
+    return mapped[id(root)]
+
+
+def map_functions(mod: IRModule, fn: Callable[[Function], Function]) -> tuple[IRModule, bool]:
+    """Apply `fn` to every global function that graph passes transform; also says whether anything changed."""
+    changed = False
+    functions: dict[str, Function] = {}
+    for name, func in mod.items():
+        new = fn(func) if should_transform(func) else func
+        changed = changed or new is not func
+        functions[name] = new
+    return (IRModule(functions) if changed else mod), changed
+
+
+def retype(mod: IRModule, changed: bool) -> IRModule:
+    """Re-run type inference after a pass built new nodes (and only then)."""
+    if not changed:
+        return mod
+    from relay_tune.type_infer import infer_types
+
+    return infer_types(mod)
+
+
+def tensor_type_of(node: Expr) -> TensorType | None:
+    """The node's checked type when it is a tensor type with static shape, else None."""
+    if not node.has_type():
+        return None
+    ty = node.checked_type
+    if isinstance(ty, TensorType) and ty.is_static:
+        return ty
+    return None
+
+
+def call_op_name(node: Expr) -> str | None:
+    return node.op_name if isinstance(node, Call) else None
+
+
+def use_counts(root: Expr) -> dict[int, int]:
+    """How many times each node (by identity) is referenced as a child; the root counts one extra use."""
+    counts: dict[int, int] = {id(root): 1}
+    for node in dataflow_post_order(root):
+        if is_opaque_function(node):
+            continue
+        for child in node.children():
+            counts[id(child)] = counts.get(id(child), 0) + 1
+    return counts
