@@ -1,8 +1,29 @@
-"""Neural-network operators: convolutions, dense/matmul, pooling, normalisation, softmax."""
+"""Neural-network operators: convolutions, dense/matmul, pooling, normalisation, softmax.
+
+Each operator is declared with `register_op`, and its type relation and numpy reference are attached
+next to the declaration. The references favour clarity over speed, but avoid Python loops over output
+pixels (convolution is im2col + matmul) so that whole models run in seconds.
+
+Layouts are handled generically: a layout string such as `NCHW`, `NHWC`, `OHWI` or `NCHW4c` names one
+letter per axis; an upper-case letter is a logical ("primal") axis, a lower-case letter with a factor
+is the inner part of a split primal axis (`NCHW4c`: the channel axis split into outer `C` and inner
+`4c`). Relations and references convert to the primal order (`NCHW` / `OIHW`), do the work there, and
+convert back.
+"""
 
 from __future__ import annotations
 
-from relay_tune.op.registry import OpPattern, register_op
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from relay_tune.errors import RelayTypeError, UnsupportedError
+from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.types import ANY, Dim, TensorType, TupleType, Type
+from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 OUT_EW = OpPattern.OUT_ELEMWISE_FUSABLE
 
@@ -16,8 +37,8 @@ register_op(
 )
 register_op(
     "nn.contrib_conv2d_NCHWc", 2, OUT_EW,
-    {"strides": (1, 1), "dilation": (1, 1), **_CONV_COMMON, "data_layout": "NCHW", "kernel_layout": "OIHW"},
-    "relay.attrs.Conv2DAttrs", description="conv2d on channel-blocked layouts (NCHW[x]c data, OIHW[x]i[y]o kernel)",
+    {"strides": (1, 1), "dilation": (1, 1), **_CONV_COMMON, "data_layout": "NCHW8c", "kernel_layout": "OIHW8i8o"},
+    "relay.attrs.Conv2DAttrs", description="conv2d on channel-packed layouts (NCHW[x]c data, OIHW[x]i[y]o kernel)",
 )
 register_op(
     "nn.conv1d", 2, OUT_EW,
@@ -49,3 +70,790 @@ register_op(
 )
 register_op("nn.global_avg_pool2d", 1, OUT_EW, {"layout": "NCHW", "out_layout": ""}, "relay.attrs.GlobalPool2DAttrs")
 register_op("nn.global_max_pool2d", 1, OUT_EW, {"layout": "NCHW", "out_layout": ""}, "relay.attrs.GlobalPool2DAttrs")
+
+
+# ================================================================================================
+# Small helpers shared by the relations
+# ================================================================================================
+
+
+def fmt_shape(shape: Sequence[Dim]) -> str:
+    """`1x64x56x56` (and `?` for dynamic dims, `scalar` for rank 0): compact shapes for messages."""
+    if not shape:
+        return "scalar"
+    return "x".join("?" if d is ANY else str(d) for d in shape)
+
+
+def _tensor_arg(ty: Type, op_name: str, what: str) -> TensorType:
+    if not isinstance(ty, TensorType):
+        raise RelayTypeError(f"{what} must be a tensor, got {ty}", op_name=op_name)
+    return ty
+
+
+def _ints(value: object, count: int, op_name: str, attr: str) -> tuple[int, ...]:
+    """An int or a sequence of `count` ints (a single value is repeated; the text format allows both)."""
+    if isinstance(value, bool):
+        raise RelayTypeError(f"{attr} must be integers, got {value!r}", op_name=op_name)
+    if isinstance(value, int):
+        return (value,) * count
+    if isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if len(value) == count:
+            return value
+        if len(value) == 1:
+            return value * count
+    raise RelayTypeError(f"{attr} must be 1 or {count} integers, got {value!r}", op_name=op_name)
+
+
+def _padding(value: object, spatial: int, op_name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Normalise `padding` to (before per spatial dim, after per spatial dim).
+
+    1 value pads every side; `spatial` values pad both sides of each dim; `2 * spatial` values are all
+    "before" pads followed by all "after" pads (`[top, left, bottom, right]` in 2-D).
+    """
+    pads = _ints(value, 1, op_name, "padding") if isinstance(value, int) else value
+    if not isinstance(pads, tuple) or not all(isinstance(p, int) and not isinstance(p, bool) for p in pads):
+        raise RelayTypeError(f"padding must be integers, got {value!r}", op_name=op_name)
+    if len(pads) == 1:
+        pads = pads * (2 * spatial)
+    elif len(pads) == spatial:
+        pads = pads + pads
+    elif len(pads) != 2 * spatial:
+        raise RelayTypeError(
+            f"padding must have 1, {spatial} or {2 * spatial} values, got {len(pads)} ({list(pads)})", op_name=op_name
+        )
+    if any(p < 0 for p in pads):
+        raise RelayTypeError(f"padding must be non-negative, got {list(pads)}", op_name=op_name)
+    return tuple(pads[:spatial]), tuple(pads[spatial:])
+
+
+def _dim_mul(a: Dim, b: Dim) -> Dim:
+    return ANY if a is ANY or b is ANY else a * b  # type: ignore[operator]
+
+
+def _out_dtype(attrs: Attrs, data_dtype: str) -> str:
+    out_dtype = attrs.get("out_dtype") or ""
+    return str(out_dtype) if out_dtype else data_dtype
+
+
+def _dims_clash(a: Dim, b: Dim) -> bool:
+    """Two dims that are both known and differ (a `?` matches anything)."""
+    return a is not ANY and b is not ANY and a != b
+
+
+# ================================================================================================
+# Layouts
+# ================================================================================================
+
+_LAYOUT_TOKEN = re.compile(r"(\d*)([A-Za-z])")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parsed layout string. `axes[i]` is `(letter, factor)`; factor is None for primal axes."""
+
+    name: str
+    axes: tuple[tuple[str, int | None], ...]
+
+    @staticmethod
+    def parse(name: str, op_name: str) -> Layout:
+        axes: list[tuple[str, int | None]] = []
+        pos = 0
+        for match in _LAYOUT_TOKEN.finditer(name):
+            if match.start() != pos:
+                break
+            pos = match.end()
+            digits, letter = match.groups()
+            if letter.isupper():
+                if digits:
+                    raise RelayTypeError(
+                        f"layout {name!r}: a primal axis ({letter}) cannot have a factor", op_name=op_name
+                    )
+                axes.append((letter, None))
+            else:
+                if not digits or int(digits) <= 0:
+                    raise RelayTypeError(
+                        f"layout {name!r}: split axis {letter} needs a positive factor", op_name=op_name
+                    )
+                axes.append((letter, int(digits)))
+        letters = [a for a, _ in axes]
+        if pos != len(name) or not name or len(set(letters)) != len(letters):
+            raise RelayTypeError(f"invalid layout {name!r}", op_name=op_name)
+        for letter, factor in axes:
+            if factor is not None and letter.upper() not in letters:
+                raise RelayTypeError(
+                    f"layout {name!r}: split axis {letter} without primal {letter.upper()}", op_name=op_name
+                )
+        return Layout(name, tuple(axes))
+
+    @property
+    def primal(self) -> str:
+        return "".join(a for a, f in self.axes if f is None)
+
+    def index(self, letter: str) -> int:
+        return [a for a, _ in self.axes].index(letter)
+
+    def factor(self, primal_letter: str) -> int | None:
+        for a, f in self.axes:
+            if a == primal_letter.lower() and f is not None:
+                return f
+        return None
+
+    def check_primal(self, expected: str, op_name: str, role: str) -> None:
+        if sorted(self.primal) != sorted(expected):
+            raise UnsupportedError(
+                f"{op_name}: {role} layout {self.name!r} is not a rearrangement of {expected!r}"
+            )
+
+    def to_primal_shape(self, shape: Sequence[Dim], order: str, op_name: str, role: str) -> tuple[Dim, ...]:
+        """The logical dims, in `order` (e.g. `NCHW`), of a tensor stored in this layout."""
+        if len(shape) != len(self.axes):
+            raise RelayTypeError(
+                f"{role} {fmt_shape(shape)} has rank {len(shape)} but layout {self.name} needs rank {len(self.axes)}",
+                op_name=op_name,
+            )
+        dims: list[Dim] = []
+        for letter in order:
+            dim = shape[self.index(letter)]
+            factor = self.factor(letter)
+            if factor is not None:
+                inner = shape[self.index(letter.lower())]
+                if _dims_clash(inner, factor):
+                    raise RelayTypeError(
+                        f"{role} {fmt_shape(shape)}: axis {factor}{letter.lower()} of layout {self.name} has size "
+                        f"{inner}", op_name=op_name,
+                    )
+                dim = _dim_mul(dim, factor)
+            dims.append(dim)
+        return tuple(dims)
+
+    def from_primal_shape(self, dims: Sequence[Dim], order: str, op_name: str, role: str) -> tuple[Dim, ...]:
+        """The stored shape in this layout of a tensor with logical dims `dims` (in `order`)."""
+        by_letter = dict(zip(order, dims))
+        shape: list[Dim] = []
+        for letter, factor in self.axes:
+            if factor is not None:
+                shape.append(factor)
+                continue
+            dim = by_letter[letter]
+            inner = self.factor(letter)
+            if inner is not None and dim is not ANY:
+                if dim % inner:  # type: ignore[operator]
+                    raise RelayTypeError(
+                        f"{role}: axis {letter} of size {dim} cannot be split by {inner} for layout {self.name}",
+                        op_name=op_name,
+                    )
+                dim = dim // inner  # type: ignore[operator]
+            shape.append(dim)
+        return tuple(shape)
+
+    # --- the same conversions on arrays (used by references) -----------------------------------
+    def to_primal_array(self, arr: np.ndarray, order: str) -> np.ndarray:
+        letters = [a for a, _ in self.axes]
+        perm: list[int] = []
+        for letter in order:
+            perm.append(letters.index(letter))
+            if self.factor(letter) is not None:
+                perm.append(letters.index(letter.lower()))
+        moved = arr.transpose(perm)
+        merged = [math.prod(moved.shape[i] for i in group) for group in self._groups(order)]
+        return moved.reshape(merged)
+
+    def from_primal_array(self, arr: np.ndarray, order: str) -> np.ndarray:
+        split: list[int] = []
+        split_letters: list[str] = []
+        for letter, dim in zip(order, arr.shape):
+            factor = self.factor(letter)
+            if factor is None:
+                split += [dim]
+                split_letters += [letter]
+            else:
+                split += [dim // factor, factor]
+                split_letters += [letter, letter.lower()]
+        expanded = arr.reshape(split)
+        perm = [split_letters.index(a) for a, _ in self.axes]
+        return expanded.transpose(perm)
+
+    def _groups(self, order: str) -> list[list[int]]:
+        groups: list[list[int]] = []
+        pos = 0
+        for letter in order:
+            size = 2 if self.factor(letter) is not None else 1
+            groups.append(list(range(pos, pos + size)))
+            pos += size
+        return groups
+
+
+# ================================================================================================
+# Convolution
+# ================================================================================================
+
+
+def _conv_rel(arg_types: Sequence[Type], attrs: Attrs, op_name: str, spatial_letters: str) -> Type:
+    """Shared N-d convolution relation. `spatial_letters` is `HW` for 2-D and `W` for 1-D."""
+    data_order, kernel_order = "NC" + spatial_letters, "OI" + spatial_letters
+    nsp = len(spatial_letters)
+    data = _tensor_arg(arg_types[0], op_name, "data")
+    weight = _tensor_arg(arg_types[1], op_name, "weight")
+    data_layout = Layout.parse(str(attrs["data_layout"]), op_name)
+    kernel_layout = Layout.parse(str(attrs["kernel_layout"]), op_name)
+    out_layout = Layout.parse(str(attrs["out_layout"] or attrs["data_layout"]), op_name)
+    data_layout.check_primal(data_order, op_name, "data")
+    kernel_layout.check_primal(kernel_order, op_name, "kernel")
+    out_layout.check_primal(data_order, op_name, "output")
+
+    n, c, *spatial = data_layout.to_primal_shape(data.shape, data_order, op_name, "data")
+    o, i, *ksize = kernel_layout.to_primal_shape(weight.shape, kernel_order, op_name, "weight")
+    strides = _ints(attrs["strides"], nsp, op_name, "strides")
+    dilation = _ints(attrs["dilation"], nsp, op_name, "dilation")
+    pad_before, pad_after = _padding(attrs["padding"], nsp, op_name)
+    groups = attrs["groups"]
+    if not isinstance(groups, int) or groups < 1:
+        raise RelayTypeError(f"groups must be a positive integer, got {groups!r}", op_name=op_name)
+    if any(s < 1 for s in strides) or any(d < 1 for d in dilation):
+        raise RelayTypeError(f"strides {list(strides)} and dilation {list(dilation)} must be >= 1", op_name=op_name)
+    data_desc = f"data {fmt_shape(data.shape)} ({data_layout.name})"
+    weight_desc = f"weight {fmt_shape(weight.shape)} ({kernel_layout.name})"
+
+    if attrs["kernel_size"] is not None:
+        kernel_size = _ints(attrs["kernel_size"], nsp, op_name, "kernel_size")
+        if any(_dims_clash(k, w) for k, w in zip(kernel_size, ksize)):
+            raise RelayTypeError(
+                f"kernel_size {list(kernel_size)} does not match {weight_desc}", op_name=op_name
+            )
+    channels = attrs["channels"]
+    if channels is not None:
+        if not isinstance(channels, int) or channels < 1:
+            raise RelayTypeError(f"channels must be a positive integer, got {channels!r}", op_name=op_name)
+        if _dims_clash(o, channels):
+            raise RelayTypeError(
+                f"channels={channels} does not match {weight_desc}, which has {o} output channels", op_name=op_name
+            )
+    out_channels: Dim = channels if channels is not None else o
+    if c is not ANY:
+        if c % groups:  # type: ignore[operator]
+            raise RelayTypeError(
+                f"input channels {c} of {data_desc} are not divisible by groups={groups}", op_name=op_name
+            )
+        expected_i = c // groups  # type: ignore[operator]
+        if _dims_clash(i, expected_i):
+            group_note = f" with groups={groups}" if groups != 1 else ""
+            raise RelayTypeError(
+                f"input channels {c} of {data_desc} do not match {weight_desc}: "
+                f"expected {expected_i} input channels per group{group_note}, the weight has {i}",
+                op_name=op_name,
+            )
+    if out_channels is not ANY and out_channels % groups:  # type: ignore[operator]
+        raise RelayTypeError(f"output channels {out_channels} are not divisible by groups={groups}", op_name=op_name)
+
+    out_spatial: list[Dim] = []
+    for axis, (size, k, s, d, pb, pa) in enumerate(zip(spatial, ksize, strides, dilation, pad_before, pad_after)):
+        if size is ANY or k is ANY:
+            out_spatial.append(ANY)
+            continue
+        extent = size + pb + pa - ((k - 1) * d + 1)  # type: ignore[operator]
+        if extent < 0:
+            raise RelayTypeError(
+                f"kernel {fmt_shape(ksize)} (dilation {list(dilation)}) is larger than the padded input along "
+                f"{spatial_letters[axis]} ({size} + padding {pb}+{pa}) for {data_desc}",
+                op_name=op_name,
+            )
+        out_spatial.append(extent // s + 1)
+    out_dims = (n, out_channels, *out_spatial)
+    out_shape = out_layout.from_primal_shape(out_dims, data_order, op_name, "output")
+    return TensorType(out_shape, _out_dtype(attrs, data.dtype))
+
+
+@type_relation("nn.conv2d")
+def conv2d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _conv_rel(arg_types, attrs, "nn.conv2d", "HW")
+
+
+@type_relation("nn.contrib_conv2d_NCHWc")
+def conv2d_nchwc_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _conv_rel(arg_types, attrs, "nn.contrib_conv2d_NCHWc", "HW")
+
+
+@type_relation("nn.conv1d")
+def conv1d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _conv_rel(arg_types, attrs, "nn.conv1d", "W")
+
+
+def accumulator_dtype(out_dtype: str) -> np.dtype:
+    """The dtype a reference accumulates in: float32 for half/single, float64 for double, int64 for ints."""
+    dt = np.dtype(out_dtype)
+    if dt.kind == "f":
+        return np.dtype(np.float64) if dt.itemsize > 4 else np.dtype(np.float32)
+    if dt.kind in "iu":
+        return np.dtype(np.int64)
+    if dt.kind == "b":
+        return np.dtype(np.int64)
+    raise UnsupportedError(f"no numpy reference for dtype {out_dtype}")
+
+
+def conv_nd_primal(
+    data: np.ndarray,
+    weight: np.ndarray,
+    strides: Sequence[int],
+    dilation: Sequence[int],
+    pad_before: Sequence[int],
+    pad_after: Sequence[int],
+    groups: int,
+    acc: np.dtype,
+) -> np.ndarray:
+    """Grouped N-d convolution on `(N, C, *spatial)` data and `(O, C/groups, *k)` weight, via im2col.
+
+    The padded input is viewed as sliding windows (no copy), strided/dilated by slicing, gathered into
+    columns `(N, G, out_pixels, C/G * prod(k))` and multiplied with the weight `(G, O/G, C/G * prod(k))`.
+    """
+    nsp = data.ndim - 2
+    n = data.shape[0]
+    o, cg = weight.shape[:2]
+    ksize = weight.shape[2:]
+    g = groups
+    og = o // g
+    padded = np.pad(data.astype(acc, copy=False), [(0, 0), (0, 0), *zip(pad_before, pad_after)])
+    effective = tuple((k - 1) * d + 1 for k, d in zip(ksize, dilation))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, effective, axis=tuple(range(2, 2 + nsp)))
+    # windows: (N, C, *positions, *effective) -> keep every stride-th position and every dilation-th tap
+    index = (
+        slice(None), slice(None), *(slice(None, None, s) for s in strides), *(slice(None, None, d) for d in dilation)
+    )
+    windows = windows[index]
+    out_spatial = windows.shape[2:2 + nsp]
+    pixels = math.prod(out_spatial)
+    taps = math.prod(ksize)
+    # (N, G, Cg, *out, *k) -> (N, G, *out, Cg, *k) -> (N, G, pixels, Cg*taps)
+    grouped = windows.reshape(n, g, cg, *out_spatial, *ksize)
+    perm = (0, 1, *range(3, 3 + nsp), 2, *range(3 + nsp, 3 + 2 * nsp))
+    cols = grouped.transpose(perm).reshape(n, g, pixels, cg * taps)
+    kernel = weight.astype(acc, copy=False).reshape(g, og, cg * taps)
+    out = np.matmul(cols, kernel.transpose(0, 2, 1))  # (N, G, pixels, Og)
+    return out.transpose(0, 1, 3, 2).reshape(n, o, *out_spatial)
+
+
+def _conv_ref(inputs: Sequence[np.ndarray], attrs: Attrs, op_name: str, spatial_letters: str) -> np.ndarray:
+    data, weight = inputs
+    data_order, kernel_order = "NC" + spatial_letters, "OI" + spatial_letters
+    nsp = len(spatial_letters)
+    data_layout = Layout.parse(str(attrs["data_layout"]), op_name)
+    kernel_layout = Layout.parse(str(attrs["kernel_layout"]), op_name)
+    out_layout = Layout.parse(str(attrs["out_layout"] or attrs["data_layout"]), op_name)
+    pad_before, pad_after = _padding(attrs["padding"], nsp, op_name)
+    out_dtype = _out_dtype(attrs, str(data.dtype))
+    out = conv_nd_primal(
+        data_layout.to_primal_array(data, data_order),
+        kernel_layout.to_primal_array(weight, kernel_order),
+        _ints(attrs["strides"], nsp, op_name, "strides"),
+        _ints(attrs["dilation"], nsp, op_name, "dilation"),
+        pad_before,
+        pad_after,
+        int(attrs["groups"]),
+        accumulator_dtype(out_dtype),
+    )
+    return np.ascontiguousarray(out_layout.from_primal_array(out, data_order)).astype(out_dtype, copy=False)
+
+
+@reference("nn.conv2d", "nn.contrib_conv2d_NCHWc")
+def conv2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return _conv_ref(inputs, attrs, "nn.conv2d", "HW")
+
+
+@reference("nn.conv1d")
+def conv1d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return _conv_ref(inputs, attrs, "nn.conv1d", "W")
+
+
+# ================================================================================================
+# Dense and batch_matmul
+# ================================================================================================
+
+
+@type_relation("nn.dense")
+def dense_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    """`data (..., K)` x `weight (units, K)` -> `(..., units)`."""
+    data = _tensor_arg(arg_types[0], "nn.dense", "data")
+    weight = _tensor_arg(arg_types[1], "nn.dense", "weight")
+    if data.ndim < 1:
+        raise RelayTypeError("data must have rank >= 1, got a scalar", op_name="nn.dense")
+    if weight.ndim != 2:
+        raise RelayTypeError(f"weight must be 2-D (units, K), got {fmt_shape(weight.shape)}", op_name="nn.dense")
+    k, (w_units, w_k) = data.shape[-1], weight.shape
+    if _dims_clash(k, w_k):
+        raise RelayTypeError(
+            f"reduction dims differ: data {fmt_shape(data.shape)} has K={k} but weight {fmt_shape(weight.shape)} "
+            f"has K={w_k} (weight is (units, K))",
+            op_name="nn.dense",
+        )
+    units = attrs["units"]
+    if units is not None and _dims_clash(units, w_units):
+        raise RelayTypeError(
+            f"units={units} does not match weight {fmt_shape(weight.shape)} (weight is (units, K))", op_name="nn.dense"
+        )
+    out_units = units if units is not None else w_units
+    return TensorType((*data.shape[:-1], out_units), _out_dtype(attrs, data.dtype))
+
+
+@reference("nn.dense")
+def dense_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    data, weight = inputs
+    out_dtype = _out_dtype(attrs, str(data.dtype))
+    acc = accumulator_dtype(out_dtype)
+    return np.matmul(data.astype(acc, copy=False), weight.astype(acc, copy=False).T).astype(out_dtype, copy=False)
+
+
+@type_relation("nn.batch_matmul")
+def batch_matmul_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    """`x (B, M, K)`, `y (B, K, N)` (or `(B, N, K)` with transpose_b) -> `(B, M, N)`; B may broadcast from 1."""
+    op_name = "nn.batch_matmul"
+    x = _tensor_arg(arg_types[0], op_name, "x")
+    y = _tensor_arg(arg_types[1], op_name, "y")
+    ta, tb = bool(attrs["transpose_a"]), bool(attrs["transpose_b"])
+    if x.ndim != 3 or y.ndim != 3:
+        raise RelayTypeError(
+            f"both operands must be 3-D, got x {fmt_shape(x.shape)} and y {fmt_shape(y.shape)}", op_name=op_name
+        )
+    bx, x_rows, x_cols = x.shape
+    by, y_rows, y_cols = y.shape
+    m, kx = (x_cols, x_rows) if ta else (x_rows, x_cols)
+    ky, n = (y_cols, y_rows) if tb else (y_rows, y_cols)
+    layouts = f"(transpose_a={ta}, transpose_b={tb})"
+    if _dims_clash(kx, ky):
+        raise RelayTypeError(
+            f"reduction dims differ: x {fmt_shape(x.shape)} has K={kx} but y {fmt_shape(y.shape)} has K={ky} {layouts}",
+            op_name=op_name,
+        )
+    if _dims_clash(bx, by) and bx != 1 and by != 1:
+        raise RelayTypeError(
+            f"batch dims {bx} (x {fmt_shape(x.shape)}) and {by} (y {fmt_shape(y.shape)}) differ and neither is 1",
+            op_name=op_name,
+        )
+    if bx == 1:
+        batch = by
+    elif by == 1:
+        batch = bx
+    else:
+        batch = bx if bx is not ANY else by
+    return TensorType((batch, m, n), _out_dtype(attrs, x.dtype))
+
+
+@reference("nn.batch_matmul")
+def batch_matmul_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, y = inputs
+    out_dtype = _out_dtype(attrs, str(x.dtype))
+    acc = accumulator_dtype(out_dtype)
+    xa = x.astype(acc, copy=False)
+    ya = y.astype(acc, copy=False)
+    if attrs["transpose_a"]:
+        xa = xa.transpose(0, 2, 1)
+    if attrs["transpose_b"]:
+        ya = ya.transpose(0, 2, 1)
+    return np.matmul(xa, ya).astype(out_dtype, copy=False)
+
+
+# ================================================================================================
+# Normalisation, bias, dropout, softmax
+# ================================================================================================
+
+
+def _axis(axis: object, ndim: int, op_name: str, data: TensorType) -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -ndim <= axis < ndim:
+        raise RelayTypeError(f"axis={axis!r} is out of range for data {fmt_shape(data.shape)}", op_name=op_name)
+    return axis % ndim
+
+
+@type_relation("nn.batch_norm")
+def batch_norm_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    """`(data, gamma, beta, moving_mean, moving_var)` -> `(out, mean, var)`; the vectors are `(C,)`."""
+    op_name = "nn.batch_norm"
+    data = _tensor_arg(arg_types[0], op_name, "data")
+    axis = _axis(attrs["axis"], data.ndim, op_name, data)
+    channels = data.shape[axis]
+    for name, ty in zip(("gamma", "beta", "moving_mean", "moving_var"), arg_types[1:]):
+        vec = _tensor_arg(ty, op_name, name)
+        if vec.ndim != 1 or _dims_clash(vec.shape[0], channels):
+            raise RelayTypeError(
+                f"{name} {fmt_shape(vec.shape)} must have shape ({channels},) to match axis {axis} of data "
+                f"{fmt_shape(data.shape)}",
+                op_name=op_name,
+            )
+        if vec.dtype != data.dtype:
+            raise RelayTypeError(f"{name} has dtype {vec.dtype} but data has dtype {data.dtype}", op_name=op_name)
+    vector = TensorType((channels,), data.dtype)
+    return TupleType((data, vector, vector))
+
+
+def _along(vec: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """Reshape a `(C,)` vector so that it broadcasts along `axis` of an `ndim`-D tensor."""
+    shape = [1] * ndim
+    shape[axis] = vec.shape[0]
+    return vec.reshape(shape)
+
+
+@reference("nn.batch_norm")
+def batch_norm_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    data, gamma, beta, mean, var = inputs
+    axis = int(attrs["axis"]) % data.ndim
+    acc = accumulator_dtype(str(data.dtype))
+    x = data.astype(acc, copy=False)
+    inv_std = 1.0 / np.sqrt(var.astype(acc) + acc.type(attrs["epsilon"]))
+    out = (x - _along(mean.astype(acc), axis, x.ndim)) * _along(inv_std, axis, x.ndim)
+    if attrs["scale"]:
+        out = out * _along(gamma.astype(acc), axis, x.ndim)
+    if attrs["center"]:
+        out = out + _along(beta.astype(acc), axis, x.ndim)
+    # Inference mode: the statistics returned are the moving ones, unchanged.
+    return out.astype(data.dtype, copy=False), mean.copy(), var.copy()
+
+
+@type_relation("nn.bias_add")
+def bias_add_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    op_name = "nn.bias_add"
+    data = _tensor_arg(arg_types[0], op_name, "data")
+    bias = _tensor_arg(arg_types[1], op_name, "bias")
+    axis = _axis(attrs["axis"], data.ndim, op_name, data)
+    if bias.ndim != 1 or _dims_clash(bias.shape[0], data.shape[axis]):
+        raise RelayTypeError(
+            f"bias {fmt_shape(bias.shape)} must have shape ({data.shape[axis]},) to match axis {axis} of data "
+            f"{fmt_shape(data.shape)}",
+            op_name=op_name,
+        )
+    if bias.dtype != data.dtype:
+        raise RelayTypeError(f"bias has dtype {bias.dtype} but data has dtype {data.dtype}", op_name=op_name)
+    return data
+
+
+@reference("nn.bias_add")
+def bias_add_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    data, bias = inputs
+    axis = int(attrs["axis"]) % data.ndim
+    return (data + _along(bias, axis, data.ndim)).astype(data.dtype, copy=False)
+
+
+@type_relation("nn.dropout")
+def dropout_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    """Like TVM, dropout returns `(out, mask)`, both of the data's type; models use `.0`."""
+    data = _tensor_arg(arg_types[0], "nn.dropout", "data")
+    rate = attrs["rate"]
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1:
+        raise RelayTypeError(f"rate must be in [0, 1), got {rate!r}", op_name="nn.dropout")
+    return TupleType((data, data))
+
+
+@reference("nn.dropout")
+def dropout_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
+    # Inference semantics: the identity, with an all-ones mask.
+    (data,) = inputs
+    return data.copy(), np.ones_like(data)
+
+
+@type_relation("nn.softmax", "nn.log_softmax")
+def softmax_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    data = _tensor_arg(arg_types[0], "nn.softmax", "data")
+    if data.ndim == 0:
+        raise RelayTypeError("softmax needs a tensor of rank >= 1, got a scalar", op_name="nn.softmax")
+    _axis(attrs["axis"], data.ndim, "nn.softmax", data)
+    if np.dtype(data.dtype).kind != "f":
+        raise RelayTypeError(f"softmax needs a floating-point tensor, got {data.dtype}", op_name="nn.softmax")
+    return data
+
+
+def _shifted(data: np.ndarray, axis: int) -> np.ndarray:
+    x = data.astype(accumulator_dtype(str(data.dtype)), copy=False)
+    return x - x.max(axis=axis, keepdims=True)
+
+
+@reference("nn.softmax")
+def softmax_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    (data,) = inputs
+    e = np.exp(_shifted(data, int(attrs["axis"])))
+    return (e / e.sum(axis=int(attrs["axis"]), keepdims=True)).astype(data.dtype, copy=False)
+
+
+@reference("nn.log_softmax")
+def log_softmax_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    (data,) = inputs
+    axis = int(attrs["axis"])
+    shifted = _shifted(data, axis)
+    return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(data.dtype, copy=False)
+
+
+# ================================================================================================
+# Pooling
+# ================================================================================================
+
+
+@dataclass(frozen=True)
+class _PoolGeometry:
+    rank: int
+    h_axis: int
+    w_axis: int
+    pool: tuple[int, int]
+    strides: tuple[int, int]
+    dilation: tuple[int, int]
+    pad_before: tuple[int, int]
+    pad_after: tuple[int, int]
+    ceil_mode: bool
+
+
+def _pool_geometry(attrs: Attrs, op_name: str) -> _PoolGeometry:
+    layout = Layout.parse(str(attrs["layout"]), op_name)
+    out_layout = str(attrs.get("out_layout") or "")
+    if out_layout and out_layout != layout.name:
+        raise UnsupportedError(f"{op_name}: out_layout {out_layout!r} different from layout {layout.name!r}")
+    if "H" not in layout.primal or "W" not in layout.primal or layout.factor("H") or layout.factor("W"):
+        raise UnsupportedError(f"{op_name}: layout {layout.name!r} needs unsplit H and W axes")
+    pad_before, pad_after = _padding(attrs["padding"], 2, op_name)
+    geometry = _PoolGeometry(
+        rank=len(layout.axes),
+        h_axis=layout.index("H"),
+        w_axis=layout.index("W"),
+        pool=_ints(attrs["pool_size"], 2, op_name, "pool_size"),  # type: ignore[arg-type]
+        strides=_ints(attrs["strides"], 2, op_name, "strides"),  # type: ignore[arg-type]
+        dilation=_ints(attrs["dilation"], 2, op_name, "dilation"),  # type: ignore[arg-type]
+        pad_before=pad_before,  # type: ignore[arg-type]
+        pad_after=pad_after,  # type: ignore[arg-type]
+        ceil_mode=bool(attrs["ceil_mode"]),
+    )
+    if min(geometry.pool + geometry.strides + geometry.dilation) < 1:
+        raise RelayTypeError(
+            f"pool_size {list(geometry.pool)}, strides {list(geometry.strides)} and dilation "
+            f"{list(geometry.dilation)} must be >= 1",
+            op_name=op_name,
+        )
+    return geometry
+
+
+def _pool_out_dim(size: int, i: int, g: _PoolGeometry) -> int:
+    effective = (g.pool[i] - 1) * g.dilation[i] + 1
+    # TVM's rule: plain ceil division in ceil mode (no "last window must start inside" correction).
+    extent = size + g.pad_before[i] + g.pad_after[i] - effective + (g.strides[i] - 1 if g.ceil_mode else 0)
+    return extent // g.strides[i] + 1
+
+
+def _pool_rel(arg_types: Sequence[Type], attrs: Attrs, op_name: str) -> Type:
+    data = _tensor_arg(arg_types[0], op_name, "data")
+    g = _pool_geometry(attrs, op_name)
+    if data.ndim != g.rank:
+        raise RelayTypeError(f"data {fmt_shape(data.shape)} does not fit layout {attrs['layout']}", op_name=op_name)
+    shape = list(data.shape)
+    for i, axis in enumerate((g.h_axis, g.w_axis)):
+        size = shape[axis]
+        if size is ANY:
+            continue
+        effective = (g.pool[i] - 1) * g.dilation[i] + 1
+        if size + g.pad_before[i] + g.pad_after[i] < effective:  # type: ignore[operator]
+            raise RelayTypeError(
+                f"pool window {list(g.pool)} (dilation {list(g.dilation)}) is larger than the padded input "
+                f"{fmt_shape(data.shape)} ({attrs['layout']})",
+                op_name=op_name,
+            )
+        shape[axis] = _pool_out_dim(size, i, g)  # type: ignore[arg-type]
+    return TensorType(tuple(shape), data.dtype)
+
+
+@type_relation("nn.max_pool2d")
+def max_pool2d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _pool_rel(arg_types, attrs, "nn.max_pool2d")
+
+
+@type_relation("nn.avg_pool2d")
+def avg_pool2d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _pool_rel(arg_types, attrs, "nn.avg_pool2d")
+
+
+def _pool_windows(padded: np.ndarray, g: _PoolGeometry, out_hw: tuple[int, int]) -> np.ndarray:
+    """Windows `(..., OH, OW, KH, KW)` over the last two axes of an already padded array."""
+    effective = tuple((k - 1) * d + 1 for k, d in zip(g.pool, g.dilation))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, effective, axis=(-2, -1))
+    windows = windows[..., :: g.strides[0], :: g.strides[1], :: g.dilation[0], :: g.dilation[1]]
+    return windows[..., : out_hw[0], : out_hw[1], :, :]
+
+
+def _pool_padding(x_hw: tuple[int, int], g: _PoolGeometry) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Output size and, per spatial dim, (before, after) padding including the ceil-mode extra rows."""
+    out = (_pool_out_dim(x_hw[0], 0, g), _pool_out_dim(x_hw[1], 1, g))
+    pads = []
+    for i in range(2):
+        effective = (g.pool[i] - 1) * g.dilation[i] + 1
+        needed = (out[i] - 1) * g.strides[i] + effective
+        extra = max(0, needed - (x_hw[i] + g.pad_before[i] + g.pad_after[i]))
+        pads.append((g.pad_before[i], g.pad_after[i] + extra))
+    return out, pads[0], pads[1]
+
+
+@reference("nn.max_pool2d")
+def max_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    (data,) = inputs
+    g = _pool_geometry(attrs, "nn.max_pool2d")
+    x = np.moveaxis(data, (g.h_axis, g.w_axis), (-2, -1))
+    out_hw, pad_h, pad_w = _pool_padding(x.shape[-2:], g)
+    # Padding never wins a max: use -inf (or the smallest integer).
+    lowest = -np.inf if data.dtype.kind == "f" else np.iinfo(data.dtype).min
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 2) + [pad_h, pad_w], constant_values=lowest)
+    out = _pool_windows(padded, g, out_hw).max(axis=(-2, -1))
+    return np.ascontiguousarray(np.moveaxis(out, (-2, -1), (g.h_axis, g.w_axis)))
+
+
+@reference("nn.avg_pool2d")
+def avg_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    (data,) = inputs
+    g = _pool_geometry(attrs, "nn.avg_pool2d")
+    acc = accumulator_dtype(str(data.dtype))
+    x = np.moveaxis(data, (g.h_axis, g.w_axis), (-2, -1)).astype(acc, copy=False)
+    out_hw, pad_h, pad_w = _pool_padding(x.shape[-2:], g)
+    pad_width = [(0, 0)] * (x.ndim - 2) + [pad_h, pad_w]
+    total = _pool_windows(np.pad(x, pad_width), g, out_hw).sum(axis=(-2, -1))
+    # The divisor counts the window taps that fall on the input, plus (count_include_pad) those on the
+    # explicit padding; the ceil-mode extra rows never count.
+    counted = np.ones(x.shape[-2:], dtype=np.int64)
+    if attrs["count_include_pad"]:
+        counted = np.pad(counted, [(g.pad_before[0], g.pad_after[0]), (g.pad_before[1], g.pad_after[1])],
+                         constant_values=1)
+        counted = np.pad(counted, [(0, pad_h[1] - g.pad_after[0]), (0, pad_w[1] - g.pad_after[1])])
+    else:
+        counted = np.pad(counted, [pad_h, pad_w])
+    divisor = np.maximum(_pool_windows(counted, g, out_hw).sum(axis=(-2, -1)), 1)
+    if acc.kind == "f":
+        out = total / divisor
+    else:  # integer average truncates toward zero, like TVM's integer division
+        out = np.sign(total) * (np.abs(total) // divisor)
+    out = out.astype(data.dtype, copy=False)
+    return np.ascontiguousarray(np.moveaxis(out, (-2, -1), (g.h_axis, g.w_axis)))
+
+
+def _global_pool_axes(attrs: Attrs, op_name: str, ndim: int | None = None) -> tuple[int, int]:
+    layout = Layout.parse(str(attrs["layout"]), op_name)
+    if "H" not in layout.primal or "W" not in layout.primal or layout.factor("H") or layout.factor("W"):
+        raise UnsupportedError(f"{op_name}: layout {layout.name!r} needs unsplit H and W axes")
+    out_layout = str(attrs.get("out_layout") or "")
+    if out_layout and out_layout != layout.name:
+        raise UnsupportedError(f"{op_name}: out_layout {out_layout!r} different from layout {layout.name!r}")
+    if ndim is not None and ndim != len(layout.axes):
+        raise RelayTypeError(f"data of rank {ndim} does not fit layout {layout.name}", op_name=op_name)
+    return layout.index("H"), layout.index("W")
+
+
+@type_relation("nn.global_avg_pool2d", "nn.global_max_pool2d")
+def global_pool2d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    data = _tensor_arg(arg_types[0], "nn.global_pool2d", "data")
+    h, w = _global_pool_axes(attrs, "nn.global_pool2d", data.ndim)
+    shape = list(data.shape)
+    shape[h] = shape[w] = 1
+    return TensorType(tuple(shape), data.dtype)
+
+
+@reference("nn.global_avg_pool2d")
+def global_avg_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    (data,) = inputs
+    axes = _global_pool_axes(attrs, "nn.global_avg_pool2d")
+    acc = accumulator_dtype(str(data.dtype))
+    mean = data.astype(acc, copy=False).mean(axis=axes, keepdims=True)
+    if acc.kind != "f":
+        mean = np.trunc(mean)
+    return mean.astype(data.dtype)
+
+
+@reference("nn.global_max_pool2d")
+def global_max_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    (data,) = inputs
+    return data.max(axis=_global_pool_axes(attrs, "nn.global_max_pool2d"), keepdims=True)
