@@ -37,8 +37,9 @@ register_op(
 )
 register_op(
     "nn.contrib_conv2d_NCHWc", 2, OUT_EW,
-    {"strides": (1, 1), "dilation": (1, 1), **_CONV_COMMON, "data_layout": "NCHW8c", "kernel_layout": "OIHW8i8o"},
-    "relay.attrs.Conv2DAttrs", description="conv2d on channel-packed layouts (NCHW[x]c data, OIHW[x]i[y]o kernel)",
+    # Same attrs type (and defaults) as nn.conv2d, as in TVM; real uses always name packed layouts.
+    {"strides": (1, 1), "dilation": (1, 1), **_CONV_COMMON, "data_layout": "NCHW", "kernel_layout": "OIHW"},
+    "relay.attrs.Conv2DAttrs", description="conv2d on channel-blocked layouts (NCHW[x]c data, OIHW[x]i[y]o kernel)",
 )
 register_op(
     "nn.conv1d", 2, OUT_EW,
