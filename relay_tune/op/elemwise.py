@@ -1,8 +1,39 @@
-"""Element-wise and broadcasting operators: unary math, binary arithmetic, comparisons, `where`."""
+"""Element-wise and broadcasting operators: unary math, binary arithmetic, comparisons, `where`.
+
+Semantics (type relations follow TVM; numpy references are the correctness oracle):
+
+* Unary ops keep the input type. The transcendental ones (exp, log, sqrt, rsqrt, tanh, sigmoid,
+  erf) require a floating-point input: on integers TVM type-checks them but cannot generate
+  sensible code, so we reject them where the user can still see which call is at fault.
+* Binary ops broadcast numpy-style from the trailing dimension and require both operands to have
+  the same dtype (Relay never promotes). Comparisons return `bool`.
+* `divide` on integers truncates toward zero (C semantics, as TVM's `div`); integer division by
+  zero is undefined in generated code and the reference returns 0 for it. `power` on integers
+  with a negative exponent gives the truncated real result (0 unless the base is +-1; 0 for 0).
+* References compute transcendental functions in float64 and round once to the input dtype, so
+  float16 inputs give float16 results that are as accurate as float16 allows.
+"""
 
 from __future__ import annotations
 
-from relay_tune.op.registry import OpPattern, register_op
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from relay_tune.errors import RelayTypeError
+from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.types import TensorType, Type
+from relay_tune.op._shape import (
+    broadcast_shapes,
+    check_dtype,
+    expect_arity,
+    expect_tensor,
+    is_float_dtype,
+    is_int_dtype,
+    same_dtype,
+)
+from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 E, B = OpPattern.ELEMWISE, OpPattern.BROADCAST
 
@@ -24,3 +55,240 @@ for _name in ARITH_OPS + COMPARE_OPS:
     register_op(_name, 2, B)
 
 register_op("where", 3, B)
+
+FLOAT_ONLY_OPS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
+
+Array = np.ndarray
+Relation = Callable[[Sequence[Type], Attrs], Type]
+
+
+# --------------------------------------------------------------------------------------------
+# type relations
+# --------------------------------------------------------------------------------------------
+
+
+def _identity_relation(op_name: str, float_only: bool) -> Relation:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        expect_arity(arg_types, 1, op_name)
+        x = expect_tensor(arg_types[0], op_name)
+        if float_only and not is_float_dtype(x.dtype):
+            raise RelayTypeError(f"requires a floating-point tensor, got {x}", op_name=op_name)
+        return x
+
+    return relation
+
+
+for _name in (*UNARY_OPS, "nn.relu", "nn.leaky_relu", "clip"):
+    type_relation(_name)(_identity_relation(_name, _name in FLOAT_ONLY_OPS))
+
+
+@type_relation("cast")
+def _cast_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 1, "cast")
+    x = expect_tensor(arg_types[0], "cast")
+    return TensorType(x.shape, check_dtype(attrs["dtype"], "cast"))
+
+
+def _broadcast_relation(op_name: str, result_dtype: str | None) -> Relation:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        expect_arity(arg_types, 2, op_name)
+        lhs = expect_tensor(arg_types[0], op_name, "left operand")
+        rhs = expect_tensor(arg_types[1], op_name, "right operand")
+        dtype = same_dtype((lhs, rhs), op_name)
+        return TensorType(broadcast_shapes(lhs.shape, rhs.shape, op_name=op_name), result_dtype or dtype)
+
+    return relation
+
+
+for _name in ARITH_OPS:
+    type_relation(_name)(_broadcast_relation(_name, None))
+for _name in COMPARE_OPS:
+    type_relation(_name)(_broadcast_relation(_name, "bool"))
+
+
+@type_relation("where")
+def _where_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 3, "where")
+    # Any condition dtype is accepted: non-zero selects the first branch, as in TVM.
+    cond = expect_tensor(arg_types[0], "where", "condition")
+    x = expect_tensor(arg_types[1], "where", "first branch")
+    y = expect_tensor(arg_types[2], "where", "second branch")
+    dtype = same_dtype((x, y), "where")
+    branches = broadcast_shapes(x.shape, y.shape, op_name="where")
+    return TensorType(broadcast_shapes(cond.shape, branches, op_name="where"), dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# numpy references
+# --------------------------------------------------------------------------------------------
+
+
+def _in_float64(fn: Callable[[Array], Array]) -> Callable[[Sequence[Array], Attrs], Array]:
+    """A float-only unary op evaluated in float64 and rounded once to the input dtype."""
+
+    def impl(inputs: Sequence[Array], attrs: Attrs) -> Array:
+        x = np.asarray(inputs[0])
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x.astype(np.float64))).astype(x.dtype)
+
+    return impl
+
+
+def _sigmoid(x: Array) -> Array:
+    # exp of a large |x| overflows to inf, which still yields the right limit (0 or 1).
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x: Array) -> Array:
+    # math.erf is accurate to a few ulp of float64; frompyfunc yields an object array.
+    return np.asarray(_ERF(x), dtype=np.float64)
+
+
+_FLOAT_UNARY: dict[str, Callable[[Array], Array]] = {
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+    "erf": _erf,
+}
+for _name, _fn in _FLOAT_UNARY.items():
+    reference(_name)(_in_float64(_fn))
+
+
+def _same_dtype_unary(fn: Callable[[Array], Array]) -> Callable[[Sequence[Array], Attrs], Array]:
+    def impl(inputs: Sequence[Array], attrs: Attrs) -> Array:
+        x = np.asarray(inputs[0])
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x)).astype(x.dtype, copy=False)
+
+    return impl
+
+
+_ROUNDING: dict[str, Callable[[Array], Array]] = {
+    # Integers are already whole; numpy would turn them into float64.
+    "floor": lambda x: np.floor(x) if is_float_dtype(x.dtype.name) else x.copy(),
+    "ceil": lambda x: np.ceil(x) if is_float_dtype(x.dtype.name) else x.copy(),
+    # TVM's round lowers to nearbyint: ties go to the even neighbour, as np.rint does.
+    "round": lambda x: np.rint(x) if is_float_dtype(x.dtype.name) else x.copy(),
+}
+_SIMPLE_UNARY: dict[str, Callable[[Array], Array]] = {
+    "negative": np.negative,
+    "abs": np.abs,
+    "copy": np.copy,
+    "zeros_like": np.zeros_like,
+    "ones_like": np.ones_like,
+    "nn.relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    **_ROUNDING,
+}
+for _name, _fn in _SIMPLE_UNARY.items():
+    reference(_name)(_same_dtype_unary(_fn))
+
+
+@reference("nn.leaky_relu")
+def _leaky_relu_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    alpha = float(attrs["alpha"])
+    with np.errstate(all="ignore"):
+        scaled = (x.astype(np.float64) * alpha).astype(x.dtype)
+    return np.where(x > 0, x, scaled).astype(x.dtype, copy=False)
+
+
+def _bound_in_dtype(value: float, dtype: np.dtype) -> Array:
+    """A clip bound converted to the tensor dtype the way a C cast would (truncation, saturated)."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        value = min(max(math.trunc(value) if math.isfinite(value) else value, info.min), info.max)
+        return np.asarray(int(value), dtype=dtype)
+    with np.errstate(over="ignore"):
+        return np.asarray(value, dtype=dtype)
+
+
+@reference("clip")
+def _clip_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    lo = _bound_in_dtype(float(attrs["a_min"]), x.dtype)
+    hi = _bound_in_dtype(float(attrs["a_max"]), x.dtype)
+    # Same order as TVM (min(max(x, lo), hi)) so a_min > a_max gives a_max everywhere.
+    return np.minimum(np.maximum(x, lo), hi).astype(x.dtype, copy=False)
+
+
+@reference("cast")
+def _cast_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    with np.errstate(all="ignore"):
+        return x.astype(np.dtype(attrs["dtype"]))
+
+
+def _trunc_divide(a: Array, b: Array) -> Array:
+    """Integer division rounding toward zero; division by zero yields 0."""
+    safe_b = np.where(b == 0, np.ones((), b.dtype), b)
+    with np.errstate(all="ignore"):
+        q = np.floor_divide(a, safe_b)
+        r = a - q * safe_b
+        # floor and trunc differ exactly when the remainder is non-zero and the signs differ.
+        adjust = (r != 0) & ((a < 0) != (safe_b < 0))
+        q = q + adjust.astype(q.dtype)
+    return np.where(b == 0, np.zeros((), q.dtype), q)
+
+
+def _divide(a: Array, b: Array) -> Array:
+    if is_int_dtype(a.dtype.name):
+        return _trunc_divide(a, b)
+    return np.divide(a, b)
+
+
+def _power(a: Array, b: Array) -> Array:
+    if not is_int_dtype(a.dtype.name):
+        return np.power(a.astype(np.float64), b.astype(np.float64))
+    negative = b < 0
+    # numpy refuses negative integer exponents; evaluate those entries in float64 and truncate.
+    whole = np.power(a, np.where(negative, np.zeros((), b.dtype), b))
+    real = np.power(a.astype(np.float64), b.astype(np.float64))
+    real = np.where(np.isfinite(real), np.trunc(real), 0.0)
+    return np.where(negative, real.astype(a.dtype), whole)
+
+
+_BINARY: dict[str, Callable[[Array, Array], Array]] = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": _divide,
+    "power": _power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+}
+
+
+def _binary_reference(op_name: str, fn: Callable[[Array, Array], Array]) -> Callable[[Sequence[Array], Attrs], Array]:
+    result_bool = op_name in COMPARE_OPS
+
+    def impl(inputs: Sequence[Array], attrs: Attrs) -> Array:
+        a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
+        if a.dtype != b.dtype:
+            raise RelayTypeError(f"operand dtypes differ: {a.dtype} vs {b.dtype}", op_name=op_name)
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(a, b))
+        return out.astype(np.bool_ if result_bool else a.dtype, copy=False)
+
+    return impl
+
+
+for _name, _fn2 in _BINARY.items():
+    reference(_name)(_binary_reference(_name, _fn2))
+
+
+@reference("where")
+def _where_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    cond, x, y = (np.asarray(v) for v in inputs)
+    return np.asarray(np.where(cond != 0, x, y)).astype(x.dtype, copy=False)

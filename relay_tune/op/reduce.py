@@ -1,8 +1,39 @@
-"""Commutative reductions: sum, mean, max, min, prod and `collapse_sum_like`."""
+"""Commutative reductions: sum, mean, max, min, prod and `collapse_sum_like`.
+
+Semantics (TVM's ReduceRel):
+
+* `axis=None` or an empty list reduces every axis (whatever `exclude` says); an int or a list
+  selects axes, negative values count from the end; with `exclude=True` the *other* axes are
+  reduced. Listing an axis twice is an error.
+* `keepdims=True` keeps reduced axes as size 1.
+* The result keeps the input dtype. `mean` of an integer tensor is the integer sum divided by the
+  element count, truncated toward zero (TVM computes `sum / count` in the input dtype).
+* Integer sums accumulate in the input dtype (wrapping like generated code would); float16 sums
+  accumulate in float32 and round once, which is the accuracy an oracle should have.
+* `collapse_sum_like(data, like)` sums `data` down to the shape of `like` (the reverse of
+  broadcasting `like` up to `data`); its type is the type of `like`.
+"""
 
 from __future__ import annotations
 
-from relay_tune.op.registry import OpPattern, register_op
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from relay_tune.errors import RelayTypeError
+from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.types import TensorType, Type
+from relay_tune.op._shape import (
+    expect_arity,
+    expect_tensor,
+    format_shape,
+    is_int_dtype,
+    merge_dims,
+    normalize_axis,
+    same_dtype,
+)
+from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 REDUCE_ATTRS = {"axis": None, "keepdims": False, "exclude": False}
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
@@ -10,3 +41,126 @@ for _name in REDUCE_OPS:
     register_op(_name, 1, OpPattern.COMM_REDUCE, REDUCE_ATTRS, "relay.attrs.ReduceAttrs")
 
 register_op("collapse_sum_like", 2, OpPattern.COMM_REDUCE)
+
+Array = np.ndarray
+
+
+def reduce_axes(ndim: int, axis: Any, exclude: bool, op_name: str | None = None) -> tuple[int, ...]:
+    """The sorted, non-negative axes a reduction with these attributes reduces over."""
+    if axis is None or axis == ():
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    chosen = [normalize_axis(a, ndim, op_name=op_name) for a in items]
+    if len(set(chosen)) != len(chosen):
+        raise RelayTypeError(f"axis {list(items)} names the same axis twice", op_name=op_name)
+    if exclude:
+        return tuple(i for i in range(ndim) if i not in chosen)
+    return tuple(sorted(chosen))
+
+
+def _reduce_relation(op_name: str) -> Callable[[Sequence[Type], Attrs], Type]:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        expect_arity(arg_types, 1, op_name)
+        x = expect_tensor(arg_types[0], op_name)
+        axes = reduce_axes(x.ndim, attrs["axis"], bool(attrs["exclude"]), op_name)
+        if bool(attrs["keepdims"]):
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return TensorType(shape, x.dtype)
+
+    return relation
+
+
+for _name in REDUCE_OPS:
+    type_relation(_name)(_reduce_relation(_name))
+
+
+def _accumulate_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _sum(x: Array, axes: tuple[int, ...]) -> Array:
+    return np.sum(x, axis=axes, dtype=_accumulate_dtype(x.dtype), keepdims=True)
+
+
+def _prod(x: Array, axes: tuple[int, ...]) -> Array:
+    return np.prod(x, axis=axes, dtype=_accumulate_dtype(x.dtype), keepdims=True)
+
+
+def _max(x: Array, axes: tuple[int, ...]) -> Array:
+    return np.max(x, axis=axes, keepdims=True)
+
+
+def _min(x: Array, axes: tuple[int, ...]) -> Array:
+    return np.min(x, axis=axes, keepdims=True)
+
+
+def _mean(x: Array, axes: tuple[int, ...]) -> Array:
+    count = 1
+    for a in axes:
+        count *= x.shape[a]
+    total = _sum(x, axes)
+    if is_int_dtype(x.dtype.name):
+        if count == 0:
+            return np.zeros_like(total)
+        # Truncate toward zero, as C integer division does.
+        quotient = np.abs(total.astype(np.int64)) // count
+        return np.where(total < 0, -quotient, quotient).astype(x.dtype)
+    return total / count
+
+
+_REDUCERS: dict[str, Callable[[Array, tuple[int, ...]], Array]] = {
+    "sum": _sum, "mean": _mean, "max": _max, "min": _min, "prod": _prod,
+}
+
+
+def _reduce_reference(op_name: str) -> Callable[[Sequence[Array], Attrs], Array]:
+    reducer = _REDUCERS[op_name]
+
+    def impl(inputs: Sequence[Array], attrs: Attrs) -> Array:
+        x = np.asarray(inputs[0])
+        axes = reduce_axes(x.ndim, attrs["axis"], bool(attrs["exclude"]), op_name)
+        with np.errstate(all="ignore"):
+            out = np.asarray(reducer(x, axes)).astype(x.dtype)
+        if not bool(attrs["keepdims"]):
+            out = out.reshape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
+        return out
+
+    return impl
+
+
+for _name in REDUCE_OPS:
+    reference(_name)(_reduce_reference(_name))
+
+
+@type_relation("collapse_sum_like")
+def _collapse_sum_like_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 2, "collapse_sum_like")
+    data = expect_tensor(arg_types[0], "collapse_sum_like", "data")
+    like = expect_tensor(arg_types[1], "collapse_sum_like", "target")
+    same_dtype((data, like), "collapse_sum_like")
+    # `data` must be what broadcasting `like` up to it would produce.
+    # That holds when each target dim is 1 or equal to the data dim (`?` is equal to anything).
+    compatible = like.ndim <= data.ndim and all(
+        t == 1 or merge_dims(d, t) is not None for d, t in zip(data.shape[data.ndim - like.ndim :], like.shape)
+    )
+    if not compatible:
+        raise RelayTypeError(
+            f"cannot collapse shape {format_shape(data.shape)} to {format_shape(like.shape)}: "
+            f"the target does not broadcast to the data shape",
+            op_name="collapse_sum_like",
+        )
+    return like
+
+
+@reference("collapse_sum_like")
+def _collapse_sum_like_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    data, like = np.asarray(inputs[0]), np.asarray(inputs[1])
+    lead = data.ndim - like.ndim
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, t in enumerate(like.shape) if t == 1 and data.shape[lead + i] != 1
+    )
+    with np.errstate(all="ignore"):
+        total = np.sum(data, axis=axes, dtype=_accumulate_dtype(data.dtype), keepdims=True)
+    return total.reshape(like.shape).astype(data.dtype)

@@ -1,14 +1,50 @@
-"""Shape and data-movement (injective) operators."""
+"""Shape and data-movement (injective) operators.
+
+Type relations follow TVM (see each rule's comment for the cases where we deliberately differ);
+the numpy references are the correctness oracle and reuse the relations' shape computations so
+the two can never disagree about the output shape.
+
+Arguments that are tuples (the single argument of `concatenate` and `stack`) arrive at the
+reference as a sequence of arrays in `inputs[0]`; `split` returns a tuple of arrays.
+"""
 
 from __future__ import annotations
 
-from relay_tune.op.registry import OpPattern, register_op
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from relay_tune.errors import RelayTuneError, RelayTypeError, UnsupportedError
+from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType, TupleType, Type
+from relay_tune.op._shape import (
+    Layout,
+    as_int_tuple,
+    expect_arity,
+    expect_tensor,
+    expect_tensor_tuple,
+    format_dim,
+    format_shape,
+    is_int_dtype,
+    is_static,
+    layout_transform_shape,
+    merge_dims,
+    normalize_axis,
+    prod,
+    same_dtype,
+)
+from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 I = OpPattern.INJECTIVE  # noqa: E741
 
 register_op("reshape", 1, I, {"newshape": None, "allowzero": 0}, "relay.attrs.ReshapeAttrs", required=("newshape",))
 register_op("transpose", 1, I, {"axes": None}, "relay.attrs.TransposeAttrs")
-register_op("expand_dims", 1, OpPattern.BROADCAST, {"axis": None, "num_newaxis": 1}, "relay.attrs.ExpandDimsAttrs", required=("axis",))
+register_op(
+    "expand_dims", 1, OpPattern.BROADCAST, {"axis": None, "num_newaxis": 1}, "relay.attrs.ExpandDimsAttrs",
+    required=("axis",),
+)
 register_op("squeeze", 1, I, {"axis": None}, "relay.attrs.SqueezeAttrs")
 register_op("concatenate", 1, I, {"axis": 0}, "relay.attrs.ConcatenateAttrs")
 register_op("stack", 1, I, {"axis": 0}, "relay.attrs.StackAttrs")
@@ -35,3 +71,799 @@ register_op(
     {"scale_h": 1.0, "scale_w": 1.0, "layout": "NCHW", "method": "nearest_neighbor", "align_corners": False},
     "relay.attrs.UpSamplingAttrs",
 )
+
+Array = np.ndarray
+
+
+def _single_tensor(arg_types: Sequence[Type], op_name: str) -> TensorType:
+    expect_arity(arg_types, 1, op_name)
+    return expect_tensor(arg_types[0], op_name)
+
+
+def _static_shape(shape: Sequence[Dim]) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# reshape
+# --------------------------------------------------------------------------------------------
+
+
+def reshape_shape(shape: Sequence[Dim], newshape: Any, allowzero: bool = False) -> tuple[Dim, ...]:
+    """Output shape of `reshape`, with the MXNet-style special values.
+
+    0 copies the input dimension at the current position (a literal 0 when `allowzero`), -1 is
+    inferred from the remaining elements, -2 copies all remaining input dimensions, -3 merges the
+    next two input dimensions, -4 splits the next input dimension into the two values that follow
+    it (one of which may be -1). Every value except -2 consumes one input position (-3 two).
+    """
+    op = "reshape"
+    spec = as_int_tuple(newshape, op_name=op, what="newshape")
+    ndim = len(shape)
+    out: list[Dim] = []
+    # Dimensions copied straight from input to output do not take part in inferring -1; that is
+    # what lets `reshape(x: (?, 3, 4), [0, -1])` give (?, 12) instead of an unknown.
+    used_in: set[int] = set()
+    used_out: set[int] = set()
+    infer_at: int | None = None
+    src = 0
+    i = 0
+
+    def need_input(count: int, value: int) -> None:
+        if src + count > ndim:
+            raise RelayTypeError(
+                f"newshape {list(spec)}: value {value} at position {i} needs input axis {src + count - 1}, "
+                f"but the input shape {format_shape(shape)} has rank {ndim}",
+                op_name=op,
+            )
+
+    def copy_input() -> None:
+        nonlocal src
+        used_in.add(src)
+        used_out.add(len(out))
+        out.append(shape[src])
+        src += 1
+
+    while i < len(spec):
+        value = spec[i]
+        if value > 0 or (value == 0 and allowzero):
+            out.append(value)
+            src += 1
+        elif value == 0:
+            need_input(1, value)
+            copy_input()
+        elif value == -1:
+            if infer_at is not None:
+                raise RelayTypeError(f"newshape {list(spec)} has more than one -1", op_name=op)
+            infer_at = len(out)
+            out.append(1)
+            src += 1
+        elif value == -2:
+            while src < ndim:
+                copy_input()
+        elif value == -3:
+            need_input(2, value)
+            used_in.update((src, src + 1))
+            used_out.add(len(out))
+            out.append(prod(shape[src : src + 2]))
+            src += 2
+        elif value == -4:
+            if i + 2 >= len(spec):
+                raise RelayTypeError(f"newshape {list(spec)}: -4 must be followed by two values", op_name=op)
+            need_input(1, value)
+            whole = shape[src]
+            used_in.add(src)
+            src += 1
+            parts = [spec[i + 1], spec[i + 2]]
+            i += 2
+            if parts.count(-1) == 2 or any(p == 0 or p < -1 for p in parts):
+                raise RelayTypeError(
+                    f"newshape {list(spec)}: the two values after -4 must be positive (one may be -1), got {parts}",
+                    op_name=op,
+                )
+            split: list[Dim] = list(parts)
+            if -1 in parts:
+                known = parts[1 - parts.index(-1)]
+                if isinstance(whole, int) and whole % known != 0:
+                    raise RelayTypeError(
+                        f"newshape {list(spec)}: cannot split input dimension {whole} into blocks of {known}",
+                        op_name=op,
+                    )
+                split[parts.index(-1)] = ANY if isinstance(whole, AnyDim) else whole // known
+            elif isinstance(whole, int) and parts[0] * parts[1] != whole:
+                raise RelayTypeError(
+                    f"newshape {list(spec)}: cannot split input dimension {whole} into {parts[0]} x {parts[1]}",
+                    op_name=op,
+                )
+            for d in split:
+                used_out.add(len(out))
+                out.append(d)
+        else:
+            raise RelayTypeError(f"newshape {list(spec)}: unsupported special value {value}", op_name=op)
+        i += 1
+
+    if infer_at is not None:
+        rest_in = prod(d for k, d in enumerate(shape) if k not in used_in)
+        rest_out = prod(d for k, d in enumerate(out) if k not in used_out and k != infer_at)
+        if isinstance(rest_in, AnyDim) or isinstance(rest_out, AnyDim):
+            out[infer_at] = ANY
+        elif rest_out == 0 or rest_in % rest_out != 0:
+            raise RelayTypeError(
+                f"cannot reshape {format_shape(shape)} to newshape {list(spec)}: "
+                f"{rest_in} elements do not divide into dimensions of product {rest_out}",
+                op_name=op,
+            )
+        else:
+            out[infer_at] = rest_in // rest_out
+    if is_static(shape) and is_static(out) and prod(shape) != prod(out):
+        raise RelayTypeError(
+            f"cannot reshape {format_shape(shape)} ({prod(shape)} elements) to {format_shape(out)} "
+            f"({prod(out)} elements)",
+            op_name=op,
+        )
+    return tuple(out)
+
+
+@type_relation("reshape")
+def _reshape_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "reshape")
+    return TensorType(reshape_shape(x.shape, attrs["newshape"], bool(attrs["allowzero"])), x.dtype)
+
+
+@reference("reshape")
+def _reshape_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    return x.reshape(_static_shape(reshape_shape(x.shape, attrs["newshape"], bool(attrs["allowzero"]))))
+
+
+# --------------------------------------------------------------------------------------------
+# transpose, expand_dims, squeeze, batch_flatten
+# --------------------------------------------------------------------------------------------
+
+
+def transpose_axes(ndim: int, axes: Any) -> tuple[int, ...]:
+    """The permutation `transpose` applies; None reverses the axes."""
+    if axes is None:
+        return tuple(reversed(range(ndim)))
+    items = as_int_tuple(axes, op_name="transpose", what="axes")
+    perm = tuple(normalize_axis(a, ndim, op_name="transpose", what="axes entry") for a in items)
+    if sorted(perm) != list(range(ndim)):
+        raise RelayTypeError(
+            f"axes {list(items)} is not a permutation of the {ndim} axes of the input", op_name="transpose"
+        )
+    return perm
+
+
+@type_relation("transpose")
+def _transpose_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "transpose")
+    return TensorType(tuple(x.shape[a] for a in transpose_axes(x.ndim, attrs["axes"])), x.dtype)
+
+
+@reference("transpose")
+def _transpose_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    return np.transpose(x, transpose_axes(x.ndim, attrs["axes"]))
+
+
+def _expand_dims_shape(shape: Sequence[Dim], attrs: Attrs) -> tuple[Dim, ...]:
+    count = attrs["num_newaxis"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise RelayTypeError(f"num_newaxis must be a non-negative integer, got {count!r}", op_name="expand_dims")
+    # The new axes may go anywhere from before the first axis to after the last.
+    axis = normalize_axis(attrs["axis"], len(shape) + 1, op_name="expand_dims")
+    return (*shape[:axis], *([1] * count), *shape[axis:])
+
+
+@type_relation("expand_dims")
+def _expand_dims_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "expand_dims")
+    return TensorType(_expand_dims_shape(x.shape, attrs), x.dtype)
+
+
+@reference("expand_dims")
+def _expand_dims_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    return x.reshape(_static_shape(_expand_dims_shape(x.shape, attrs)))
+
+
+def _squeeze_shape(shape: Sequence[Dim], axis: Any) -> tuple[Dim, ...]:
+    if axis is None:
+        # A `?` dimension might be 1 at run time, but dropping it would change the rank: keep it.
+        return tuple(d for d in shape if d != 1)
+    items = as_int_tuple(axis, op_name="squeeze", what="axis")
+    drop = {normalize_axis(a, len(shape), op_name="squeeze") for a in items}
+    for a in sorted(drop):
+        if isinstance(shape[a], int) and shape[a] != 1:
+            raise RelayTypeError(
+                f"cannot squeeze axis {a} of shape {format_shape(shape)}: its extent is {shape[a]}, not 1",
+                op_name="squeeze",
+            )
+    return tuple(d for i, d in enumerate(shape) if i not in drop)
+
+
+@type_relation("squeeze")
+def _squeeze_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "squeeze")
+    return TensorType(_squeeze_shape(x.shape, attrs["axis"]), x.dtype)
+
+
+@reference("squeeze")
+def _squeeze_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    return x.reshape(_static_shape(_squeeze_shape(x.shape, attrs["axis"])))
+
+
+def _batch_flatten_shape(shape: Sequence[Dim]) -> tuple[Dim, ...]:
+    if not shape:
+        raise RelayTypeError("requires a tensor of rank >= 1, got a scalar", op_name="nn.batch_flatten")
+    return (shape[0], prod(shape[1:]))
+
+
+@type_relation("nn.batch_flatten")
+def _batch_flatten_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "nn.batch_flatten")
+    return TensorType(_batch_flatten_shape(x.shape), x.dtype)
+
+
+@reference("nn.batch_flatten")
+def _batch_flatten_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    return x.reshape(_static_shape(_batch_flatten_shape(x.shape)))
+
+
+# --------------------------------------------------------------------------------------------
+# concatenate, stack, split
+# --------------------------------------------------------------------------------------------
+
+
+def _concatenate_type(fields: tuple[TensorType, ...], axis_attr: Any) -> TensorType:
+    op = "concatenate"
+    dtype = same_dtype(fields, op)
+    ndim = fields[0].ndim
+    if ndim == 0:
+        raise RelayTypeError("cannot concatenate scalars (rank-0 tensors)", op_name=op)
+    shapes = ", ".join(format_shape(f.shape) for f in fields)
+    if any(f.ndim != ndim for f in fields):
+        raise RelayTypeError(f"all inputs must have the same rank, got shapes {shapes}", op_name=op)
+    axis = normalize_axis(axis_attr, ndim, op_name=op)
+    out: list[Dim] = []
+    for k in range(ndim):
+        if k == axis:
+            out.append(_sum_dims(f.shape[k] for f in fields))
+            continue
+        merged: Dim | None = fields[0].shape[k]
+        for f in fields[1:]:
+            merged = None if merged is None else merge_dims(merged, f.shape[k])
+        if merged is None:
+            raise RelayTypeError(
+                f"inputs must agree on every axis except the concatenation axis {axis}; "
+                f"got shapes {shapes} (axis {k} differs)",
+                op_name=op,
+            )
+        out.append(merged)
+    return TensorType(tuple(out), dtype)
+
+
+def _sum_dims(dims: Any) -> Dim:
+    total = 0
+    for d in dims:
+        if isinstance(d, AnyDim):
+            return ANY
+        total += d
+    return total
+
+
+@type_relation("concatenate")
+def _concatenate_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 1, "concatenate")
+    return _concatenate_type(expect_tensor_tuple(arg_types[0], "concatenate"), attrs["axis"])
+
+
+@reference("concatenate")
+def _concatenate_ref(inputs: Sequence[Any], attrs: Attrs) -> Array:
+    arrays = [np.asarray(a) for a in inputs[0]]
+    axis = normalize_axis(attrs["axis"], arrays[0].ndim, op_name="concatenate")
+    return np.concatenate(arrays, axis=axis)
+
+
+@type_relation("stack")
+def _stack_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    op = "stack"
+    expect_arity(arg_types, 1, op)
+    fields = expect_tensor_tuple(arg_types[0], op)
+    dtype = same_dtype(fields, op)
+    shape: list[Dim] | None = list(fields[0].shape)
+    for f in fields[1:]:
+        if shape is None or f.ndim != len(shape):
+            shape = None
+            break
+        merged = [merge_dims(a, b) for a, b in zip(shape, f.shape)]
+        shape = None if any(m is None for m in merged) else merged  # type: ignore[assignment]
+    if shape is None:
+        shapes = ", ".join(format_shape(f.shape) for f in fields)
+        raise RelayTypeError(f"all inputs must have the same shape, got {shapes}", op_name=op)
+    axis = normalize_axis(attrs["axis"], len(shape) + 1, op_name=op)
+    return TensorType((*shape[:axis], len(fields), *shape[axis:]), dtype)
+
+
+@reference("stack")
+def _stack_ref(inputs: Sequence[Any], attrs: Attrs) -> Array:
+    arrays = [np.asarray(a) for a in inputs[0]]
+    axis = normalize_axis(attrs["axis"], arrays[0].ndim + 1, op_name="stack")
+    return np.stack(arrays, axis=axis)
+
+
+def split_points(extent: Dim, indices_or_sections: Any) -> list[tuple[Dim, Dim]]:
+    """(start, stop) of each part along the split axis; `stop` is ANY when the extent is unknown."""
+    op = "split"
+    if isinstance(indices_or_sections, int) and not isinstance(indices_or_sections, bool):
+        sections = indices_or_sections
+        if sections <= 0:
+            raise RelayTypeError(
+                f"indices_or_sections must be a positive number of sections, got {sections}", op_name=op
+            )
+        if isinstance(extent, AnyDim):
+            return [(ANY, ANY)] * sections
+        if extent % sections != 0:
+            raise RelayTypeError(f"an axis of extent {extent} cannot be split into {sections} equal parts", op_name=op)
+        step = extent // sections
+        return [(k * step, (k + 1) * step) for k in range(sections)]
+    indices = as_int_tuple(indices_or_sections, op_name=op, what="indices_or_sections")
+    # TVM requires strictly increasing split points inside the axis (no empty parts).
+    bounds = [0, *indices]
+    for prev, cur in itertools.pairwise(bounds):
+        if cur <= prev:
+            raise RelayTypeError(
+                f"split indices {list(indices)} must be strictly increasing and positive", op_name=op
+            )
+    if isinstance(extent, int) and indices and indices[-1] >= extent:
+        raise RelayTypeError(
+            f"split indices {list(indices)} must lie inside the axis of extent {extent}", op_name=op
+        )
+    return [*itertools.pairwise(bounds), (bounds[-1], extent)]
+
+
+@type_relation("split")
+def _split_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "split")
+    axis = normalize_axis(attrs["axis"], x.ndim, op_name="split")
+    fields = []
+    for start, stop in split_points(x.shape[axis], attrs["indices_or_sections"]):
+        length: Dim = ANY if isinstance(stop, AnyDim) or isinstance(start, AnyDim) else stop - start
+        fields.append(TensorType((*x.shape[:axis], length, *x.shape[axis + 1 :]), x.dtype))
+    return TupleType(tuple(fields))
+
+
+@reference("split")
+def _split_ref(inputs: Sequence[Array], attrs: Attrs) -> tuple[Array, ...]:
+    x = np.asarray(inputs[0])
+    axis = normalize_axis(attrs["axis"], x.ndim, op_name="split")
+    parts = []
+    for start, stop in split_points(x.shape[axis], attrs["indices_or_sections"]):
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, stop)
+        parts.append(x[tuple(index)])
+    return tuple(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# strided_slice
+# --------------------------------------------------------------------------------------------
+
+
+def _canonical_index(index: int, extent: int, stride: int) -> int:
+    """Negative indices count from the end; then clamp into the range a slice can reach."""
+    low, high = (-1, extent - 1) if stride < 0 else (0, extent)
+    if index < 0:
+        index += extent
+    return min(max(index, low), high)
+
+
+_TO_END = 2**63 - 1
+
+
+def _slice_specs(shape: Sequence[Dim], attrs: Attrs) -> list[tuple[int, int, int, int]]:
+    """(axis, begin, end, stride) per sliced axis, with `size` mode converted to end/stride 1.
+
+    `begin`/`end` are raw (not canonicalised) because the extent may be `?`.
+    """
+    op = "strided_slice"
+    ndim = len(shape)
+    begin = as_int_tuple(attrs["begin"], op_name=op, what="begin")
+    end = as_int_tuple(attrs["end"], op_name=op, what="end")
+    strides = () if attrs["strides"] is None else as_int_tuple(attrs["strides"], op_name=op, what="strides")
+    mode = attrs["slice_mode"]
+    if mode not in ("end", "size"):
+        raise RelayTypeError(f"slice_mode must be 'end' or 'size', got {mode!r}", op_name=op)
+    if attrs["axes"] is None:
+        if max(len(begin), len(end), len(strides)) > ndim:
+            raise RelayTypeError(
+                f"begin {list(begin)} / end {list(end)} / strides {list(strides)} are longer than the rank of "
+                f"the input shape {format_shape(shape)}",
+                op_name=op,
+            )
+        axes = tuple(range(ndim))
+        # Missing trailing entries take the whole axis.
+        begin = begin + (0,) * (ndim - len(begin))
+        end = end + (_TO_END,) * (ndim - len(end))
+    else:
+        raw_axes = as_int_tuple(attrs["axes"], op_name=op, what="axes")
+        axes = tuple(normalize_axis(a, ndim, op_name=op, what="axes entry") for a in raw_axes)
+        if len(set(axes)) != len(axes):
+            raise RelayTypeError(f"axes {list(raw_axes)} names the same axis twice", op_name=op)
+        if not len(begin) == len(end) == len(axes) or len(strides) > len(axes):
+            raise RelayTypeError(
+                f"with axes {list(raw_axes)}, begin {list(begin)} and end {list(end)} need one entry per axis",
+                op_name=op,
+            )
+    strides = strides + (1,) * (len(axes) - len(strides))
+    specs = []
+    for axis, b, e, s in zip(axes, begin, end, strides):
+        if mode == "size":
+            # The size counts from the begin position; -1 means "to the end". Strides are ignored.
+            s = 1
+            if e < 0:
+                e = _TO_END
+            else:
+                extent = shape[axis]
+                start = b + extent if b < 0 and isinstance(extent, int) else b
+                e = start + e if start >= 0 else _TO_END
+        if s == 0:
+            raise RelayTypeError(f"stride of axis {axis} is 0", op_name=op)
+        specs.append((axis, b, e, s))
+    return specs
+
+
+def _slice_range(extent: int, begin: int, end: int, stride: int) -> range:
+    return range(_canonical_index(begin, extent, stride), _canonical_index(end, extent, stride), stride)
+
+
+def _strided_slice_shape(shape: Sequence[Dim], attrs: Attrs) -> tuple[Dim, ...]:
+    out = list(shape)
+    for axis, b, e, s in _slice_specs(shape, attrs):
+        extent = shape[axis]
+        out[axis] = ANY if isinstance(extent, AnyDim) else len(_slice_range(extent, b, e, s))
+    return tuple(out)
+
+
+@type_relation("strided_slice")
+def _strided_slice_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "strided_slice")
+    return TensorType(_strided_slice_shape(x.shape, attrs), x.dtype)
+
+
+@reference("strided_slice")
+def _strided_slice_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    index: list[slice] = [slice(None)] * x.ndim
+    for axis, b, e, s in _slice_specs(x.shape, attrs):
+        r = _slice_range(x.shape[axis], b, e, s)
+        # A stop of -1 (walking backwards past index 0) must become None: -1 means "last" to numpy.
+        index[axis] = slice(r.start, r.stop, s) if r and r.stop >= 0 else (
+            slice(r.start, None, s) if r else slice(0, 0)
+        )
+    return x[tuple(index)]
+
+
+# --------------------------------------------------------------------------------------------
+# take
+# --------------------------------------------------------------------------------------------
+
+TAKE_MODES = ("clip", "wrap", "fast")
+
+
+def _take_type(data: TensorType, indices: TensorType, attrs: Attrs) -> TensorType:
+    op = "take"
+    if not is_int_dtype(indices.dtype):
+        raise RelayTypeError(f"indices must be an integer tensor, got {indices}", op_name=op)
+    if attrs["mode"] not in TAKE_MODES:
+        raise RelayTypeError(f"mode must be one of {', '.join(TAKE_MODES)}, got {attrs['mode']!r}", op_name=op)
+    if attrs["axis"] is None:
+        return TensorType(indices.shape, data.dtype)
+    if data.ndim == 0:
+        raise RelayTypeError("cannot take along an axis of a scalar", op_name=op)
+    axis = normalize_axis(attrs["axis"], data.ndim, op_name=op)
+    batch_dims = _batch_dims(attrs["batch_dims"], indices.ndim, axis)
+    batch: list[Dim] = []
+    for k in range(batch_dims):
+        merged = merge_dims(data.shape[k], indices.shape[k])
+        if merged is None:
+            raise RelayTypeError(
+                f"with batch_dims={batch_dims}, data {format_shape(data.shape)} and indices "
+                f"{format_shape(indices.shape)} must agree on axis {k}",
+                op_name=op,
+            )
+        batch.append(merged)
+    shape = (*batch, *data.shape[batch_dims:axis], *indices.shape[batch_dims:], *data.shape[axis + 1 :])
+    return TensorType(shape, data.dtype)
+
+
+def _batch_dims(value: Any, indices_ndim: int, axis: int) -> int:
+    op = "take"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RelayTypeError(f"batch_dims must be an integer, got {value!r}", op_name=op)
+    batch_dims = value + indices_ndim if value < 0 else value
+    if not 0 <= batch_dims <= indices_ndim:
+        raise RelayTypeError(f"batch_dims {value} is out of range for indices of rank {indices_ndim}", op_name=op)
+    if batch_dims > axis:
+        raise RelayTypeError(f"batch_dims {value} must not exceed axis {axis}", op_name=op)
+    return batch_dims
+
+
+@type_relation("take")
+def _take_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 2, "take")
+    data = expect_tensor(arg_types[0], "take", "data")
+    indices = expect_tensor(arg_types[1], "take", "indices")
+    return _take_type(data, indices, attrs)
+
+
+def _resolve_indices(indices: Array, extent: int, mode: str) -> Array:
+    """Map raw indices into [0, extent) the way each mode does."""
+    idx = indices.astype(np.int64)
+    if mode == "clip":
+        # Negative indices clip to 0 (they do *not* count from the end).
+        return np.clip(idx, 0, extent - 1)
+    if mode == "wrap":
+        return np.mod(idx, extent)
+    bad = (idx < 0) | (idx >= extent)
+    if bad.any():
+        raise RelayTuneError(
+            f"take(mode='fast'): index {int(idx[bad].flat[0])} is out of range for an axis of extent {extent}; "
+            "fast mode assumes in-range indices"
+        )
+    return idx
+
+
+@reference("take")
+def _take_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    data, indices = np.asarray(inputs[0]), np.asarray(inputs[1])
+    out_type = _take_type(TensorType(data.shape, data.dtype.name), TensorType(indices.shape, indices.dtype.name), attrs)
+    mode = attrs["mode"]
+    if attrs["axis"] is None:
+        flat = data.reshape(-1)
+        if flat.size == 0 and indices.size:
+            raise RelayTuneError("take: cannot index into an empty tensor")
+        return flat[_resolve_indices(indices, flat.size, mode)] if indices.size else np.zeros(indices.shape, data.dtype)
+    axis = normalize_axis(attrs["axis"], data.ndim, op_name="take")
+    batch_dims = _batch_dims(attrs["batch_dims"], indices.ndim, axis)
+    out_shape = _static_shape(out_type.shape)
+    if indices.size == 0:
+        return np.zeros(out_shape, data.dtype)
+    if data.shape[axis] == 0:
+        raise RelayTuneError(f"take: cannot index into axis {axis} of extent 0")
+    idx = _resolve_indices(indices, data.shape[axis], mode)
+    if batch_dims == 0:
+        return np.take(data, idx, axis=axis)
+    out = np.empty(out_shape, data.dtype)
+    for b in np.ndindex(*data.shape[:batch_dims]):
+        out[b] = np.take(data[b], idx[b], axis=axis - batch_dims)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# nn.pad
+# --------------------------------------------------------------------------------------------
+
+PAD_MODES = ("constant", "edge", "reflect")
+
+
+def _pad_widths(shape: Sequence[Dim], attrs: Attrs) -> list[tuple[int, int]]:
+    op = "nn.pad"
+    raw = attrs["pad_width"]
+    mode = attrs["pad_mode"]
+    if mode not in PAD_MODES:
+        raise RelayTypeError(f"pad_mode must be one of {', '.join(PAD_MODES)}, got {mode!r}", op_name=op)
+    if not isinstance(raw, tuple) or len(raw) != len(shape):
+        raise RelayTypeError(
+            f"pad_width {raw!r} must hold one [before, after] pair per axis of {format_shape(shape)}", op_name=op
+        )
+    widths = []
+    for axis, pair in enumerate(raw):
+        pair_ints = as_int_tuple(pair, op_name=op, what=f"pad_width[{axis}]")
+        if len(pair_ints) != 2 or min(pair_ints) < 0:
+            raise RelayTypeError(
+                f"pad_width[{axis}] must be a [before, after] pair of non-negative integers, got {pair!r}", op_name=op
+            )
+        extent = shape[axis]
+        if isinstance(extent, int) and max(pair_ints) > 0:
+            # Edge padding needs an element to copy; reflection (which excludes the edge element
+            # itself) can reach at most extent - 1 elements in.
+            if mode == "edge" and extent == 0:
+                raise RelayTypeError(f"edge padding of axis {axis}, which is empty", op_name=op)
+            if mode == "reflect" and max(pair_ints) > extent - 1:
+                raise RelayTypeError(
+                    f"reflect padding of {max(pair_ints)} on axis {axis} of extent {extent} "
+                    f"is larger than {extent - 1}",
+                    op_name=op,
+                )
+        widths.append((pair_ints[0], pair_ints[1]))
+    return widths
+
+
+def _pad_shape(shape: Sequence[Dim], widths: list[tuple[int, int]]) -> tuple[Dim, ...]:
+    return tuple(ANY if isinstance(d, AnyDim) else d + b + a for d, (b, a) in zip(shape, widths))
+
+
+@type_relation("nn.pad")
+def _pad_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 2, "nn.pad")
+    data = expect_tensor(arg_types[0], "nn.pad", "data")
+    # The pad value's dtype need not match: it is converted (programs pad float16 data with `0`).
+    value = expect_tensor(arg_types[1], "nn.pad", "pad value")
+    if value.ndim != 0:
+        raise RelayTypeError(f"the pad value must be a scalar, got {value}", op_name="nn.pad")
+    return TensorType(_pad_shape(data.shape, _pad_widths(data.shape, attrs)), data.dtype)
+
+
+@reference("nn.pad")
+def _pad_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    data = np.asarray(inputs[0])
+    widths = _pad_widths(data.shape, attrs)
+    mode = attrs["pad_mode"]
+    if mode == "constant":
+        with np.errstate(all="ignore"):
+            fill = np.asarray(inputs[1]).astype(data.dtype)
+        return np.pad(data, widths, mode="constant", constant_values=fill)
+    return np.pad(data, widths, mode=mode)
+
+
+# --------------------------------------------------------------------------------------------
+# layout_transform
+# --------------------------------------------------------------------------------------------
+
+
+def _layouts(attrs: Attrs) -> tuple[Layout, Layout]:
+    op = "layout_transform"
+    return Layout.parse(attrs["src_layout"], op), Layout.parse(attrs["dst_layout"], op)
+
+
+@type_relation("layout_transform")
+def _layout_transform_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "layout_transform")
+    src, dst = _layouts(attrs)
+    return TensorType(layout_transform_shape(x.shape, src, dst, "layout_transform"), x.dtype)
+
+
+def to_logical(x: Array, layout: Layout) -> Array:
+    """Undo the blocking of `layout`: one axis per primal axis, in the layout's primal order."""
+    perm: list[int] = []
+    merged: list[int] = []
+    for name in layout.primal_names:
+        outer = layout.primal_index(name)
+        inner = layout.sub_index(name)
+        perm.append(outer)
+        if inner is None:
+            merged.append(x.shape[outer])
+        else:
+            # Block index is the slow part, position within the block the fast part.
+            perm.append(inner)
+            merged.append(x.shape[outer] * x.shape[inner])
+    return x.transpose(perm).reshape(merged)
+
+
+def from_logical(y: Array, names: Sequence[str], layout: Layout) -> Array:
+    """Lay out `y` (one axis per primal axis, ordered as `names`) in `layout`."""
+    y = y.transpose([list(names).index(n) for n in layout.primal_names])
+    split_shape: list[int] = []
+    positions: list[int] = []
+    for k, name in enumerate(layout.primal_names):
+        factor = layout.factor_of(name)
+        if factor is None:
+            split_shape.append(y.shape[k])
+            positions.append(layout.primal_index(name))
+        else:
+            split_shape += [y.shape[k] // factor, factor]
+            positions += [layout.primal_index(name), layout.sub_index(name)]  # type: ignore[list-item]
+    z = y.reshape(split_shape)
+    return z.transpose([positions.index(j) for j in range(layout.ndim)])
+
+
+@reference("layout_transform")
+def _layout_transform_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    src, dst = _layouts(attrs)
+    layout_transform_shape(x.shape, src, dst, "layout_transform")  # validates divisibility
+    return np.ascontiguousarray(from_logical(to_logical(x, src), src.primal_names, dst))
+
+
+# --------------------------------------------------------------------------------------------
+# nn.upsampling
+# --------------------------------------------------------------------------------------------
+
+UPSAMPLING_METHODS = ("nearest_neighbor", "bilinear", "bicubic")
+
+
+def _upsampling_layout(attrs: Attrs) -> tuple[int, int]:
+    """Positions of the H and W axes; the layout must be NCHW-like with unblocked H and W."""
+    op = "nn.upsampling"
+    layout = Layout.parse(attrs["layout"], op)
+    if sorted(layout.primal_names) != sorted("NCHW") or layout.factor_of("H") or layout.factor_of("W"):
+        raise RelayTypeError(
+            f"layout {layout} is not convertible to NCHW with unsplit H and W axes", op_name=op
+        )
+    if attrs["method"] not in UPSAMPLING_METHODS:
+        raise RelayTypeError(
+            f"method must be one of {', '.join(UPSAMPLING_METHODS)}, got {attrs['method']!r}", op_name=op
+        )
+    return layout.primal_index("H"), layout.primal_index("W")
+
+
+def _scaled(extent: Dim, scale: Any) -> Dim:
+    if isinstance(extent, AnyDim):
+        return ANY
+    # TVM rounds the scaled extent with nearbyint (ties to even), as Python's round does.
+    return round(extent * float(scale))
+
+
+def _upsampling_shape(shape: Sequence[Dim], attrs: Attrs) -> tuple[Dim, ...]:
+    h_axis, w_axis = _upsampling_layout(attrs)
+    out = list(shape)
+    layout = Layout.parse(attrs["layout"], "nn.upsampling")
+    if len(shape) != layout.ndim:
+        raise RelayTypeError(
+            f"layout {layout} has {layout.ndim} axes but the input has shape {format_shape(shape)}",
+            op_name="nn.upsampling",
+        )
+    out[h_axis] = _scaled(shape[h_axis], attrs["scale_h"])
+    out[w_axis] = _scaled(shape[w_axis], attrs["scale_w"])
+    for axis in (h_axis, w_axis):
+        if isinstance(out[axis], int) and out[axis] <= 0:
+            raise RelayTypeError(
+                f"scaling axis {axis} of {format_shape(shape)} gives extent {format_dim(out[axis])}",
+                op_name="nn.upsampling",
+            )
+    return tuple(out)
+
+
+@type_relation("nn.upsampling")
+def _upsampling_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "nn.upsampling")
+    return TensorType(_upsampling_shape(x.shape, attrs), x.dtype)
+
+
+def source_coordinates(out_extent: int, in_extent: int, align_corners: bool) -> Array:
+    """Input coordinate sampled by each output position (TVM's asymmetric / align_corners maps)."""
+    positions = np.arange(out_extent, dtype=np.float64)
+    if align_corners:
+        return positions * ((in_extent - 1) / (out_extent - 1) if out_extent > 1 else 0.0)
+    return positions * (in_extent / out_extent)
+
+
+def _nearest_indices(out_extent: int, in_extent: int, align_corners: bool) -> Array:
+    coords = source_coordinates(out_extent, in_extent, align_corners)
+    # align_corners rounds to nearest (ties to even); asymmetric floors, with TVM's small epsilon
+    # guarding against coordinates like 2.9999999 that should be 3.
+    idx = np.rint(coords) if align_corners else np.floor(coords + 1e-5)
+    return np.clip(idx.astype(np.int64), 0, in_extent - 1)
+
+
+def _linear_along(x: Array, axis: int, out_extent: int, align_corners: bool) -> Array:
+    in_extent = x.shape[axis]
+    coords = source_coordinates(out_extent, in_extent, align_corners)
+    low = np.clip(np.floor(coords).astype(np.int64), 0, in_extent - 1)
+    high = np.minimum(low + 1, in_extent - 1)
+    frac_shape = [1] * x.ndim
+    frac_shape[axis] = out_extent
+    frac = (coords - np.floor(coords)).reshape(frac_shape)
+    return np.take(x, low, axis=axis) * (1.0 - frac) + np.take(x, high, axis=axis) * frac
+
+
+@reference("nn.upsampling")
+def _upsampling_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    h_axis, w_axis = _upsampling_layout(attrs)
+    out_shape = _static_shape(_upsampling_shape(x.shape, attrs))
+    align = bool(attrs["align_corners"])
+    method = attrs["method"]
+    if method == "nearest_neighbor":
+        y = np.take(x, _nearest_indices(out_shape[h_axis], x.shape[h_axis], align), axis=h_axis)
+        return np.take(y, _nearest_indices(out_shape[w_axis], x.shape[w_axis], align), axis=w_axis)
+    if method == "bilinear":
+        # Bilinear interpolation is separable: interpolate rows, then columns, in float64.
+        y = _linear_along(x.astype(np.float64), h_axis, out_shape[h_axis], align)
+        y = _linear_along(y, w_axis, out_shape[w_axis], align)
+        return y.astype(x.dtype)
+    raise UnsupportedError(f"nn.upsampling with method={method!r} has no reference implementation")
+
