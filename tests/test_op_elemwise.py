@@ -350,6 +350,8 @@ def test_cast() -> None:
     assert run("cast", [x], dtype="float16").dtype == np.float16
     with pytest.raises(RelayTypeError, match="unknown dtype 'float13'"):
         relation("cast", [TensorType((3,))], dtype="float13")
+    with pytest.raises(RelayTypeError, match="unknown dtype 'float13'"):
+        run("cast", [x], dtype="float13")
 
 
 def test_any_dims_propagate_through_unary() -> None:

@@ -31,6 +31,7 @@ from relay_tune.op._shape import (
     expect_tensor,
     is_float_dtype,
     is_int_dtype,
+    numpy_dtype,
     same_dtype,
 )
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
@@ -220,8 +221,10 @@ def _clip_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
 @reference("cast")
 def _cast_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
     x = np.asarray(inputs[0])
+    target = numpy_dtype(check_dtype(attrs["dtype"], "cast"))
+    # Out-of-range float -> int conversions are undefined in generated code; numpy's result stands in.
     with np.errstate(all="ignore"):
-        return x.astype(np.dtype(attrs["dtype"]))
+        return x.astype(target)
 
 
 def _trunc_divide(a: Array, b: Array) -> Array:
