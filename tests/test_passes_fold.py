@@ -229,6 +229,13 @@ def test_no_fold_for_a_non_constant_scale() -> None:
     assert op_names(FOLD.run(mod, CONFIG)) == ["nn.conv2d", "multiply"]
 
 
+def test_no_fold_into_weights_that_arrive_at_run_time() -> None:
+    x = Var("x", TensorType((1, 16), "float32"))
+    w = Var("w", TensorType((1000, 16), "float32"))
+    mod = module([x, w], call("multiply", call("nn.dense", x, w), rand(1000)))
+    assert op_names(FOLD.run(mod, CONFIG)) == ["nn.dense", "multiply"]
+
+
 def test_chained_scales_fold_in_rounds() -> None:
     x = Var("x", TensorType((1, 3, 6, 6), "float32"))
     mod = module([x], call("multiply", call("multiply", conv(x, 3, 4), rand(4, 1, 1)), rand(4, 1, 1)))

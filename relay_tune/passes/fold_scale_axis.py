@@ -19,7 +19,7 @@ down to `nn.conv2d`/`nn.dense` leaves. A multiply is folded only when
   result to a bigger shape,
 - every node between the multiply and the leaves has the same shape as the multiply and no other user (otherwise
   another consumer would see the scaled value),
-- dtypes are floating point and layouts are plain (no blocked `NCHW4c` layouts).
+- the weights are constants, dtypes are floating point and layouts are plain (no blocked `NCHW4c` layouts).
 Chains of multiplies are folded one per round; the pass repeats until nothing changes.
 """
 
@@ -52,9 +52,22 @@ def _plain_layout(layout: str) -> bool:
     return layout.isalpha() and layout.isupper() and len(set(layout)) == len(layout)
 
 
+def _is_constant_weight(weight: Expr) -> bool:
+    """A constant, or a constant already scaled by an earlier round (`multiply(W, s)`, folded later)."""
+    while isinstance(weight, Call) and weight.op_name == "multiply" and isinstance(weight.args[1], Constant):
+        weight = weight.args[0]
+    return isinstance(weight, Constant)
+
+
 def _leaf_channel_axis(node: Call, out_type: TensorType) -> int | None:
-    """Output channel axis of a conv2d/dense leaf, or None when its weight cannot absorb a scale."""
+    """Output channel axis of a conv2d/dense leaf, or None when its weight cannot absorb a scale.
+
+    Only constant weights qualify: scaling a weight that arrives at run time would trade a multiply over the
+    output for one over the (often larger) weight, instead of removing it.
+    """
     name = node.op_name
+    if not _is_constant_weight(node.args[1]):
+        return None
     weight_type = tensor_type_of(node.args[1])
     if weight_type is None or not np.issubdtype(np.dtype(weight_type.dtype), np.floating):
         return None
