@@ -11,6 +11,7 @@ from relay_tune.ir import (
     Constant,
     Expr,
     Function,
+    If,
     IRModule,
     Let,
     TensorType,
@@ -257,6 +258,27 @@ def test_let_is_a_fusion_barrier() -> None:
     fused = fuse(module([x], body))
     assert fused_groups(fused) == [("exp",), ("nn.relu",)]
     assert isinstance(fused["main"].body, Let)
+
+
+def test_if_is_a_fusion_barrier_and_branches_fuse_inside() -> None:
+    x = Var("x", tensor(4,))
+    cond = Var("c", TensorType((), "bool"))
+    e = call("exp", x)
+    body = call("negative", If(cond, call("nn.relu", call("abs", x)), e))
+    fused = FuseOps().run(module([cond, x], body), PassConfig(opt_level=3))
+    assert sorted(fused_groups(fused)) == [("abs", "nn.relu"), ("exp",), ("negative",)]
+    for flag in (True, False):
+        data = RNG.standard_normal(4).astype("float32")
+        expected = -np.maximum(np.abs(data), 0) if flag else -np.exp(data)
+        np.testing.assert_allclose(evaluate(fused, [np.asarray(flag), data]), expected, rtol=1e-6)
+
+
+def test_nested_function_literals_are_fused_inside() -> None:
+    x = Var("x", tensor(4,))
+    y = Var("y", tensor(4,))
+    inner = Function((y,), call("nn.relu", call("exp", y)))
+    fused = fuse(module([x], call("negative", Call(inner, (x,)))))
+    assert sorted(fused_groups(fused)) == [("exp", "nn.relu"), ("negative",)]
 
 
 def test_opt_level_zero_puts_every_call_alone() -> None:
