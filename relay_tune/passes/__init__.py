@@ -6,7 +6,8 @@
     from relay_tune.passes import FuseOps, PassConfig, Sequential
     mod = Sequential((SimplifyInference(), FuseOps(max_depth=8))).run(mod, PassConfig(opt_level=3))
 
-Task extraction (one tuning task per distinct fused function) lives in `relay_tune.passes.extract_tasks`.
+Task extraction (one tuning task per distinct fused function): `extract_tasks(fused_mod) -> list[TaskSpec]`
+(`relay_tune.passes.extract_tasks`).
 """
 
 from relay_tune.passes.base import (
@@ -21,6 +22,7 @@ from relay_tune.passes.base import (
 )
 from relay_tune.passes.dead_code import DeadCodeElimination
 from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
+from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
 from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fuse_ops import FuseOps, fused_groups
@@ -39,7 +41,9 @@ __all__ = [
     "PassConfig",
     "Sequential",
     "SimplifyInference",
+    "TaskSpec",
     "default_pipeline",
+    "extract_tasks",
     "fused_groups",
     "get_pass",
     "optimize",
