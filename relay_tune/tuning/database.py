@@ -1,0 +1,171 @@
+"""The `Database` of tuning records: what was measured, and the best config per (workload, target).
+
+Queries are always by workload key *and* target string: a record measured for one target never answers for
+another. Only successful records compete for "best"; errors, timeouts and wrong results never win. When several
+logs are merged, the fastest valid record per (workload key, target) wins, whichever file it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from relay_tune.tuning.records import LogEntry, LogEvent, LogTail, LogWriter, TuningRecord
+from search_space import Config
+
+TaskTarget = tuple[str, str]  # (workload key, target string)
+
+
+class Database(ABC):
+    """Stores tuning records.
+
+    Call order: `commit` each record as soon as it is measured; `records`/`best` may be called at any time and see
+    every committed record (for file-backed databases, also those appended by other processes).
+    """
+
+    @abstractmethod
+    def commit(self, record: TuningRecord) -> None:
+        """Store one record (durably, for persistent databases)."""
+
+    @abstractmethod
+    def records(self, task_key: str, target: str) -> list[TuningRecord]:
+        """Every record of this workload on this target, in commit order."""
+
+    def best(self, task_key: str, target: str, k: int = 1) -> list[TuningRecord]:
+        """The `k` fastest valid records (by mean cost), one per distinct config."""
+        return top_k(self.records(task_key, target), k)
+
+    def log_event(self, event: LogEvent) -> None:  # noqa: B027 - optional hook; databases without a log ignore it
+        """Store a non-measurement event (session header, task stop reason). Optional."""
+
+    def keys(self) -> list[TaskTarget]:
+        """Every (workload key, target) that has records."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its workloads")
+
+
+def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:
+    """The `k` fastest valid records, keeping only the fastest measurement of each config."""
+    fastest: dict[str, TuningRecord] = {}
+    for record in records:
+        if not record.ok:
+            continue
+        held = fastest.get(record.config_key)
+        if held is None or _mean(record) < _mean(held):
+            fastest[record.config_key] = record
+    ranked = sorted(fastest.values(), key=lambda r: (_mean(r), r.timestamp))
+    return ranked[:k]
+
+
+def _mean(record: TuningRecord) -> float:
+    mean = record.mean_cost
+    assert mean is not None
+    return mean
+
+
+class MemoryDatabase(Database):
+    """Records held in memory only (tests, dry runs)."""
+
+    def __init__(self, records: Iterable[TuningRecord] = ()) -> None:
+        self._by_task: dict[TaskTarget, list[TuningRecord]] = defaultdict(list)
+        self.events: list[LogEvent] = []
+        for record in records:
+            self.commit(record)
+
+    def commit(self, record: TuningRecord) -> None:
+        self._by_task[(record.workload_key, record.target)].append(record)
+
+    def records(self, task_key: str, target: str) -> list[TuningRecord]:
+        return list(self._by_task.get((task_key, target), ()))
+
+    def log_event(self, event: LogEvent) -> None:
+        self.events.append(event)
+
+    def keys(self) -> list[TaskTarget]:
+        return [key for key, records in self._by_task.items() if records]
+
+
+class JsonLinesDatabase(Database):
+    """Records in one or more JSON-lines logs.
+
+    `paths`: the logs to read (merged). New records are appended to `write_path` (default: the first path).
+    Queries first pick up lines appended since the last query, by this or any other process.
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        write_path: str | os.PathLike[str] | None = None,
+        fsync: bool = False,
+    ) -> None:
+        path_list = [Path(paths)] if isinstance(paths, str | os.PathLike) else [Path(p) for p in paths]
+        if write_path is None:
+            if not path_list:
+                raise ValueError("JsonLinesDatabase needs at least one log path")
+            write_path = path_list[0]
+        self.write_path = Path(write_path)
+        if self.write_path not in path_list:
+            path_list.append(self.write_path)
+        self.paths = path_list
+        self._writer = LogWriter(self.write_path, fsync=fsync)
+        self._tails = [LogTail(p) for p in self.paths]
+        self._memory = MemoryDatabase()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read lines appended to any of the logs since the last refresh."""
+        for tail in self._tails:
+            for entry in tail.read_new():
+                self._ingest(entry)
+
+    def _ingest(self, entry: LogEntry) -> None:
+        if isinstance(entry, TuningRecord):
+            self._memory.commit(entry)
+        else:
+            self._memory.log_event(entry)
+
+    def commit(self, record: TuningRecord) -> None:
+        # The record enters the in-memory index through `refresh`, like everybody else's lines, so nothing is
+        # counted twice.
+        self._writer.write_one(record)
+        self.refresh()
+
+    def log_event(self, event: LogEvent) -> None:
+        self._writer.write_one(event)
+        self.refresh()
+
+    def records(self, task_key: str, target: str) -> list[TuningRecord]:
+        self.refresh()
+        return self._memory.records(task_key, target)
+
+    def keys(self) -> list[TaskTarget]:
+        self.refresh()
+        return self._memory.keys()
+
+    @property
+    def events(self) -> list[LogEvent]:
+        self.refresh()
+        return list(self._memory.events)
+
+
+def apply_best(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], target: str | None = None
+) -> dict[TaskTarget, Config]:
+    """The best config per (workload key, target) across the given logs, for building a model.
+
+    Workloads that have no valid record are absent (the build falls back to the default schedule and says so).
+    `target` restricts the result to one target string.
+    """
+    database = JsonLinesDatabase(paths) if isinstance(paths, str | os.PathLike) or paths else None
+    if database is None:
+        return {}
+    chosen: dict[TaskTarget, Config] = {}
+    for key, record_target in database.keys():
+        if target is not None and record_target != target:
+            continue
+        best = database.best(key, record_target, 1)
+        if best:
+            chosen[(key, record_target)] = best[0].config
+    return chosen

@@ -1,0 +1,474 @@
+"""Runners: load a built kernel, check its outputs, and time it, isolated from the tuning process.
+
+`LocalRunner` keeps one measurement worker process and sends it one artifact at a time (measurements run
+serially, so each kernel has every core to itself, as in the final model). Generated code can crash or hang, and
+the driver must survive both: a worker that dies (SIGSEGV, abort...) yields RUNTIME_ERROR, one that does not answer
+within the run timeout is killed (SIGTERM, then SIGKILL) and yields TIMEOUT; either way a fresh worker takes over.
+The timeout starts when the artifact is sent, after the worker reported ready, so start-up time never counts.
+
+Per task the runner generates seeded random inputs (values that are neither zero nor round, so a kernel that
+drops terms or swaps operands shows up) and asks the task's numpy `reference` for the expected outputs; both are
+sent to the worker once and cached there. For each artifact the worker:
+
+1. fills output buffers with NaN (integers: a sentinel) so that a kernel that skips elements cannot pass because
+   an earlier kernel wrote them, calls the kernel once on fresh copies of the inputs, and compares the outputs
+   with the reference under a dtype-dependent tolerance (mismatch: WRONG_RESULT, never timed);
+2. runs `warmup` calls, then raises `number` until one repeat lasts at least `min_repeat_ms`, and records
+   `repeat` costs (seconds per call, averaged over `number` calls), optionally evicting caches before each call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from relay_tune.tuning.measure import ErrorKind, RunResult
+from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
+
+# (rtol, atol) per dtype; atol is scaled by the largest expected magnitude (at least 1).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float16": (1e-2, 1e-2),
+    "float32": (1e-4, 1e-5),
+    "float64": (1e-9, 1e-12),
+}
+
+
+class Runner(ABC):
+    """Measures artifacts of a task, one at a time. `run` never raises for a bad kernel: errors are results."""
+
+    @abstractmethod
+    def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult: ...
+
+    def close(self) -> None:  # noqa: B027 - runners without resources need not override
+        """Release worker processes (the runner restarts them if used again)."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    number: int = 3
+    repeat: int = 3
+    min_repeat_ms: float = 50.0
+    warmup: int = 1
+    flush_cache: bool = False
+    flush_bytes: int = 64 << 20  # larger than any last-level cache we target
+
+
+def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
+    """Seeded inputs with irregular values: floats in [-1, 1) away from 0, small non-zero integers, random bools."""
+    rng = np.random.default_rng(seed)
+    arrays: list[np.ndarray] = []
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            magnitude = rng.uniform(0.05, 1.0, size=spec.shape)
+            sign = rng.choice(np.array([-1.0, 1.0]), size=spec.shape)
+            arrays.append((magnitude * sign).astype(dtype))
+        elif dtype.kind == "b":
+            arrays.append(rng.integers(0, 2, size=spec.shape).astype(dtype))
+        elif dtype.kind == "u":
+            arrays.append(rng.integers(1, 8, size=spec.shape).astype(dtype))
+        elif dtype.kind == "i":
+            values = rng.integers(1, 8, size=spec.shape) * rng.choice(np.array([-1, 1]), size=spec.shape)
+            arrays.append(values.astype(dtype))
+        else:
+            raise ValueError(f"cannot generate inputs of dtype {spec.dtype}")
+    return arrays
+
+
+class LocalRunner(Runner):
+    """Serial, process-isolated measurement on this machine (see the module docstring)."""
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        number: int = 3,
+        repeat: int = 3,
+        min_repeat_ms: float = 50.0,
+        warmup: int = 1,
+        flush_cache: bool = False,
+        cooldown_s: float = 0.0,
+        check_correctness: bool = True,
+        seed: int = 0,
+        tolerances: dict[str, tuple[float, float]] | None = None,
+        max_runs_per_worker: int = 200,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        if number < 1 or repeat < 1:
+            raise ValueError("number and repeat must be >= 1")
+        self.timeout = timeout
+        self.timing = TimingOptions(number, repeat, min_repeat_ms, warmup, flush_cache)
+        self.cooldown_s = cooldown_s
+        self.check_correctness = check_correctness
+        self.seed = seed
+        self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+        self.max_runs_per_worker = max_runs_per_worker
+        self.startup_timeout = startup_timeout
+        self._worker: _WorkerHandle | None = None
+        self._task_data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None]] = OrderedDict()
+
+    # -- task data -----------------------------------------------------------------------------------------------
+
+    def _data_for(self, task: TuneTask) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        cached = self._task_data.get(task.key)
+        if cached is not None:
+            self._task_data.move_to_end(task.key)
+            return cached
+        inputs = random_inputs(task.input_specs(), self.seed)
+        expected: list[np.ndarray] | None = None
+        if self.check_correctness:
+            reference = task.reference([a.copy() for a in inputs])
+            expected = None if reference is None else [np.asarray(r) for r in reference]
+        self._task_data[task.key] = (inputs, expected)
+        while len(self._task_data) > 4:
+            self._task_data.popitem(last=False)
+        return inputs, expected
+
+    # -- running -------------------------------------------------------------------------------------------------
+
+    def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult:
+        inputs, expected = self._data_for(task)
+        if self.cooldown_s > 0:
+            time.sleep(self.cooldown_s)
+        worker = self._ready_worker()
+        start = time.monotonic()
+        try:
+            if task.key not in worker.loaded:
+                worker.send(("load", task.key, inputs, expected, self.tolerances))
+                worker.loaded.add(task.key)
+            worker.send(("run", task.key, artifact, self.timing))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            return self._worker_died(worker, time.monotonic() - start)
+        reply = worker.receive(self.timeout - (time.monotonic() - start))
+        elapsed = time.monotonic() - start
+        if reply is _DIED:
+            return self._worker_died(worker, elapsed)
+        if reply is _TIMED_OUT:
+            self._discard_worker()
+            return RunResult(None, ErrorKind.TIMEOUT, f"kernel did not finish within {self.timeout:g} s (killed)",
+                             elapsed)
+        worker.runs += 1
+        if worker.runs >= self.max_runs_per_worker:
+            self._discard_worker()  # JIT'd code accumulates in the worker; start clean
+        status, payload, message = reply
+        if status == "ok":
+            return RunResult(tuple(float(c) for c in payload), None, "", elapsed)
+        return RunResult(None, ErrorKind[payload], message, elapsed)
+
+    def _ready_worker(self) -> _WorkerHandle:
+        if self._worker is None or not self._worker.process.is_alive():
+            self._discard_worker()
+            self._worker = _WorkerHandle.start(self.startup_timeout)
+        return self._worker
+
+    def _worker_died(self, worker: _WorkerHandle, elapsed: float) -> RunResult:
+        worker.process.join(timeout=5)
+        message = f"kernel crashed the measurement process ({_describe_exit(worker.process.exitcode)})"
+        self._discard_worker()
+        return RunResult(None, ErrorKind.RUNTIME_ERROR, message, elapsed)
+
+    def _discard_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+
+    def close(self) -> None:
+        self._discard_worker()
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+_DIED = object()
+_TIMED_OUT = object()
+
+
+class _WorkerHandle:
+    """The driver's side of one measurement worker process."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, conn: multiprocessing.connection.Connection):
+        self.process = process
+        self.conn = conn
+        self.loaded: set[str] = set()
+        self.runs = 0
+
+    @classmethod
+    def start(cls, startup_timeout: float) -> _WorkerHandle:
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe(duplex=True)
+        process = context.Process(target=worker_main, args=(child_end,), name="relay-tune-runner", daemon=True)
+        process.start()
+        child_end.close()
+        handle = cls(process, parent_end)
+        reply = handle.receive(startup_timeout)
+        if reply is _DIED or reply is _TIMED_OUT or reply[0] != "ready":
+            handle.stop()
+            raise RuntimeError(f"the measurement worker failed to start ({_describe_exit(process.exitcode)})")
+        return handle
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self.conn.send(message)
+
+    def receive(self, timeout: float) -> Any:
+        try:
+            if not self.conn.poll(max(0.0, timeout)):
+                return _DIED if not self.process.is_alive() else _TIMED_OUT
+            return self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            return _DIED
+
+    def stop(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=1.0)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worker process
+# ---------------------------------------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker when the driver dies (even by SIGKILL), so no orphan keeps running."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class KernelLoader:
+    """Turns artifacts into callables inside the worker. Keeps loaded code alive while it is used."""
+
+    def __init__(self) -> None:
+        self._jit: Any = None
+        self._counter = 0
+        self._keep: list[Any] = []
+        self._libraries: set[str] = set()
+
+    def load(self, artifact: BuildArtifact) -> Callable[..., Any]:
+        for name in artifact.requires_libraries:
+            if name not in self._libraries:
+                ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # make e.g. libgomp's symbols visible to JIT'd code
+                self._libraries.add(name)
+        restype = ctypes.c_int32 if artifact.returns_status else None
+        prototype = ctypes.CFUNCTYPE(restype, *([ctypes.c_void_p] * len(artifact.args)))
+        if artifact.code_format == "elf-object":
+            address = self._load_object(artifact)
+            return prototype(address)
+        if artifact.code_format == "shared-library":
+            return prototype(self._load_shared(artifact))
+        raise ValueError(f"unknown artifact code format {artifact.code_format!r}")
+
+    def _load_object(self, artifact: BuildArtifact) -> int:
+        from llvmlite import binding as llvm
+        from llvmlite.binding import orcjit
+
+        if self._jit is None:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            self._jit = orcjit.create_lljit_compiler()
+        self._counter += 1
+        library = (
+            orcjit.JITLibraryBuilder()
+            .add_object_img(artifact.code)
+            .add_current_process()
+            .export_symbol(artifact.kernel_name)
+            .link(self._jit, f"candidate_{self._counter}")
+        )
+        self._keep.append(library)
+        return int(library[artifact.kernel_name])
+
+    def _load_shared(self, artifact: BuildArtifact) -> int:
+        handle, path = tempfile.mkstemp(suffix=".so", prefix="relay_tune_kernel_")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(artifact.code)
+            library = ctypes.CDLL(path)
+        finally:
+            os.unlink(path)  # the mapping stays valid after the file is gone
+        self._keep.append(library)
+        return int(ctypes.cast(getattr(library, artifact.kernel_name), ctypes.c_void_p).value or 0)
+
+    def release(self) -> None:
+        # Loaded code stays mapped (LLVM frees little); the runner recycles the worker after a number of runs.
+        self._keep.clear()
+
+
+def _sentinel_fill(spec: TensorSpec) -> np.ndarray:
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind == "f":
+        return np.full(spec.shape, np.nan, dtype=dtype)
+    if dtype.kind == "b":
+        return np.ones(spec.shape, dtype=dtype)
+    return np.full(spec.shape, np.iinfo(dtype).min + 17, dtype=dtype)
+
+
+def compare_outputs(
+    actual: np.ndarray, expected: np.ndarray, tolerances: dict[str, tuple[float, float]], index: int
+) -> str | None:
+    """None when `actual` matches `expected` within the dtype's tolerance, else a description of the mismatch."""
+    if actual.shape != expected.shape:
+        return f"output {index}: shape {actual.shape} != expected {expected.shape}"
+    if actual.dtype.kind in "iub" or expected.dtype.kind in "iub":
+        bad = actual != expected
+        detail = ""
+    else:
+        rtol, atol = tolerances.get(str(actual.dtype), DEFAULT_TOLERANCES["float32"])
+        expected64 = expected.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(expected64))) if expected64.size else 1.0)
+        actual64 = actual.astype(np.float64)
+        bad = ~np.isclose(actual64, expected64, rtol=rtol, atol=atol * scale, equal_nan=False)
+        detail = f" (rtol={rtol:g}, atol={atol * scale:g})"
+    count = int(np.count_nonzero(bad))
+    if count == 0:
+        return None
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    unwritten = int(np.count_nonzero(np.isnan(actual))) if actual.dtype.kind == "f" else 0
+    note = f"; {unwritten} never written" if unwritten else ""
+    return (f"output {index}: {count} of {actual.size} elements differ{detail}{note}; first at {first}: "
+            f"got {actual[first]!r}, expected {expected[first]!r}")
+
+
+def _measure(artifact: BuildArtifact, function: Callable[..., Any], inputs: list[np.ndarray],
+             expected: list[np.ndarray] | None, tolerances: dict[str, tuple[float, float]],
+             timing: TimingOptions) -> tuple[str, Any, str]:
+    buffers: list[np.ndarray] = []
+    for arg in artifact.args:
+        if arg.role == "input":
+            buffer = apply_layout(inputs[arg.index].copy(), arg.layout)
+            if buffer.shape != arg.spec.shape or str(buffer.dtype) != arg.spec.dtype:
+                return ("error", ErrorKind.COMPILE_ERROR.name,
+                        f"input {arg.index} after layout is {buffer.shape}/{buffer.dtype}, kernel expects "
+                        f"{arg.spec.shape}/{arg.spec.dtype}")
+        elif arg.role == "output":
+            buffer = _sentinel_fill(arg.spec)
+        else:
+            buffer = np.zeros(arg.spec.shape, dtype=arg.spec.dtype)
+        buffers.append(buffer)
+    pointers = [b.ctypes.data for b in buffers]
+
+    status = function(*pointers)
+    if artifact.returns_status and status != 0:
+        return ("error", ErrorKind.RUNTIME_ERROR.name, f"kernel returned status {status}")
+    if expected is not None:
+        outputs = [(arg, buffer) for arg, buffer in zip(artifact.args, buffers) if arg.role == "output"]
+        covered = {arg.index for arg, _ in outputs}
+        if covered != set(range(len(expected))):
+            return ("error", ErrorKind.WRONG_RESULT.name,
+                    f"kernel writes outputs {sorted(covered)}, the reference has {len(expected)}")
+        for arg, buffer in outputs:
+            problem = compare_outputs(apply_layout(buffer, arg.layout), expected[arg.index], tolerances, arg.index)
+            if problem is not None:
+                return ("error", ErrorKind.WRONG_RESULT.name, problem)
+
+    flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
+    clock = time.perf_counter
+    start = clock()
+    for _ in range(max(1, timing.warmup)):
+        function(*pointers)
+    per_call = max((clock() - start) / max(1, timing.warmup), 1e-9)
+    number = timing.number
+    if timing.min_repeat_ms > 0:
+        number = max(number, min(10_000_000, math.ceil(timing.min_repeat_ms / 1000.0 / per_call)))
+    costs: list[float] = []
+    for _ in range(timing.repeat):
+        if flush is None:
+            start = clock()
+            for _ in range(number):
+                function(*pointers)
+            costs.append((clock() - start) / number)
+        else:
+            total = 0.0
+            for _ in range(number):
+                flush += 1.0  # touch every line of a buffer larger than the caches
+                start = clock()
+                function(*pointers)
+                total += clock() - start
+            costs.append(total / number)
+    return ("ok", costs, "")
+
+
+def worker_main(conn: multiprocessing.connection.Connection) -> None:
+    """Entry point of the measurement worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    loader = KernelLoader()
+    data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None, dict[str, tuple[float, float]]]]
+    data = OrderedDict()
+    conn.send(("ready",))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the driver went away
+        kind = message[0]
+        if kind == "load":
+            _, key, inputs, expected, tolerances = message
+            data[key] = (inputs, expected, tolerances)
+            while len(data) > 4:
+                data.popitem(last=False)
+            continue
+        if kind != "run":
+            conn.send(("error", ErrorKind.RUNTIME_ERROR.name, f"unknown message {kind!r}"))
+            continue
+        _, key, artifact, timing = message
+        try:
+            inputs, expected, tolerances = data[key]
+            try:
+                function = loader.load(artifact)
+            except Exception as err:
+                reply: tuple[str, Any, str] = ("error", ErrorKind.COMPILE_ERROR.name,
+                                               f"failed to load the kernel: {err}")
+            else:
+                reply = _measure(artifact, function, inputs, expected, tolerances, timing)
+        except Exception as err:
+            reply = ("error", ErrorKind.RUNTIME_ERROR.name,
+                     "".join(traceback.format_exception_only(type(err), err)).strip())
+        finally:
+            loader.release()
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return

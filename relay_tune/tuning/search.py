@@ -1,0 +1,426 @@
+"""Search strategies: which configs of one task to measure next.
+
+`OptunaSearch` runs one Optuna study per (task, target) through ask/tell, so the tuner owns the loop and the
+measurement happens in its own processes. Its storage is the embedded journal file by default (several tuning
+processes on one machine share a study through it without a server); `sqlite:///...` and other database URLs
+work too.
+
+Rules the strategies keep:
+- A config is never measured twice. Before a proposal is handed out it is checked against the tuning log (also
+  records written by other processes) and the study's trials (also other processes' trials in flight); a repeat
+  is answered from the earlier result without measuring. Two processes that ask for the same config at the same
+  moment both publish their claim and the lower trial number keeps it.
+- Failures teach the sampler: a failed measurement is told as a worst value (`FAILURE_VALUE`), which puts it in
+  TPE's "bad" group; configs the space's constraints reject are told the same and never measured or counted.
+- Resuming rebuilds the study: records in the log that the study does not know are added as finished trials, and
+  trials left running by a process that no longer exists are closed as failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import socket
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from relay_tune.tuning.database import Database
+from relay_tune.tuning.measure import MeasureInput, MeasureResult
+from relay_tune.tuning.task import TuneTask
+from search_space import Config
+
+if TYPE_CHECKING:
+    import optuna
+
+# What a failed measurement is worth to the sampler: worse than any real kernel (seconds).
+FAILURE_VALUE = 1e9
+# Above this many valid configs a space is not enumerated to look for unvisited points.
+_ENUMERATION_LIMIT = 20_000
+
+
+class SearchStrategy(ABC):
+    """Proposes configs of one task and learns from their measurements.
+
+    Call order: `prioritize` (optional, before the first proposal) -> `propose(n)` -> the driver measures every
+    proposed config -> `update(inputs, results)` with all of them -> `propose` ... -> `close()`.
+    `propose` returns at most `n` configs that have never been measured; fewer (or none) means the space is
+    exhausted.
+    """
+
+    name: str = "search"
+
+    @abstractmethod
+    def propose(self, n: int) -> list[Config]: ...
+
+    @abstractmethod
+    def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None: ...
+
+    def prioritize(self, configs: Sequence[Config]) -> None:  # noqa: B027 - optional hook
+        """Propose these configs (e.g. the default schedule, good schedules from elsewhere) before any others."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Give up proposals that were never measured (e.g. after an interrupt)."""
+
+
+StrategyFactory = Callable[[TuneTask, Database], SearchStrategy]
+
+
+def measured_values(records: Sequence[Any]) -> dict[str, float]:
+    """Config key -> what the sampler should be told, from the log (the best measurement per config)."""
+    values: dict[str, float] = {}
+    for record in records:
+        value = record.mean_cost if record.ok else FAILURE_VALUE
+        if record.config_key not in values or value < values[record.config_key]:
+            values[record.config_key] = value
+    return values
+
+
+def _unvisited_random(
+    task: TuneTask, visited: set[str], rng: np.random.Generator, attempts: int = 256
+) -> Config | None:
+    """A random valid config not in `visited`, or None when (as far as we can tell) none is left."""
+    for _ in range(attempts):
+        config = task.space.sample(rng)
+        if config.key not in visited:
+            return config
+    if task.space.size() <= _ENUMERATION_LIMIT:
+        left = [c for c in task.space.enumerate() if c.key not in visited]
+        return left[int(rng.integers(len(left)))] if left else None
+    return None
+
+
+class RandomSearch(SearchStrategy):
+    """Uniformly random unvisited configs (a baseline; no Optuna)."""
+
+    name = "random"
+
+    def __init__(self, task: TuneTask, database: Database, seed: int = 0) -> None:
+        self.task = task
+        self.database = database
+        self._rng = np.random.default_rng(_stable_seed(seed, task.key))
+        self._first: list[Config] = []
+        self._proposed: set[str] = set()
+
+    def prioritize(self, configs: Sequence[Config]) -> None:
+        self._first.extend(configs)
+
+    def propose(self, n: int) -> list[Config]:
+        visited = set(measured_values(self.database.records(self.task.key, self.task.target))) | self._proposed
+        chosen: list[Config] = []
+        while self._first and len(chosen) < n:
+            config = self._first.pop(0)
+            if config.key not in visited and self.task.space.is_valid(config):
+                chosen.append(config)
+                visited.add(config.key)
+        while len(chosen) < n:
+            config = _unvisited_random(self.task, visited, self._rng)
+            if config is None:
+                break
+            chosen.append(config)
+            visited.add(config.key)
+        self._proposed.update(c.key for c in chosen)
+        return chosen
+
+    def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Optuna
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _stable_seed(seed: int, key: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@functools.cache
+def _process_start_ticks(pid: int) -> str:
+    """Start time of a process (Linux), to tell a live process from a later one that reused its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def worker_identity() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid)}"
+
+
+def _worker_is_gone(identity: str) -> bool:
+    """True when `identity` names a process on this host that no longer exists."""
+    try:
+        host, pid_text, ticks = identity.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False  # cannot tell for other machines; their trials stay open
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    _process_start_ticks.cache_clear()
+    return _process_start_ticks(pid) != ticks
+
+
+_STORAGES: dict[str, Any] = {}
+
+
+def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage | None) -> Any:
+    """An Optuna storage from a URL or path; a path ending in `.journal` is an embedded journal file.
+
+    Storages are shared per process, so several studies in one journal replay it once.
+    """
+    import optuna
+
+    if storage is None or isinstance(storage, optuna.storages.BaseStorage):
+        return storage
+    text = os.fspath(storage)
+    if text.startswith("journal:"):
+        text = text[len("journal:"):]
+    elif "://" in text:
+        return text  # an RDB URL (sqlite:///, postgresql://, ...): Optuna opens and caches it
+    path = str(Path(text).resolve())
+    if path not in _STORAGES:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _STORAGES[path] = JournalStorage(JournalFileBackend(path))
+    return _STORAGES[path]
+
+
+def default_study_name(task: TuneTask) -> str:
+    name = f"{task.key}|{task.target}"
+    if len(name) > 200:  # database storages limit name length
+        name = "relay-tune-" + hashlib.sha256(name.encode()).hexdigest()[:32]
+    return name
+
+
+def make_sampler(kind: str, seed: int, n_startup_trials: int = 10) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    if kind == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate: tile factors interact; constant_liar: a batch is asked before any result is told.
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
+                                              constant_liar=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {kind!r} (expected 'tpe' or 'random')")
+
+
+@dataclass(frozen=True)
+class _Claim:
+    number: int  # trial number
+    value: float | None  # None while the trial is still running
+
+
+class OptunaSearch(SearchStrategy):
+    """Ask/tell search with an Optuna sampler over the task's space (see the module docstring)."""
+
+    def __init__(
+        self,
+        task: TuneTask,
+        database: Database,
+        *,
+        storage: str | os.PathLike[str] | optuna.storages.BaseStorage | None = None,
+        sampler: str = "tpe",
+        seed: int = 0,
+        study_name: str | None = None,
+        n_startup_trials: int = 10,
+    ) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress view
+        self.task = task
+        self.database = database
+        self.name = f"optuna-{sampler}"
+        self._optuna = optuna
+        self._seed = _stable_seed(seed, task.key)
+        self._rng = np.random.default_rng(self._seed)
+        self._shared = storage is not None
+        self._worker = worker_identity()
+        self.study = optuna.create_study(
+            storage=open_storage(storage),
+            sampler=make_sampler(sampler, self._seed, n_startup_trials),
+            study_name=study_name or default_study_name(task),
+            direction="minimize",
+            load_if_exists=True,
+        )
+        self._distributions = task.space.distributions()
+        self._pending: dict[str, optuna.trial.Trial] = {}
+        self._close_stale_trials()
+        self._import_log()
+
+    # -- start-up ------------------------------------------------------------------------------------------------
+
+    def _close_stale_trials(self) -> None:
+        running = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
+        for trial in running:
+            owner = trial.user_attrs.get("worker")
+            if isinstance(owner, str) and _worker_is_gone(owner):
+                self.study.tell(trial.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+    def _import_log(self) -> None:
+        """Add measured configs the study does not know as finished trials (e.g. a fresh or in-memory storage)."""
+        complete = self._optuna.trial.TrialState.COMPLETE
+        known = {t.user_attrs.get("config_key") for t in self.study.get_trials(deepcopy=False, states=(complete,))}
+        records = self.database.records(self.task.key, self.task.target)
+        imported = []
+        for key, value in measured_values(records).items():
+            if key in known:
+                continue
+            config = next(r.config for r in records if r.config_key == key)
+            if not self.task.space.is_valid(config):
+                continue  # measured under an older space; it still counts as visited
+            imported.append(self._optuna.trial.create_trial(
+                params=self.task.space.to_params(config), distributions=self._distributions, value=value,
+                user_attrs={"config_key": key, "source": "log"},
+            ))
+        if imported:
+            self.study.add_trials(imported)
+
+    # -- proposing -----------------------------------------------------------------------------------------------
+
+    def prioritize(self, configs: Sequence[Config]) -> None:
+        visited = set(measured_values(self.database.records(self.task.key, self.task.target)))
+        waiting = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.WAITING,))
+        queued = [t.system_attrs.get("fixed_params") for t in waiting]
+        for config in configs:
+            if config.key in visited or not self.task.space.is_valid(config):
+                continue
+            params = self.task.space.to_params(config)
+            # Optuna's own skip_if_exists also skips params of failed trials, which would lose the config forever.
+            if params not in queued:
+                self.study.enqueue_trial(params)
+                queued.append(params)
+
+    def _claims(self) -> dict[str, _Claim]:
+        """Config key -> the lowest-numbered live trial (running or complete) that holds it."""
+        complete = self._optuna.trial.TrialState.COMPLETE
+        states = (self._optuna.trial.TrialState.RUNNING, complete)
+        claims: dict[str, _Claim] = {}
+        for trial in self.study.get_trials(deepcopy=False, states=states):
+            key = trial.user_attrs.get("config_key")
+            if isinstance(key, str) and (key not in claims or trial.number < claims[key].number):
+                claims[key] = _Claim(trial.number, trial.value if trial.state == complete else None)
+        return claims
+
+    def propose(self, n: int) -> list[Config]:
+        trial_state = self._optuna.trial.TrialState
+        measured = measured_values(self.database.records(self.task.key, self.task.target))
+        claims = self._claims()
+        proposals: list[tuple[Any, Config]] = []
+        misses = 0
+        attempts = 0
+        while len(proposals) < n and attempts < 8 * n + 32:
+            attempts += 1
+            if misses >= 2 * n + 4:
+                # The sampler keeps returning known points (it has converged or the space is nearly used up):
+                # steer it with a random unvisited config.
+                visited = set(measured) | set(claims) | {c.key for _, c in proposals}
+                fresh = _unvisited_random(self.task, visited, self._rng)
+                if fresh is None:
+                    break
+                self.study.enqueue_trial(self.task.space.to_params(fresh))
+            trial = self.study.ask()
+            config = self.task.space.to_optuna(trial)
+            key = config.key
+            if not self.task.space.is_valid(config):
+                trial.set_user_attr("rejected", True)
+                self.study.tell(trial, FAILURE_VALUE)
+                misses += 1
+                continue
+            if key in measured:
+                trial.set_user_attr("answered_from", "log")
+                self.study.tell(trial, measured[key])
+                misses += 1
+                continue
+            holder = claims.get(key)
+            if holder is not None:
+                if holder.value is not None:
+                    trial.set_user_attr("answered_from", f"trial {holder.number}")
+                    self.study.tell(trial, holder.value)
+                else:  # being measured right now (here or by another process): no value to tell yet
+                    self.study.tell(trial, state=trial_state.FAIL)
+                misses += 1
+                continue
+            trial.set_user_attr("config_key", key)
+            trial.set_user_attr("worker", self._worker)
+            claims[key] = _Claim(trial.number, None)
+            proposals.append((trial, config))
+            misses = 0
+        if self._shared and proposals:
+            proposals = self._keep_first_claims(proposals)
+        for trial, config in proposals:
+            self._pending[config.key] = trial
+        return [config for _, config in proposals]
+
+    def _keep_first_claims(self, proposals: list[tuple[Any, Config]]) -> list[tuple[Any, Config]]:
+        """Drop proposals another process claimed first (lower trial number) while we were asking."""
+        claims = self._claims()
+        kept = []
+        for trial, config in proposals:
+            holder = claims.get(config.key)
+            if holder is not None and holder.number != trial.number:
+                self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+            else:
+                kept.append((trial, config))
+        return kept
+
+    # -- learning ------------------------------------------------------------------------------------------------
+
+    def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
+        for measure_input, result in zip(inputs, results, strict=True):
+            trial = self._pending.pop(measure_input.config.key, None)
+            if trial is None:
+                continue
+            if result.ok:
+                assert result.mean_cost is not None
+                self.study.tell(trial, result.mean_cost)
+            else:
+                assert result.error_kind is not None
+                trial.set_user_attr("error_kind", result.error_kind.name)
+                self.study.tell(trial, FAILURE_VALUE)
+
+    def close(self) -> None:
+        for trial in self._pending.values():
+            self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        self._pending.clear()
+
+
+def optuna_search(
+    storage: str | os.PathLike[str] | optuna.storages.BaseStorage | None = None,
+    sampler: str = "tpe",
+    seed: int = 0,
+    n_startup_trials: int = 10,
+) -> StrategyFactory:
+    """A factory making one `OptunaSearch` per task, all on the same storage."""
+
+    def make(task: TuneTask, database: Database) -> SearchStrategy:
+        return OptunaSearch(task, database, storage=storage, sampler=sampler, seed=seed,
+                            n_startup_trials=n_startup_trials)
+
+    return make
+
+
+def random_search(seed: int = 0) -> StrategyFactory:
+    def make(task: TuneTask, database: Database) -> SearchStrategy:
+        return RandomSearch(task, database, seed=seed)
+
+    return make
