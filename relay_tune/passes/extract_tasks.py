@@ -263,7 +263,7 @@ def describe(func: Function) -> str:
             if isinstance(dilation, tuple) and any(d != 1 for d in dilation):
                 text += f" d{_pair(dilation)}"
     else:
-        text += " " + " ".join(_dims(_shape(a)) for a in anchor.args if _shape(a) is not None)
+        text += " " + " ".join(_dims(_shape(a)) for a in anchor.args if _shape(a))  # scalars (pad values) omitted
     return text
 
 
