@@ -324,11 +324,12 @@ def _coerce_input(value: Any, ty: Type | None, what: str) -> Value:
         return tuple(_coerce_input(v, t, f"{what}.{i}") for i, (v, t) in enumerate(zip(value, ty.fields)))
     if not isinstance(ty, TensorType):
         return value
-    if isinstance(value, np.ndarray):
-        array = value
+    if isinstance(value, (np.ndarray, np.generic)):
+        # numpy values say what dtype they are, so a different one is a mistake, not something to cast.
+        array = np.asarray(value)
         if str(array.dtype) != ty.dtype:
             raise InputError(f"{what}: expected dtype {ty.dtype} ({ty}), got an array of dtype {array.dtype}")
-    elif isinstance(value, (np.generic, int, float, bool, list, tuple)):
+    elif isinstance(value, (int, float, bool, list, tuple)):
         array = np.asarray(value, dtype=ty.dtype)
     else:
         raise InputError(f"{what}: expected an array for {ty}, got {type(value).__name__}")
