@@ -75,8 +75,9 @@ def format_float(value: float, dtype: str) -> str:
     else:
         np_type = np.float16 if dtype == "float16" else np.float32
         text = str(np_type(value))
-        # numpy's shortest form is meant to round-trip; fall back to the exact double if it did not.
-        if np_type(float(text)) != np_type(value):
+        # numpy's shortest form is meant to round-trip; fall back to the exact double if it does
+        # not, or if it lies beyond the dtype's maximum (the parser rejects such literals).
+        if np_type(float(text)) != np_type(value) or abs(float(text)) > float(np.finfo(np_type).max):
             text = repr(float(value))
     return text[:-2] if text.endswith(".0") else text
 
@@ -282,6 +283,8 @@ class Printer:
             return "(" + ", ".join(fields) + ")"
         if isinstance(node, TupleGetItem):
             value = yield self.g_expr(node.tuple_value, block, False)
+            if not value.startswith(("%", "@", "meta[")):
+                value = f"({value})"  # `0.1` would read as a number, `(0).1` is a projection
             return f"{value}.{node.index}"
         if isinstance(node, Function):
             return (yield self.g_function(node, block.indent, None))
@@ -299,9 +302,13 @@ class Printer:
     def call_attrs(self, call: Call) -> Attrs | dict[str, Any]:
         if isinstance(call.op, Op):
             try:
-                return get_op(call.op.name).non_default_attrs(call.attrs)
+                opdef = get_op(call.op.name)
             except UnknownOperatorError:
                 return call.attrs
+            shown = opdef.non_default_attrs(call.attrs)
+            # A required attribute must be written even when it equals its default, or the text
+            # would not parse back.
+            return {k: v for k, v in call.attrs.items() if k in shown or k in opdef.required_attrs}
         return call.attrs
 
     def g_scope(self, body: Expr, indent: str, expand_let: bool = False) -> Steps[_Block]:
