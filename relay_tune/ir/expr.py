@@ -53,7 +53,7 @@ class Expr:
         if ty is None:
             raise ValueError(
                 f"the type of this {type(self).__name__} is not known yet; run type inference "
-                "(relay_tune.infer_type) first"
+                "(relay_tune.type_infer.infer_types) first"
             )
         return ty
 
