@@ -1,0 +1,1 @@
+"""Code generation: lowering the loop-nest IR to machine code (LLVM for CPUs)."""

@@ -1,0 +1,175 @@
+"""Affine analysis of index expressions, used by the vectorizer to classify memory accesses.
+
+For a load or store inside a vectorized loop over `v`, the code generator needs to know how the flat
+element offset moves from one lane to the next: not at all (a broadcast), by one element (a contiguous
+vector access), or irregularly (a gather/scatter). `lane_stride` answers that question by writing the
+offset as `sum(coefficient * atom) + constant`, where atoms are loop variables or sub-expressions the
+analysis cannot see through.
+
+Floor division and modulo by a positive constant are common in split/fused loop nests
+(`(vo * 16 + vi) // 16`); they stay affine when loop ranges prove the remainder part stays inside
+`[0, divisor)`, which is checked with the extents of the enclosing loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from relay_tune.kernel import tir
+
+
+@dataclass
+class AffineForm:
+    """`const + sum(coefficient * atom)`; `terms` maps id(atom) -> (atom, coefficient)."""
+
+    terms: dict[int, tuple[tir.PrimExpr, int]] = field(default_factory=dict)
+    const: int = 0
+
+    def scaled(self, factor: int) -> AffineForm:
+        if factor == 0:
+            return AffineForm()
+        return AffineForm({k: (a, c * factor) for k, (a, c) in self.terms.items()}, self.const * factor)
+
+    def plus(self, other: AffineForm, sign: int = 1) -> AffineForm:
+        terms = dict(self.terms)
+        for key, (atom, coef) in other.terms.items():
+            total = terms.get(key, (atom, 0))[1] + sign * coef
+            if total:
+                terms[key] = (atom, total)
+            else:
+                terms.pop(key, None)
+        return AffineForm(terms, self.const + sign * other.const)
+
+    @property
+    def is_constant(self) -> bool:
+        return not self.terms
+
+
+def _atom(expr: tir.PrimExpr) -> AffineForm:
+    return AffineForm({id(expr): (expr, 1)}, 0)
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
+def bounds(form: AffineForm, extents: Mapping[tir.LoopVar, int]) -> tuple[int, int] | None:
+    """Inclusive [min, max] of the form over the loop ranges, or None when an atom has no known range."""
+    low = high = form.const
+    for atom, coef in form.terms.values():
+        if not isinstance(atom, tir.LoopVar) or atom not in extents:
+            return None
+        span = coef * (extents[atom] - 1)
+        low += min(0, span)
+        high += max(0, span)
+    return low, high
+
+
+def affine_form(expr: tir.PrimExpr, extents: Mapping[tir.LoopVar, int]) -> AffineForm:
+    """Decompose an integer expression; anything non-affine becomes an opaque atom."""
+    # Index expressions are shallow (a few levels per buffer dimension), so plain recursion is fine here.
+    if isinstance(expr, tir.IntImm) and _is_int(expr.dtype):
+        return AffineForm({}, expr.value)
+    if isinstance(expr, tir.LoopVar):
+        return _atom(expr)
+    if isinstance(expr, tir.Cast) and _is_int(expr.dtype) and _is_int(expr.value.dtype):
+        # Index casts (int32 <-> int64) keep the value as long as nothing overflows, which index math assumes.
+        return affine_form(expr.value, extents)
+    if isinstance(expr, tir.BinaryOp) and _is_int(expr.dtype):
+        if expr.op in ("add", "sub"):
+            a, b = affine_form(expr.a, extents), affine_form(expr.b, extents)
+            return a.plus(b, 1 if expr.op == "add" else -1)
+        if expr.op == "mul":
+            a, b = affine_form(expr.a, extents), affine_form(expr.b, extents)
+            if b.is_constant:
+                return a.scaled(b.const)
+            if a.is_constant:
+                return b.scaled(a.const)
+            return _atom(expr)
+        if expr.op in ("floordiv", "floormod"):
+            divisor = affine_form(expr.b, extents)
+            if divisor.is_constant and divisor.const > 0:
+                split = _split_by_divisor(affine_form(expr.a, extents), divisor.const, extents)
+                if split is not None:
+                    quotient, remainder = split
+                    return quotient if expr.op == "floordiv" else remainder
+    return _atom(expr)
+
+
+def _split_by_divisor(
+    form: AffineForm, divisor: int, extents: Mapping[tir.LoopVar, int]
+) -> tuple[AffineForm, AffineForm] | None:
+    """Write form = divisor * quotient + remainder with 0 <= remainder < divisor, when the ranges prove it."""
+    if divisor == 1:
+        return form, AffineForm()
+    quotient = AffineForm()
+    remainder = AffineForm()
+    for key, (atom, coef) in form.terms.items():
+        q, r = divmod(coef, divisor)
+        if q:
+            quotient.terms[key] = (atom, q)
+        if r:
+            remainder.terms[key] = (atom, r)
+    quotient.const, remainder.const = divmod(form.const, divisor)
+    span = bounds(remainder, extents)
+    if span is None or span[0] < 0 or span[1] >= divisor:
+        return None
+    return quotient, remainder
+
+
+def contains_var(expr: tir.PrimExpr, var: tir.LoopVar) -> bool:
+    """Whether `var` occurs anywhere in `expr` (including inside load indices)."""
+    stack: list[tir.PrimExpr] = [expr]
+    while stack:
+        node = stack.pop()
+        if node is var:
+            return True
+        stack.extend(operands(node))
+    return False
+
+
+def operands(node: tir.PrimExpr) -> Sequence[tir.PrimExpr]:
+    """The direct sub-expressions of an expression node (load indices included)."""
+    if isinstance(node, tir.BinaryOp):
+        return (node.a, node.b)
+    if isinstance(node, tir.Select):
+        return (node.cond, node.true_value, node.false_value)
+    if isinstance(node, tir.Cast):
+        return (node.value,)
+    if isinstance(node, tir.Not):
+        return (node.a,)
+    if isinstance(node, tir.Call):
+        return node.args
+    if isinstance(node, tir.Load):
+        return node.indices
+    return ()
+
+
+def flat_form(
+    indices: Sequence[tir.PrimExpr], shape: Sequence[int], extents: Mapping[tir.LoopVar, int]
+) -> AffineForm:
+    """Affine form of the row-major element offset of `buffer[indices]`."""
+    total = AffineForm()
+    stride = 1
+    for index, extent in zip(reversed(indices), reversed(shape)):
+        total = total.plus(affine_form(index, extents).scaled(stride))
+        stride *= extent
+    return total
+
+
+def lane_stride(
+    indices: Sequence[tir.PrimExpr],
+    shape: Sequence[int],
+    var: tir.LoopVar,
+    extents: Mapping[tir.LoopVar, int],
+) -> int | None:
+    """How many elements the access moves per step of `var`; None when that is not a constant."""
+    form = flat_form(indices, shape, extents)
+    stride = 0
+    for atom, coef in form.terms.values():
+        if atom is var:
+            stride = coef
+        elif not isinstance(atom, tir.LoopVar) and contains_var(atom, var):
+            return None
+    return stride

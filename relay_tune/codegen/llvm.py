@@ -1,0 +1,356 @@
+"""CPU code generation through LLVM: lower PrimFuncs, optimize at O3, emit object code, JIT-load it.
+
+Compilation and loading are separate steps so that a tuner can compile in worker processes and run
+the result elsewhere:
+
+    obj = compile_object(funcs, target)            # bytes: a relocatable object file
+    lib = load_object(obj, funcs)                  # KernelLibrary in this process
+    lib.get("dense")(a, b, out)
+
+`build_llvm` does both. `emit_llvm_ir` and `emit_assembly` show what is generated.
+
+Calling convention: every PrimFunc becomes `void name(T0* p0, T1* p1, ...)`, one `noalias` pointer per
+buffer parameter (bool buffers are bytes), a plain C function that ctypes calls with the GIL released.
+For each kernel a companion `name__repeat(void** args, int64 n)` calls it `n` times, so timing loops
+run without Python in between.
+
+PARALLEL loops are outlined into a function run by every thread of an OpenMP team through libgomp's
+`GOMP_parallel`; each thread takes one contiguous, balanced share of the iterations. Where libgomp is
+missing, the runtime substitutes a small thread team of its own for those symbols (see
+`relay_tune.runtime.kernel`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, MutableMapping, Sequence
+
+import llvmlite.ir as ir
+
+from relay_tune.codegen.llvm_base import (
+    I8,
+    I32,
+    I64,
+    VOID,
+    CodegenOptions,
+    LLVMCodegenBase,
+    dtype_info,
+    memory_type,
+)
+from relay_tune.errors import CompileError, UnsupportedError
+from relay_tune.kernel import tir
+from relay_tune.runtime.kernel import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
+from relay_tune.target import Target
+
+__all__ = [
+    "CPUCodegen",
+    "build_llvm",
+    "codegen_options",
+    "compile_object",
+    "emit_assembly",
+    "emit_llvm_ir",
+    "load_object",
+    "lower_module",
+    "required_libraries",
+]
+
+# Local buffers up to this size live on the stack (so small ones become registers); larger scratch
+# buffers and every GLOBAL-scope allocation come from the heap, because worker threads have small stacks.
+STACK_ALLOCATION_LIMIT = 128 * 1024
+HEAP_ALIGNMENT = 64
+
+_init_lock = threading.Lock()
+_initialized = False
+_machines = threading.local()
+
+
+def ensure_llvm_initialized() -> None:
+    """Initialize LLVM's native target and assembly printer once per process (MC emission needs both)."""
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            import llvmlite.binding as llvm
+
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialized = True
+
+
+def codegen_options(target: Target, fast_math: bool = False) -> CodegenOptions:
+    """Lowering options suited to `target` (vector chunks as wide as one SIMD register)."""
+    return CodegenOptions(fast_math=fast_math, chunk_lanes=target.vector_lanes("float32"))
+
+
+class CPUCodegen(LLVMCodegenBase):
+    """The host CPU back end: C-ABI kernels, OpenMP-style parallel loops, heap scratch buffers."""
+
+    def __init__(self, module: ir.Module, target: Target, options: CodegenOptions | None = None) -> None:
+        if target.kind != "llvm":
+            raise UnsupportedError(f"the CPU code generator needs an llvm target, not {target}")
+        super().__init__(module, options or codegen_options(target))
+        self.target = target
+        self._outlined = 0
+
+    # -- kernels ------------------------------------------------------------------------------------
+
+    def declare_kernel(self, func: tir.PrimFunc) -> ir.Function:
+        if func.name in self.module.globals:
+            raise CompileError(f"two kernels are named {func.name!r}; kernel names must be unique per build")
+        fn = super().declare_kernel(func)
+        # Callers reach kernels only through the C ABI; keeping them out of line also keeps the timing
+        # wrapper honest (LLVM cannot merge or hoist work across repeated calls it cannot see into).
+        fn.attributes.add("nounwind")
+        fn.attributes.add("noinline")
+        align = int(dict(func.attrs).get("param_align", 0) or 0)
+        for arg in fn.args:
+            arg.add_attribute("noalias")
+            if align > 1:
+                arg.attributes.align = align
+        return fn
+
+    def lower_kernel(self, func: tir.PrimFunc) -> ir.Function:
+        self._outlined = 0
+        fn = self.lower(func)
+        self.emit_repeat_wrapper(fn)
+        return fn
+
+    def emit_repeat_wrapper(self, kernel: ir.Function) -> ir.Function:
+        """`void name__repeat(void** args, int64 n)`: call the kernel n times with args[i] as parameter i."""
+        argv_type = I8.as_pointer().as_pointer()
+        fn = ir.Function(self.module, ir.FunctionType(VOID, [argv_type, I64]), name=kernel.name + REPEAT_SUFFIX)
+        fn.attributes.add("nounwind")
+        argv, count = fn.args
+        self._ctx = self.new_context(fn)
+        try:
+            b = self.builder
+            params = []
+            for i, param in enumerate(kernel.args):
+                raw = b.load(b.gep(argv, [ir.Constant(I64, i)]))
+                params.append(b.bitcast(raw, param.type))
+            self.emit_loop(ir.Constant(I64, 0), count, lambda _: self.builder.call(kernel, params), "repeat")
+            self.builder.ret_void()
+        finally:
+            self._ctx = None
+        return fn
+
+    # -- parallel loops -----------------------------------------------------------------------------
+
+    def emit_parallel_loop(self, loop: tir.For) -> None:
+        ctx = self.ctx
+        threads = min(self.target.num_cores, loop.extent)
+        if ctx.in_parallel or threads <= 1:
+            # Nested parallel loops run serially inside the enclosing team's share of the work.
+            self.emit_serial_loop(loop)
+            return
+        # Everything the body may refer to travels in one struct: loop variables and buffer pointers.
+        captured_vars = list(ctx.env.items())
+        captured_buffers = list(ctx.buffers.items())
+        values = [v for _, v in captured_vars] + [p for _, p in captured_buffers]
+        context_type = ir.LiteralStructType([v.type for v in values] or [I8])
+        slot = self.entry_builder().alloca(context_type, name=f"{loop.var.name}.captured")
+        b = ctx.builder
+        for i, value in enumerate(values):
+            b.store(value, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+
+        data_type = I8.as_pointer()
+        body_type = ir.FunctionType(VOID, [data_type])
+        self._outlined += 1
+        outlined = ir.Function(self.module, body_type, name=f"{ctx.function.name}__parallel{self._outlined}")
+        outlined.linkage = "internal"
+        outlined.attributes.add("nounwind")
+
+        body_ctx = self.new_context(outlined, in_parallel=True)
+        body_ctx.extents = dict(ctx.extents)
+        saved, self._ctx = self._ctx, body_ctx
+        try:
+            ob = body_ctx.builder
+            fields = ob.bitcast(outlined.args[0], context_type.as_pointer())
+            for i, (var, _) in enumerate(captured_vars):
+                body_ctx.env[var] = ob.load(ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+            offset = len(captured_vars)
+            for i, (buf, _) in enumerate(captured_buffers):
+                body_ctx.buffers[buf] = ob.load(ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, offset + i)]))
+            thread = ob.sext(ob.call(self.declare("omp_get_thread_num", I32, []), []), I64)
+            team = ob.sext(ob.call(self.declare("omp_get_num_threads", I32, []), []), I64)
+            extent = ir.Constant(I64, loop.extent)
+            # Balanced static schedule: thread t runs [extent*t/team, extent*(t+1)/team).
+            start = ob.sdiv(ob.mul(extent, thread), team)
+            stop = ob.sdiv(ob.mul(extent, ob.add(thread, ir.Constant(I64, 1))), team)
+
+            def body(iv: ir.Value) -> None:
+                self.bind(loop.var, iv, loop.extent)
+                self.emit_stmt(loop.body)
+                self.unbind(loop.var)
+
+            self.emit_loop(start, stop, body, loop.var.name)
+            self.builder.ret_void()
+        finally:
+            self._ctx = saved
+
+        gomp_parallel = self.declare("GOMP_parallel", VOID, [body_type.as_pointer(), data_type, I32, I32])
+        b.call(gomp_parallel, [outlined, b.bitcast(slot, data_type), ir.Constant(I32, threads), ir.Constant(I32, 0)])
+
+    # -- scratch memory -------------------------------------------------------------------------------
+
+    def allocate(self, buffer: tir.Buffer) -> tuple[ir.Value, Callable[[], None] | None]:
+        nbytes = buffer.size * dtype_info(buffer.dtype).itemsize
+        if buffer.scope is not tir.Scope.GLOBAL and nbytes <= STACK_ALLOCATION_LIMIT:
+            return super().allocate(buffer)
+        size = max(HEAP_ALIGNMENT, -(-nbytes // HEAP_ALIGNMENT) * HEAP_ALIGNMENT)
+        aligned_alloc = self.declare("aligned_alloc", I8.as_pointer(), [I64, I64])
+        free = self.declare("free", VOID, [I8.as_pointer()])
+        b = self.builder
+        raw = b.call(aligned_alloc, [ir.Constant(I64, HEAP_ALIGNMENT), ir.Constant(I64, size)], name=buffer.name)
+        pointer = b.bitcast(raw, memory_type(buffer.dtype).as_pointer())
+
+        def release() -> None:
+            self.builder.call(free, [raw])
+
+        return pointer, release
+
+
+# ---------------------------------------------------------------------------------------------------
+# compile / load
+# ---------------------------------------------------------------------------------------------------
+
+
+def lower_module(
+    funcs: Sequence[tir.PrimFunc], target: Target, options: CodegenOptions | None = None
+) -> ir.Module:
+    """The unoptimized llvmlite module holding every kernel of `funcs` (and their repeat wrappers)."""
+    ensure_llvm_initialized()
+    if not funcs:
+        raise CompileError("nothing to compile: no kernels given")
+    machine = _target_machine(target)
+    module = ir.Module(name="relay_tune_kernels")
+    module.triple = machine.triple
+    module.data_layout = str(machine.target_data)
+    codegen = CPUCodegen(module, target, options)
+    for func in funcs:
+        codegen.lower_kernel(func)
+    return module
+
+
+def _target_machine(target: Target):  # -> llvm.TargetMachine
+    """One target machine per (thread, target): it is only used to optimize and emit, never handed to a JIT."""
+    import llvmlite.binding as llvm
+
+    if target.kind != "llvm":
+        raise UnsupportedError(f"LLVM CPU compilation needs an llvm target, got {target}")
+    cache = getattr(_machines, "by_target", None)
+    if cache is None:
+        cache = _machines.by_target = {}
+    key = str(target)
+    machine = cache.get(key)
+    if machine is None:
+        ensure_llvm_initialized()
+        triple = llvm.get_process_triple()
+        try:
+            machine = llvm.Target.from_triple(triple).create_target_machine(
+                cpu=target.mcpu, features=target.llvm_features, opt=3, reloc="pic", codemodel="small"
+            )
+        except RuntimeError as err:
+            raise CompileError(f"LLVM cannot create a target machine for {target}: {err}") from err
+        cache[key] = machine
+    return machine
+
+
+def _optimized(
+    funcs: Sequence[tir.PrimFunc],
+    target: Target,
+    options: CodegenOptions | None,
+    timings: MutableMapping[str, float] | None,
+):  # -> llvm.ModuleRef
+    import llvmlite.binding as llvm
+
+    t0 = time.perf_counter()
+    module = lower_module(funcs, target, options)
+    text = str(module)
+    t1 = time.perf_counter()
+    try:
+        parsed = llvm.parse_assembly(text)
+        parsed.verify()
+    except RuntimeError as err:
+        names = ", ".join(f.name for f in funcs)
+        raise CompileError(f"LLVM rejected the code generated for {names}: {err}") from err
+    t2 = time.perf_counter()
+    machine = _target_machine(target)
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    passes = llvm.create_pass_builder(machine, tuning)
+    passes.getModulePassManager().run(parsed, passes)
+    t3 = time.perf_counter()
+    if timings is not None:
+        timings["lower_s"] = t1 - t0
+        timings["parse_s"] = t2 - t1
+        timings["optimize_s"] = t3 - t2
+    return parsed
+
+
+def emit_llvm_ir(
+    funcs: Sequence[tir.PrimFunc], target: Target, optimize: bool = False, options: CodegenOptions | None = None
+) -> str:
+    """LLVM IR text of the kernels, before or after the O3 pipeline."""
+    if not optimize:
+        return str(lower_module(funcs, target, options))
+    return str(_optimized(funcs, target, options, None))
+
+
+def emit_assembly(funcs: Sequence[tir.PrimFunc], target: Target, options: CodegenOptions | None = None) -> str:
+    """Optimized machine assembly of the kernels (for inspection and tests)."""
+    module = _optimized(funcs, target, options, None)
+    return _target_machine(target).emit_assembly(module)
+
+
+def compile_object(
+    funcs: Sequence[tir.PrimFunc],
+    target: Target,
+    options: CodegenOptions | None = None,
+    timings: MutableMapping[str, float] | None = None,
+) -> bytes:
+    """Compile kernels to a relocatable object file for `target` (O3, the target's CPU and features).
+
+    `timings`, when given, receives the seconds spent in each stage: lower_s, parse_s, optimize_s, emit_s.
+    """
+    module = _optimized(funcs, target, options, timings)
+    t0 = time.perf_counter()
+    obj = bytes(_target_machine(target).emit_object(module))
+    if timings is not None:
+        timings["emit_s"] = time.perf_counter() - t0
+    return obj
+
+
+def required_libraries(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[str, ...]:
+    """Shared libraries the compiled object expects in the loading process: libgomp when a parallel loop is
+    outlined (`load_object` loads it, or substitutes its own thread team when it is missing)."""
+    if target.num_cores <= 1:
+        return ()
+    for func in funcs:
+        stack: list[tir.Stmt] = [func.body]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, tir.For):
+                if node.kind is tir.ForKind.PARALLEL and node.extent > 1:
+                    return ("libgomp.so.1",)
+                stack.append(node.body)
+            elif isinstance(node, tir.Seq):
+                stack.extend(node.stmts)
+            elif isinstance(node, tir.Allocate):
+                stack.append(node.body)
+            elif isinstance(node, tir.IfThenElse):
+                stack.extend(b for b in (node.then_body, node.else_body) if b is not None)
+    return ()
+
+
+def build_llvm(
+    funcs: Sequence[tir.PrimFunc],
+    target: Target | None = None,
+    options: CodegenOptions | None = None,
+    threading_runtime: str = "auto",
+) -> KernelLibrary:
+    """Compile and load in one step: a library of callable kernels for this process."""
+    target = target or Target.host()
+    obj = compile_object(funcs, target, options)
+    return load_object(obj, [KernelSignature.from_primfunc(f) for f in funcs], threading_runtime=threading_runtime)

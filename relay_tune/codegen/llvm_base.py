@@ -1,0 +1,1037 @@
+"""Target-neutral lowering of the loop-nest IR (`relay_tune.kernel.tir`) to LLVM IR with llvmlite.
+
+`LLVMCodegenBase` turns expressions and statements into LLVM instructions: typed arithmetic with
+int64 index math, casts, selects, math intrinsics, serial / unrolled / vectorized loops, conditionals
+(masked when they depend on a vector lane) and local scratch buffers. Target back ends subclass it and
+fill in what differs between machines through a handful of hooks:
+
+    declare_kernel(func)        the function signature and calling convention of a kernel
+    emit_parallel_loop(loop)    ForKind.PARALLEL (CPU: outlined body run by a thread team)
+    emit_thread_binding(loop)   ForKind.THREAD_BINDING (GPU: thread/block indices)
+    allocate(buffer)            storage for an Allocate that is not a small local buffer
+    emit_barrier()              Barrier
+
+Vectorization model. A VECTORIZED loop is not emitted as a loop: its variable becomes a vector of lane
+indices and the body is evaluated once per chunk of lanes. Every value is then either a scalar (it does
+not depend on the lane) or an `<N x T>` vector; scalars are broadcast where they meet vectors. Memory
+accesses are classified with `affine.lane_stride`: stride 0 is a scalar access, stride 1 a contiguous
+vector load/store, anything else a gather/scatter. An `IfThenElse` whose condition depends on the lane
+narrows an execution mask, and the accesses inside become masked loads/stores, which is how tails
+guarded by the schedule layer (`if vo * 16 + vi < n`) are handled without a scalar remainder loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import llvmlite.ir as ir
+
+from relay_tune.codegen import affine
+from relay_tune.codegen.llvm_math import Float32Math
+from relay_tune.errors import CompileError, UnsupportedError
+from relay_tune.kernel import tir
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+F32 = ir.FloatType()
+VOID = ir.VoidType()
+
+
+# ---------------------------------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DTypeInfo:
+    name: str
+    kind: str  # "float" | "int" | "uint" | "bool"
+    bits: int
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_signed(self) -> bool:
+        return self.kind in ("int", "float")
+
+    @property
+    def itemsize(self) -> int:
+        return 1 if self.kind == "bool" else self.bits // 8
+
+
+_DTYPES = {
+    "float16": DTypeInfo("float16", "float", 16),
+    "float32": DTypeInfo("float32", "float", 32),
+    "float64": DTypeInfo("float64", "float", 64),
+    "int8": DTypeInfo("int8", "int", 8),
+    "int16": DTypeInfo("int16", "int", 16),
+    "int32": DTypeInfo("int32", "int", 32),
+    "int64": DTypeInfo("int64", "int", 64),
+    "uint8": DTypeInfo("uint8", "uint", 8),
+    "uint16": DTypeInfo("uint16", "uint", 16),
+    "uint32": DTypeInfo("uint32", "uint", 32),
+    "uint64": DTypeInfo("uint64", "uint", 64),
+    "bool": DTypeInfo("bool", "bool", 1),
+}
+
+SUPPORTED_DTYPES = tuple(_DTYPES)
+
+
+def dtype_info(dtype: str) -> DTypeInfo:
+    info = _DTYPES.get(dtype)
+    if info is None:
+        raise UnsupportedError(f"code generation does not support dtype {dtype!r}")
+    return info
+
+
+def scalar_type(dtype: str) -> ir.Type:
+    """The LLVM type of a `dtype` value in registers (bool is i1)."""
+    info = dtype_info(dtype)
+    if info.is_float:
+        return {16: ir.HalfType(), 32: F32, 64: ir.DoubleType()}[info.bits]
+    return ir.IntType(info.bits)
+
+
+def memory_type(dtype: str) -> ir.Type:
+    """The LLVM type of a `dtype` element in memory (bool is one byte, like numpy's)."""
+    return I8 if dtype == "bool" else scalar_type(dtype)
+
+
+def unify_dtypes(a: str, b: str) -> str:
+    """The dtype both operands of a comparison are converted to when they differ."""
+    if a == b:
+        return a
+    ia, ib = dtype_info(a), dtype_info(b)
+    if ia.is_float or ib.is_float:
+        floats = [i for i in (ia, ib) if i.is_float]
+        return max(floats, key=lambda i: i.bits).name
+    if ia.kind == "bool":
+        return b
+    if ib.kind == "bool":
+        return a
+    return a if ia.bits >= ib.bits else b
+
+
+def lanes_of(value: ir.Value) -> int:
+    return value.type.count if isinstance(value.type, ir.VectorType) else 1
+
+
+def with_lanes(typ: ir.Type, lanes: int) -> ir.Type:
+    return typ if lanes == 1 else ir.VectorType(typ, lanes)
+
+
+def splat_constant(typ: ir.Type, value: float | int, lanes: int = 1) -> ir.Constant:
+    if lanes == 1:
+        return ir.Constant(typ, value)
+    return ir.Constant(ir.VectorType(typ, lanes), [value] * lanes)
+
+
+def int_constant_value(value: ir.Value) -> int | None:
+    """The Python int of a scalar integer constant, else None (used for folding index math)."""
+    if isinstance(value, ir.Constant) and isinstance(value.type, ir.IntType) and isinstance(value.constant, int):
+        return int(value.constant)
+    return None
+
+
+def _wrap(value: int, bits: int, signed: bool) -> int:
+    value &= (1 << bits) - 1
+    if signed and bits > 1 and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return value
+
+
+def intrinsic_suffix(typ: ir.Type) -> str:
+    """LLVM's type mangling for overloaded intrinsics: f32, v16f32, i64, v8i1, p0, v16p0."""
+    if isinstance(typ, ir.VectorType):
+        return f"v{typ.count}{intrinsic_suffix(typ.element)}"
+    if isinstance(typ, ir.HalfType):
+        return "f16"
+    if isinstance(typ, ir.FloatType):
+        return "f32"
+    if isinstance(typ, ir.DoubleType):
+        return "f64"
+    if isinstance(typ, ir.IntType):
+        return f"i{typ.width}"
+    if isinstance(typ, ir.PointerType):
+        return "p0"
+    raise CompileError(f"no intrinsic mangling for LLVM type {typ}")
+
+
+class VectorGEP(ir.Instruction):
+    """`getelementptr T, T* base, <N x i64> offsets` -> `<N x T*>` (llvmlite only builds scalar GEPs).
+
+    Gathers and scatters keep real GEPs instead of integer address arithmetic so that LLVM's alias
+    analysis still sees which buffer each lane points into.
+    """
+
+    def __init__(self, parent: ir.Block, pointer: ir.Value, offsets: ir.Value, name: str = "") -> None:
+        super().__init__(parent, ir.VectorType(pointer.type, offsets.type.count), "getelementptr",
+                         [pointer, offsets], name=name)
+        self.element_type = pointer.type.pointee
+
+    def descr(self, buf: list[str]) -> None:
+        pointer, offsets = self.operands
+        buf.append(
+            f"getelementptr inbounds {self.element_type}, {pointer.type} {pointer.get_reference()}, "
+            f"{offsets.type} {offsets.get_reference()}{self._stringify_metadata(leading_comma=True)}\n"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# per-function state
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    """Knobs of the lowering that do not depend on the target.
+
+    fast_math: allow full floating-point reassociation (`fast` flags) instead of only FMA contraction.
+        Reductions then vectorize, but results change in the last bits; a PrimFunc can also ask for it
+        with the attribute ("fast_math", True).
+    max_unroll: an UNROLLED loop longer than this is emitted as a serial loop (compile-time guard).
+    max_vector_lanes: a VECTORIZED loop up to this extent becomes one vector; longer loops are cut into
+        chunks of `chunk_lanes` lanes plus one shorter chunk for the remainder.
+    chunk_lanes: lanes per chunk for long vectorized loops (normally the target's SIMD width).
+    """
+
+    fast_math: bool = False
+    max_unroll: int = 256
+    max_vector_lanes: int = 64
+    chunk_lanes: int = 16
+
+
+@dataclass
+class VectorLanes:
+    """The vectorized loop being emitted: `var` is lane `l` of a chunk whose lane 0 has index `base`."""
+
+    var: tir.LoopVar
+    lanes: int
+    base: ir.Value
+
+
+@dataclass
+class FunctionContext:
+    """Everything the lowering of one LLVM function (a kernel or an outlined loop body) needs."""
+
+    function: ir.Function
+    builder: ir.IRBuilder
+    entry: ir.Block
+    env: dict[tir.LoopVar, ir.Value] = field(default_factory=dict)
+    extents: dict[tir.LoopVar, int] = field(default_factory=dict)
+    buffers: dict[tir.Buffer, ir.Value] = field(default_factory=dict)
+    vector: VectorLanes | None = None
+    mask: ir.Value | None = None
+    in_parallel: bool = False
+    # Values of already lowered sub-expressions, valid only within the statement being lowered
+    # (id -> (node, value); the node is kept so that its id cannot be reused).
+    memo: dict[int, tuple[tir.PrimExpr, ir.Value]] = field(default_factory=dict)
+    memo_lane0: dict[int, tuple[tir.PrimExpr, ir.Value]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the lowering
+# ---------------------------------------------------------------------------------------------------
+
+
+class LLVMCodegenBase:
+    """Lowers PrimFuncs into an llvmlite module. Subclasses provide the target-specific hooks."""
+
+    def __init__(self, module: ir.Module, options: CodegenOptions | None = None) -> None:
+        self.module = module
+        self.options = options or CodegenOptions()
+        self._ctx: FunctionContext | None = None
+        self._declared: dict[str, ir.Function] = {}
+        self._float_flags: tuple[str, ...] = ("contract",)
+        self._func_name = ""
+
+    # -- target hooks ---------------------------------------------------------------------------------
+
+    def declare_kernel(self, func: tir.PrimFunc) -> ir.Function:
+        """Create the LLVM function for `func`: one pointer argument per buffer parameter."""
+        params = [memory_type(p.dtype).as_pointer() for p in func.params]
+        fn = ir.Function(self.module, ir.FunctionType(VOID, params), name=func.name)
+        for arg, buf in zip(fn.args, func.params):
+            arg.name = buf.name
+        return fn
+
+    def emit_parallel_loop(self, loop: tir.For) -> None:
+        """ForKind.PARALLEL. Without a thread runtime the loop simply runs serially."""
+        self.emit_serial_loop(loop)
+
+    def emit_thread_binding(self, loop: tir.For) -> None:
+        raise UnsupportedError(
+            f"loop {loop.var.name} is bound to {loop.thread_tag}, which this target ({type(self).__name__}) "
+            "cannot run; GPU thread bindings need the CUDA target"
+        )
+
+    def allocate(self, buffer: tir.Buffer) -> tuple[ir.Value, Callable[[], None] | None]:
+        """Storage for `Allocate(buffer)`: a pointer to its first element and an optional release action.
+
+        The base version puts every buffer on the stack, in the entry block, so that SROA/mem2reg can turn
+        small local accumulators into registers.
+        """
+        return self.stack_allocate(buffer), None
+
+    def emit_barrier(self) -> None:
+        """Barrier: a no-op on targets where one function body runs on one thread."""
+
+    def math_call(self, name: str, dtype: str, args: list[ir.Value]) -> ir.Value | None:
+        """A chance for a target to lower an intrinsic itself (e.g. libdevice on NVPTX); None = default."""
+        return None
+
+    # -- entry point ----------------------------------------------------------------------------------
+
+    def lower(self, func: tir.PrimFunc) -> ir.Function:
+        attrs = dict(func.attrs)
+        fast = bool(attrs.get("fast_math", self.options.fast_math))
+        self._float_flags = ("fast",) if fast else ("contract",)
+        self._func_name = func.name
+        fn = self.declare_kernel(func)
+        ctx = self.new_context(fn)
+        for arg, buf in zip(fn.args, func.params):
+            self._check_buffer(buf)
+            ctx.buffers[buf] = arg
+        self._ctx = ctx
+        try:
+            self.emit_stmt(func.body)
+            ctx.builder.ret_void()
+        except RecursionError as err:  # pragma: no cover - pathological nesting
+            raise CompileError(f"kernel {func.name} is nested too deeply to compile") from err
+        finally:
+            self._ctx = None
+        return fn
+
+    def new_context(self, fn: ir.Function, in_parallel: bool = False) -> FunctionContext:
+        # The entry block holds only allocas (see `entry_builder`); code starts in the next block. Inserting
+        # into the block the main builder is filling would invalidate that builder's insertion point.
+        entry = fn.append_basic_block("entry")
+        start = fn.append_basic_block("start")
+        ir.IRBuilder(entry).branch(start)
+        return FunctionContext(function=fn, builder=ir.IRBuilder(start), entry=entry, in_parallel=in_parallel)
+
+    def entry_builder(self) -> ir.IRBuilder:
+        """A builder at the end of the entry block (before its branch): where allocas go, so that
+        SROA/mem2reg can promote them."""
+        entry = self.ctx.entry
+        builder = ir.IRBuilder(entry)
+        builder.position_before(entry.terminator)
+        return builder
+
+    @property
+    def ctx(self) -> FunctionContext:
+        assert self._ctx is not None, "no function is being lowered"
+        return self._ctx
+
+    @property
+    def builder(self) -> ir.IRBuilder:
+        return self.ctx.builder
+
+    def declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        """Declare (once) an external function or intrinsic."""
+        fn = self._declared.get(name)
+        if fn is None:
+            existing = self.module.globals.get(name)
+            fn = existing if isinstance(existing, ir.Function) else ir.Function(
+                self.module, ir.FunctionType(ret, args), name=name
+            )
+            self._declared[name] = fn
+        return fn
+
+    def intrinsic(self, name: str, typ: ir.Type, nargs: int = 1) -> ir.Function:
+        """An overloaded LLVM intrinsic over one type, e.g. ("llvm.sqrt", <16 x float>)."""
+        return self.declare(f"{name}.{intrinsic_suffix(typ)}", typ, [typ] * nargs)
+
+    # -- statements -------------------------------------------------------------------------------
+
+    def emit_stmt(self, stmt: tir.Stmt) -> None:
+        if isinstance(stmt, tir.Seq):
+            for s in stmt.stmts:
+                self.emit_stmt(s)
+        elif isinstance(stmt, tir.For):
+            self.emit_for(stmt)
+        elif isinstance(stmt, tir.Store):
+            self.emit_store(stmt)
+        elif isinstance(stmt, tir.IfThenElse):
+            self.emit_if(stmt)
+        elif isinstance(stmt, tir.Allocate):
+            self.emit_allocate(stmt)
+        elif isinstance(stmt, tir.Barrier):
+            self.emit_barrier()
+        else:
+            raise CompileError(f"cannot compile statement of type {type(stmt).__name__}")
+
+    def emit_for(self, loop: tir.For) -> None:
+        if loop.extent <= 0:
+            return
+        kind = loop.kind
+        if kind is tir.ForKind.SERIAL:
+            self.emit_serial_loop(loop)
+        elif kind is tir.ForKind.UNROLLED:
+            self.emit_unrolled_loop(loop)
+        elif kind is tir.ForKind.VECTORIZED:
+            self.emit_vectorized_loop(loop)
+        elif kind is tir.ForKind.PARALLEL:
+            if self.ctx.vector is not None:
+                raise CompileError(f"parallel loop {loop.var.name} is nested inside a vectorized loop")
+            self.emit_parallel_loop(loop)
+        elif kind is tir.ForKind.THREAD_BINDING:
+            self.emit_thread_binding(loop)
+        else:  # pragma: no cover - exhaustive over ForKind
+            raise CompileError(f"unknown loop kind {kind}")
+
+    def bind(self, var: tir.LoopVar, value: ir.Value, extent: int) -> None:
+        ctx = self.ctx
+        if var in ctx.env:
+            raise CompileError(f"loop variable {var.name} is bound twice (nested loops must use distinct variables)")
+        ctx.env[var] = value
+        ctx.extents[var] = extent
+
+    def unbind(self, var: tir.LoopVar) -> None:
+        del self.ctx.env[var]
+        del self.ctx.extents[var]
+
+    def emit_loop(self, start: ir.Value, stop: ir.Value, body: Callable[[ir.Value], None], name: str,
+                  nonempty: bool = False) -> None:
+        """`for i in range(start, stop): body(i)` over i64 values, in rotated (do-while) form."""
+        ctx = self.ctx
+        b = ctx.builder
+        fn = ctx.function
+        header = fn.append_basic_block(f"{name}.loop")
+        exit_block = fn.append_basic_block(f"{name}.end")
+        pre = b.block
+        if nonempty:
+            b.branch(header)
+        else:
+            b.cbranch(b.icmp_signed("<", start, stop), header, exit_block)
+        b.position_at_end(header)
+        iv = b.phi(I64, name=name)
+        iv.add_incoming(start, pre)
+        body(iv)
+        b = ctx.builder
+        nxt = b.add(iv, ir.Constant(I64, 1), name=f"{name}.next")
+        iv.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_block)
+        b.position_at_end(exit_block)
+
+    def emit_serial_loop(self, loop: tir.For) -> None:
+        if loop.extent == 1:
+            self.bind(loop.var, ir.Constant(I64, 0), 1)
+            self.emit_stmt(loop.body)
+            self.unbind(loop.var)
+            return
+
+        def body(iv: ir.Value) -> None:
+            self.bind(loop.var, iv, loop.extent)
+            self.emit_stmt(loop.body)
+            self.unbind(loop.var)
+
+        self.emit_loop(ir.Constant(I64, 0), ir.Constant(I64, loop.extent), body, loop.var.name, nonempty=True)
+
+    def emit_unrolled_loop(self, loop: tir.For) -> None:
+        if loop.extent > self.options.max_unroll:
+            self.emit_serial_loop(loop)
+            return
+        for i in range(loop.extent):
+            self.bind(loop.var, ir.Constant(I64, i), loop.extent)
+            self.emit_stmt(loop.body)
+            self.unbind(loop.var)
+
+    def emit_vectorized_loop(self, loop: tir.For) -> None:
+        ctx = self.ctx
+        if ctx.vector is not None or loop.extent == 1:
+            # One level of vectorization: an inner vectorized loop runs serially within each lane group.
+            self.emit_serial_loop(loop)
+            return
+        extent = loop.extent
+        if extent <= self.options.max_vector_lanes:
+            self._emit_vector_chunk(loop, ir.Constant(I64, 0), extent)
+            return
+        chunk = max(1, self.options.chunk_lanes)
+        full, rest = divmod(extent, chunk)
+
+        def body(iv: ir.Value) -> None:
+            self._emit_vector_chunk(loop, self.int_op("mul", iv, ir.Constant(I64, chunk), "int64"), chunk)
+
+        self.emit_loop(ir.Constant(I64, 0), ir.Constant(I64, full), body, f"{loop.var.name}.chunk", nonempty=True)
+        if rest:
+            self._emit_vector_chunk(loop, ir.Constant(I64, full * chunk), rest)
+
+    def _emit_vector_chunk(self, loop: tir.For, base: ir.Value, lanes: int) -> None:
+        ctx = self.ctx
+        ramp = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+        base_value = int_constant_value(base)
+        if base_value is not None:
+            lane_index: ir.Value = ir.Constant(ir.VectorType(I64, lanes), [base_value + i for i in range(lanes)])
+        else:
+            lane_index = ctx.builder.add(self.broadcast(base, lanes), ramp, name=f"{loop.var.name}.lanes")
+        ctx.vector = VectorLanes(loop.var, lanes, base)
+        self.bind(loop.var, lane_index, loop.extent)
+        try:
+            self.emit_stmt(loop.body)
+        finally:
+            self.unbind(loop.var)
+            ctx.vector = None
+
+    def emit_if(self, stmt: tir.IfThenElse) -> None:
+        ctx = self.ctx
+        self.begin_statement()
+        cond = self.as_condition(self.eval(stmt.cond), stmt.cond.dtype)
+        if lanes_of(cond) > 1:
+            outer = ctx.mask
+            ctx.mask = cond if outer is None else ctx.builder.and_(outer, cond)
+            self.emit_stmt(stmt.then_body)
+            if stmt.else_body is not None:
+                inverse = self.logical_not(cond)
+                ctx.mask = inverse if outer is None else ctx.builder.and_(outer, inverse)
+                self.emit_stmt(stmt.else_body)
+            ctx.mask = outer
+            return
+        known = int_constant_value(cond)
+        if known is not None:
+            if known:
+                self.emit_stmt(stmt.then_body)
+            elif stmt.else_body is not None:
+                self.emit_stmt(stmt.else_body)
+            return
+        b = ctx.builder
+        if stmt.else_body is None:
+            with b.if_then(cond):
+                self.emit_stmt(stmt.then_body)
+        else:
+            with b.if_else(cond) as (then, otherwise):
+                with then:
+                    self.emit_stmt(stmt.then_body)
+                with otherwise:
+                    self.emit_stmt(stmt.else_body)
+
+    def emit_allocate(self, stmt: tir.Allocate) -> None:
+        buf = stmt.buffer
+        self._check_buffer(buf)
+        if buf in self.ctx.buffers:
+            raise CompileError(f"buffer {buf.name} is allocated twice")
+        pointer, release = self.allocate(buf)
+        self.ctx.buffers[buf] = pointer
+        self.emit_stmt(stmt.body)
+        del self.ctx.buffers[buf]
+        if release is not None:
+            release()
+
+    def stack_allocate(self, buffer: tir.Buffer) -> ir.Value:
+        """An entry-block alloca of the whole buffer (aligned for vector access), as an element pointer."""
+        entry_builder = self.entry_builder()
+        slot = entry_builder.alloca(ir.ArrayType(memory_type(buffer.dtype), max(buffer.size, 1)), name=buffer.name)
+        slot.align = 64
+        return entry_builder.bitcast(slot, memory_type(buffer.dtype).as_pointer(), name=f"{buffer.name}.ptr")
+
+    def emit_store(self, stmt: tir.Store) -> None:
+        ctx = self.ctx
+        b = ctx.builder
+        buf = stmt.buffer
+        pointer = self.buffer_pointer(buf)
+        self._check_rank(stmt.indices, buf)
+        self.begin_statement()
+        value = self.cast(self.eval(stmt.value), stmt.value.dtype, buf.dtype)
+        if buf.dtype == "bool":
+            value = b.zext(value, with_lanes(I8, lanes_of(value)))
+        align = dtype_info(buf.dtype).itemsize
+        vec = ctx.vector
+        varies = vec is not None and any(affine.contains_var(i, vec.var) for i in stmt.indices)
+        stride: int | None = 0
+        if vec is not None and varies:
+            stride = affine.lane_stride(stmt.indices, buf.shape, vec.var, ctx.extents)
+        if vec is None or stride == 0:
+            offset = self.eval_lane0(stmt.indices, buf) if varies else self.offset(stmt.indices, buf)
+            address = b.gep(pointer, [offset])
+            if lanes_of(value) == 1 and ctx.mask is None:
+                b.store(value, address, align=align)
+            elif lanes_of(value) == 1:
+                self._masked_store(value, address, self._any(ctx.mask), align)
+            elif ctx.mask is None:
+                # Every lane writes the same element: the last lane is the one a serial loop leaves behind.
+                b.store(b.extract_element(value, ir.Constant(I32, lanes_of(value) - 1)), address, align=align)
+            else:
+                # A scatter writes lanes in order, so the last active lane wins, as in the serial loop.
+                pointers = self.lane_pointers(address, self.broadcast(ir.Constant(I64, 0), lanes_of(value)))
+                self._scatter(value, pointers, ctx.mask, align)
+            return
+        lanes = vec.lanes
+        value = self.broadcast(value, lanes)
+        if stride == 1:
+            address = b.gep(pointer, [self.eval_lane0(stmt.indices, buf)])
+            vector_pointer = b.bitcast(address, value.type.as_pointer())
+            if ctx.mask is None:
+                b.store(value, vector_pointer, align=align)
+            else:
+                self._masked_store(value, vector_pointer, ctx.mask, align)
+        else:
+            offsets = self.broadcast(self.offset(stmt.indices, buf), lanes)
+            self._scatter(value, self.lane_pointers(pointer, offsets), ctx.mask, align)
+
+    # -- expressions ----------------------------------------------------------------------------------
+
+    def begin_statement(self) -> None:
+        """Forget values of the previous statement: they need not dominate the code emitted next."""
+        self.ctx.memo = {}
+        self.ctx.memo_lane0 = {}
+
+    def eval(self, expr: tir.PrimExpr) -> ir.Value:
+        """Lower `expr` at the builder's position (post-order with an explicit stack: no recursion limit)."""
+        memo = self.ctx.memo
+        hit = memo.get(id(expr))
+        if hit is not None:
+            return hit[1]
+        stack: list[tuple[tir.PrimExpr, bool]] = [(expr, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in memo:
+                continue
+            if not expanded and not isinstance(node, tir.Load):
+                stack.append((node, True))
+                stack.extend((child, False) for child in affine.operands(node) if id(child) not in memo)
+                continue
+            memo[id(node)] = (node, self.lower_node(node))
+        return memo[id(expr)][1]
+
+    def value_of(self, expr: tir.PrimExpr) -> ir.Value:
+        return self.ctx.memo[id(expr)][1]
+
+    def eval_lane0(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer) -> ir.Value:
+        """The flat offset of `buf[indices]` for lane 0 of the current vector chunk (a scalar)."""
+        ctx = self.ctx
+        vec = ctx.vector
+        assert vec is not None
+        saved_memo, saved_lanes = ctx.memo, ctx.env[vec.var]
+        ctx.memo, ctx.env[vec.var] = ctx.memo_lane0, vec.base
+        try:
+            return self.offset(indices, buf)
+        finally:
+            ctx.memo, ctx.env[vec.var] = saved_memo, saved_lanes
+
+    def offset(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer) -> ir.Value:
+        """Row-major flat element offset (i64, a vector if an index depends on the vector lane)."""
+        total: ir.Value = ir.Constant(I64, 0)
+        stride = 1
+        for index, extent in zip(reversed(indices), reversed(buf.shape)):
+            value = self.cast(self.eval(index), index.dtype, "int64")
+            term = self.int_op("mul", value, self.broadcast(ir.Constant(I64, stride), lanes_of(value)), "int64")
+            total = self.int_op("add", *self.match_lanes(total, term), "int64")
+            stride *= extent
+        return total
+
+    def lower_node(self, node: tir.PrimExpr) -> ir.Value:
+        if isinstance(node, tir.IntImm):
+            return self.constant(node.dtype, node.value)
+        if isinstance(node, tir.FloatImm):
+            return self.constant(node.dtype, node.value)
+        if isinstance(node, tir.LoopVar):
+            value = self.ctx.env.get(node)
+            if value is None:
+                raise CompileError(
+                    f"variable {node.name} is used outside the loop that defines it (symbolic sizes are not "
+                    f"supported by code generation) in kernel {self._func_name}"
+                )
+            return value
+        if isinstance(node, tir.BinaryOp):
+            return self.lower_binary(node)
+        if isinstance(node, tir.Not):
+            return self.logical_not(self.as_condition(self.value_of(node.a), node.a.dtype))
+        if isinstance(node, tir.Select):
+            cond = self.as_condition(self.value_of(node.cond), node.cond.dtype)
+            t = self.cast(self.value_of(node.true_value), node.true_value.dtype, node.dtype)
+            f = self.cast(self.value_of(node.false_value), node.false_value.dtype, node.dtype)
+            lanes = max(lanes_of(cond), lanes_of(t), lanes_of(f))
+            t, f = self.broadcast(t, lanes), self.broadcast(f, lanes)
+            if lanes_of(cond) not in (1, lanes):  # pragma: no cover - lanes are uniform within a chunk
+                raise CompileError("select condition and values have different vector widths")
+            return self.builder.select(cond, t, f)
+        if isinstance(node, tir.Cast):
+            return self.cast(self.value_of(node.value), node.value.dtype, node.dtype)
+        if isinstance(node, tir.Call):
+            return self.lower_call(node)
+        if isinstance(node, tir.Load):
+            return self.lower_load(node)
+        raise CompileError(f"cannot compile expression of type {type(node).__name__}")
+
+    def constant(self, dtype: str, value: float | int, lanes: int = 1) -> ir.Constant:
+        info = dtype_info(dtype)
+        if info.is_float:
+            return splat_constant(scalar_type(dtype), float(value), lanes)
+        if info.kind == "bool":
+            return splat_constant(I1, int(bool(value)), lanes)
+        return splat_constant(scalar_type(dtype), _wrap(int(value), info.bits, info.is_signed), lanes)
+
+    def broadcast(self, value: ir.Value, lanes: int) -> ir.Value:
+        current = lanes_of(value)
+        if current == lanes:
+            return value
+        if current != 1:
+            raise CompileError(f"cannot combine vectors of {current} and {lanes} lanes")
+        if isinstance(value, ir.Constant) and not isinstance(value.constant, ir.values._Undefined):
+            return ir.Constant(ir.VectorType(value.type, lanes), [value.constant] * lanes)
+        b = self.builder
+        vtype = ir.VectorType(value.type, lanes)
+        undef = ir.Constant(vtype, ir.Undefined)
+        single = b.insert_element(undef, value, ir.Constant(I32, 0))
+        return b.shuffle_vector(single, undef, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+    def match_lanes(self, *values: ir.Value) -> list[ir.Value]:
+        lanes = max(lanes_of(v) for v in values)
+        return [self.broadcast(v, lanes) for v in values]
+
+    def logical_not(self, value: ir.Value) -> ir.Value:
+        return self.builder.xor(value, splat_constant(I1, 1, lanes_of(value)))
+
+    def as_condition(self, value: ir.Value, dtype: str) -> ir.Value:
+        """A value as i1 (or a vector of i1): non-zero is true."""
+        if dtype == "bool":
+            return value
+        zero = self.constant(dtype, 0, lanes_of(value))
+        if dtype_info(dtype).is_float:
+            return self.builder.fcmp_unordered("!=", value, zero)
+        return self.builder.icmp_unsigned("!=", value, zero)
+
+    def cast(self, value: ir.Value, src: str, dst: str) -> ir.Value:
+        if src == dst:
+            return value
+        si, di = dtype_info(src), dtype_info(dst)
+        b = self.builder
+        lanes = lanes_of(value)
+        target_type = with_lanes(scalar_type(dst), lanes)
+        if di.kind == "bool":
+            return self.as_condition(value, src)
+        known = int_constant_value(value)
+        if known is not None and not di.is_float and lanes == 1:
+            source = known if si.is_signed or si.kind == "bool" else _wrap(known, si.bits, False)
+            return self.constant(dst, source)
+        if si.is_float and di.is_float:
+            if si.bits == di.bits:
+                return value
+            return b.fpext(value, target_type) if di.bits > si.bits else b.fptrunc(value, target_type)
+        if si.is_float:
+            return b.fptosi(value, target_type) if di.is_signed else b.fptoui(value, target_type)
+        if di.is_float:
+            if si.kind == "bool" or not si.is_signed:
+                return b.uitofp(value, target_type)
+            return b.sitofp(value, target_type)
+        if si.bits == di.bits:
+            return value
+        if di.bits < si.bits:
+            return b.trunc(value, target_type)
+        if si.kind == "bool" or not si.is_signed:
+            return b.zext(value, target_type)
+        return b.sext(value, target_type)
+
+    def lower_binary(self, node: tir.BinaryOp) -> ir.Value:
+        op = node.op
+        if op in tir.COMPARE_OPS:
+            dtype = unify_dtypes(node.a.dtype, node.b.dtype)
+        else:
+            dtype = node.dtype
+        a = self.cast(self.value_of(node.a), node.a.dtype, dtype)
+        b = self.cast(self.value_of(node.b), node.b.dtype, dtype)
+        a, b = self.match_lanes(a, b)
+        info = dtype_info(dtype)
+        if info.is_float:
+            return self.float_op(op, a, b)
+        return self.int_op(op, a, b, dtype)
+
+    def float_op(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        bld = self.builder
+        flags = self._float_flags
+        if op == "add":
+            return bld.fadd(a, b, flags=flags)
+        if op == "sub":
+            return bld.fsub(a, b, flags=flags)
+        if op == "mul":
+            return bld.fmul(a, b, flags=flags)
+        if op == "div":
+            return bld.fdiv(a, b, flags=flags)
+        if op == "floordiv":
+            return bld.call(self.intrinsic("llvm.floor", a.type), [bld.fdiv(a, b, flags=flags)])
+        if op == "floormod":
+            # Python/numpy semantics: the result has the sign of the divisor.
+            quotient = bld.call(self.intrinsic("llvm.floor", a.type), [bld.fdiv(a, b, flags=flags)])
+            return bld.fsub(a, bld.fmul(quotient, b, flags=flags), flags=flags)
+        if op == "min":
+            return bld.select(bld.fcmp_ordered("<", a, b), a, b)
+        if op == "max":
+            return bld.select(bld.fcmp_ordered(">", a, b), a, b)
+        if op in ("eq", "lt", "le", "gt", "ge"):
+            return bld.fcmp_ordered(_COMPARE_SYMBOL[op], a, b)
+        if op == "ne":
+            return bld.fcmp_unordered("!=", a, b)
+        raise CompileError(f"operator {op} is not defined on floating-point values")
+
+    def int_op(self, op: str, a: ir.Value, b: ir.Value, dtype: str) -> ir.Value:
+        """Integer (and bool) arithmetic with constant folding of scalar operands (index math)."""
+        info = dtype_info(dtype)
+        signed = info.is_signed
+        ca, cb = int_constant_value(a), int_constant_value(b)
+        if ca is not None and cb is not None:
+            folded = _fold_int(op, ca, cb, info)
+            if folded is not None:
+                return self.constant("bool" if op in tir.COMPARE_OPS else dtype, folded)
+        if (op == "add" and cb == 0) or (op == "sub" and cb == 0) or (op == "mul" and cb == 1):
+            return a
+        if (op == "add" and ca == 0) or (op == "mul" and ca == 1):
+            return b
+        bld = self.builder
+        if op == "add":
+            return bld.add(a, b)
+        if op == "sub":
+            return bld.sub(a, b)
+        if op == "mul":
+            return bld.mul(a, b)
+        if op == "div":
+            return bld.sdiv(a, b) if signed else bld.udiv(a, b)
+        if op in ("floordiv", "floormod"):
+            if not signed:
+                return bld.udiv(a, b) if op == "floordiv" else bld.urem(a, b)
+            # Truncating division, then step toward -inf when the remainder's sign differs from the divisor's.
+            quotient, remainder = bld.sdiv(a, b), bld.srem(a, b)
+            zero = ir.Constant(a.type, [0] * lanes_of(a)) if lanes_of(a) > 1 else ir.Constant(a.type, 0)
+            differs = bld.icmp_signed("!=", bld.icmp_signed("<", remainder, zero), bld.icmp_signed("<", b, zero))
+            adjust = bld.and_(bld.icmp_signed("!=", remainder, zero), differs)
+            if op == "floordiv":
+                return bld.sub(quotient, bld.zext(adjust, a.type))
+            return bld.select(adjust, bld.add(remainder, b), remainder)
+        if op in ("min", "max"):
+            cmp = bld.icmp_signed if signed else bld.icmp_unsigned
+            return bld.select(cmp("<" if op == "min" else ">", a, b), a, b)
+        if op == "and":
+            return bld.and_(a, b)
+        if op == "or":
+            return bld.or_(a, b)
+        if op in tir.COMPARE_OPS:
+            cmp = bld.icmp_signed if signed and info.kind != "bool" else bld.icmp_unsigned
+            return cmp(_COMPARE_SYMBOL[op], a, b)
+        raise CompileError(f"operator {op} is not defined on {dtype} values")
+
+    # -- memory -----------------------------------------------------------------------------------------
+
+    def buffer_pointer(self, buf: tir.Buffer) -> ir.Value:
+        pointer = self.ctx.buffers.get(buf)
+        if pointer is None:
+            raise CompileError(
+                f"buffer {buf.name} is accessed in kernel {self._func_name} but is neither a parameter nor "
+                "allocated around the access"
+            )
+        return pointer
+
+    def lower_load(self, node: tir.Load) -> ir.Value:
+        ctx = self.ctx
+        b = ctx.builder
+        buf = node.buffer
+        pointer = self.buffer_pointer(buf)
+        self._check_rank(node.indices, buf)
+        align = dtype_info(buf.dtype).itemsize
+        vec = ctx.vector
+        varies = vec is not None and any(affine.contains_var(i, vec.var) for i in node.indices)
+        stride: int | None = 0
+        if vec is not None and varies:
+            stride = affine.lane_stride(node.indices, buf.shape, vec.var, ctx.extents)
+        if vec is None or stride == 0:
+            offset = self.eval_lane0(node.indices, buf) if varies else self.offset(node.indices, buf)
+            address = b.gep(pointer, [offset])
+            if vec is not None and ctx.mask is not None:
+                value = self._masked_scalar_load(address, self._any(ctx.mask), align)
+            else:
+                value = b.load(address, align=align)
+        elif stride == 1:
+            address = b.gep(pointer, [self.eval_lane0(node.indices, buf)])
+            vtype = ir.VectorType(memory_type(buf.dtype), vec.lanes)
+            vector_pointer = b.bitcast(address, vtype.as_pointer())
+            if ctx.mask is None:
+                value = b.load(vector_pointer, align=align)
+            else:
+                value = self._masked_load(vector_pointer, ctx.mask, align)
+        else:
+            offsets = self.broadcast(self.offset(node.indices, buf), vec.lanes)
+            value = self._gather(self.lane_pointers(pointer, offsets), ctx.mask, align)
+        if buf.dtype == "bool":
+            value = b.icmp_unsigned("!=", value, ir.Constant(value.type, [0] * lanes_of(value))
+                                    if lanes_of(value) > 1 else ir.Constant(value.type, 0))
+        return value
+
+    def lane_pointers(self, pointer: ir.Value, offsets: ir.Value) -> ir.Value:
+        instr = VectorGEP(self.builder.block, pointer, offsets)
+        self.builder._insert(instr)
+        return instr
+
+    def _all_lanes(self, lanes: int) -> ir.Constant:
+        return ir.Constant(ir.VectorType(I1, lanes), [1] * lanes)
+
+    def _any(self, mask: ir.Value) -> ir.Value:
+        fn = self.declare(f"llvm.vector.reduce.or.{intrinsic_suffix(mask.type)}", I1, [mask.type])
+        return self.builder.call(fn, [mask])
+
+    def _masked_load(self, vector_pointer: ir.Value, mask: ir.Value, align: int) -> ir.Value:
+        vtype = vector_pointer.type.pointee
+        name = f"llvm.masked.load.{intrinsic_suffix(vtype)}.p0"
+        fn = self.declare(name, vtype, [vector_pointer.type, I32, mask.type, vtype])
+        zero = ir.Constant(vtype, None)
+        return self.builder.call(fn, [vector_pointer, ir.Constant(I32, align), mask, zero])
+
+    def _masked_store(self, value: ir.Value, pointer: ir.Value, mask: ir.Value, align: int) -> None:
+        if lanes_of(value) == 1:
+            # A store that happens only if any lane is active: a one-lane masked store, no branch needed.
+            vtype = ir.VectorType(value.type, 1)
+            value = self.builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
+            pointer = self.builder.bitcast(pointer, vtype.as_pointer())
+            mask = self.builder.insert_element(
+                ir.Constant(ir.VectorType(I1, 1), ir.Undefined), mask, ir.Constant(I32, 0)
+            )
+        name = f"llvm.masked.store.{intrinsic_suffix(value.type)}.p0"
+        fn = self.declare(name, VOID, [value.type, pointer.type, I32, mask.type])
+        self.builder.call(fn, [value, pointer, ir.Constant(I32, align), mask])
+
+    def _masked_scalar_load(self, address: ir.Value, active: ir.Value, align: int) -> ir.Value:
+        """Load one element only if `active` (avoids touching memory a fully masked-off chunk may not own)."""
+        b = self.builder
+        vtype = ir.VectorType(address.type.pointee, 1)
+        mask = b.insert_element(ir.Constant(ir.VectorType(I1, 1), ir.Undefined), active, ir.Constant(I32, 0))
+        loaded = self._masked_load(b.bitcast(address, vtype.as_pointer()), mask, align)
+        return b.extract_element(loaded, ir.Constant(I32, 0))
+
+    def _gather(self, pointers: ir.Value, mask: ir.Value | None, align: int) -> ir.Value:
+        lanes = pointers.type.count
+        vtype = ir.VectorType(pointers.type.element.pointee, lanes)
+        mask = mask if mask is not None else self._all_lanes(lanes)
+        name = f"llvm.masked.gather.{intrinsic_suffix(vtype)}.v{lanes}p0"
+        fn = self.declare(name, vtype, [pointers.type, I32, mask.type, vtype])
+        return self.builder.call(fn, [pointers, ir.Constant(I32, align), mask, ir.Constant(vtype, None)])
+
+    def _scatter(self, value: ir.Value, pointers: ir.Value, mask: ir.Value | None, align: int) -> None:
+        lanes = pointers.type.count
+        mask = mask if mask is not None else self._all_lanes(lanes)
+        name = f"llvm.masked.scatter.{intrinsic_suffix(value.type)}.v{lanes}p0"
+        fn = self.declare(name, VOID, [value.type, pointers.type, I32, mask.type])
+        self.builder.call(fn, [value, pointers, ir.Constant(I32, align), mask])
+
+    # -- intrinsics -------------------------------------------------------------------------------------
+
+    def lower_call(self, node: tir.Call) -> ir.Value:
+        name = node.name
+        dtype = node.dtype
+        info = dtype_info(dtype)
+        args = [self.cast(self.value_of(a), a.dtype, dtype) for a in node.args]
+        args = self.match_lanes(*args)
+        custom = self.math_call(name, dtype, args)
+        if custom is not None:
+            return custom
+        b = self.builder
+        expected = {"pow": 2, "fma": 3}.get(name, 1)
+        if len(args) != expected:
+            raise CompileError(f"intrinsic {name} takes {expected} argument(s), got {len(args)}")
+        if not info.is_float:
+            return self._integer_call(name, dtype, args)
+        x = args[0]
+        if name in ("sqrt", "fabs", "floor", "ceil"):
+            return b.call(self.intrinsic(f"llvm.{name}", x.type), [x])
+        if name == "round":  # numpy rounds halves to even
+            return b.call(self.intrinsic("llvm.roundeven", x.type), [x])
+        if name == "rsqrt":
+            one = self.constant(dtype, 1.0, lanes_of(x))
+            return b.fdiv(one, b.call(self.intrinsic("llvm.sqrt", x.type), [x]), flags=self._float_flags)
+        if name == "fma":
+            return b.call(self.intrinsic("llvm.fma", x.type, 3), args)
+        if name == "pow":
+            return self._in_float32(dtype, args, lambda v: b.call(self.intrinsic("llvm.pow", v[0].type, 2), v))
+        if name in ("exp", "log", "tanh", "erf", "sigmoid"):
+            if info.bits == 64:
+                return self._float64_math(name, x)
+            math = Float32Math(b, lambda n, t: self.intrinsic(n, t))
+            return self._in_float32(dtype, args, lambda v: getattr(math, name)(v[0]))
+        raise CompileError(f"unknown intrinsic {name}")
+
+    def _in_float32(self, dtype: str, args: list[ir.Value], emit: Callable[[list[ir.Value]], ir.Value]) -> ir.Value:
+        """Compute half-precision math in float32 (as numpy does) and round the result back."""
+        if dtype != "float16":
+            return emit(args)
+        widened = [self.cast(a, "float16", "float32") for a in args]
+        return self.cast(emit(widened), "float32", "float16")
+
+    def _float64_math(self, name: str, x: ir.Value) -> ir.Value:
+        b = self.builder
+        if name == "exp":
+            return b.call(self.intrinsic("llvm.exp", x.type), [x])
+        if name == "log":
+            return b.call(self.intrinsic("llvm.log", x.type), [x])
+        if name == "sigmoid":
+            one = self.constant("float64", 1.0, lanes_of(x))
+            e = b.call(self.intrinsic("llvm.exp", x.type), [b.fneg(x)])
+            return b.fdiv(one, b.fadd(one, e))
+        # tanh and erf: the C library, one lane at a time (double precision is not the fast path).
+        libm = self.declare(name, ir.DoubleType(), [ir.DoubleType()])
+        if lanes_of(x) == 1:
+            return b.call(libm, [x])
+        result: ir.Value = ir.Constant(x.type, ir.Undefined)
+        for lane in range(lanes_of(x)):
+            index = ir.Constant(I32, lane)
+            result = b.insert_element(result, b.call(libm, [b.extract_element(x, index)]), index)
+        return result
+
+    def _integer_call(self, name: str, dtype: str, args: list[ir.Value]) -> ir.Value:
+        b = self.builder
+        x = args[0]
+        if name in ("floor", "ceil", "round"):
+            return x
+        if name == "fabs" and dtype_info(dtype).is_signed:
+            zero = self.constant(dtype, 0, lanes_of(x))
+            return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)
+        if name == "fabs":
+            return x
+        raise CompileError(f"intrinsic {name} needs a floating-point argument, got {dtype}")
+
+    # -- checks -----------------------------------------------------------------------------------------
+
+    def _check_buffer(self, buf: tir.Buffer) -> None:
+        dtype_info(buf.dtype)
+        if any(s < 0 for s in buf.shape):
+            raise CompileError(f"buffer {buf.name} has a negative dimension {buf.shape}")
+
+    def _check_rank(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer) -> None:
+        if len(indices) != len(buf.shape):
+            raise CompileError(
+                f"buffer {buf.name} has {len(buf.shape)} dimension(s) but is indexed with {len(indices)} in "
+                f"kernel {self._func_name}"
+            )
+
+
+_COMPARE_SYMBOL = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _fold_int(op: str, a: int, b: int, info: DTypeInfo) -> int | None:
+    bits, signed = info.bits, info.is_signed
+    if op == "add":
+        return _wrap(a + b, bits, signed)
+    if op == "sub":
+        return _wrap(a - b, bits, signed)
+    if op == "mul":
+        return _wrap(a * b, bits, signed)
+    if b != 0 and op == "floordiv":
+        return _wrap(a // b, bits, signed)
+    if b != 0 and op == "floormod":
+        return _wrap(a % b, bits, signed)
+    if b != 0 and op == "div":
+        quotient = abs(a) // abs(b)
+        return _wrap(quotient if (a >= 0) == (b >= 0) else -quotient, bits, signed)
+    if op == "min":
+        return min(a, b)
+    if op == "max":
+        return max(a, b)
+    if op == "and":
+        return a & b
+    if op == "or":
+        return a | b
+    if op in _COMPARE_SYMBOL:
+        return int(
+            {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[op]
+        )
+    return None

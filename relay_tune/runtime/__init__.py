@@ -1,0 +1,1 @@
+"""Runtime: loading compiled kernels, calling and timing them, and running compiled models."""

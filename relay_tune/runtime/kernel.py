@@ -1,0 +1,420 @@
+"""Loading compiled kernels into this process, calling them, and timing them.
+
+`load_object` links an object file produced by `relay_tune.codegen.llvm.compile_object` into this
+process with LLVM's ORC JIT. Its undefined symbols resolve against the process (libm, libc) and, for
+parallel loops, libgomp. Where libgomp cannot be loaded, a thread team written in Python stands in for
+the three OpenMP entry points the generated code uses (it costs tens of microseconds per parallel
+region instead of about one).
+
+    lib = load_object(obj, [KernelSignature.from_primfunc(f) for f in funcs])
+    kernel = lib.get("dense")
+    kernel(a, b, out)                        # checks dtypes, shapes, contiguity; then calls
+    kernel.raw(a_addr, b_addr, out_addr)     # hot path: addresses taken once
+    costs = time_kernel(kernel, [a, b, out], number=10, repeat=5)
+
+Calls go through ctypes, which releases the GIL while the kernel runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import itertools
+import math
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from relay_tune.errors import CompileError, RelayTuneError
+from relay_tune.kernel import tir
+
+REPEAT_SUFFIX = "__repeat"
+THREADING_RUNTIMES = ("auto", "openmp", "python")
+_OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+
+
+class KernelArgumentError(RelayTuneError):
+    """Arrays passed to a kernel do not match its parameters."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# signatures
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One kernel parameter: a dense row-major buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    written: bool  # the kernel stores into it (the array must be writeable)
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What a caller must pass to a kernel; plain data, so it can travel between processes.
+
+    `params` is None for a kernel known only by name: it is then called without argument checks.
+    `align` is the byte alignment the code assumes for every parameter (0: only the element's own).
+    """
+
+    name: str
+    params: tuple[ParamSpec, ...] | None = None
+    align: int = 0
+
+    @staticmethod
+    def from_primfunc(func: tir.PrimFunc) -> KernelSignature:
+        written = _stored_buffers(func.body)
+        params = tuple(ParamSpec(p.name, p.shape, p.dtype, p in written) for p in func.params)
+        align = int(dict(func.attrs).get("param_align", 0) or 0)
+        return KernelSignature(func.name, params, align)
+
+
+def _stored_buffers(stmt: tir.Stmt) -> set[tir.Buffer]:
+    found: set[tir.Buffer] = set()
+    stack: list[tir.Stmt] = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tir.Store):
+            found.add(node.buffer)
+        elif isinstance(node, tir.Seq):
+            stack.extend(node.stmts)
+        elif isinstance(node, tir.For | tir.Allocate):
+            stack.append(node.body)
+        elif isinstance(node, tir.IfThenElse):
+            stack.append(node.then_body)
+            if node.else_body is not None:
+                stack.append(node.else_body)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------------
+
+
+class Kernel:
+    """A compiled kernel in this process. Keeps its library (and so its machine code) alive."""
+
+    def __init__(self, signature: KernelSignature, address: int, repeat_address: int, library: Any) -> None:
+        self.signature = signature
+        self.name = signature.name
+        self.address = address
+        self._library = library
+        nparams = len(signature.params) if signature.params is not None else None
+        self._nparams = nparams
+        self._fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (nparams or 0)))(address) if nparams is not None \
+            else None
+        self._repeat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(repeat_address)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name})"
+
+    def addresses(self, arrays: Sequence[np.ndarray]) -> list[int]:
+        """Check `arrays` against the parameters and return their data addresses."""
+        params = self.signature.params
+        if params is None:
+            return [_address_of(a) for a in arrays]
+        if len(arrays) != len(params):
+            raise KernelArgumentError(f"kernel {self.name} takes {len(params)} arrays, got {len(arrays)}")
+        result = []
+        align = self.signature.align
+        for array, param in zip(arrays, params):
+            where = f"kernel {self.name}, parameter {param.name}"
+            if not isinstance(array, np.ndarray):
+                raise KernelArgumentError(f"{where}: expected a numpy array, got {type(array).__name__}")
+            if array.dtype != np.dtype(param.dtype):
+                raise KernelArgumentError(f"{where}: expected dtype {param.dtype}, got {array.dtype}")
+            if array.shape != param.shape:
+                raise KernelArgumentError(f"{where}: expected shape {param.shape}, got {array.shape}")
+            if not array.flags.c_contiguous:
+                raise KernelArgumentError(f"{where}: the array must be C-contiguous")
+            if param.written and not array.flags.writeable:
+                raise KernelArgumentError(f"{where}: the kernel writes this array but it is read-only")
+            address = array.ctypes.data
+            if align > 1 and address % align:
+                raise KernelArgumentError(
+                    f"{where}: the kernel assumes {align}-byte aligned data (allocate with aligned_empty)"
+                )
+            result.append(address)
+        return result
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        self.raw(*self.addresses(arrays))
+
+    def raw(self, *addresses: int) -> None:
+        """Call with data addresses, no checks (the caller guarantees them)."""
+        if self._fn is None or len(addresses) != self._nparams:
+            self._call_unchecked(addresses)
+            return
+        self._fn(*addresses)
+
+    def _call_unchecked(self, addresses: Sequence[int]) -> None:
+        fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(addresses)))(self.address)
+        fn(*addresses)
+
+    def pack(self, arrays: Sequence[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
+        """The `void*` argument vector the repeat entry point takes (checked once, reused for every call)."""
+        addresses = self.addresses(arrays)
+        return (ctypes.c_void_p * max(1, len(addresses)))(*addresses)
+
+    def repeat(self, packed: ctypes.Array[ctypes.c_void_p], number: int) -> None:
+        """Run the kernel `number` times back to back inside generated code (no Python in between)."""
+        self._repeat(ctypes.addressof(packed), number)
+
+
+def _address_of(array: np.ndarray) -> int:
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        raise KernelArgumentError("kernel arguments must be C-contiguous numpy arrays")
+    return array.ctypes.data
+
+
+class KernelLibrary:
+    """The kernels of one loaded object file."""
+
+    def __init__(self, name: str, tracker: Any, signatures: Iterable[KernelSignature], team: Any = None) -> None:
+        self.name = name
+        self._tracker = tracker  # keeps the JIT-linked code mapped
+        self._team = team  # keeps the stand-in thread team's callbacks alive
+        self._kernels = {
+            s.name: Kernel(s, tracker[s.name], tracker[s.name + REPEAT_SUFFIX], self) for s in signatures
+        }
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._kernels)
+
+    def get(self, name: str) -> Kernel:
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            raise RelayTuneError(f"no kernel named {name!r} in this library (it has: {', '.join(self._kernels)})")
+        return kernel
+
+    __getitem__ = get
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kernels
+
+    def __repr__(self) -> str:
+        return f"KernelLibrary({self.name}: {', '.join(self._kernels)})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------------
+
+_jit_lock = threading.Lock()
+_jit: Any = None
+_library_ids = itertools.count()
+_libgomp: ctypes.CDLL | None = None
+_libgomp_tried = False
+_fallback_warned = False
+
+
+def _lljit() -> Any:
+    global _jit
+    if _jit is None:
+        import llvmlite.binding as llvm
+
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        _jit = llvm.create_lljit_compiler()
+    return _jit
+
+
+def load_libgomp() -> ctypes.CDLL | None:
+    """Load libgomp with its symbols visible to JIT-linked code; None when it is not installed."""
+    global _libgomp, _libgomp_tried
+    if not _libgomp_tried:
+        _libgomp_tried = True
+        for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
+            if not name:
+                continue
+            try:
+                _libgomp = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+                break
+            except OSError:
+                continue
+    return _libgomp
+
+
+class PythonThreadTeam:
+    """Stands in for libgomp: `GOMP_parallel` runs the outlined body on a pool of Python threads.
+
+    Each thread calls the body through ctypes, which releases the GIL, so the threads really run in
+    parallel; only the dispatch (tens of microseconds) holds the GIL.
+    """
+
+    def __init__(self, max_threads: int | None = None) -> None:
+        self.max_threads = max_threads or len(os.sched_getaffinity(0))
+        self._local = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._body_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        self._parallel_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)(
+            self._parallel
+        )
+        self._thread_num_cb = ctypes.CFUNCTYPE(ctypes.c_int)(self._thread_num)
+        self._num_threads_cb = ctypes.CFUNCTYPE(ctypes.c_int)(self._num_threads)
+
+    def symbols(self) -> dict[str, int]:
+        return {
+            "GOMP_parallel": _callback_address(self._parallel_cb),
+            "omp_get_thread_num": _callback_address(self._thread_num_cb),
+            "omp_get_num_threads": _callback_address(self._num_threads_cb),
+        }
+
+    def _parallel(self, fn: int, data: int, num_threads: int, flags: int) -> None:
+        team = min(num_threads or self.max_threads, self.max_threads)
+        body = self._body_type(fn)
+
+        def run(thread: int) -> None:
+            self._local.thread, self._local.team = thread, team
+            try:
+                body(data)
+            finally:
+                self._local.thread, self._local.team = 0, 1
+
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=max(1, self.max_threads - 1),
+                                                thread_name_prefix="relay_tune_team")
+            pool = self._pool
+        helpers = [pool.submit(run, t) for t in range(1, team)]
+        run(0)
+        for helper in helpers:
+            helper.result()
+
+    def _thread_num(self) -> int:
+        return getattr(self._local, "thread", 0)
+
+    def _num_threads(self) -> int:
+        return getattr(self._local, "team", 1)
+
+
+def _callback_address(callback: Any) -> int:
+    address = ctypes.cast(callback, ctypes.c_void_p).value
+    assert address is not None
+    return address
+
+
+_python_team: PythonThreadTeam | None = None
+
+
+def _threading_symbols(runtime: str) -> tuple[dict[str, int], PythonThreadTeam | None]:
+    """Symbols to define for the parallel runtime: none for libgomp, the stand-in team's otherwise."""
+    global _python_team, _fallback_warned
+    if runtime not in THREADING_RUNTIMES:
+        raise RelayTuneError(f"unknown threading runtime {runtime!r}; expected one of {', '.join(THREADING_RUNTIMES)}")
+    if runtime in ("auto", "openmp") and load_libgomp() is not None:
+        return {}, None
+    if runtime == "openmp":
+        raise RelayTuneError("the OpenMP runtime (libgomp.so.1) cannot be loaded; install libgomp1 or use "
+                             "threading_runtime='python'")
+    if runtime == "auto" and not _fallback_warned:
+        _fallback_warned = True
+        warnings.warn("libgomp is not available: parallel loops run on a Python thread team (slower dispatch)",
+                      RuntimeWarning, stacklevel=3)
+    if _python_team is None:
+        _python_team = PythonThreadTeam()
+    return _python_team.symbols(), _python_team
+
+
+def load_object(
+    obj: bytes,
+    kernels: Sequence[KernelSignature | tir.PrimFunc | str],
+    threading_runtime: str = "auto",
+) -> KernelLibrary:
+    """JIT-link an object file from `compile_object` into this process and look up its kernels.
+
+    kernels: the kernels to expose, as signatures (argument checks), PrimFuncs, or bare names.
+    threading_runtime: "openmp" (libgomp, required), "python" (the stand-in thread team), or "auto"
+        (libgomp when it loads, else the stand-in with a warning).
+    """
+    import llvmlite.binding as llvm
+
+    signatures = [_as_signature(k) for k in kernels]
+    imports, team = _threading_symbols(threading_runtime)
+    with _jit_lock:
+        jit = _lljit()
+        name = f"relay_tune_kernels_{os.getpid()}_{next(_library_ids)}"
+        builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+        for symbol, address in imports.items():
+            builder.import_symbol(symbol, address)
+        for signature in signatures:
+            builder.export_symbol(signature.name)
+            builder.export_symbol(signature.name + REPEAT_SUFFIX)
+        try:
+            tracker = builder.link(jit, name)
+        except RuntimeError as err:
+            names = ", ".join(s.name for s in signatures)
+            raise CompileError(f"cannot load the compiled kernels ({names}): {err}") from err
+    return KernelLibrary(name, tracker, signatures, team)
+
+
+def _as_signature(kernel: KernelSignature | tir.PrimFunc | str) -> KernelSignature:
+    if isinstance(kernel, KernelSignature):
+        return kernel
+    if isinstance(kernel, tir.PrimFunc):
+        return KernelSignature.from_primfunc(kernel)
+    if isinstance(kernel, str):
+        return KernelSignature(kernel)
+    raise TypeError(f"expected a KernelSignature, PrimFunc or name, got {type(kernel).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# timing and memory
+# ---------------------------------------------------------------------------------------------------
+
+
+def time_kernel(
+    kernel: Kernel,
+    arrays: Sequence[np.ndarray],
+    number: int = 1,
+    repeat: int = 3,
+    min_repeat_ms: float = 0.0,
+) -> list[float]:
+    """Seconds per call, one value per repeat. Each repeat runs the kernel `number` times back to back.
+
+    With `min_repeat_ms`, `number` grows (after one warm-up call) until a repeat lasts at least that
+    long, so that very fast kernels are not dominated by timer resolution.
+    """
+    if number < 1 or repeat < 1:
+        raise RelayTuneError("time_kernel needs number >= 1 and repeat >= 1")
+    packed = kernel.pack(arrays)
+    kernel.repeat(packed, 1)  # warm-up: page faults, instruction cache, thread team start-up
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        kernel.repeat(packed, n)
+        return time.perf_counter() - start
+
+    if min_repeat_ms > 0:
+        target = min_repeat_ms / 1000.0
+        while True:
+            elapsed = run(number)
+            if elapsed >= target:
+                break
+            # Aim a little past the target, but never grow more than 10x per step (timings are noisy).
+            wanted = number * target / max(elapsed, 1e-9) * 1.1
+            number = max(number + 1, min(math.ceil(wanted), number * 10))
+    return [run(number) / number for _ in range(repeat)]
+
+
+def aligned_empty(shape: Sequence[int] | int, dtype: str | np.dtype[Any] = "float32", align: int = 64) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on an `align`-byte boundary."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + align, dtype=np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start : start + count * dtype.itemsize].view(dtype).reshape(shape)

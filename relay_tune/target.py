@@ -1,0 +1,214 @@
+"""Compilation targets: which machine a kernel is compiled for.
+
+A `Target` is plain, immutable data. Its canonical string (`str(target)`) is the key under which tuning
+records are stored, so two equal targets always print the same string and `Target.parse(str(t)) == t`.
+
+    llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -num-cores=2
+    cuda -arch=sm_90
+
+For LLVM targets the CPU name and feature list go straight to the LLVM target machine; the host CPU and
+its features matter a lot (with a generic CPU, fused multiply-adds become library calls).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from relay_tune.errors import RelayTuneError
+
+TARGET_KINDS = ("llvm", "cuda")
+
+# CPU names LLVM knows, grouped by the widest SIMD unit they imply. Used only when a target names a CPU
+# without an explicit feature list (e.g. a string typed by a user, `llvm -mcpu=skylake-avx512`).
+_AVX512_CPUS = frozenset(
+    {
+        "skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client", "icelake-server",
+        "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+        "diamondrapids", "knl", "knm", "znver4", "znver5", "x86-64-v4",
+    }
+)
+_AVX2_CPUS = frozenset(
+    {
+        "haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s",
+        "lunarlake", "pantherlake", "gracemont", "sierraforest", "grandridge", "clearwaterforest", "znver1",
+        "znver2", "znver3", "bdver4", "x86-64-v3",
+    }
+)
+_AVX_CPUS = frozenset({"sandybridge", "ivybridge", "bdver1", "bdver2", "bdver3", "btver2"})
+
+
+class TargetError(RelayTuneError):
+    """A malformed or unsupported target string."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to compile for.
+
+    kind: "llvm" (host CPU through LLVM) or "cuda" (NVIDIA GPU through NVPTX).
+    mcpu: LLVM CPU name ("znver4"); empty means LLVM's generic CPU.
+    mattr: LLVM feature flags, each "+name" or "-name", kept sorted so equal sets print equally.
+    num_cores: how many cores PARALLEL loops spread over (CPU targets).
+    arch: GPU architecture ("sm_90"), CUDA targets only.
+    """
+
+    kind: str
+    mcpu: str = ""
+    mattr: tuple[str, ...] = field(default=())
+    num_cores: int = 1
+    arch: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in TARGET_KINDS:
+            raise TargetError(f"unknown target kind {self.kind!r}; expected one of {', '.join(TARGET_KINDS)}")
+        features = tuple(sorted(set(self.mattr), key=lambda f: (f[1:], f[0])))
+        for feature in features:
+            if len(feature) < 2 or feature[0] not in "+-" or any(c in feature for c in " ,="):
+                raise TargetError(f"bad target feature {feature!r}: write features as +name or -name")
+        object.__setattr__(self, "mattr", features)
+        if not isinstance(self.num_cores, int) or self.num_cores < 1:
+            raise TargetError(f"num_cores must be a positive integer, got {self.num_cores!r}")
+        if self.kind == "cuda":
+            if self.mcpu or self.mattr:
+                raise TargetError("cuda targets take -arch=sm_XX, not -mcpu/-mattr")
+            if self.arch and not (self.arch.startswith("sm_") and self.arch[3:].rstrip("af").isdigit()):
+                raise TargetError(f"bad CUDA architecture {self.arch!r}; expected e.g. sm_90")
+        elif self.arch:
+            raise TargetError("-arch applies to cuda targets only")
+
+    # ----------------------------------------------------------------------------------------------
+    # construction
+    # ----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def parse(text: str) -> Target:
+        """Parse `kind -option=value ...`, e.g. "llvm -mcpu=znver4 -num-cores=2" or "cuda -arch=sm_90".
+
+        `llvm -mcpu=native` (or a bare "native") stands for the host: its CPU, features and core count,
+        with any options given after it taking precedence.
+        """
+        words = text.split()
+        if not words:
+            raise TargetError("empty target string")
+        kind, options = words[0], words[1:]
+        if kind == "native":
+            kind, options = "llvm", ["-mcpu=native", *options]
+        if kind not in TARGET_KINDS:
+            raise TargetError(f"unknown target kind {kind!r} in {text!r}; expected one of {', '.join(TARGET_KINDS)}")
+        values: dict[str, str] = {}
+        for word in options:
+            if not word.startswith("-") or "=" not in word:
+                raise TargetError(f"bad target option {word!r} in {text!r}; options look like -name=value")
+            name, value = word[1:].split("=", 1)
+            if name not in ("mcpu", "mattr", "num-cores", "arch"):
+                raise TargetError(f"unknown target option -{name} in {text!r}")
+            if name in values:
+                raise TargetError(f"target option -{name} given twice in {text!r}")
+            if not value:
+                raise TargetError(f"target option -{name} needs a value in {text!r}")
+            values[name] = value
+        num_cores_text = values.get("num-cores")
+        num_cores: int | None = None
+        if num_cores_text is not None:
+            if not num_cores_text.isdigit() or int(num_cores_text) < 1:
+                raise TargetError(f"-num-cores must be a positive integer, got {num_cores_text!r}")
+            num_cores = int(num_cores_text)
+        mattr = tuple(f for f in values.get("mattr", "").split(",") if f)
+        if values.get("mcpu") == "native":
+            host = Target.host()
+            return Target(
+                kind="llvm",
+                mcpu=host.mcpu,
+                mattr=mattr or host.mattr,
+                num_cores=num_cores or host.num_cores,
+            )
+        return Target(
+            kind=kind,
+            mcpu=values.get("mcpu", ""),
+            mattr=mattr,
+            num_cores=num_cores or 1,
+            arch=values.get("arch", ""),
+        )
+
+    @staticmethod
+    def host(num_cores: int | None = None) -> Target:
+        """The machine this process runs on: LLVM's view of its CPU and features, and the cores we may use."""
+        import llvmlite.binding as llvm  # lazy: importing relay_tune must not load LLVM
+
+        mcpu = llvm.get_host_cpu_name()
+        try:
+            features = tuple(f for f in llvm.get_host_cpu_features().flatten().split(",") if f)
+        except RuntimeError:  # LLVM cannot read the features on some hosts: the CPU name alone then decides
+            features = ()
+        cores = num_cores if num_cores is not None else len(os.sched_getaffinity(0))
+        return Target(kind="llvm", mcpu=mcpu, mattr=features, num_cores=cores)
+
+    def with_cores(self, num_cores: int) -> Target:
+        """The same target restricted to `num_cores` cores (e.g. single-core measurements)."""
+        return Target(self.kind, self.mcpu, self.mattr, num_cores, self.arch)
+
+    # ----------------------------------------------------------------------------------------------
+    # queries
+    # ----------------------------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        parts = [self.kind]
+        if self.mcpu:
+            parts.append(f"-mcpu={self.mcpu}")
+        if self.mattr:
+            parts.append(f"-mattr={','.join(self.mattr)}")
+        if self.kind == "llvm":
+            parts.append(f"-num-cores={self.num_cores}")
+        if self.arch:
+            parts.append(f"-arch={self.arch}")
+        return " ".join(parts)
+
+    def has_feature(self, name: str) -> bool:
+        """Whether feature `name` (without sign) is on: listed as +name, or implied by the CPU when not listed."""
+        if f"+{name}" in self.mattr:
+            return True
+        if f"-{name}" in self.mattr:
+            return False
+        implied = _features_of_cpu(self.mcpu)
+        return name in implied
+
+    @property
+    def vector_bits(self) -> int:
+        """Width in bits of the SIMD registers code for this target should use (CPU targets)."""
+        if self.kind != "llvm":
+            return 32
+        if self.has_feature("avx512f"):
+            return 512
+        if self.has_feature("avx") or self.has_feature("avx2"):
+            return 256
+        return 128
+
+    def vector_lanes(self, dtype: str = "float32") -> int:
+        """How many `dtype` elements one SIMD register holds: 16 float32 lanes with AVX-512, 8 with AVX2."""
+        bits = _dtype_bits(dtype)
+        return max(1, self.vector_bits // bits)
+
+    @property
+    def llvm_features(self) -> str:
+        """The feature string handed to the LLVM target machine."""
+        return ",".join(self.mattr)
+
+
+def _features_of_cpu(mcpu: str) -> frozenset[str]:
+    if mcpu in _AVX512_CPUS:
+        return frozenset({"avx512f", "avx2", "avx", "fma"})
+    if mcpu in _AVX2_CPUS:
+        return frozenset({"avx2", "avx", "fma"})
+    if mcpu in _AVX_CPUS:
+        return frozenset({"avx"})
+    return frozenset()
+
+
+def _dtype_bits(dtype: str) -> int:
+    if dtype == "bool":
+        return 8
+    digits = "".join(c for c in dtype if c.isdigit())
+    if not digits:
+        raise TargetError(f"unknown dtype {dtype!r}")
+    return int(digits)
