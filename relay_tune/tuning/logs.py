@@ -63,8 +63,10 @@ def load(paths: LogSource | Sequence[LogSource]) -> pd.DataFrame:
     frame = frame.sort_values(["timestamp", "source", "line"], kind="stable").reset_index(drop=True)
     groups = frame.groupby(["workload_key", "target"], sort=False)
     frame["task_trial"] = groups.cumcount()
-    valid_cost = frame["mean_cost"].where(frame["ok"])
-    frame["best_cost_so_far"] = valid_cost.groupby([frame["workload_key"], frame["target"]]).cummin()
+    task = [frame["workload_key"], frame["target"]]
+    valid_cost = frame["mean_cost"].where(frame["ok"].astype(bool))
+    # cummin leaves NaN on failed rows; carry the best so far across them.
+    frame["best_cost_so_far"] = valid_cost.groupby(task).cummin().groupby(task).ffill()
     with np.errstate(divide="ignore"):
         frame["best_gflops_so_far"] = frame["flops"] / frame["best_cost_so_far"] / 1e9
     return frame[COLUMNS]

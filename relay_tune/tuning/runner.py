@@ -287,7 +287,8 @@ class KernelLoader:
         self._keep: list[Any] = []
         self._libraries: set[str] = set()
 
-    def load(self, artifact: BuildArtifact) -> Callable[..., Any]:
+    def load(self, artifact: BuildArtifact) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+        """The kernel, and its repeat entry point when the artifact has one."""
         for name in artifact.requires_libraries:
             if name not in self._libraries:
                 ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # make e.g. libgomp's symbols visible to JIT'd code
@@ -295,13 +296,21 @@ class KernelLoader:
         restype = ctypes.c_int32 if artifact.returns_status else None
         prototype = ctypes.CFUNCTYPE(restype, *([ctypes.c_void_p] * len(artifact.args)))
         if artifact.code_format == "elf-object":
-            address = self._load_object(artifact)
-            return prototype(address)
-        if artifact.code_format == "shared-library":
-            return prototype(self._load_shared(artifact))
-        raise ValueError(f"unknown artifact code format {artifact.code_format!r}")
+            addresses = self._load_object(artifact)
+        elif artifact.code_format == "shared-library":
+            addresses = self._load_shared(artifact)
+        else:
+            raise ValueError(f"unknown artifact code format {artifact.code_format!r}")
+        repeat = None
+        if artifact.repeat_symbol is not None:
+            repeat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(addresses[artifact.repeat_symbol])
+        return prototype(addresses[artifact.kernel_name]), repeat
 
-    def _load_object(self, artifact: BuildArtifact) -> int:
+    @staticmethod
+    def _symbols(artifact: BuildArtifact) -> list[str]:
+        return [artifact.kernel_name] + ([artifact.repeat_symbol] if artifact.repeat_symbol else [])
+
+    def _load_object(self, artifact: BuildArtifact) -> dict[str, int]:
         from llvmlite import binding as llvm
         from llvmlite.binding import orcjit
 
@@ -310,17 +319,14 @@ class KernelLoader:
             llvm.initialize_native_asmprinter()
             self._jit = orcjit.create_lljit_compiler()
         self._counter += 1
-        library = (
-            orcjit.JITLibraryBuilder()
-            .add_object_img(artifact.code)
-            .add_current_process()
-            .export_symbol(artifact.kernel_name)
-            .link(self._jit, f"candidate_{self._counter}")
-        )
+        builder = orcjit.JITLibraryBuilder().add_object_img(artifact.code).add_current_process()
+        for symbol in self._symbols(artifact):
+            builder.export_symbol(symbol)
+        library = builder.link(self._jit, f"candidate_{self._counter}")
         self._keep.append(library)
-        return int(library[artifact.kernel_name])
+        return {symbol: int(library[symbol]) for symbol in self._symbols(artifact)}
 
-    def _load_shared(self, artifact: BuildArtifact) -> int:
+    def _load_shared(self, artifact: BuildArtifact) -> dict[str, int]:
         handle, path = tempfile.mkstemp(suffix=".so", prefix="relay_tune_kernel_")
         try:
             with os.fdopen(handle, "wb") as out:
@@ -329,7 +335,8 @@ class KernelLoader:
         finally:
             os.unlink(path)  # the mapping stays valid after the file is gone
         self._keep.append(library)
-        return int(ctypes.cast(getattr(library, artifact.kernel_name), ctypes.c_void_p).value or 0)
+        return {symbol: int(ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value or 0)
+                for symbol in self._symbols(artifact)}
 
     def release(self) -> None:
         # Loaded code stays mapped (LLVM frees little); the runner recycles the worker after a number of runs.
@@ -371,9 +378,9 @@ def compare_outputs(
             f"got {actual[first]!r}, expected {expected[first]!r}")
 
 
-def _measure(artifact: BuildArtifact, function: Callable[..., Any], inputs: list[np.ndarray],
-             expected: list[np.ndarray] | None, tolerances: dict[str, tuple[float, float]],
-             timing: TimingOptions) -> tuple[str, Any, str]:
+def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
+             inputs: list[np.ndarray], expected: list[np.ndarray] | None,
+             tolerances: dict[str, tuple[float, float]], timing: TimingOptions) -> tuple[str, Any, str]:
     buffers: list[np.ndarray] = []
     for arg in artifact.args:
         if arg.role == "input":
@@ -404,10 +411,19 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], inputs: list
                 return ("error", ErrorKind.WRONG_RESULT.name, problem)
 
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
+    if repeat_entry is not None:
+        packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+
+        def run_many(count: int) -> None:
+            repeat_entry(ctypes.addressof(packed), count)
+    else:
+        def run_many(count: int) -> None:
+            for _ in range(count):
+                function(*pointers)
+
     clock = time.perf_counter
     start = clock()
-    for _ in range(max(1, timing.warmup)):
-        function(*pointers)
+    run_many(max(1, timing.warmup))
     per_call = max((clock() - start) / max(1, timing.warmup), 1e-9)
     number = timing.number
     if timing.min_repeat_ms > 0:
@@ -416,8 +432,7 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], inputs: list
     for _ in range(timing.repeat):
         if flush is None:
             start = clock()
-            for _ in range(number):
-                function(*pointers)
+            run_many(number)
             costs.append((clock() - start) / number)
         else:
             total = 0.0
@@ -457,12 +472,12 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
         try:
             inputs, expected, tolerances = data[key]
             try:
-                function = loader.load(artifact)
+                function, repeat_entry = loader.load(artifact)
             except Exception as err:
                 reply: tuple[str, Any, str] = ("error", ErrorKind.COMPILE_ERROR.name,
                                                f"failed to load the kernel: {err}")
             else:
-                reply = _measure(artifact, function, inputs, expected, tolerances, timing)
+                reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing)
         except Exception as err:
             reply = ("error", ErrorKind.RUNTIME_ERROR.name,
                      "".join(traceback.format_exception_only(type(err), err)).strip())

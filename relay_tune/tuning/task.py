@@ -97,7 +97,9 @@ class BuildArtifact:
 
     `code` holds relocatable object code ("elf-object", e.g. llvmlite's `TargetMachine.emit_object`) or a
     shared library image ("shared-library"). `requires_libraries` names shared libraries whose symbols the code
-    uses (e.g. "libgomp.so.1" for OpenMP); the loader makes them visible first.
+    uses (e.g. "libgomp.so.1" for OpenMP); the loader makes them visible first. `repeat_symbol`, when set, names
+    a companion `void f(void **args, int64 n)` that calls the kernel n times back to back; timing loops then run
+    without Python between calls.
     """
 
     code: bytes
@@ -106,6 +108,7 @@ class BuildArtifact:
     args: tuple[KernelArg, ...]
     returns_status: bool = False
     requires_libraries: tuple[str, ...] = ()
+    repeat_symbol: str | None = None
     info: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

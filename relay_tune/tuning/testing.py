@@ -254,11 +254,13 @@ FAULT_VARIANTS = ("segfault", "hang", "wrong", "partial", "compile_error", "inva
 class FaultyTask:
     """out = a + b over `size` float32 elements; the `variant` knob picks a correct or a broken kernel.
 
-    `repeat` (1..3) recomputes the sum that many times: correct, but slower, so tuning has something to find.
+    `repeat` (1..max_repeat) recomputes the sum that many times: correct, but slower, so tuning has something to
+    find.
     """
 
     size: int = 4096
     variants: tuple[str, ...] = GOOD_VARIANTS + FAULT_VARIANTS
+    max_repeat: int = 3
     weight: int = 1
     target: str = HOST_TARGET
     key: str = field(init=False)
@@ -267,10 +269,10 @@ class FaultyTask:
     space: Space = field(init=False)
 
     def __post_init__(self) -> None:
-        self.key = _task_key("faulty_add", size=self.size, variants=self.variants)
+        self.key = _task_key("faulty_add", size=self.size, variants=self.variants, max_repeat=self.max_repeat)
         self.description = f"add {self.size} float32 (fault injection)"
         self.flops = float(self.size)
-        self.space = Space([ChoiceKnob("variant", list(self.variants)), IntKnob("repeat", 1, 3)])
+        self.space = Space([ChoiceKnob("variant", list(self.variants)), IntKnob("repeat", 1, self.max_repeat)])
 
     def default_config(self) -> Config:
         return Config({"variant": self.variants[0], "repeat": 1})

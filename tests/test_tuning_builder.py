@@ -1,0 +1,118 @@
+"""Builders: parallel compilation in worker processes, per-build timeouts, compiler crashes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from relay_tune.errors import CompileError
+from relay_tune.tuning import BuildArtifact, ErrorKind, InlineBuilder, LocalBuilder, TensorSpec
+from relay_tune.tuning.testing import FaultyTask, MatmulTask
+from search_space import Config, Constraint, IntKnob, Space
+
+
+@pytest.fixture(scope="module")
+def builder() -> Iterator[LocalBuilder]:
+    with LocalBuilder(n_parallel=2, timeout=3.0, kill_grace=1.0) as local:
+        yield local  # type: ignore[misc]
+
+
+def variant(name: str) -> Config:
+    return Config({"variant": name, "repeat": 1})
+
+
+def test_builds_matmul_configs_into_object_code(builder: LocalBuilder) -> None:
+    task = MatmulTask(16, 20, 12)
+    configs = [task.default_config(), Config({"order": "ikj", "tile_n": (2, 16), "tile_k": (3, 4)})]
+    results = builder.build(task, configs)
+    for result in results:
+        assert result.error_kind is None, result.error_msg
+        artifact = result.artifact
+        assert isinstance(artifact, BuildArtifact)
+        assert artifact.code_format == "elf-object" and artifact.code[:4] == b"\x7fELF"
+        assert [a.role for a in artifact.args] == ["input", "input", "output"]
+        assert result.build_seconds > 0
+
+
+def test_failures_become_error_kinds_and_spare_the_other_builds(builder: LocalBuilder) -> None:
+    task = FaultyTask(size=64)
+    names = ["plain", "compile_error", "invalid", "build_crash", "reversed", "build_hang", "plain"]
+    started = time.monotonic()
+    results = builder.build(task, [variant(n) for n in names])
+    elapsed = time.monotonic() - started
+    kinds = [None if r.error_kind is None else r.error_kind.name for r in results]
+    assert kinds == [None, "COMPILE_ERROR", "INVALID_CONFIG", "COMPILE_ERROR", None, "BUILD_TIMEOUT", None]
+    assert "LLVM rejected" in results[1].error_msg
+    assert "died" in results[3].error_msg
+    assert "killed" in results[5].error_msg
+    assert elapsed < 60  # one timeout, not a stuck pool
+    # The builder recovers: the next batch builds normally in fresh workers.
+    assert builder.build(task, [variant("plain")])[0].artifact is not None
+
+
+def test_configs_outside_the_space_are_rejected_before_building(builder: LocalBuilder) -> None:
+    task = MatmulTask(16, 20, 12)
+    (result,) = builder.build(task, [Config({"order": "ikj", "tile_n": (1, 64), "tile_k": (3, 4)})])
+    assert result.error_kind is ErrorKind.INVALID_CONFIG and "tile_n" in result.error_msg
+
+
+def test_workers_are_recycled() -> None:
+    task = FaultyTask(size=64, variants=("plain", "reversed"))
+    configs = list(task.space.enumerate())
+    with LocalBuilder(n_parallel=2, timeout=30.0, max_tasks_per_child=1) as recycling:
+        results = recycling.build(task, configs)
+    assert len(results) == 6 and all(r.artifact is not None for r in results)
+
+
+class _Unpicklable:
+    """A task whose space holds a lambda constraint: it cannot travel to worker processes."""
+
+    key = "unpicklable"
+    description = "unpicklable"
+    flops = 1.0
+    weight = 1
+    target = "llvm"
+
+    def __init__(self) -> None:
+        self.space = Space([IntKnob("x", 0, 1)], [Constraint("lambda", lambda config: True)])
+
+
+def test_unpicklable_tasks_are_a_clear_error(builder: LocalBuilder) -> None:
+    with pytest.raises(CompileError, match="picklable"):
+        builder.build(_Unpicklable(), [Config({"x": 0})])  # type: ignore[arg-type]
+
+
+@dataclass
+class _SlowPythonTask:
+    """Builds by sleeping in Python: the in-worker timer interrupts it."""
+
+    key: str = "slow"
+    description: str = "slow"
+    flops: float = 1.0
+    weight: int = 1
+    target: str = "llvm"
+    space: Space = field(default_factory=lambda: Space([IntKnob("seconds", 0, 10)]))
+
+    def build(self, config: Config) -> BuildArtifact:
+        time.sleep(float(config["seconds"]))  # type: ignore[arg-type]
+        return BuildArtifact(b"", "elf-object", "k", ())
+
+    def default_config(self) -> Config:
+        return Config({"seconds": 0})
+
+    def input_specs(self) -> Sequence[TensorSpec]:
+        return ()
+
+    def reference(self, inputs: Sequence[np.ndarray]) -> None:
+        return None
+
+
+def test_soft_timeout_interrupts_python_level_builds() -> None:
+    builder = InlineBuilder(timeout=0.2)
+    fast, slow = builder.build(_SlowPythonTask(), [Config({"seconds": 0}), Config({"seconds": 5})])  # type: ignore[arg-type]
+    assert fast.error_kind is None
+    assert slow.error_kind is ErrorKind.BUILD_TIMEOUT and slow.build_seconds < 2
