@@ -31,6 +31,7 @@ from relay_tune.runtime.kernel import (
     KernelSignature,
     PythonThreadTeam,
     aligned_empty,
+    python_thread_team,
     time_kernel,
 )
 from relay_tune.target import Target
@@ -638,8 +639,12 @@ def test_python_thread_team_runs_parallel_loops() -> None:
     lib = load_object(obj, [func], threading_runtime="python")
     x = random_array((10_000,), "float32")
     got = np.zeros(10_000, np.float32)
+    regions = python_thread_team().regions
     lib.get("scale_team")(x, got)
+    assert python_thread_team().regions == regions + 1
     np.testing.assert_allclose(got, x * 3)
+    with pytest.raises(RelayTuneError, match="threading runtime"):
+        load_object(obj, [func], threading_runtime="tbb")
     team = PythonThreadTeam(max_threads=3)
     assert set(team.symbols()) == {"GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads"}
 
@@ -803,3 +808,85 @@ def test_affine_form_cancels_and_bounds() -> None:
     assert form.const == 3
     assert affine.bounds(form, {i: 5, v: 4}) == (3, 19)
     assert affine.bounds(affine.affine_form(i * -2, {i: 5}), {i: 5}) == (-8, 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# end to end: tensor expressions -> schedule -> lowering -> code generation
+# ---------------------------------------------------------------------------------------------------
+
+
+def _compiled_matches_interpreter(func: PrimFunc, arrays: list[np.ndarray], outputs: list[int],
+                                  rtol: float = 1e-4) -> None:
+    from relay_tune.kernel import tir_eval
+
+    compiled = [a.copy() for a in arrays]
+    build_llvm([func], PARALLEL_HOST).get(func.name)(*compiled)
+    interpreted = [a.copy() for a in arrays]
+    tir_eval.evaluate(func, *interpreted)
+    for index in outputs:
+        np.testing.assert_allclose(compiled[index], interpreted[index], rtol=rtol, atol=1e-4)
+
+
+def test_lowered_elementwise_with_split_tail() -> None:
+    from relay_tune.kernel import te
+    from relay_tune.kernel.lower import lower
+    from relay_tune.kernel.schedule import Schedule
+
+    n = 1003
+    a = te.placeholder((n,), "float32", "A")
+    b = te.compute((n,), lambda i: te.exp(a[i]) * 2.0 + a[i], "B")
+    sch = Schedule(b)
+    outer, inner = sch.split(b, "i", factor=16)
+    sch.vectorize(b, inner)
+    sch.parallel(b, outer)
+    _compiled_matches_interpreter(lower(sch, "ew_tail"), [random_array((n,), "float32", -3, 3),
+                                                          np.zeros(n, np.float32)], [1])
+
+
+def test_lowered_tiled_dense_with_local_accumulator() -> None:
+    from relay_tune.kernel import te
+    from relay_tune.kernel.lower import lower
+    from relay_tune.kernel.schedule import Schedule
+
+    m, n, k = 40, 64, 24
+    a = te.placeholder((m, k), "float32", "A")
+    b = te.placeholder((k, n), "float32", "B")
+    r = te.reduce_axis(k, "k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), "C")
+    sch = Schedule(c)
+    local = sch.cache_write(c, "local")
+    io, jo, _, ji = sch.tile(c, "i", "j", 8, 32)
+    sch.parallel(c, io)
+    sch.vectorize(c, ji)
+    sch.compute_at(local, c, jo)
+    sch.reorder(local, "k", "i", "j")
+    sch.unroll(local, "i")
+    sch.vectorize(local, "j")
+    arrays = [random_array((m, k), "float32", -1, 1), random_array((k, n), "float32", -1, 1),
+              np.zeros((m, n), np.float32)]
+    _compiled_matches_interpreter(lower(sch, "dense_tiled"), arrays, [2])
+
+
+def test_lowered_padded_conv2d_with_relu() -> None:
+    from relay_tune.kernel import te
+    from relay_tune.kernel.lower import lower
+    from relay_tune.kernel.schedule import Schedule
+
+    n, c, h, w, k = 1, 4, 6, 7, 8
+    data = te.placeholder((n, c, h, w), "float32", "data")
+    weight = te.placeholder((k, c, 3, 3), "float32", "weight")
+    inside = lambda y, x: te.all_of(y >= 1, y <= h, x >= 1, x <= w)
+    pad = te.compute((n, c, h + 2, w + 2),
+                     lambda b, ch, y, x: te.if_then_else(inside(y, x), data[b, ch, y - 1, x - 1], 0.0), "pad")
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(3, "ry"), te.reduce_axis(3, "rx")
+    conv = te.compute((n, k, h, w), lambda b, f, y, x: te.sum(pad[b, rc, y + ry, x + rx] * weight[f, rc, ry, rx],
+                                                               axis=[rc, ry, rx]), "conv")
+    relu = te.compute((n, k, h, w), lambda b, f, y, x: te.maximum(conv[b, f, y, x], 0.0), "relu")
+    sch = Schedule(relu)
+    sch.compute_inline(pad)
+    sch.compute_at(conv, relu, "f")
+    sch.vectorize(relu, "x")
+    sch.parallel(relu, "f")
+    arrays = [random_array((n, c, h, w), "float32", -1, 1), random_array((k, c, 3, 3), "float32", -1, 1),
+              np.zeros((n, k, h, w), np.float32)]
+    _compiled_matches_interpreter(lower(sch, "conv_relu"), arrays, [2])

@@ -258,6 +258,7 @@ class PythonThreadTeam:
         self.max_threads = max_threads or len(os.sched_getaffinity(0))
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
+        self.regions = 0  # parallel regions run so far (for diagnostics)
         self._lock = threading.Lock()
         self._body_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
         self._parallel_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)(
@@ -276,6 +277,7 @@ class PythonThreadTeam:
     def _parallel(self, fn: int, data: int, num_threads: int, flags: int) -> None:
         team = min(num_threads or self.max_threads, self.max_threads)
         body = self._body_type(fn)
+        self.regions += 1
 
         def run(thread: int) -> None:
             self._local.thread, self._local.team = thread, team
@@ -312,9 +314,7 @@ _python_team: PythonThreadTeam | None = None
 
 def _threading_symbols(runtime: str) -> tuple[dict[str, int], PythonThreadTeam | None]:
     """Symbols to define for the parallel runtime: none for libgomp, the stand-in team's otherwise."""
-    global _python_team, _fallback_warned
-    if runtime not in THREADING_RUNTIMES:
-        raise RelayTuneError(f"unknown threading runtime {runtime!r}; expected one of {', '.join(THREADING_RUNTIMES)}")
+    global _fallback_warned
     if runtime in ("auto", "openmp") and load_libgomp() is not None:
         return {}, None
     if runtime == "openmp":
@@ -324,9 +324,16 @@ def _threading_symbols(runtime: str) -> tuple[dict[str, int], PythonThreadTeam |
         _fallback_warned = True
         warnings.warn("libgomp is not available: parallel loops run on a Python thread team (slower dispatch)",
                       RuntimeWarning, stacklevel=3)
+    team = python_thread_team()
+    return team.symbols(), team
+
+
+def python_thread_team() -> PythonThreadTeam:
+    """The process-wide stand-in thread team used when kernels cannot use libgomp."""
+    global _python_team
     if _python_team is None:
         _python_team = PythonThreadTeam()
-    return _python_team.symbols(), _python_team
+    return _python_team
 
 
 def load_object(
@@ -343,7 +350,16 @@ def load_object(
     import llvmlite.binding as llvm
 
     signatures = [_as_signature(k) for k in kernels]
-    imports, team = _threading_symbols(threading_runtime)
+    if threading_runtime not in THREADING_RUNTIMES:
+        raise RelayTuneError(
+            f"unknown threading runtime {threading_runtime!r}; expected one of {', '.join(THREADING_RUNTIMES)}"
+        )
+    imports: dict[str, int] = {}
+    team: PythonThreadTeam | None = None
+    # Only objects with outlined parallel loops reference the OpenMP entry points (NUL-delimited in the
+    # object's string table).
+    if b"\x00GOMP_parallel\x00" in obj:
+        imports, team = _threading_symbols(threading_runtime)
     with _jit_lock:
         jit = _lljit()
         name = f"relay_tune_kernels_{os.getpid()}_{next(_library_ids)}"
