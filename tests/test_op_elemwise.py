@@ -58,6 +58,7 @@ DECLARED = (
     "where", *reduce.REDUCE_OPS, "collapse_sum_like", "reshape", "transpose", "expand_dims", "squeeze",
     "concatenate", "stack", "split", "strided_slice", "take", "nn.batch_flatten", "nn.pad", "layout_transform",
     "nn.upsampling",
+    "broadcast_to",
 )
 
 

@@ -13,6 +13,7 @@ convert back.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -858,3 +859,279 @@ def global_avg_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndar
 def global_max_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     (data,) = inputs
     return data.max(axis=_global_pool_axes(attrs, "nn.global_max_pool2d"), keepdims=True)
+
+
+# ================================================================================================
+# 3-D convolution, transposed convolution, local response normalisation, layer normalisation
+# (operators the ONNX importer maps onto; same attribute schemas and defaults as TVM)
+# ================================================================================================
+
+register_op(
+    "nn.conv3d", 2, OUT_EW,
+    {"strides": (1, 1, 1), "dilation": (1, 1, 1), **_CONV_COMMON, "padding": (0, 0, 0),
+     "data_layout": "NCDHW", "kernel_layout": "OIDHW"},
+    "relay.attrs.Conv3DAttrs",
+)
+
+_CONV_TRANSPOSE_COMMON = {"channels": None, "kernel_size": None}
+register_op(
+    "nn.conv2d_transpose", 2, OUT_EW,
+    {**_CONV_TRANSPOSE_COMMON, "strides": (1, 1), "padding": (0, 0), "output_padding": (0, 0),
+     "dilation": (1, 1), "groups": 1, "data_layout": "NCHW", "kernel_layout": "IOHW", "out_layout": "",
+     "out_dtype": ""},
+    "relay.attrs.Conv2DTransposeAttrs",
+    description="conv2d's gradient with respect to its input ('deconvolution'); weight is (in, out/groups, kh, kw)",
+)
+register_op(
+    "nn.conv1d_transpose", 2, OUT_EW,
+    {**_CONV_TRANSPOSE_COMMON, "strides": (1,), "padding": (0,), "output_padding": (0,),
+     "dilation": (1,), "groups": 1, "data_layout": "NCW", "kernel_layout": "IOW", "out_layout": "",
+     "out_dtype": ""},
+    "relay.attrs.Conv1DTransposeAttrs",
+)
+register_op(
+    "nn.lrn", 1, OpPattern.OPAQUE, {"size": 5, "axis": 1, "bias": 2.0, "alpha": 0.0001, "beta": 0.75},
+    "relay.attrs.LRNAttrs", description="local response normalisation across `axis`",
+)
+register_op(
+    "nn.layer_norm", 3, OpPattern.OPAQUE, {"axis": -1, "epsilon": 1e-5, "center": True, "scale": True},
+    "relay.attrs.LayerNormAttrs", description="normalise over `axis`, then scale by gamma and shift by beta",
+)
+
+
+@type_relation("nn.conv3d")
+def conv3d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _conv_rel(arg_types, attrs, "nn.conv3d", "DHW")
+
+
+@reference("nn.conv3d")
+def conv3d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return _conv_ref(inputs, attrs, "nn.conv3d", "DHW")
+
+
+@dataclass(frozen=True)
+class _TransposeGeometry:
+    strides: tuple[int, ...]
+    dilation: tuple[int, ...]
+    pad_before: tuple[int, ...]
+    pad_after: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    groups: int
+
+
+def _transpose_geometry(attrs: Attrs, op_name: str, nsp: int) -> _TransposeGeometry:
+    pad_before, pad_after = _padding(attrs["padding"], nsp, op_name)
+    geometry = _TransposeGeometry(
+        strides=_ints(attrs["strides"], nsp, op_name, "strides"),
+        dilation=_ints(attrs["dilation"], nsp, op_name, "dilation"),
+        pad_before=pad_before,
+        pad_after=pad_after,
+        output_padding=_ints(attrs["output_padding"], nsp, op_name, "output_padding"),
+        groups=attrs["groups"],
+    )
+    if not isinstance(geometry.groups, int) or geometry.groups < 1:
+        raise RelayTypeError(f"groups must be a positive integer, got {geometry.groups!r}", op_name=op_name)
+    if min(geometry.strides + geometry.dilation) < 1 or min(geometry.output_padding) < 0:
+        raise RelayTypeError(
+            f"strides {list(geometry.strides)} and dilation {list(geometry.dilation)} must be >= 1 and "
+            f"output_padding {list(geometry.output_padding)} >= 0",
+            op_name=op_name,
+        )
+    return geometry
+
+
+def _conv_transpose_rel(arg_types: Sequence[Type], attrs: Attrs, op_name: str, spatial_letters: str) -> Type:
+    """`data (N, C, *S)` and `weight (C, O/groups, *K)` (IO layout) -> `(N, O, *S')` where, per axis,
+    `S' = (S - 1) * stride - pad_before - pad_after + (K - 1) * dilation + 1 + output_padding`."""
+    data_order, kernel_order = "NC" + spatial_letters, "IO" + spatial_letters
+    nsp = len(spatial_letters)
+    data = _tensor_arg(arg_types[0], op_name, "data")
+    weight = _tensor_arg(arg_types[1], op_name, "weight")
+    data_layout = Layout.parse(str(attrs["data_layout"]), op_name)
+    kernel_layout = Layout.parse(str(attrs["kernel_layout"]), op_name)
+    out_layout = Layout.parse(str(attrs["out_layout"] or attrs["data_layout"]), op_name)
+    data_layout.check_primal(data_order, op_name, "data")
+    kernel_layout.check_primal(kernel_order, op_name, "kernel")
+    out_layout.check_primal(data_order, op_name, "output")
+    n, c, *spatial = data_layout.to_primal_shape(data.shape, data_order, op_name, "data")
+    i, o_group, *ksize = kernel_layout.to_primal_shape(weight.shape, kernel_order, op_name, "weight")
+    g = _transpose_geometry(attrs, op_name, nsp)
+    if _dims_clash(c, i):
+        raise RelayTypeError(
+            f"data {fmt_shape(data.shape)} has {c} input channels but weight {fmt_shape(weight.shape)} "
+            f"({kernel_layout.name}) expects {i}",
+            op_name=op_name,
+        )
+    if c is not ANY and c % g.groups:  # type: ignore[operator]
+        raise RelayTypeError(f"input channels {c} are not divisible by groups={g.groups}", op_name=op_name)
+    out_channels = _dim_mul(o_group, g.groups)
+    channels = attrs["channels"]
+    if channels is not None and _dims_clash(out_channels, channels):
+        raise RelayTypeError(
+            f"channels={channels} does not match weight {fmt_shape(weight.shape)} with groups={g.groups} "
+            f"({out_channels} output channels)",
+            op_name=op_name,
+        )
+    if attrs["kernel_size"] is not None:
+        kernel_size = _ints(attrs["kernel_size"], nsp, op_name, "kernel_size")
+        if any(_dims_clash(k, w) for k, w in zip(kernel_size, ksize)):
+            raise RelayTypeError(f"kernel_size {list(kernel_size)} does not match weight {fmt_shape(weight.shape)}",
+                                 op_name=op_name)
+    out_spatial: list[Dim] = []
+    for size, k, s, d, pb, pa, op in zip(spatial, ksize, g.strides, g.dilation, g.pad_before, g.pad_after,
+                                         g.output_padding):
+        if size is ANY or k is ANY:
+            out_spatial.append(ANY)
+            continue
+        extent = (size - 1) * s - pb - pa + (k - 1) * d + 1 + op  # type: ignore[operator]
+        if extent <= 0:
+            raise RelayTypeError(
+                f"padding {list(g.pad_before)}+{list(g.pad_after)} leaves no output for data {fmt_shape(data.shape)} "
+                f"and weight {fmt_shape(weight.shape)}",
+                op_name=op_name,
+            )
+        out_spatial.append(extent)
+    out_shape = out_layout.from_primal_shape((n, out_channels, *out_spatial), data_order, op_name, "output")
+    return TensorType(out_shape, _out_dtype(attrs, data.dtype))
+
+
+@type_relation("nn.conv2d_transpose")
+def conv2d_transpose_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _conv_transpose_rel(arg_types, attrs, "nn.conv2d_transpose", "HW")
+
+
+@type_relation("nn.conv1d_transpose")
+def conv1d_transpose_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    return _conv_transpose_rel(arg_types, attrs, "nn.conv1d_transpose", "W")
+
+
+def conv_transpose_nd_primal(data: np.ndarray, weight: np.ndarray, g: _TransposeGeometry, acc: np.dtype) -> np.ndarray:
+    """Transposed convolution on `(N, C, *S)` data and `(C, O/groups, *K)` weight.
+
+    Every input pixel scatters `x * w[:, :, tap]` to output position `pixel * stride + tap * dilation`; done
+    one kernel tap at a time (a matmul over input channels each) into the full, uncropped output, which is
+    then cropped by the padding. `output_padding` extends the far end of each axis.
+    """
+    nsp = data.ndim - 2
+    n, c = data.shape[:2]
+    o_group = weight.shape[1]
+    ksize = weight.shape[2:]
+    groups = g.groups
+    cg = c // groups
+    full = [(size - 1) * s + (k - 1) * d + 1 + op
+            for size, k, s, d, op in zip(data.shape[2:], ksize, g.strides, g.dilation, g.output_padding)]
+    # Room for a negative crop: the full output must reach at least pad_before + out extent.
+    out_extent = [f - pb - pa for f, pb, pa in zip(full, g.pad_before, g.pad_after)]
+    canvas = np.zeros((n, groups, o_group, *[max(f, pb + e) for f, pb, e in zip(full, g.pad_before, out_extent)]),
+                      dtype=acc)
+    x = data.astype(acc, copy=False).reshape(n, groups, cg, *data.shape[2:])
+    w = weight.astype(acc, copy=False).reshape(groups, cg, o_group, *ksize)
+    for tap in itertools.product(*(range(k) for k in ksize)):
+        # (N, G, Cg, *S) x (G, Cg, Og) -> (N, G, Og, *S)
+        contribution = np.einsum("ngc...,gco->ngo...", x, w[(slice(None), slice(None), slice(None), *tap)])
+        index = tuple(
+            slice(t * d, t * d + (size - 1) * s + 1, s)
+            for t, d, size, s in zip(tap, g.dilation, data.shape[2:], g.strides)
+        )
+        canvas[(slice(None), slice(None), slice(None), *index)] += contribution
+    crop = tuple(slice(pb, pb + e) for pb, e in zip(g.pad_before, out_extent))
+    out = canvas[(slice(None), slice(None), slice(None), *crop)]
+    return out.reshape(n, groups * o_group, *out.shape[3:3 + nsp])
+
+
+def _conv_transpose_ref(inputs: Sequence[np.ndarray], attrs: Attrs, op_name: str, spatial_letters: str) -> np.ndarray:
+    data, weight = inputs
+    data_order, kernel_order = "NC" + spatial_letters, "IO" + spatial_letters
+    data_layout = Layout.parse(str(attrs["data_layout"]), op_name)
+    kernel_layout = Layout.parse(str(attrs["kernel_layout"]), op_name)
+    out_layout = Layout.parse(str(attrs["out_layout"] or attrs["data_layout"]), op_name)
+    out_dtype = _out_dtype(attrs, str(data.dtype))
+    out = conv_transpose_nd_primal(
+        data_layout.to_primal_array(data, data_order),
+        kernel_layout.to_primal_array(weight, kernel_order),
+        _transpose_geometry(attrs, op_name, len(spatial_letters)),
+        accumulator_dtype(out_dtype),
+    )
+    return np.ascontiguousarray(out_layout.from_primal_array(out, data_order)).astype(out_dtype, copy=False)
+
+
+@reference("nn.conv2d_transpose")
+def conv2d_transpose_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return _conv_transpose_ref(inputs, attrs, "nn.conv2d_transpose", "HW")
+
+
+@reference("nn.conv1d_transpose")
+def conv1d_transpose_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return _conv_transpose_ref(inputs, attrs, "nn.conv1d_transpose", "W")
+
+
+def _float_data(arg_types: Sequence[Type], op_name: str) -> TensorType:
+    data = _tensor_arg(arg_types[0], op_name, "data")
+    if np.dtype(data.dtype).kind != "f":
+        raise RelayTypeError(f"needs a floating-point tensor, got {data.dtype}", op_name=op_name)
+    return data
+
+
+@type_relation("nn.lrn")
+def lrn_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    data = _float_data(arg_types, "nn.lrn")
+    _axis(attrs["axis"], data.ndim, "nn.lrn", data)
+    size = attrs["size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise RelayTypeError(f"size must be a positive integer, got {size!r}", op_name="nn.lrn")
+    return data
+
+
+@reference("nn.lrn")
+def lrn_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    """`x / (bias + alpha * sum(x^2 over the window) / size) ** beta`.
+
+    As in TVM, the window of position `c` along `axis` is `[c - size // 2, c - size // 2 + size)` (symmetric
+    for odd sizes), clipped to the axis.
+    """
+    (data,) = inputs
+    axis = int(attrs["axis"]) % data.ndim
+    size = int(attrs["size"])
+    x = data.astype(np.float64)
+    radius = size // 2
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (radius, size - 1 - radius)
+    squares = np.pad(x * x, pad)
+    windows = np.lib.stride_tricks.sliding_window_view(squares, size, axis=axis)
+    total = windows.sum(axis=-1)
+    scale = (float(attrs["bias"]) + float(attrs["alpha"]) * total / size) ** float(attrs["beta"])
+    return (x / scale).astype(data.dtype)
+
+
+@type_relation("nn.layer_norm")
+def layer_norm_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    """`(data, gamma, beta)` -> data's type; gamma and beta are `(data.shape[axis],)`."""
+    op_name = "nn.layer_norm"
+    data = _float_data(arg_types, op_name)
+    axis = _axis(attrs["axis"], data.ndim, op_name, data)
+    for name, ty in zip(("gamma", "beta"), arg_types[1:]):
+        vec = _tensor_arg(ty, op_name, name)
+        if vec.ndim != 1 or _dims_clash(vec.shape[0], data.shape[axis]):
+            raise RelayTypeError(
+                f"{name} {fmt_shape(vec.shape)} must have shape ({data.shape[axis]},) to match axis {axis} of data "
+                f"{fmt_shape(data.shape)}",
+                op_name=op_name,
+            )
+        if vec.dtype != data.dtype:
+            raise RelayTypeError(f"{name} has dtype {vec.dtype} but data has dtype {data.dtype}", op_name=op_name)
+    return data
+
+
+@reference("nn.layer_norm")
+def layer_norm_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    data, gamma, beta = inputs
+    axis = int(attrs["axis"]) % data.ndim
+    x = data.astype(np.float64)
+    mean = x.mean(axis=axis, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axis, keepdims=True)
+    out = (x - mean) / np.sqrt(var + float(attrs["epsilon"]))
+    if attrs["scale"]:
+        out = out * _along(gamma.astype(np.float64), axis, x.ndim)
+    if attrs["center"]:
+        out = out + _along(beta.astype(np.float64), axis, x.ndim)
+    return out.astype(data.dtype)

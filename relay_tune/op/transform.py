@@ -867,3 +867,37 @@ def _upsampling_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
         return y.astype(x.dtype)
     raise UnsupportedError(f"nn.upsampling with method={method!r} has no reference implementation")
 
+
+
+# --------------------------------------------------------------------------------------------
+# broadcast_to
+# --------------------------------------------------------------------------------------------
+
+register_op("broadcast_to", 1, OpPattern.BROADCAST, {"shape": None, "dtype": ""}, "relay.attrs.InitOpAttrs",
+            required=("shape",))
+
+
+def _broadcast_to_shape(shape: Sequence[Dim], attrs: Attrs) -> tuple[int, ...]:
+    op = "broadcast_to"
+    target = as_int_tuple(attrs["shape"], op_name=op, what="shape")
+    if any(d < 0 for d in target):
+        raise RelayTypeError(f"shape {list(target)} has a negative dimension", op_name=op)
+    # Broadcasting is one-way: the input must broadcast to exactly the target shape.
+    ok = len(shape) <= len(target) and all(
+        isinstance(d, AnyDim) or d == 1 or d == t for d, t in zip(shape[::-1], target[::-1])
+    )
+    if not ok:
+        raise RelayTypeError(f"cannot broadcast {format_shape(shape)} to {format_shape(target)}", op_name=op)
+    return target
+
+
+@type_relation("broadcast_to")
+def _broadcast_to_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    x = _single_tensor(arg_types, "broadcast_to")
+    return TensorType(_broadcast_to_shape(x.shape, attrs), x.dtype)
+
+
+@reference("broadcast_to")
+def _broadcast_to_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    return np.ascontiguousarray(np.broadcast_to(x, _broadcast_to_shape(x.shape, attrs)))
