@@ -890,3 +890,74 @@ def test_lowered_padded_conv2d_with_relu() -> None:
     arrays = [random_array((n, c, h, w), "float32", -1, 1), random_array((k, c, 3, 3), "float32", -1, 1),
               np.zeros((n, k, h, w), np.float32)]
     _compiled_matches_interpreter(lower(sch, "conv_relu"), arrays, [2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# property: vectorized index arithmetic agrees with the reference interpreter
+# ---------------------------------------------------------------------------------------------------
+
+_R_EXTENT, _V_EXTENT = 5, 24
+
+
+def _index_expressions(r: LoopVar, v: LoopVar):  # -> hypothesis strategy of non-negative int64 expressions
+    from hypothesis import strategies as st
+
+    leaves = st.one_of(st.just(r), st.just(v), st.integers(0, 40).map(lambda c: tir.IntImm(c)))
+
+    def extend(children):  # type: ignore[no-untyped-def]
+        constant = st.integers(1, 33).map(lambda c: tir.IntImm(c))
+        return st.one_of(
+            st.tuples(children, children).map(lambda ab: ab[0] + ab[1]),
+            st.tuples(children, constant).map(lambda ab: ab[0] * ab[1]),
+            st.tuples(children, constant).map(lambda ab: ab[0] // ab[1]),
+            st.tuples(children, constant).map(lambda ab: ab[0] % ab[1]),
+            st.tuples(children, children).map(lambda ab: tir.maximum(ab[0], ab[1])),
+        )
+
+    return st.recursive(leaves, extend, max_leaves=8)
+
+
+def test_vectorized_index_arithmetic_matches_interpreter() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from relay_tune.kernel import tir_eval
+
+    r, v = LoopVar("r"), LoopVar("v")
+
+    @settings(max_examples=40, deadline=None)
+    @given(_index_expressions(r, v), _index_expressions(r, v), _index_expressions(r, v), st.integers(0, 30))
+    def check(load_index: tir.PrimExpr, value_term: tir.PrimExpr, guard: tir.PrimExpr, threshold: int) -> None:
+        grid_r, grid_v = np.meshgrid(np.arange(_R_EXTENT), np.arange(_V_EXTENT), indexing="ij")
+        reach = tir_eval_max(load_index, r, v, grid_r, grid_v)
+        source = Buffer("src", (reach + 1,), "float32")
+        out = Buffer("out", (_R_EXTENT, _V_EXTENT), "float32")
+        value = source[load_index] + Cast("float32", value_term)
+        # a guard that depends on the lane masks the loads and stores; one that does not is a branch
+        store = tir.IfThenElse(guard < threshold, Store(out, (r, v), value))
+        body = For(r, _R_EXTENT, For(v, _V_EXTENT, store, VEC), ForKind.UNROLLED)
+        func = PrimFunc("prop", (source, out), body)
+        src = np.arange(reach + 1, dtype=np.float32) * 0.5
+        got, want = np.zeros((_R_EXTENT, _V_EXTENT), np.float32), np.zeros((_R_EXTENT, _V_EXTENT), np.float32)
+        build_llvm([func], SERIAL_HOST).get("prop")(src, got)
+        tir_eval.evaluate(func, src.copy(), want)
+        np.testing.assert_array_equal(got, want)
+
+    check()
+
+
+def tir_eval_max(expr: tir.PrimExpr, r: LoopVar, v: LoopVar, grid_r: np.ndarray, grid_v: np.ndarray) -> int:
+    """Largest value of an index expression over the loop grid (numpy evaluation of the same tree)."""
+    def value(node: tir.PrimExpr) -> np.ndarray:
+        if node is r:
+            return grid_r
+        if node is v:
+            return grid_v
+        if isinstance(node, tir.IntImm):
+            return np.full(grid_r.shape, node.value)
+        assert isinstance(node, tir.BinaryOp)
+        a, b = value(node.a), value(node.b)
+        return {"add": a + b, "mul": a * b, "floordiv": a // np.maximum(b, 1), "floormod": a % np.maximum(b, 1),
+                "max": np.maximum(a, b)}[node.op]
+
+    return int(value(expr).max())
