@@ -341,7 +341,13 @@ class Printer:
         params = [self.binder_text(p) for p in func.params]
         params.extend(_format_attrs(func.attrs))
         ret = f" -> {format_type(func.ret_type)}" if func.ret_type is not None else ""
-        body = yield self.g_scope(func.body, indent + INDENT)
+        body = _Block(indent + INDENT)
+        if global_name is not None:
+            # A global function with free variables (possible with `free_var`) must declare them
+            # to be readable again; well-formed modules have none.
+            for var in free_vars(func):
+                body.lines.append([body.indent, "free_var ", self.binder_text(var), ";"])
+        yield self.g_body(func.body, body)
         return [f"{head}({', '.join(params)}){ret} {{\n", body, f"\n{indent}}}"]
 
 
