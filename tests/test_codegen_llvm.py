@@ -748,6 +748,9 @@ def test_errors_name_the_problem() -> None:
         compile_object([PrimFunc("k3", (a,), For(i, 4, Store(a, (i, i), 1.0)))], HOST)
     with pytest.raises(CompileError, match="unique"):
         compile_object([_scale_kernel(4, "dup"), _scale_kernel(4, "dup")], HOST)
+    for reserved in ("expf", "free", "GOMP_parallel", "", "two words"):
+        with pytest.raises(CompileError, match="kernel name"):
+            compile_object([_scale_kernel(4, reserved)], HOST)
     with pytest.raises(UnsupportedError):
         compile_object([PrimFunc("k4", (Buffer("c", (4,), "complex64"),), For(i, 4, tir.seq()))], HOST)
     bound = For(i, 4, Store(a, (i,), 1.0), ForKind.THREAD_BINDING, "threadIdx.x")

@@ -58,6 +58,17 @@ __all__ = [
 # Local buffers up to this size live on the stack (so small ones become registers); larger scratch
 # buffers and every GLOBAL-scope allocation come from the heap, because worker threads have small stacks.
 STACK_ALLOCATION_LIMIT = 128 * 1024
+# Symbols generated code calls (directly, or through LLVM's lowering of intrinsics and loops): a kernel
+# with one of these names would capture the calls meant for the C library or the OpenMP runtime.
+RESERVED_SYMBOLS = frozenset(
+    {
+        "aligned_alloc", "free", "malloc", "memcpy", "memmove", "memset", "GOMP_parallel",
+        "omp_get_thread_num", "omp_get_num_threads",
+    }
+    | {f"{name}{suffix}" for name in ("exp", "exp2", "log", "log2", "pow", "tanh", "erf", "sqrt", "floor", "ceil",
+                                      "round", "roundeven", "rint", "fma", "fabs", "fmod")
+       for suffix in ("", "f", "l")}
+)
 HEAP_ALIGNMENT = 64
 
 _init_lock = threading.Lock()
@@ -97,6 +108,9 @@ class CPUCodegen(LLVMCodegenBase):
     def declare_kernel(self, func: tir.PrimFunc) -> ir.Function:
         if func.name in self.module.globals:
             raise CompileError(f"two kernels are named {func.name!r}; kernel names must be unique per build")
+        if func.name in RESERVED_SYMBOLS or func.name.startswith("llvm.") or not func.name.strip() \
+                or any(c in func.name for c in " \t\n\"\\"):
+            raise CompileError(f"{func.name!r} cannot be a kernel name (empty, blank or a C library symbol)")
         fn = super().declare_kernel(func)
         # Callers reach kernels only through the C ABI; keeping them out of line also keeps the timing
         # wrapper honest (LLVM cannot merge or hoist work across repeated calls it cannot see into).
