@@ -202,13 +202,14 @@ def _axis_names(fcompute: Callable[..., ExprLike], rank: int) -> list[str]:
         params = list(inspect.signature(fcompute).parameters.values())
     except (TypeError, ValueError):
         params = []
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) == rank and not any(p.kind is p.VAR_POSITIONAL for p in params):
-        return positional
-    if any(p.kind is p.VAR_POSITIONAL for p in params) and not positional:
-        return [f"ax{i}" for i in range(rank)]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= rank <= len(positional):  # parameters with defaults may follow the indices
+        return [p.name for p in positional[:rank]]
+    if any(p.kind is p.VAR_POSITIONAL for p in params) and len(required) <= rank:
+        return [p.name for p in positional] + [f"ax{i}" for i in range(len(positional), rank)]
     if params:
-        raise ValueError(f"compute function takes {len(positional)} index arguments but the shape has rank {rank}")
+        raise ValueError(f"compute function takes {len(required)} index arguments but the shape has rank {rank}")
     return [f"ax{i}" for i in range(rank)]
 
 
