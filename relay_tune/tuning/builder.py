@@ -25,6 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from types import FrameType, TracebackType
 
 from relay_tune.errors import CompileError
+from relay_tune.tuning.isolation import die_with_parent, ignore_interrupts
 from relay_tune.tuning.measure import BuildResult, ErrorKind
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 from search_space import Config, InvalidConfigError
@@ -90,8 +91,8 @@ def _ping() -> str:
 
 
 def _worker_init() -> None:
-    # Ctrl-C reaches the whole process group; only the driver should react (it shuts the workers down).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_interrupts()
+    die_with_parent()
 
 
 class InlineBuilder(Builder):

@@ -24,8 +24,6 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
-import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -38,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
 from relay_tune.tuning.measure import ErrorKind, RunResult
 from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
 
@@ -185,7 +184,7 @@ class LocalRunner(Runner):
 
     def _worker_died(self, worker: _WorkerHandle, elapsed: float) -> RunResult:
         worker.process.join(timeout=5)
-        message = f"kernel crashed the measurement process ({_describe_exit(worker.process.exitcode)})"
+        message = f"kernel crashed the measurement process ({describe_exit(worker.process.exitcode)})"
         self._discard_worker()
         return RunResult(None, ErrorKind.RUNTIME_ERROR, message, elapsed)
 
@@ -196,17 +195,6 @@ class LocalRunner(Runner):
 
     def close(self) -> None:
         self._discard_worker()
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
 
 
 _DIED = object()
@@ -233,7 +221,7 @@ class _WorkerHandle:
         reply = handle.receive(startup_timeout)
         if reply is _DIED or reply is _TIMED_OUT or reply[0] != "ready":
             handle.stop()
-            raise RuntimeError(f"the measurement worker failed to start ({_describe_exit(process.exitcode)})")
+            raise RuntimeError(f"the measurement worker failed to start ({describe_exit(process.exitcode)})")
         return handle
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -263,20 +251,6 @@ class _WorkerHandle:
 # ---------------------------------------------------------------------------------------------------------------
 # Worker process
 # ---------------------------------------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this worker when the driver dies (even by SIGKILL), so no orphan keeps running."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
 
 class KernelLoader:
     """Turns artifacts into callables inside the worker. Keeps loaded code alive while it is used."""
@@ -447,8 +421,8 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
 
 def worker_main(conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the measurement worker process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    ignore_interrupts()
+    die_with_parent()
     loader = KernelLoader()
     data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None, dict[str, tuple[float, float]]]]
     data = OrderedDict()

@@ -322,6 +322,16 @@ class OptunaSearch(SearchStrategy):
         return claims
 
     def propose(self, n: int) -> list[Config]:
+        chosen: list[Config] = []
+        for _ in range(4):  # a proposal lost to another process's earlier claim is replaced
+            kept, asked = self._propose_once(n - len(chosen))
+            chosen += kept
+            if len(chosen) >= n or asked == 0:
+                break
+        return chosen
+
+    def _propose_once(self, n: int) -> tuple[list[Config], int]:
+        """Up to `n` new proposals, and how many were found before dropping those claimed elsewhere."""
         trial_state = self._optuna.trial.TrialState
         measured = measured_values(self.database.records(self.task.key, self.task.target))
         claims = self._claims()
@@ -365,11 +375,12 @@ class OptunaSearch(SearchStrategy):
             claims[key] = _Claim(trial.number, None)
             proposals.append((trial, config))
             misses = 0
+        asked = len(proposals)
         if self._shared and proposals:
             proposals = self._keep_first_claims(proposals)
         for trial, config in proposals:
             self._pending[config.key] = trial
-        return [config for _, config in proposals]
+        return [config for _, config in proposals], asked
 
     def _keep_first_claims(self, proposals: list[tuple[Any, Config]]) -> list[tuple[Any, Config]]:
         """Drop proposals another process claimed first (lower trial number) while we were asking."""
