@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from relay_tune.errors import ParseError
 
@@ -70,7 +70,7 @@ _IDENT_CHAR_RE = re.compile(r"[A-Za-z0-9_]")
 @dataclass(frozen=True, slots=True)
 class Token:
     kind: str
-    value: object
+    value: Any  # depends on `kind`; see the kind constants above
     start: int  # offset of the first character
     end: int  # offset one past the last character
 
@@ -91,7 +91,7 @@ class Token:
         if self.kind == STRING:
             return f'string "{self.value}"'
         if self.kind == META:
-            key, index = self.value  # type: ignore[misc]
+            key, index = self.value
             return f"`meta[{key}][{index}]`"
         if self.kind == BOOL:
             return f"`{self.value}`"

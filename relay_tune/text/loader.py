@@ -70,13 +70,19 @@ def _synthesise(entry: Any, index: int, rng: np.random.Generator, source: Source
 def load_module(path: str | Path, consts: str | Path | None = None, seed: int = 0) -> IRModule:
     """Parse a `.relay` module file.
 
-    Constants come from `consts` (a sidecar file) if given, else from `<stem>.consts.json` next to
-    the file when that exists. Invalid UTF-8 and syntax errors raise ParseError; a missing file
-    raises the usual OSError.
+    Constants come from `consts` if given (a `.npz` parameter file holding the values, or a
+    `.consts.json` sidecar giving shapes), else from `<stem>.params.npz` next to the file (written by
+    `relay-tune import`), else from `<stem>.consts.json` next to it, when those exist. Invalid UTF-8 and
+    syntax errors raise ParseError; a missing file raises the usual OSError.
     """
+    from relay_tune.frontend.params import load_params, params_path
+
     path = Path(path)
     name = str(path)
     text = decode_source(path.read_bytes(), name)
     sidecar = Path(consts) if consts is not None else sidecar_path(path)
-    constants = load_constants_sidecar(sidecar, seed) if consts is not None or sidecar.is_file() else None
+    if consts is not None and sidecar.suffix == ".npz" or consts is None and params_path(path).is_file():
+        constants: list[np.ndarray] | None = load_params(sidecar if consts is not None else params_path(path))
+    else:
+        constants = load_constants_sidecar(sidecar, seed) if consts is not None or sidecar.is_file() else None
     return parse_module(text, name, constants)

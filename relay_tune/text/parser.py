@@ -166,10 +166,6 @@ class Parser:
             return tok
         self.fail(f"expected `{text}` {context}, found {tok.describe()}", tok)
 
-    def at_keyword(self, word: str) -> bool:
-        tok = self.tokens[self.pos]
-        return tok.kind == KEYWORD and tok.value == word
-
     def fail(self, message: str, tok: Token) -> Any:
         raise self.src.error(message, tok.start)
 
@@ -452,9 +448,9 @@ class Parser:
                 index_tok = self.advance()
                 if index_tok.kind != NUMBER or not str(index_tok.value).isdigit():
                     self.fail(f"expected a tuple index after `.`, found {index_tok.describe()}", index_tok)
-                if len(index_tok.value) > 9:  # type: ignore[arg-type]
+                if len(index_tok.value) > 9:
                     self.fail("tuple index is too large", index_tok)
-                expr = TupleGetItem(expr, int(index_tok.value), self.span(start))  # type: ignore[arg-type]
+                expr = TupleGetItem(expr, int(index_tok.value), self.span(start))
             else:
                 return expr
 
@@ -518,7 +514,7 @@ class Parser:
                 attrs, key_tokens = self.parse_attr_list(")")
                 self.expect_punct(")", "to close the argument list")
                 break
-            if tok.kind == META and tok.value[0] != "relay.Constant" and self.at_punct(")", 1):  # type: ignore[index]
+            if tok.kind == META and tok.value[0] != "relay.Constant" and self.at_punct(")", 1):
                 self.unsupported(tok, "attribute objects given as meta references")
             arg = yield self.g_seq()
             args.append(arg)
@@ -545,22 +541,22 @@ class Parser:
         kind = tok.kind
         if kind == LOCAL:
             self.pos += 1
-            var = self.env.get(tok.value)  # type: ignore[arg-type]
+            var = self.env.get(tok.value)
             if var is None:
-                var = self.free_vars.get(tok.value)  # type: ignore[arg-type]
+                var = self.free_vars.get(tok.value)
             if var is None:
                 self.fail(f"undefined variable %{tok.value}", tok)
             return var
         if kind == GRAPH:
             self.pos += 1
-            expr = self.graph.get(tok.value)  # type: ignore[arg-type]
+            expr = self.graph.get(tok.value)
             if expr is None:
                 self.fail(f"undefined graph variable %{tok.value} (bind it with `%{tok.value} = ...;` first)", tok)
             return expr
         if kind == GLOBAL:
             self.pos += 1
-            self.global_uses.setdefault(tok.value, tok)  # type: ignore[arg-type]
-            return GlobalVar(tok.value, self.span(tok))  # type: ignore[arg-type]
+            self.global_uses.setdefault(tok.value, tok)
+            return GlobalVar(tok.value, self.span(tok))
         if kind == IDENT:
             self.pos += 1
             return self.parse_operator(tok)
@@ -581,7 +577,7 @@ class Parser:
         self.fail(f"expected an expression, found {tok.describe()}", tok)
 
     def parse_operator(self, tok: Token) -> Op:
-        name: str = tok.value  # type: ignore[assignment]
+        name: str = tok.value
         if name == "_":
             self.fail("`_` is not an expression", tok)
         try:
@@ -607,7 +603,7 @@ class Parser:
         return value, dtype, first
 
     def interpret_number(self, tok: Token, negative: bool) -> tuple[int | float, str]:
-        text: str = tok.value  # type: ignore[assignment]
+        text: str = tok.value
         if text.startswith(("inf", "nan")):
             bits = text[4:] or "32"
             value = math.inf if text.startswith("inf") else math.nan
@@ -650,7 +646,7 @@ class Parser:
         return ivalue, dtype
 
     def meta_constant(self, tok: Token) -> Constant:
-        key, index = tok.value  # type: ignore[misc]
+        key, index = tok.value
         if key != "relay.Constant":
             self.unsupported(tok, f"meta references of kind `{key}` (only meta[relay.Constant][i])")
         if self.constants is None:
@@ -701,7 +697,7 @@ class Parser:
             key_tok = self.advance()
             if key_tok.kind != IDENT:
                 self.fail(f"expected an attribute name, found {key_tok.describe()}", key_tok)
-            key: str = key_tok.value  # type: ignore[assignment]
+            key: str = key_tok.value
             self.expect_punct("=", f"after attribute name `{key}`")
             if key in attrs:
                 self.fail(f"attribute `{key}` is given twice", key_tok)
@@ -780,7 +776,7 @@ class Parser:
                 self.type_scopes.pop()
             return FuncType(tuple(args), ret, type_params)
         if kind == IDENT:
-            name: str = tok.value  # type: ignore[assignment]
+            name: str = tok.value
             if name == "Tensor":
                 return self.parse_tensor_type()
             if name == "_":
@@ -808,7 +804,7 @@ class Parser:
             if tok.kind == PUNCT and tok.value == "?":
                 dims.append(ANY)
             elif tok.kind == NUMBER:
-                m = _NUMBER_RE.fullmatch(tok.value)  # type: ignore[arg-type]
+                m = _NUMBER_RE.fullmatch(tok.value)
                 if m is None or not m.group(1).isdigit() or m.group(2) == "f" or len(m.group(1)) > 18:
                     self.fail(f"invalid tensor dimension {tok.describe()}: expected a non-negative integer or `?`", tok)
                 dims.append(int(m.group(1)))
@@ -821,7 +817,7 @@ class Parser:
                 break
         self.expect_punct(",", "between the shape and the dtype of a tensor type")
         dtype_tok = self.advance()
-        dtype = normalize_dtype(dtype_tok.value) if dtype_tok.kind == IDENT else None  # type: ignore[arg-type]
+        dtype = normalize_dtype(dtype_tok.value) if dtype_tok.kind == IDENT else None
         if dtype is None:
             self.fail(f"expected a dtype such as float32 or int64, found {dtype_tok.describe()}", dtype_tok)
         self.expect_punct("]", "to close the tensor type")
