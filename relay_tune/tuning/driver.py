@@ -163,7 +163,8 @@ def tune(
         "total_trials": total_trials, "trials_in_log": spent, "batch_size": batch_size, "seed": seed,
         "scheduler": type(scheduler).__name__, "host_cpu": host_cpu_name(), "versions": _versions(),
         "tasks": [{"workload_key": t.key, "target": t.target, "description": t.description, "weight": t.weight,
-                   "flops": t.flops, "default_config": d.to_dict()} for t, d in zip(tasks, defaults)],
+                   "flops": t.flops, "space_size": t.space.size(), "default_config": d.to_dict()}
+                  for t, d in zip(tasks, defaults)],
     }))
     progress.on_start(TunePlan(
         tuple(TaskInfo(i, t.key, t.description, t.weight, t.flops, t.space.size()) for i, t in enumerate(tasks)),
