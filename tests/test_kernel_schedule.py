@@ -565,6 +565,45 @@ def test_random_schedules_preserve_results(steps: list[dict[str, object]]) -> No
     np.testing.assert_allclose(out, SMALL_A @ SMALL_B, rtol=1e-4, atol=1e-4)
 
 
+@st.composite
+def conv_schedules(draw: st.DrawFn) -> tuple[tuple[int, ...], list[dict[str, object]]]:
+    """A small conv2d (random padding and stride) with random splits and loop orders, an optional
+    accumulator stage at a random output loop, and the padding inlined, at a random loop, or at the root."""
+    geometry = (1, 3, 7, 6, 5, 3, draw(st.sampled_from([0, 1, 2])), draw(st.sampled_from([1, 2])))
+    _, _, _, padded, conv, relu = conv2d_relu(*geometry)
+    s = Schedule(relu)
+    reduction = "conv"
+    if draw(st.booleans()):
+        reduction = s.cache_write(conv, "local")
+        s.compute_inline(conv)
+    for axis in ("f", "y", "x"):
+        if draw(st.booleans()):
+            s.split("relu", axis, factor=draw(st.integers(1, 4)))
+    s.reorder("relu", *draw(st.permutations(s.leaves("relu"))))
+    if reduction != "conv":
+        s.compute_at(reduction, "relu", draw(st.sampled_from(s.leaves("relu"))))
+    for axis in ("rc", "ry", "x"):
+        if draw(st.booleans()):
+            s.split(reduction, axis, factor=draw(st.integers(1, 3)))
+    s.reorder(reduction, *draw(st.permutations(s.leaves(reduction))))
+    placement = draw(st.sampled_from(["inline", "at", "root"]))
+    if placement == "inline":
+        s.compute_inline(padded)
+    elif placement == "at":
+        s.compute_at(padded, reduction, draw(st.sampled_from(s.leaves(reduction))))
+    return geometry, s.steps_json()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_schedules())
+def test_random_conv2d_schedules_preserve_results(case: tuple[tuple[int, ...], list[dict[str, object]]]) -> None:
+    geometry, steps = case
+    _, _, _, _, _, relu = conv2d_relu(*geometry)
+    n, c, h, w, f, kh, pad, stride = geometry
+    d, wt, b = rand(n, c, h, w), rand(f, c, kh, kh), rand(f)
+    check(lower(Schedule.replay(steps, relu)), [d, wt, b], [conv2d_relu_ref(d, wt, b, pad, stride)], compiled=False)
+
+
 # ------------------------------------------------------------------------------------------------
 # replay
 # ------------------------------------------------------------------------------------------------
@@ -654,6 +693,16 @@ def test_schedule_error_is_a_user_error() -> None:
     from relay_tune.errors import RelayTuneError
 
     assert issubclass(ScheduleError, RelayTuneError)
+
+
+def test_outputs_must_be_distinct_computed_tensors() -> None:
+    a, _, c = matmul()
+    with pytest.raises(ScheduleError, match="listed twice"):
+        Schedule([c, c])
+    with pytest.raises(ScheduleError, match="input placeholder"):
+        Schedule([a])
+    with pytest.raises(ScheduleError, match="at least one"):
+        Schedule([])
 
 
 def test_reduction_cannot_be_inlined() -> None:

@@ -478,6 +478,11 @@ class Schedule:
         outs = (outputs,) if isinstance(outputs, te.Tensor) else tuple(outputs)
         if not outs:
             raise ScheduleError("a schedule needs at least one output tensor")
+        for i, t in enumerate(outs):
+            if t.is_placeholder:
+                raise ScheduleError(f"output {t.name} is an input placeholder; outputs must be computed tensors")
+            if any(t is other for other in outs[:i]):
+                raise ScheduleError(f"output {t.name} is listed twice")
         self.outputs: tuple[te.Tensor, ...] = outs
         self.steps: list[Step] = []
         self.layout_transforms: list[LayoutTransform] = []
