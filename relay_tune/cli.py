@@ -53,9 +53,9 @@ def load_model(path: str, consts: str | None = None, seed: int = 0) -> Any:
     if not p.is_file():
         raise RelayTuneError(f"{path}: no such file")
     if p.suffix == ".onnx":
-        from relay_tune.frontend import from_onnx  # type: ignore[attr-defined]
+        from relay_tune.frontend import from_onnx
 
-        mod = from_onnx(p)
+        mod, _params = from_onnx(p)  # the module embeds the weights; params index them for files
     else:
         from relay_tune.text import load_module
 
@@ -139,6 +139,40 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------------
+# import
+# -------------------------------------------------------------------------------------------------
+
+
+def _shape_override(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split(",") if d.strip())
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or min(shape) < 0:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... (non-negative integers), got {text!r}")
+    return name, shape
+
+
+@_command("import")
+def cmd_import(args: argparse.Namespace) -> int:
+    from relay_tune.frontend import from_onnx, params_path, save_params
+    from relay_tune.text import print_module
+
+    mod, _params = from_onnx(args.model, shape_overrides=dict(args.shape))
+    constants: list[Any] = []
+    text = print_module(mod, show_types=not args.no_types, constants_out=constants)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    params_file = save_params(params_path(out), constants)
+    main = mod["main"]
+    console = _console()
+    console.print(f"wrote {out} ({len(main.params)} input(s), {len(constants)} constant(s)) and {params_file}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------
 # Argument parsing
 # -------------------------------------------------------------------------------------------------
 
@@ -185,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", help="list the tuning tasks (distinct fused workloads) of a model",
                        description="Optimise and fuse a model, then list one tuning task per distinct workload.")
     _add_model_args(p)
+
+    p = sub.add_parser("import", help="convert an ONNX model to Relay text plus a parameter file",
+                       description="Import an ONNX model and write it as Relay text (weights as "
+                       "meta[relay.Constant][i]) with their values in <stem>.params.npz beside it.")
+    p.add_argument("model", help="the ONNX model (.onnx)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.relay", help="the Relay text file to write")
+    p.add_argument("--shape", action="append", default=[], type=_shape_override, metavar="NAME=D0,D1,...",
+                   help="fix the shape of a graph input (repeatable), e.g. --shape input=1,3,224,224")
+    p.add_argument("--no-types", action="store_true", help="do not write /* ty=... */ type comments")
     return parser
 
 

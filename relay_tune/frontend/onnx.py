@@ -973,6 +973,8 @@ def _reshape(imp: Importer, node: OnnxNode) -> Expr:
         out[out.index(-1)] = total // known
     if _prod(out) != _prod(shape):  # type: ignore[arg-type]
         raise OnnxModelError(f"cannot reshape {_fmt(shape)} ({_prod(shape)} elements) to {spec}")  # type: ignore[arg-type]
+    if 0 in out:  # a literal zero-sized dimension (Relay's reshape would read 0 as "copy")
+        return imp.call("reshape", [x], newshape=out, allowzero=1)
     return imp.reshape(x, out)
 
 

@@ -80,9 +80,11 @@ def load_module(path: str | Path, consts: str | Path | None = None, seed: int = 
     path = Path(path)
     name = str(path)
     text = decode_source(path.read_bytes(), name)
-    sidecar = Path(consts) if consts is not None else sidecar_path(path)
-    if consts is not None and sidecar.suffix == ".npz" or consts is None and params_path(path).is_file():
-        constants: list[np.ndarray] | None = load_params(sidecar if consts is not None else params_path(path))
-    else:
-        constants = load_constants_sidecar(sidecar, seed) if consts is not None or sidecar.is_file() else None
+    constants: list[np.ndarray] | None = None
+    if consts is not None:
+        constants = load_params(consts) if Path(consts).suffix == ".npz" else load_constants_sidecar(consts, seed)
+    elif params_path(path).is_file():
+        constants = load_params(params_path(path))
+    elif sidecar_path(path).is_file():
+        constants = load_constants_sidecar(sidecar_path(path), seed)
     return parse_module(text, name, constants)
