@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay_tune.kernel import analysis, te, tir
 from relay_tune.kernel.lower import lower, lower_te
@@ -125,18 +127,12 @@ def test_simplify_never_changes_values() -> None:
         ((a * 7) // 2) // 3, (a - 10) // 4, (a - 10) % 4, tir.BinaryOp("div", a * 2 + 1, tir.IntImm(3)),
     ]
 
-    def value(e: tir.PrimExpr, env: dict[tir.LoopVar, int]) -> int:
-        src = analysis.substitute(e, {v: tir.IntImm(n) for v, n in env.items()})
-        folded = analysis.simplify(src)
-        assert isinstance(folded, tir.IntImm)
-        return folded.value
-
     for e in exprs:
         simple = analysis.simplify(e, ranges)
         for va in range(7):
             for vb in range(5):
                 env = {a: va, b: vb}
-                assert value(e, env) == value(simple, env), analysis.format_expr(e)
+                assert _eval_int(e, env) == _eval_int(simple, env), analysis.format_expr(e)
 
 
 def test_bound_of_index_expressions() -> None:
@@ -147,8 +143,56 @@ def test_bound_of_index_expressions() -> None:
     assert analysis.bound((i * 4 + j) // 8, ranges) == (0, 4)
     assert analysis.bound((i + 16) % 8, ranges) == (0, 7)
     assert analysis.bound(j % 8, ranges) == (0, 3)
+    truncating = tir.BinaryOp("div", i - 15, tir.IntImm(2))  # C division rounds toward zero
+    assert analysis.bound(truncating, ranges) == (-7, -3)
     lo, hi = analysis.bound(tir.Load(tir.Buffer("B", (4,), "int64"), (i,)), ranges)
     assert math.isinf(lo) and math.isinf(hi)
+
+
+_VARS = (tir.LoopVar("a"), tir.LoopVar("b"))
+
+
+@st.composite
+def index_exprs(draw: st.DrawFn, depth: int = 0) -> tir.PrimExpr:
+    """Random integer index expressions over two loop variables."""
+    if depth >= 3 or draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from([*_VARS, tir.IntImm(draw(st.integers(-9, 9)))]))
+    op = draw(st.sampled_from(["add", "sub", "mul", "floordiv", "floormod", "div", "min", "max"]))
+    left = draw(index_exprs(depth + 1))
+    if op in ("mul", "floordiv", "floormod", "div"):
+        return tir.BinaryOp(op, left, tir.IntImm(draw(st.integers(1, 7))))
+    return tir.BinaryOp(op, left, draw(index_exprs(depth + 1)))
+
+
+def _eval_int(e: tir.PrimExpr, env: dict[tir.LoopVar, int]) -> int:
+    """Plain Python evaluation (independent of the simplifier): floor semantics for floordiv/floormod,
+    truncation for div."""
+    if isinstance(e, tir.IntImm):
+        return e.value
+    if isinstance(e, tir.LoopVar):
+        return env[e]
+    assert isinstance(e, tir.BinaryOp)
+    x, y = _eval_int(e.a, env), _eval_int(e.b, env)
+    ops = {
+        "add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "floordiv": lambda: x // y,
+        "floormod": lambda: x % y, "div": lambda: int(x / y), "min": lambda: min(x, y), "max": lambda: max(x, y),
+    }
+    return ops[e.op]()
+
+
+@settings(max_examples=150, deadline=None)
+@given(index_exprs(), st.integers(-4, 3), st.integers(0, 5), st.integers(0, 6))
+def test_simplify_and_bound_are_sound(expr: tir.PrimExpr, a_lo: int, a_len: int, b_hi: int) -> None:
+    a, b = _VARS
+    ranges = {a: (a_lo, a_lo + a_len), b: (0, b_hi)}
+    simple = analysis.simplify(expr, ranges)
+    lo, hi = analysis.bound(expr, ranges)
+    for va in range(a_lo, a_lo + a_len + 1):
+        for vb in range(b_hi + 1):
+            env = {a: va, b: vb}
+            value = _eval_int(expr, env)
+            assert _eval_int(simple, env) == value, analysis.format_expr(expr)
+            assert lo <= value <= hi, analysis.format_expr(expr)
 
 
 def test_format_and_structural_equality_ignore_object_identity() -> None:

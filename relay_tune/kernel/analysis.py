@@ -122,6 +122,13 @@ def _floordiv_bound(a: float, c: int) -> float:
     return int(a) // c
 
 
+def _truncdiv_bound(a: float, c: int) -> float:
+    if math.isinf(a):
+        return a
+    n = int(a)
+    return n // c if n >= 0 else -((-n) // c)
+
+
 def interval_of(node: PrimExpr, kids: list[Interval], ranges: Ranges) -> Interval:
     """The interval of one node from its children's intervals."""
     if isinstance(node, (tir.IntImm, tir.FloatImm)):
@@ -150,9 +157,9 @@ def interval_of(node: PrimExpr, kids: list[Interval], ranges: Ranges) -> Interva
             return (max(alo, blo), max(ahi, bhi))
         if op in ("floordiv", "div") and blo == bhi and blo > 0 and is_int_dtype(node.dtype):
             c = int(blo)
-            if op == "div" and alo < 0:
-                return (-_floordiv_bound(-alo, c) if not math.isinf(alo) else alo, _floordiv_bound(ahi, c))
-            return (_floordiv_bound(alo, c), _floordiv_bound(ahi, c))
+            # both roundings are monotonic in the dividend, so the ends map to the ends
+            div = _truncdiv_bound if op == "div" else _floordiv_bound
+            return (div(alo, c), div(ahi, c))
         if op == "floormod" and blo == bhi and blo > 0 and is_int_dtype(node.dtype):
             c = int(blo)
             if not math.isinf(alo) and not math.isinf(ahi) and int(alo) // c == int(ahi) // c:

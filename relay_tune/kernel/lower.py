@@ -5,8 +5,11 @@
 1. the kernel inputs (placeholders that are still read), in the schedule's stage order (the order in
    which a depth-first walk from the outputs meets them);
 2. the packed inputs created by `transform_layout`, in the order of those steps (the build fills them
-   with `LayoutTransform.pack` of the original array; `func.attrs["layout_transforms"]` lists them);
+   with `LayoutTransform.pack` of the original array);
 3. the outputs, in the order given to `Schedule`.
+
+`dict(func.attrs)` holds `"outputs"` (the output stage names) and `"layout_transforms"` (the
+`LayoutTransform` of each packed parameter, in parameter order).
 
 How the nest is built
 ---------------------
@@ -55,7 +58,17 @@ from dataclasses import dataclass, field
 
 from relay_tune.kernel import analysis, te, tir
 from relay_tune.kernel.analysis import Interval, Lin, Simplifier
-from relay_tune.kernel.schedule import AT, INLINE, ROOT, FuseRel, Schedule, ScheduleError, SplitRel, Stage
+from relay_tune.kernel.schedule import (
+    AT,
+    INLINE,
+    ROOT,
+    FuseRel,
+    Schedule,
+    ScheduleError,
+    SplitRel,
+    Stage,
+    rewrite_reads,
+)
 from relay_tune.kernel.tir import ForKind, PrimExpr, Scope
 
 LOCAL_LIMIT_BYTES = 256 * 1024
@@ -242,7 +255,7 @@ class _Lowering:
                 mapping = dict(zip(producer.op.axes, read.indices))
                 return analysis.substitute(eff[producer.name], mapping)  # type: ignore[arg-type]
 
-            eff[n] = _rewrite_reads(st.op.body, inline)
+            eff[n] = rewrite_reads(st.op.body, inline)
         return {n: eff[n] for n in live}
 
     def _effective_readers(self, live: set[str], eff: dict[str, PrimExpr]) -> dict[str, list[str]]:
@@ -506,7 +519,7 @@ class _Lowering:
                         for i, b in zip(read.indices, pctx.base))
             return tir.Load(pctx.buffer, idx, read.dtype)
 
-        body = _rewrite_reads(ctx.abs_body, to_load)
+        body = rewrite_reads(ctx.abs_body, to_load)
         if isinstance(body, te.Reduce):
             acc = tir.Load(ctx.buffer, tuple(ctx.store_index))
             ctx.init = self.ssimp.simplify(body.init)
@@ -740,18 +753,6 @@ class _Lowering:
                 stack.append((s.then_body, in_parallel))
                 if s.else_body is not None:
                     stack.append((s.else_body, in_parallel))
-
-
-def _rewrite_reads(expr: PrimExpr, fn: Callable[[te.TensorRead], PrimExpr | None]) -> PrimExpr:
-    def visit(node: PrimExpr, kids: list[PrimExpr]) -> PrimExpr:
-        new = analysis.with_children(node, kids)
-        if isinstance(new, te.TensorRead):
-            replaced = fn(new)
-            if replaced is not None:
-                return replaced
-        return new
-
-    return analysis.fold(expr, visit)
 
 
 __all__ = ["LOCAL_LIMIT_BYTES", "PEEL_BUDGET", "lower", "lower_te"]

@@ -29,7 +29,7 @@ region its consumer needs, which bound inference decides when the schedule is lo
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -445,7 +445,7 @@ class Stage:
         self.relations = []
 
 
-def rewrite_reads(expr: PrimExpr, fn: Any) -> PrimExpr:
+def rewrite_reads(expr: PrimExpr, fn: Callable[[te.TensorRead], PrimExpr | None]) -> PrimExpr:
     """Rebuild `expr` with every tensor read replaced by `fn(read)` (or kept when it returns None)."""
 
     def visit(node: PrimExpr, kids: list[PrimExpr]) -> PrimExpr:
@@ -459,7 +459,7 @@ def rewrite_reads(expr: PrimExpr, fn: Any) -> PrimExpr:
     return analysis.fold(expr, visit)
 
 
-def _rewrite_op(op: te.ComputeOp, fn: Any) -> te.ComputeOp:
+def _rewrite_op(op: te.ComputeOp, fn: Callable[[te.TensorRead], PrimExpr | None]) -> te.ComputeOp:
     body = rewrite_reads(op.body, fn)
     return op if body is op.body else te.ComputeOp(op.axes, body, op.tag)
 
@@ -486,6 +486,7 @@ class Schedule:
         self.outputs: tuple[te.Tensor, ...] = outs
         self.steps: list[Step] = []
         self.layout_transforms: list[LayoutTransform] = []
+        self._last_created = ""  # name of the stage the last cache/layout step created
         self.stages: dict[str, Stage] = {}  # insertion order is a topological order (producers first)
         self._by_tensor: dict[int, str] = {}
         for tensor in te.post_order_tensors(outs):
@@ -693,8 +694,6 @@ class Schedule:
         name = self.stage_name(tensor)
         self.apply(TransformLayout(name, src_layout, dst_layout))
         return self._last_created
-
-    _last_created: str = ""
 
     # -- step handlers
     def _apply_split(self, step: Split) -> None:
