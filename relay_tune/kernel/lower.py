@@ -108,6 +108,12 @@ class _Guard:
 
 @dataclass
 class _StageCtx:
+    """One computed stage, described over *structural* loop variables: one per leaf loop, standing for
+    that loop's value wherever the nest ends up being emitted. The emitter substitutes the emitted loop
+    variable, the constant of a peeled tail, or an offset variable. `abs_axes` gives each root axis of
+    the compute (absolute, i.e. region base included); `store_index` the position in the stage's own
+    buffer (relative to the region)."""
+
     stage: Stage
     loops: list[_LoopSpec]
     abs_axes: dict[tir.LoopVar, PrimExpr]
