@@ -245,6 +245,8 @@ def test_readers_accept_paths_file_objects_and_lines(tmp_path: Path) -> None:
     assert len(read_records(io.BytesIO(text.encode()))) == 2
     assert len(read_records(text.splitlines())) == 2
     assert len(read_records([log, log])) == 4
+    assert read_records([sample_record(0), LogEvent("x"), sample_record(1)]) == [sample_record(0), sample_record(1)]
+    assert len(logs.load([sample_record(0), sample_record(1)])) == 2
     assert [n for n, _ in iter_log(log)] == [1, 2]
 
 

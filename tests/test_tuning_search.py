@@ -222,3 +222,19 @@ def test_two_processes_on_one_storage_share_the_work(tmp_path: Path, seeds: tupl
                                   optuna.storages.journal.JournalFileBackend(str(journal))))
     told = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "config_key" in t.user_attrs]
     assert len(told) == 48
+
+
+def test_without_a_journal_lock_the_lower_trial_number_keeps_a_contested_config(tmp_path: Path) -> None:
+    task = SpaceTask(size=10)
+    search = OptunaSearch(task, MemoryDatabase(), storage=f"sqlite:///{tmp_path / 'study.db'}", seed=0)
+    config = Config({"x": 4, "fast": True})
+    earlier = search.study.ask()  # another process's claim, published while we were asking
+    earlier.set_user_attr("config_key", config.key)
+    ours = search.study.ask()
+    ours.set_user_attr("config_key", config.key)
+    other = Config({"x": 5, "fast": True})
+    mine = search.study.ask()
+    mine.set_user_attr("config_key", other.key)
+    kept = search._keep_first_claims([(ours, config), (mine, other)])
+    assert kept == [(mine, other)]
+    assert search.study.trials[ours.number].state == optuna.trial.TrialState.FAIL

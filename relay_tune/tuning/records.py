@@ -324,7 +324,7 @@ class LogWriter:
 # Reading
 # ---------------------------------------------------------------------------------------------------------------
 
-LogSource: TypeAlias = "str | os.PathLike[str] | IO[str] | IO[bytes] | Iterable[str]"
+LogSource: TypeAlias = "str | os.PathLike[str] | IO[str] | IO[bytes] | Iterable[str] | Iterable[LogEntry]"
 
 
 def _read_locked(path: Path, offset: int = 0) -> bytes:
@@ -338,7 +338,7 @@ def _read_locked(path: Path, offset: int = 0) -> bytes:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _lines_of(source: LogSource) -> tuple[str, Iterator[str]]:
+def _lines_of(source: LogSource) -> tuple[str, Iterator[str | LogEntry]]:
     if isinstance(source, str | os.PathLike):
         path = Path(source)
         text = _read_locked(path).decode("utf-8", errors="replace")
@@ -348,17 +348,21 @@ def _lines_of(source: LogSource) -> tuple[str, Iterator[str]]:
         if isinstance(content, bytes):
             content = content.decode("utf-8", errors="replace")
         return getattr(source, "name", "<stream>"), iter(content.splitlines())
-    return "<lines>", (line.rstrip("\n") for line in source)
+    return "<lines>", (item if isinstance(item, TuningRecord | LogEvent) else item.rstrip("\n")
+                       for item in source)
 
 
 def iter_log(source: LogSource) -> Iterator[tuple[int, LogEntry]]:
-    """Yield (line number, record or event) for each readable line.
+    """Yield (line number, record or event) for each readable line (or each record of an in-memory iterable).
 
     Blank lines and `#` comments are ignored; unreadable lines (torn by a crash, garbled, unknown schema) are
     skipped with a `LogWarning` naming the file and line, never an exception.
     """
     name, lines = _lines_of(source)
     for lineno, raw in enumerate(lines, start=1):
+        if isinstance(raw, TuningRecord | LogEvent):
+            yield lineno, raw  # an in-memory record: nothing to parse
+            continue
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -381,9 +385,10 @@ def _as_sources(sources: LogSource | Sequence[LogSource]) -> list[LogSource]:
     if isinstance(sources, str | os.PathLike) or hasattr(sources, "read"):
         return [sources]  # type: ignore[list-item]
     items = list(sources)  # type: ignore[arg-type]
-    if items and all(isinstance(item, str) and (item.lstrip().startswith("{") or not item.strip())
+    if items and all(isinstance(item, TuningRecord | LogEvent)
+                     or (isinstance(item, str) and (item.lstrip().startswith("{") or not item.strip()))
                      for item in items):
-        return [items]  # an iterable of JSON lines, not of paths
+        return [items]  # one source made of JSON lines or records, not a list of paths
     return items
 
 

@@ -8,8 +8,10 @@ work too.
 Rules the strategies keep:
 - A config is never measured twice. Before a proposal is handed out it is checked against the tuning log (also
   records written by other processes) and the study's trials (also other processes' trials in flight); a repeat
-  is answered from the earlier result without measuring. Two processes that ask for the same config at the same
-  moment both publish their claim and the lower trial number keeps it.
+  is answered from the earlier result without measuring. Processes sharing a journal take turns (a file lock)
+  to ask for and claim configs, so a claim is always seen by the next asker; on other shared storages two
+  processes that claim the same config at the same moment both publish their claim and re-check, and the lower
+  trial number keeps it (a rare duplicate remains possible there).
 - Failures teach the sampler: a failed measurement is told as a worst value (`FAILURE_VALUE`), which puts it in
   TPE's "bad" group; configs the space's constraints reject are told the same and never measured or counted.
 - Resuming rebuilds the study: records in the log that the study does not know are added as finished trials, and
@@ -18,13 +20,15 @@ Rules the strategies keep:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import socket
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,8 +183,20 @@ def _worker_is_gone(identity: str) -> bool:
 _STORAGES: dict[str, Any] = {}
 
 
+def journal_path(storage: object) -> Path | None:
+    """The journal file a storage argument names (a path, or "journal:<path>"); None for URLs and objects."""
+    if not isinstance(storage, str | os.PathLike):
+        return None
+    text = os.fspath(storage)
+    if text.startswith("journal:"):
+        text = text[len("journal:"):]
+    elif "://" in text:
+        return None
+    return Path(text).resolve()
+
+
 def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage | None) -> Any:
-    """An Optuna storage from a URL or path; a path ending in `.journal` is an embedded journal file.
+    """An Optuna storage from a URL or path; a path (or "journal:<path>") is an embedded journal file.
 
     Storages are shared per process, so several studies in one journal replay it once.
     """
@@ -188,12 +204,10 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
 
     if storage is None or isinstance(storage, optuna.storages.BaseStorage):
         return storage
-    text = os.fspath(storage)
-    if text.startswith("journal:"):
-        text = text[len("journal:"):]
-    elif "://" in text:
-        return text  # an RDB URL (sqlite:///, postgresql://, ...): Optuna opens and caches it
-    path = str(Path(text).resolve())
+    journal = journal_path(storage)
+    if journal is None:
+        return os.fspath(storage)  # an RDB URL (sqlite:///, postgresql://, ...): Optuna opens and caches it
+    path = str(journal)
     if path not in _STORAGES:
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
@@ -254,6 +268,10 @@ class OptunaSearch(SearchStrategy):
         self._seed = _stable_seed(seed, task.key)
         self._rng = np.random.default_rng(self._seed)
         self._shared = storage is not None
+        # Processes sharing a journal (one machine) serialise their claim step with a file lock, which makes
+        # "never measured twice" exact; other shared storages fall back to the lowest-trial-number rule.
+        journal = journal_path(storage)
+        self._claim_lock = Path(f"{journal}.claims.lock") if journal is not None else None
         self._worker = worker_identity()
         self.study = optuna.create_study(
             storage=open_storage(storage),
@@ -281,11 +299,12 @@ class OptunaSearch(SearchStrategy):
         complete = self._optuna.trial.TrialState.COMPLETE
         known = {t.user_attrs.get("config_key") for t in self.study.get_trials(deepcopy=False, states=(complete,))}
         records = self.database.records(self.task.key, self.task.target)
+        configs = {r.config_key: r.config for r in records}
         imported = []
         for key, value in measured_values(records).items():
             if key in known:
                 continue
-            config = next(r.config for r in records if r.config_key == key)
+            config = configs[key]
             if not self.task.space.is_valid(config):
                 continue  # measured under an older space; it still counts as visited
             imported.append(self._optuna.trial.create_trial(
@@ -330,8 +349,24 @@ class OptunaSearch(SearchStrategy):
                 break
         return chosen
 
+    @contextlib.contextmanager
+    def _claiming(self) -> Iterator[None]:
+        if self._claim_lock is None:
+            yield
+            return
+        with open(self._claim_lock, "a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
     def _propose_once(self, n: int) -> tuple[list[Config], int]:
         """Up to `n` new proposals, and how many were found before dropping those claimed elsewhere."""
+        with self._claiming():
+            return self._propose_claimed(n)
+
+    def _propose_claimed(self, n: int) -> tuple[list[Config], int]:
         trial_state = self._optuna.trial.TrialState
         measured = measured_values(self.database.records(self.task.key, self.task.target))
         claims = self._claims()
@@ -376,7 +411,7 @@ class OptunaSearch(SearchStrategy):
             proposals.append((trial, config))
             misses = 0
         asked = len(proposals)
-        if self._shared and proposals:
+        if self._shared and self._claim_lock is None and proposals:
             proposals = self._keep_first_claims(proposals)
         for trial, config in proposals:
             self._pending[config.key] = trial
