@@ -9,8 +9,10 @@ Design notes:
   classes compare and hash recursively, so absurdly deep ones are rejected with a clear message.
 - Sequences of bindings (`%3 = ...;`, `let %x = ...;`) are consumed by a loop and the `Let` nodes
   are assembled afterwards, so a 10,000-binding body costs no stack either.
-- Local variables live in one dictionary with an undo log (`_bind` / `_restore`) so lookups are
+- Local variables live in one dictionary with an undo log (`bind` / `restore`) so lookups are
   O(1) however many `let`s shadow each other.
+- Graph variables (`%3`) are one flat table for the whole parse, as in TVM: they name expressions
+  (DAG sharing), are never scoped, and a later `%3 = ...;` replaces an earlier one.
 """
 
 from __future__ import annotations
