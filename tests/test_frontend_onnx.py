@@ -152,6 +152,8 @@ CONV_CASES = [
       attrs={"strides": [2, 2], "output_shape": [9, 8]}, rtol=1e-4, atol=1e-4),
     C("convtranspose2d-same-upper", "ConvTranspose", {"x": rand(1, 2, 4, 5)}, consts={"w": rand(2, 3, 3, 3)},
       attrs={"strides": [2, 2], "auto_pad": "SAME_UPPER"}, rtol=1e-4, atol=1e-4),
+    C("convtranspose2d-same-lower", "ConvTranspose", {"x": rand(1, 2, 3, 5)}, consts={"w": rand(2, 3, 4, 3)},
+      attrs={"strides": [2, 2], "auto_pad": "SAME_LOWER"}, rtol=1e-4, atol=1e-4),
     C("convtranspose1d", "ConvTranspose", {"x": rand(2, 3, 6)}, consts={"w": rand(3, 2, 4)},
       attrs={"strides": [3], "pads": [1, 2]}, rtol=1e-4, atol=1e-4),
 ]
@@ -278,6 +280,8 @@ ELEMENTWISE_CASES = [
     C("identity", "Identity", {"x": rand(3, 4)}),
     C("dropout", "Dropout", {"x": rand(3, 4)}, opset=13),
     C("dropout-opset7-ratio", "Dropout", {"x": rand(3, 4)}, attrs={"ratio": 0.3}, opset=7),
+    C("dropout-opset13-inference-flag", "Dropout", {"x": rand(3, 4)},
+      consts={"r": np.array(0.5, np.float32), "t": np.array(False)}, opset=13),
 ]
 
 SHAPE_CASES = [
@@ -541,6 +545,27 @@ def test_unsupported_attribute_values_are_unsupported_errors() -> None:
     node = helper.make_node("Pad", ["x", "p"], ["y"], mode="wrap")
     model = make_model([node], {"x": rand(3, 3)}, ["y"], opset=19, initializers={"p": i64(1, 1, 1, 1)})
     with pytest.raises(UnsupportedError, match="Pad mode 'wrap'"):
+        from_onnx(model)
+
+
+def test_training_mode_nodes_are_unsupported() -> None:
+    node = helper.make_node("Dropout", ["x", "r", "t"], ["y"])
+    model = make_model([node], {"x": rand(3)}, ["y"], opset=13,
+                       initializers={"r": np.array(0.5, np.float32), "t": np.array(True)})
+    with pytest.raises(UnsupportedError, match="training-mode Dropout"):
+        from_onnx(model)
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "mean", "var"])
+    vec = rand(3)
+    model = make_model([node], {"x": rand(2, 3, 4)}, ["y"], opset=13,
+                       initializers={"s": vec, "b": vec, "m": vec, "v": vec})
+    with pytest.raises(UnsupportedError, match="training-mode BatchNormalization"):
+        from_onnx(model)
+
+
+def test_split_sizes_must_cover_the_axis() -> None:
+    node = helper.make_node("Split", ["x", "s"], ["a", "b"], axis=0)
+    model = make_model([node], {"x": rand(6)}, ["a"], opset=13, initializers={"s": i64(2, 3)})
+    with pytest.raises(OnnxModelError, match="do not add up"):
         from_onnx(model)
 
 

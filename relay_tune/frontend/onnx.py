@@ -374,6 +374,10 @@ def _cast(imp: Importer, node: OnnxNode) -> Expr:
 @_converts("Identity", "Dropout")
 def _identity(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     x = node.required(0)
+    training = node.input(2)
+    if node.op_type == "Dropout" and (training is not None or node.attrs.get("is_test", 1) == 0):
+        if not isinstance(training, Constant) or bool(training.data.reshape(-1)[0]):
+            raise UnsupportedError("training-mode Dropout (random masks); only inference is supported")
     if node.op_type == "Dropout" and node.output_used(1):
         # Inference: nothing is dropped, so the mask is all true.
         mask = imp.cast(imp.call("ones_like", [x]), "bool")
@@ -735,6 +739,8 @@ def _batch_matmul(imp: Importer, a: Expr, b: Expr) -> Expr:
 def _batch_norm(imp: Importer, node: OnnxNode) -> Expr:
     if any(node.output_used(i) for i in range(1, 5)) or node.attrs.get("training_mode", 0):
         raise UnsupportedError("training-mode BatchNormalization (running statistics outputs)")
+    if not node.attrs.get("spatial", 1):
+        raise UnsupportedError("BatchNormalization with spatial=0 (per-activation statistics)")
     x = node.required(0)
     dtype = imp.dtype(x)
     vectors = [imp.cast(node.required(i), dtype) for i in range(1, 5)]
@@ -1091,6 +1097,8 @@ def _split(imp: Importer, node: OnnxNode) -> list[Expr]:
         # Equal parts; since opset 18 the last part may be smaller (ceil division).
         step = -(-extent // count)
         sizes = [min(step, extent - k * step) for k in range(count)]
+    if isinstance(extent, int) and sum(sizes) != extent:
+        raise OnnxModelError(f"split sizes {sizes} do not add up to the axis extent {extent}")
     if len(sizes) == 1:
         return [x]
     indices = list(np.cumsum(sizes)[:-1])
