@@ -162,7 +162,7 @@ def test_float_floormod_follows_divisor_sign() -> None:
     i = LoopVar("i")
     a, b, out = Buffer("a", (n,)), Buffer("b", (n,)), Buffer("out", (n,))
     got = np.zeros(n, np.float32)
-    run(elementwise_1d("fmod", n, [a, b], [(out, a[i] % b[i])], VEC, i), x, y, got)
+    run(elementwise_1d("float_floormod", n, [a, b], [(out, a[i] % b[i])], VEC, i), x, y, got)
     np.testing.assert_allclose(got, np.mod(x, y), atol=1e-6)
 
 
@@ -348,7 +348,7 @@ def test_fma_contraction_forms_fused_multiply_add() -> None:
     n = 64
     i = LoopVar("i")
     a, b, c, out = Buffer("a", (n,)), Buffer("b", (n,)), Buffer("c", (n,)), Buffer("out", (n,))
-    func = elementwise_1d("fma", n, [a, b, c], [(out, a[i] * b[i] + c[i])], VEC, i)
+    func = elementwise_1d("fma_contract", n, [a, b, c], [(out, a[i] * b[i] + c[i])], VEC, i)
     if HOST.has_feature("fma") or HOST.vector_bits == 512:
         assert re.search(r"vfmadd\d+ps", emit_assembly([func], SERIAL_HOST))
     ir_text = emit_llvm_ir([func], SERIAL_HOST)
