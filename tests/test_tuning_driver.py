@@ -243,3 +243,15 @@ def test_resume_after_sigkill_loses_nothing_and_spends_exactly_the_budget(tmp_pa
     assert all(database.best(t.key, t.target) for t in small_tasks())
     events = [e.event for e in read_events(log)]
     assert events.count("session_start") == 2 and events.count("session_end") == 1  # the killed run never ended
+
+
+def test_two_tuning_processes_share_one_log_and_budget(tmp_path: Path) -> None:
+    log = tmp_path / "model.jsonl"
+    budget, batch = 24, 4
+    first = _start_tuning(log, budget, min_repeat_ms=2.0)
+    second = _start_tuning(log, budget, min_repeat_ms=2.0)
+    for process in (first, second):
+        assert process.wait(timeout=300) == 0, process.stderr.read().decode() if process.stderr else ""
+    records = read_records(log)
+    assert budget <= len(records) <= budget + batch  # at most one round of overshoot by the second process
+    assert max(Counter((r.workload_key, r.config_key) for r in records).values()) == 1

@@ -7,7 +7,9 @@ crash loses at most the candidate in flight.
 
 The log is the state: a run with the same log (and storage) resumes. Records of these tasks already in the log
 count against `total_trials`, the scheduler's view of each task is rebuilt from them, and the search never
-measures a logged config again. Ctrl-C ends the run cleanly and returns the partial summary.
+measures a logged config again. Ctrl-C ends the run cleanly and returns the partial summary. Several processes
+may tune into the same log and storage at once: they share the budget (re-counted from the log every round, so
+the total overshoots by at most one round per extra process) and never measure each other's configs.
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def tune(
 
     database.log_event(LogEvent("session_start", session, data={
         "total_trials": total_trials, "trials_in_log": spent, "batch_size": batch_size, "seed": seed,
-        "scheduler": type(scheduler).__name__, "host_cpu": host_cpu_name(), "versions": _versions(),
+        "scheduler": type(scheduler).__name__, "search": getattr(strategy, "description", repr(strategy)),
+        "host_cpu": host_cpu_name(), "versions": _versions(),
         "tasks": [{"workload_key": t.key, "target": t.target, "description": t.description, "weight": t.weight,
                    "flops": t.flops, "space_size": t.space.size(), "default_config": d.to_dict()}
                   for t, d in zip(tasks, defaults)],
@@ -182,7 +185,11 @@ def tune(
         progress.on_task_stopped(index, reason)
 
     try:
-        while spent < total_trials:
+        while True:
+            # Re-count from the log: other processes tuning into the same log share the budget.
+            spent = max(spent, sum(len(database.records(t.key, t.target)) for t in tasks))
+            if spent >= total_trials:
+                break
             index = scheduler.next_task(states)
             if index is None:
                 break

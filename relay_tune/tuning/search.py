@@ -462,6 +462,9 @@ def optuna_search(
         return OptunaSearch(task, database, storage=storage, sampler=sampler, seed=seed,
                             n_startup_trials=n_startup_trials)
 
+    where = "memory" if storage is None else os.fspath(storage) if isinstance(storage, str | os.PathLike) \
+        else type(storage).__name__
+    make.description = f"optuna-{sampler} seed={seed} storage={where}"  # type: ignore[attr-defined]
     return make
 
 
@@ -469,4 +472,5 @@ def random_search(seed: int = 0) -> StrategyFactory:
     def make(task: TuneTask, database: Database) -> SearchStrategy:
         return RandomSearch(task, database, seed=seed)
 
+    make.description = f"random seed={seed}"  # type: ignore[attr-defined]
     return make
