@@ -87,4 +87,32 @@ def load_module(path: str | Path, consts: str | Path | None = None, seed: int = 
         constants = load_params(params_path(path))
     elif sidecar_path(path).is_file():
         constants = load_constants_sidecar(sidecar_path(path), seed)
-    return parse_module(text, name, constants)
+    mod = parse_module(text, name, constants)
+    synthesised = constants is not None and (
+        (consts is not None and Path(consts).suffix != ".npz")
+        or (consts is None and not params_path(path).is_file())
+    )
+    return _positive_variances(mod) if synthesised else mod
+
+
+def _positive_variances(mod: IRModule) -> IRModule:
+    """Make synthesised batch-norm variances positive.
+
+    Random normal samples are fine for weights, but a negative `moving_var` makes
+    `sqrt(var + eps)` NaN, and a program full of NaNs tests nothing. Real parameter files are
+    never touched.
+    """
+    from relay_tune.ir import Call, Constant, Expr, rewrite
+
+    fixed: dict[int, Constant] = {}
+
+    def fix(_orig: Expr, new: Expr) -> Expr:
+        if isinstance(new, Call) and new.op_name == "nn.batch_norm" and len(new.args) == 5:
+            var = new.args[4]
+            if isinstance(var, Constant) and var.data.dtype.kind == "f":
+                if id(var) not in fixed:
+                    fixed[id(var)] = Constant((np.abs(var.data) + 0.5).astype(var.data.dtype))
+                return Call(new.op, (*new.args[:4], fixed[id(var)]), new.attrs, new.span)
+        return new
+
+    return mod.map_functions(lambda _name, func: rewrite(func, fix))  # type: ignore[return-value]
