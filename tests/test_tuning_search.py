@@ -27,6 +27,7 @@ from relay_tune.tuning import (
     TuningRecord,
     read_records,
 )
+from relay_tune.tuning.search import default_study_name
 from search_space import BoolKnob, Config, Constraint, IntKnob, Space
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +218,7 @@ def test_two_processes_on_one_storage_share_the_work(tmp_path: Path, seeds: tupl
     assert [len(keys) for keys in per_worker] == [24, 24]
     union = per_worker[0] + per_worker[1]
     assert len(set(union)) == len(union)  # neither process measured what the other one had
-    study = optuna.load_study(study_name=f"{SpaceTask().key}|llvm",
+    study = optuna.load_study(study_name=default_study_name(SpaceTask(size=200)),
                               storage=optuna.storages.JournalStorage(
                                   optuna.storages.journal.JournalFileBackend(str(journal))))
     told = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "config_key" in t.user_attrs]
@@ -238,3 +239,16 @@ def test_without_a_journal_lock_the_lower_trial_number_keeps_a_contested_config(
     kept = search._keep_first_claims([(ours, config), (mine, other)])
     assert kept == [(mine, other)]
     assert search.study.trials[ours.number].state == optuna.trial.TrialState.FAIL
+
+
+def test_a_changed_space_gets_a_fresh_study_fed_from_the_log(tmp_path: Path) -> None:
+    journal = tmp_path / "study.optuna.journal"
+    database = MemoryDatabase()
+    old_task = SpaceTask(size=10)
+    run_rounds(OptunaSearch(old_task, database, storage=journal, seed=0), old_task, database, batch=4, rounds=2)
+    new_task = SpaceTask(size=12)  # the x knob grew: Optuna would reject the old study's parameters
+    assert default_study_name(new_task) != default_study_name(old_task)
+    search = OptunaSearch(new_task, database, storage=journal, seed=0)
+    assert len([t for t in search.study.trials if t.user_attrs.get("source") == "log"]) == 8
+    proposals = search.propose(16)
+    assert not {c.key for c in proposals} & {r.config_key for r in database.records(new_task.key, "llvm")}

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import socket
 import warnings
@@ -217,8 +218,20 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
     return _STORAGES[path]
 
 
+def space_digest(task: TuneTask) -> str:
+    """A short digest of the space's Optuna parameters: a changed space gets a fresh study.
+
+    Optuna refuses a categorical parameter whose choices differ from earlier trials, so a study cannot outlive a
+    change of its space; the measurements are not lost, the new study imports them from the log.
+    """
+    from optuna.distributions import distribution_to_json
+
+    text = json.dumps({name: distribution_to_json(d) for name, d in sorted(task.space.distributions().items())})
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
 def default_study_name(task: TuneTask) -> str:
-    name = f"{task.key}|{task.target}"
+    name = f"{task.key}|{task.target}|space-{space_digest(task)}"
     if len(name) > 200:  # database storages limit name length
         name = "relay-tune-" + hashlib.sha256(name.encode()).hexdigest()[:32]
     return name
