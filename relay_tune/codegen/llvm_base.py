@@ -281,6 +281,11 @@ class LLVMCodegenBase:
     def emit_barrier(self) -> None:
         """Barrier: a no-op on targets where one function body runs on one thread."""
 
+    def contiguous_alignment(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer, vec: VectorLanes) -> int:
+        """Byte alignment to claim for a contiguous vector access; the element's own size unless a target
+        proves more (GPUs only issue wide loads for accesses aligned to their full width)."""
+        return dtype_info(buf.dtype).itemsize
+
     def math_call(self, name: str, dtype: str, args: list[ir.Value]) -> ir.Value | None:
         """A chance for a target to lower an intrinsic itself (e.g. libdevice on NVPTX); None = default."""
         return None
@@ -563,6 +568,7 @@ class LLVMCodegenBase:
         lanes = vec.lanes
         value = self.broadcast(value, lanes)
         if stride == 1:
+            align = self.contiguous_alignment(stmt.indices, buf, vec)
             address = b.gep(pointer, [self.eval_lane0(stmt.indices, buf)])
             vector_pointer = b.bitcast(address, value.type.as_pointer())
             if ctx.mask is None:
@@ -844,6 +850,7 @@ class LLVMCodegenBase:
             else:
                 value = b.load(address, align=align)
         elif stride == 1:
+            align = self.contiguous_alignment(node.indices, buf, vec)
             address = b.gep(pointer, [self.eval_lane0(node.indices, buf)])
             vtype = ir.VectorType(memory_type(buf.dtype), vec.lanes)
             vector_pointer = b.bitcast(address, vtype.as_pointer())
