@@ -21,7 +21,8 @@ How the import works
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
-`model.params.npz` (see `relay_tune.frontend.params`).
+`model.params.npz` (see `relay_tune.frontend.params`). The module itself already holds these values,
+so `relay_tune.build(mod, target)` needs no `params` (its `params` bind inputs of `@main` by name).
 
 ONNX semantics that differ from Relay's and are handled here: Softmax/LogSoftmax before opset 13
 (coerce to 2-D at `axis`), pooling `ceil_mode` (a last window starting in the end padding is
