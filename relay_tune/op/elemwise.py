@@ -295,3 +295,115 @@ for _name, _fn2 in _BINARY.items():
 def _where_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
     cond, x, y = (np.asarray(v) for v in inputs)
     return np.asarray(np.where(cond != 0, x, y)).astype(x.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# tensor-expression computes (kernels)
+# --------------------------------------------------------------------------------------------
+# Imported here, not at the top: the kernel layer is only needed once kernels are built.
+from relay_tune.kernel import te, tir  # noqa: E402
+from relay_tune.kernel.compute import BROADCAST, const_expr, elementwise, is_float  # noqa: E402
+from relay_tune.op.registry import compute  # noqa: E402
+
+_TE_FLOAT_UNARY: dict[str, Callable[[tir.PrimExpr], tir.PrimExpr]] = {
+    "exp": te.exp, "log": te.log, "sqrt": te.sqrt, "rsqrt": te.rsqrt, "tanh": te.tanh, "sigmoid": te.sigmoid,
+    "erf": te.erf,
+}
+
+
+def _unary_compute(op_name: str, fn: Callable[[tir.PrimExpr], tir.ExprLike]) -> Callable[..., te.Tensor]:
+    def impl(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        return elementwise(op_name, inputs, out_type, fn)
+
+    return impl
+
+
+def _round_like(name: str) -> Callable[[tir.PrimExpr], tir.PrimExpr]:
+    intrinsic = getattr(te, name)
+    return lambda x: intrinsic(x) if is_float(x.dtype) else x
+
+
+_TE_UNARY: dict[str, Callable[[tir.PrimExpr], tir.ExprLike]] = {
+    **_TE_FLOAT_UNARY,
+    "negative": lambda x: -x,
+    "abs": te.abs,
+    "copy": lambda x: x,
+    "zeros_like": lambda x: const_expr(0, x.dtype),
+    "ones_like": lambda x: const_expr(1, x.dtype),
+    "nn.relu": lambda x: te.maximum(x, const_expr(0, x.dtype)),
+    "floor": _round_like("floor"),
+    "ceil": _round_like("ceil"),
+    "round": _round_like("round"),
+}
+for _name, _fn3 in _TE_UNARY.items():
+    compute(_name)(_unary_compute(_name, _fn3))
+
+
+@compute("nn.leaky_relu")
+def _leaky_relu_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    alpha = float(attrs["alpha"])
+
+    def fn(x: tir.PrimExpr) -> tir.PrimExpr:
+        return te.if_then_else(x > const_expr(0, x.dtype), x, x * const_expr(alpha, x.dtype))
+
+    return elementwise("nn.leaky_relu", inputs, out_type, fn)
+
+
+def _bound_const(value: float, dtype: str) -> tir.PrimExpr:
+    # the same conversion as the reference's (truncation and saturation for integer tensors)
+    return const_expr(_bound_in_dtype(value, np.dtype(numpy_dtype(dtype))).item(), dtype)
+
+
+@compute("clip")
+def _clip_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    dtype = inputs[0].dtype
+    lo, hi = _bound_const(float(attrs["a_min"]), dtype), _bound_const(float(attrs["a_max"]), dtype)
+    return elementwise("clip", inputs, out_type, lambda x: te.minimum(te.maximum(x, lo), hi))
+
+
+@compute("cast")
+def _cast_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    dtype = check_dtype(attrs["dtype"], "cast")
+    return elementwise("cast", inputs, out_type, lambda x: te.cast(dtype, x))
+
+
+def _te_divide(a: tir.PrimExpr, b: tir.PrimExpr) -> tir.PrimExpr:
+    # `div` is true division on floats and truncating division on integers, as the reference does
+    return tir.BinaryOp("div", a, b)
+
+
+_TE_BINARY: dict[str, Callable[[tir.PrimExpr, tir.PrimExpr], tir.PrimExpr]] = {
+    "add": lambda a, b: a + b,
+    "subtract": lambda a, b: a - b,
+    "multiply": lambda a, b: a * b,
+    "divide": _te_divide,
+    "power": te.power,
+    "maximum": te.maximum,
+    "minimum": te.minimum,
+    "less": lambda a, b: a < b,
+    "less_equal": lambda a, b: a <= b,
+    "greater": lambda a, b: a > b,
+    "greater_equal": lambda a, b: a >= b,
+    "equal": te.equal,
+    "not_equal": te.not_equal,
+}
+
+
+def _binary_compute(op_name: str, fn: Callable[[tir.PrimExpr, tir.PrimExpr], tir.PrimExpr]) -> Callable[..., te.Tensor]:
+    def impl(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        return elementwise(op_name, inputs, out_type, fn, BROADCAST)
+
+    return impl
+
+
+for _name, _fn4 in _TE_BINARY.items():
+    compute(_name)(_binary_compute(_name, _fn4))
+
+
+@compute("where")
+def _where_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    def fn(cond: tir.PrimExpr, x: tir.PrimExpr, y: tir.PrimExpr) -> tir.PrimExpr:
+        test = cond if cond.dtype == "bool" else te.not_equal(cond, const_expr(0, cond.dtype))
+        return te.if_then_else(test, x, y)
+
+    return elementwise("where", inputs, out_type, fn, BROADCAST)

@@ -1135,3 +1135,188 @@ def layer_norm_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     if attrs["center"]:
         out = out + _along(beta.astype(np.float64), axis, x.ndim)
     return out.astype(data.dtype)
+
+
+# ================================================================================================
+# Tensor-expression computes (kernels)
+# ================================================================================================
+# Imported here, not at the top: the kernel layer is only needed once kernels are built.
+from relay_tune.kernel import te, tir  # noqa: E402
+from relay_tune.kernel.compute import (  # noqa: E402
+    BROADCAST,
+    LayoutMap,
+    accumulate_dtype,
+    axis_names,
+    const_expr,
+    named,
+    static_shape,
+)
+from relay_tune.op.registry import compute  # noqa: E402
+
+
+def conv_pad_stage(
+    data: te.Tensor, layout: LayoutMap, pad_before: Sequence[int], pad_after: Sequence[int], spatial_letters: str,
+    fill: tir.PrimExpr | None = None, name: str = "pad",
+) -> te.Tensor:
+    """`data` zero-padded (or `fill`-padded) on its spatial axes, in its own layout: a separate, injective
+    stage that the schedule inlines into the convolution or computes ahead of it."""
+    if not any(pad_before) and not any(pad_after):
+        return data
+    before = dict(zip(spatial_letters, pad_before))
+    after = dict(zip(spatial_letters, pad_after))
+    shape = list(data.shape)
+    for d, (letter, factor) in enumerate(layout.axes):
+        if letter in before:
+            if factor is not None or layout.factor(letter) is not None:
+                raise UnsupportedError(f"padding a split spatial axis {letter} of layout {layout.name}")
+            shape[d] += before[letter] + after[letter]
+    value = fill if fill is not None else const_expr(0, data.dtype)
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        conds: list[tir.PrimExpr] = []
+        src: list[tir.PrimExpr] = []
+        for d, ((letter, factor), i) in enumerate(zip(layout.axes, idx)):
+            if factor is None and letter in before and (before[letter] or after[letter]):
+                b = before[letter]
+                if b:
+                    conds.append(i >= b)
+                if after[letter]:
+                    conds.append(i < b + data.shape[d])
+                src.append(i - b if b else i)
+            else:
+                src.append(i)
+        return te.if_then_else(te.all_of(*conds), data[tuple(src)], value)
+
+    names = layout.axis_names({"N": "n", "C": "c", "D": "d", "H": "h", "W": "w"})
+    return te.compute(tuple(shape), named(names, body), name, "pad")
+
+
+def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_name: str,
+                  spatial_letters: str) -> te.Tensor:
+    data, weight = inputs
+    nsp = len(spatial_letters)
+    data_order, kernel_order = "NC" + spatial_letters, "OI" + spatial_letters
+    dl = LayoutMap.parse(str(attrs["data_layout"]), "data layout")
+    kl = LayoutMap.parse(str(attrs["kernel_layout"]), "kernel layout")
+    ol = LayoutMap.parse(str(attrs["out_layout"] or attrs["data_layout"]), "output layout")
+    for layout, order in ((dl, data_order), (kl, kernel_order), (ol, data_order)):
+        if sorted(layout.primal) != sorted(order):
+            raise UnsupportedError(f"{op_name}: layout {layout.name!r} is not a rearrangement of {order!r}")
+    strides = _ints(attrs["strides"], nsp, op_name, "strides")
+    dilation = _ints(attrs["dilation"], nsp, op_name, "dilation")
+    pad_before, pad_after = _padding(attrs["padding"], nsp, op_name)
+    groups = int(attrs["groups"])
+    out_ty = out_type if isinstance(out_type, TensorType) else None
+    assert out_ty is not None
+    out_shape = static_shape(out_ty)
+    out_dtype = out_ty.dtype
+    acc = accumulate_dtype(out_dtype)
+
+    logical_data = _logical_dims(dl, data.shape)
+    logical_weight = _logical_dims(kl, weight.shape)
+    in_channels = logical_data["C"]
+    cg = in_channels // groups
+    out_channels = logical_weight["O"]
+    og = out_channels // groups
+    ksize = [logical_weight[s] for s in spatial_letters]
+
+    padded = conv_pad_stage(data, dl, pad_before, pad_after, spatial_letters)
+    rc = te.reduce_axis(cg, "rc")
+    rk = [te.reduce_axis(k, f"r{s.lower()}") for s, k in zip(spatial_letters, ksize)]
+    depthwise = groups > 1 and cg == 1 and og == 1
+    reduce_axes = ([] if cg == 1 else [rc]) + rk
+    if not reduce_axes:  # a 1x1 depthwise convolution: one product per output
+        reduce_axes = [rc]
+
+    names = ol.axis_names({"N": "n", "C": "oc", **{s: f"o{s.lower()}" for s in spatial_letters}})
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        pos = ol.logical(idx)
+        oc = pos["C"]
+        if groups == 1:
+            ic: tir.PrimExpr = rc
+        elif depthwise:
+            ic = oc
+        else:
+            ic = (oc // og) * cg + rc
+        src = {"N": pos["N"], "C": ic}
+        wpos = {"O": oc, "I": rc if cg > 1 else tir.IntImm(0)}
+        for s, r, st, dil in zip(spatial_letters, rk, strides, dilation):
+            tap = r * dil if dil != 1 else r
+            src[s] = (pos[s] * st if st != 1 else pos[s]) + tap
+            wpos[s] = r
+        x = padded[dl.index(src)]
+        w = weight[kl.index(wpos)]
+        return te.sum(te.cast(acc, x) * te.cast(acc, w), axis=reduce_axes)
+
+    tag = "conv"
+    if nsp == 2 and op_name != "nn.contrib_conv2d_NCHWc":
+        if depthwise and dl.name == "NCHW" and kl.name == "OIHW" and ol.name == "NCHW":
+            tag = "depthwise_conv2d_nchw"
+        elif groups == 1 and dl.name == "NCHW" and kl.name == "OIHW" and ol.name == "NCHW":
+            tag = "conv2d_nchw"
+        elif groups == 1 and dl.name == "NHWC" and ol.name == "NHWC":
+            tag = "conv2d_nhwc"
+    if acc == out_dtype:
+        return te.compute(out_shape, named(names, body), "conv", tag)
+    total = te.compute(out_shape, named(names, body), "acc", tag)
+    return te.compute(out_shape, named(names, lambda *i: te.cast(out_dtype, total[i])), "conv", "elemwise")
+
+
+def _logical_dims(layout: LayoutMap, shape: Sequence[int]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for (letter, _f), size in zip(layout.axes, shape):
+        dims[letter] = dims.get(letter, 1) * size
+    return dims
+
+
+@compute("nn.conv2d")
+def _conv2d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _conv_compute(inputs, attrs, out_type, "nn.conv2d", "HW")
+
+
+@compute("nn.contrib_conv2d_NCHWc")
+def _conv2d_nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _conv_compute(inputs, attrs, out_type, "nn.contrib_conv2d_NCHWc", "HW")
+
+
+@compute("nn.conv1d")
+def _conv1d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _conv_compute(inputs, attrs, out_type, "nn.conv1d", "W")
+
+
+@compute("nn.conv3d")
+def _conv3d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _conv_compute(inputs, attrs, out_type, "nn.conv3d", "DHW")
+
+
+@compute("nn.dense")
+def _dense_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, weight = inputs
+    assert isinstance(out_type, TensorType)
+    out_shape = static_shape(out_type)
+    acc = accumulate_dtype(out_type.dtype)
+    k = te.reduce_axis(data.shape[-1], "k")
+    lead = len(out_shape) - 1
+    names = ["i", "j"] if lead == 1 else [*axis_names(lead, "b"), "j"]
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        x = data[(*idx[:-1], k)]
+        return te.sum(te.cast(acc, x) * te.cast(acc, weight[idx[-1], k]), axis=k)
+
+    if acc == out_type.dtype:
+        return te.compute(out_shape, named(names, body), "dense", "dense")
+    total = te.compute(out_shape, named(names, body), "acc", "dense")
+    return te.compute(out_shape, named(names, lambda *i: te.cast(out_type.dtype, total[i])), "dense", "elemwise")
+
+
+@compute("nn.bias_add")
+def _bias_add_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, bias = inputs
+    axis = int(attrs["axis"]) % data.ndim
+    shape = static_shape(out_type)
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        return data[idx] + bias[idx[axis]]
+
+    return te.compute(shape, named(axis_names(len(shape)), body), "bias_add", BROADCAST)
