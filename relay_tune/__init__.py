@@ -4,4 +4,15 @@ from relay_tune.errors import ParseError, RelayTuneError, RelayTypeError
 
 __version__ = "0.1.0"
 
-__all__ = ["ParseError", "RelayTuneError", "RelayTypeError", "__version__"]
+__all__ = ["ParseError", "RelayTuneError", "RelayTypeError", "__version__", "build"]
+
+
+def __getattr__(name: str) -> object:
+    # `relay_tune.build(mod, ...)`, imported on first use: the compiler pulls in LLVM and the whole pipeline.
+    # The module `relay_tune.build` is itself callable (it forwards to its `build` function), so the attribute
+    # stays callable after the submodule has been imported.
+    if name == "build":
+        import importlib
+
+        return importlib.import_module("relay_tune.build")
+    raise AttributeError(f"module 'relay_tune' has no attribute {name!r}")

@@ -3,6 +3,8 @@
     relay-tune model.relay --trials 500      tune a model, write the log, build it from the log
     relay-tune check model.relay             parse + type-check, print the typed program
     relay-tune tasks model.relay             the tuning tasks of the fused model
+    relay-tune build model.relay -o m.rtmod  compile (best schedules from --log files) into one file
+    relay-tune run m.rtmod                   run a compiled model on random or .npz inputs, time it
 
 User mistakes (bad files, parse and type errors, bad options) end with one clear message and exit code 1
 (2 for command-line usage errors); never a Python traceback.
@@ -173,6 +175,97 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------------
+# build / run (compiled models)
+# -------------------------------------------------------------------------------------------------
+
+
+@_command("build")
+def cmd_build(args: argparse.Namespace) -> int:
+    import warnings
+
+    from rich.table import Table
+
+    from relay_tune.build import BuildWarning, build
+
+    console = _console()
+    mod = load_model(args.model, args.consts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", BuildWarning)
+        model = build(mod, target=args.target, logs=args.log or None, opt_level=args.opt_level, jobs=args.jobs,
+                      require_tuned=args.require_tuned)
+    path = model.save(args.output)
+    table = Table(title=f"kernels of {args.model}", show_edge=False)
+    for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
+                         ("MFLOPs", "right"), ("schedule", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for i, task in enumerate(model.plan.tasks):
+        schedule = "alias (no kernel)" if not task.kernel else ("tuned" if task.tuned else "default")
+        table.add_row(str(i), task.key[:12], task.description, str(task.occurrences), f"{task.flops / 1e6:.1f}",
+                      schedule)
+    console.print(table)
+    for warning in caught:
+        if issubclass(warning.category, BuildWarning):
+            console.print(f"[yellow]warning:[/yellow] {warning.message}")
+    t = model.build_info["timings"]
+    info = model.build_info
+    console.print(
+        f"compiled {info['kernels']} kernels ({info['tuned_tasks']} tuned, {info['default_tasks']} default) in "
+        f"{t['total_s']:.2f} s: passes {t['passes_s']:.2f} s, lowering {t['lower_s']:.2f} s, "
+        f"LLVM {t['llvm_s']:.2f} s, load {t['load_s']:.2f} s"
+    )
+    console.print(f"memory: {model.memory_report()}")
+    console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for target {model.target.mcpu or 'llvm'} "
+                  f"({model.target.num_cores} cores)")
+    return 0
+
+
+@_command("run")
+def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from relay_tune.runtime.model import load
+
+    console = _console()
+    start = time.perf_counter()
+    model = load(args.model)
+    load_s = time.perf_counter() - start
+    if args.inputs:
+        try:
+            with np.load(args.inputs, allow_pickle=False) as archive:
+                inputs = {name: archive[name] for name in archive.files}
+        except ValueError as err:
+            raise RelayTuneError(f"{args.inputs}: not a readable .npz file ({err})") from None
+    else:
+        inputs = model.random_inputs(args.seed)
+    outputs = model.run(**inputs)
+    flat: list[Any] = []
+    stack: list[Any] = [outputs]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            stack.extend(reversed(item))
+        else:
+            flat.append(item)
+    console.print(f"loaded {args.model} in {load_s * 1e3:.0f} ms; inputs: "
+                  + ", ".join(f"{n} {list(s)} {d}" for n, s, d in model.input_info())
+                  + ("" if args.inputs else f" (random, seed {args.seed})"))
+    for i, out in enumerate(flat):
+        console.print(f"  output {i}: {list(out.shape)} {out.dtype}")
+    if args.output:
+        np.savez(args.output, **{f"output_{i}": out for i, out in enumerate(flat)})
+        console.print(f"wrote {args.output}")
+    if args.repeat > 0:
+        stats = model.benchmark(repeat=args.repeat, number=args.number, inputs=inputs)
+        console.print(f"latency: median {stats.median * 1e3:.3f} ms, min {stats.min * 1e3:.3f} ms "
+                      f"({args.repeat} x {args.number} runs)")
+    if args.profile:
+        for row in model.profile(repeat=max(1, min(args.repeat, 20)), inputs=inputs)[:args.profile]:
+            console.print(f"  {row.seconds * 1e3:9.3f} ms {row.share:6.1%}  x{row.calls:<3} "
+                          f"{'tuned  ' if row.tuned else 'default'} {row.description}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------
 # Argument parsing
 # -------------------------------------------------------------------------------------------------
 
@@ -228,6 +321,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", default=[], type=_shape_override, metavar="NAME=D0,D1,...",
                    help="fix the shape of a graph input (repeatable), e.g. --shape input=1,3,224,224")
     p.add_argument("--no-types", action="store_true", help="do not write /* ty=... */ type comments")
+
+    p = sub.add_parser("build", help="compile a model into one file (.rtmod) that `relay-tune run` loads",
+                       description="Optimise, fuse and compile a model with tuned schedules from the logs (default "
+                       "schedules for tasks without a record) and save it as one file.")
+    _add_model_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE.rtmod", help="the compiled model file to write")
+    p.add_argument("--target", default="llvm", help="target string (default: llvm, this machine; e.g. "
+                   "'llvm -num-cores=1')")
+    p.add_argument("--log", action="append", default=[], metavar="FILE.jsonl",
+                   help="tuning log to take the best schedules from (repeatable)")
+    p.add_argument("--jobs", type=int, default=None, help="compile processes (default: one per core, at most 4)")
+    p.add_argument("--require-tuned", action="store_true", help="fail when a task has no tuning record")
+
+    p = sub.add_parser("run", help="run a compiled model (.rtmod) and time it",
+                       description="Load a compiled model, run it on inputs from an .npz file (random inputs by "
+                       "default), print the output shapes and the latency.")
+    p.add_argument("model", help="compiled model file (.rtmod) written by `relay-tune build`")
+    p.add_argument("--inputs", metavar="FILE.npz", help="input arrays by input name (default: random inputs)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs (default 10; 0: no timing)")
+    p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default 1)")
+    p.add_argument("--profile", type=int, nargs="?", const=10, default=0, metavar="N",
+                   help="also print the N slowest kernels (default 10)")
+    p.add_argument("--output", metavar="FILE.npz", help="write the outputs to an .npz file")
     return parser
 
 

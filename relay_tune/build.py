@@ -1,0 +1,762 @@
+"""`relay_tune.build`: compile a whole model into a `CompiledModel`.
+
+    import relay_tune
+    model = relay_tune.build(mod, target="llvm", params={"weight": w}, logs="logs/resnet.jsonl")
+    y = model.run(x=image)
+
+What happens:
+
+1. **Graph passes.** `params` are bound into the entry function as constants; the module is type-checked,
+   optimised and fused (`relay_tune.passes.optimize`): the entry function now calls one `Primitive=1` function
+   per fused group.
+2. **Tasks.** Every distinct fused function (`relay_tune.passes.extract_tasks`: same workload key) is lowered
+   once, with tuned schedule steps when the tuning logs have a record for its key on this target, else with
+   its default schedule. Tasks without a record are named in one warning.
+3. **One compile.** All kernels go into one LLVM module (a few when `jobs` > 1, compiled in parallel worker
+   processes), optimised and emitted in one go, then JIT-linked.
+4. **Graph plan.** The entry function becomes a list of kernel calls in topological order over tensors:
+   inputs, constants (weights that a schedule reads packed are packed here, once), intermediates (placed by
+   the memory planner in one arena) and outputs. A fused group that is a pure reshape becomes an alias of its
+   input (no kernel, no copy). See `relay_tune.runtime.model`.
+
+Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores. A target string without
+`-mcpu` also gets the host's CPU and features, and without `-num-cores` the host's core count, so
+`"llvm -num-cores=1"` is this machine on one core.
+
+Tuning logs (`logs`): a path or list of paths of JSON-lines tuning logs, or a function
+`(task_key, target) -> schedule steps | None` (`ScheduleLookup`). For logs, the best valid record per workload
+and target is used (`relay_tune.tuning.apply_best`); its config must carry the schedule's steps under the
+`"steps"` knob (the JSON form of `relay_tune.kernel.schedule.Step`s).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import re
+import sys
+import time
+import types
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
+from relay_tune.ir import (
+    Call,
+    Constant,
+    Expr,
+    Function,
+    GlobalVar,
+    If,
+    IRModule,
+    Let,
+    Op,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    TupleType,
+    Type,
+    Var,
+    substitute,
+)
+from relay_tune.kernel import tir
+from relay_tune.runtime.kernel import KernelSignature
+from relay_tune.runtime.memory_plan import BufferLifetime, plan_memory
+from relay_tune.runtime.model import (
+    PACKING_TASK,
+    CompiledModel,
+    GraphPlan,
+    InputInfo,
+    KernelCall,
+    OutputTree,
+    Storage,
+    TaskInfo,
+    Value,
+)
+from relay_tune.target import Target
+
+__all__ = ["BuildWarning", "ScheduleLookup", "build", "resolve_target", "schedule_lookup"]
+
+ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
+"""`(task_key, target) -> schedule steps (Step objects or their JSON dicts) | None` (None: default schedule)."""
+
+KERNEL_NAME_LIMIT = 48
+
+
+class BuildWarning(UserWarning):
+    """Something about a build the user should know (untuned tasks, tuned steps that no longer apply)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Targets and tuning-log lookup
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def resolve_target(target: str | Target | None) -> Target:
+    """The target to build for (see the module docstring for how host defaults fill a target string)."""
+    if isinstance(target, Target):
+        resolved = target
+    else:
+        text = (target or "llvm").strip()
+        parsed = Target.parse(text)
+        if parsed.kind != "llvm":
+            raise UnsupportedError(f"relay_tune.build compiles for CPUs (llvm targets); got {parsed}")
+        words = text.split()
+        host = Target.host()
+        has_cpu = any(w.startswith("-mcpu=") for w in words[1:]) or words[0] == "native"
+        has_cores = any(w.startswith("-num-cores=") for w in words[1:]) or words[0] == "native"
+        resolved = Target(
+            kind="llvm",
+            mcpu=parsed.mcpu if has_cpu else host.mcpu,
+            mattr=parsed.mattr if (has_cpu or parsed.mattr) else host.mattr,
+            num_cores=parsed.num_cores if has_cores else host.num_cores,
+        )
+    if resolved.kind != "llvm":
+        raise UnsupportedError(f"relay_tune.build compiles for CPUs (llvm targets); got {resolved}")
+    return resolved
+
+
+def schedule_lookup(logs: Any) -> ScheduleLookup | None:
+    """A `ScheduleLookup` for `logs`: None, a lookup function, or tuning-log path(s)."""
+    if logs is None:
+        return None
+    if callable(logs):
+        return logs  # type: ignore[no-any-return]
+    paths = [logs] if isinstance(logs, str | os.PathLike) else list(logs)
+    if not paths:
+        return None
+    for path in paths:
+        if not os.path.isfile(path):
+            raise RelayTuneError(f"tuning log {os.fspath(path)}: no such file")
+    from relay_tune.tuning import apply_best
+
+    cache: dict[str, Mapping[tuple[str, str], Any]] = {}
+
+    def lookup(task_key: str, target: Target) -> Sequence[Any] | None:
+        target_text = str(target)
+        best = cache.get(target_text)
+        if best is None:
+            best = cache[target_text] = apply_best(paths, target=target_text)
+        config = best.get((task_key, target_text))
+        if config is None:
+            return None
+        steps = config.get("steps") if hasattr(config, "get") else None
+        if steps is None:
+            raise RelayTuneError(
+                f"the best tuning record for task {task_key[:12]} carries no schedule steps (its config has knobs "
+                f"{', '.join(config)}); pass logs as a lookup function that turns a config into steps"
+            )
+        return list(steps)  # type: ignore[arg-type]
+
+    return lookup
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Lowered tasks: which relay tensor feeds each kernel parameter
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamBinding:
+    """Where one kernel parameter comes from: flattened input `index` of the fused function (`kind` "input"),
+    the same input packed by `pack` ("packed"), or flattened output `index` ("output")."""
+
+    kind: str
+    index: int
+    pack: Any = None  # a LayoutTransform-like object with `pack(array)` and `pack_compute()`
+
+
+@dataclass
+class LoweredTask:
+    key: str
+    description: str
+    occurrences: int
+    flops: int
+    func: Function
+    primfunc: tir.PrimFunc
+    bindings: tuple[ParamBinding, ...]
+    tuned: bool
+    alias: bool = False  # a pure reshape: no kernel, its output aliases its input
+    kernel_name: str = ""
+    lower_seconds: float = 0.0
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^0-9A-Za-z]+", "_", text).strip("_").lower()
+
+
+def is_pure_reshape(func: Function) -> bool:
+    """A fused group whose output is its input's elements in the same order: a view, never a copy."""
+    from relay_tune.passes.base import dataflow_post_order
+    from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
+
+    if not func.attrs.get("relay.reshape_only") or len(func.params) != 1:
+        return False
+    calls = [n for n in dataflow_post_order(func.body) if isinstance(n, Call)]
+    if not calls or any(c.op_name not in RESHAPE_LIKE_OPS for c in calls):
+        return False
+    param_type = func.params[0].checked_type if func.params[0].has_type() else func.params[0].type_annotation
+    out_type = func.body.checked_type if func.body.has_type() else None
+    return (
+        isinstance(param_type, TensorType)
+        and isinstance(out_type, TensorType)
+        and param_type.is_static
+        and out_type.is_static
+        and param_type.dtype == out_type.dtype
+        and param_type.size == out_type.size
+    )
+
+
+def lower_task(
+    func: Function, target: Target, steps: Sequence[Any] | None, name: str
+) -> tuple[tir.PrimFunc, tuple[ParamBinding, ...]]:
+    """Lower one fused function with `steps` (None: its default schedule) into kernel `name`, and say where each
+    kernel parameter comes from."""
+    from relay_tune.kernel.build import OUTPUT, lower_primitive
+
+    primfunc, packing = lower_primitive(func, target, steps, name=name)
+    bindings = tuple(
+        ParamBinding("output", p.index) if p.role == OUTPUT
+        else ParamBinding("packed", p.index, p.layout) if p.layout is not None
+        else ParamBinding("input", p.index)
+        for p in packing.params
+    )
+    return primfunc, bindings
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The graph plan
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _StorageDraft:
+    kind: str  # "input" | "constant" | "intermediate" (arena or output, decided at the end)
+    index: int
+    nbytes: int
+    first: int = -1
+    last: int = -1
+
+
+@dataclass
+class _Planner:
+    """Walks the fused entry function in evaluation order and records values, storages and kernel calls."""
+
+    tasks: Mapping[str, LoweredTask]
+    values: list[Value] = field(default_factory=list)
+    storages: list[_StorageDraft] = field(default_factory=list)
+    calls: list[KernelCall] = field(default_factory=list)
+    constants: list[np.ndarray] = field(default_factory=list)
+    constant_ids: dict[tuple[int, str], int] = field(default_factory=dict)  # (id(Constant), packing) -> value
+    packers: dict[str, tir.PrimFunc] = field(default_factory=dict)  # run-time packing kernels by name
+    packed_at_run: dict[tuple[int, str], int] = field(default_factory=dict)
+    task_index: dict[str, int] = field(default_factory=dict)
+    keep: list[Any] = field(default_factory=list)  # constants whose ids are keys of constant_ids
+
+    # -- values -------------------------------------------------------------------------------------------------
+    def new_value(self, shape: tuple[int, ...], dtype: str, storage: int) -> int:
+        self.values.append(Value(tuple(int(d) for d in shape), dtype, storage))
+        return len(self.values) - 1
+
+    def new_storage(self, kind: str, index: int, nbytes: int) -> int:
+        self.storages.append(_StorageDraft(kind, index, nbytes))
+        return len(self.storages) - 1
+
+    def constant(self, array: np.ndarray, key: tuple[int, str]) -> int:
+        found = self.constant_ids.get(key)
+        if found is not None:
+            return found
+        array = np.ascontiguousarray(array)
+        storage = self.new_storage("constant", len(self.constants), array.nbytes)
+        self.constants.append(array)
+        value = self.new_value(array.shape, str(array.dtype), storage)
+        self.constant_ids[key] = value
+        return value
+
+    def intermediate(self, shape: tuple[int, ...], dtype: str) -> int:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        storage = self.new_storage("intermediate", -1, nbytes)
+        return self.new_value(shape, dtype, storage)
+
+    def read(self, value: int, step: int) -> None:
+        draft = self.storages[self.values[value].storage]
+        draft.last = max(draft.last, step)
+
+    def wrote(self, value: int, step: int) -> None:
+        draft = self.storages[self.values[value].storage]
+        draft.first = step if draft.first < 0 else min(draft.first, step)
+        draft.last = max(draft.last, step)
+
+    # -- walking ------------------------------------------------------------------------------------------------
+    def run(self, main: Function) -> tuple[list[InputInfo], OutputTree]:
+        inputs: list[InputInfo] = []
+        env: dict[int, OutputTree] = {}  # id(expr) or id(var) -> value tree
+        for position, param in enumerate(main.params):
+            ty = param.checked_type
+            if not isinstance(ty, TensorType) or not ty.is_static:
+                raise UnsupportedError(
+                    f"input %{param.name_hint} has type {ty}; compiled models take tensors of static shape"
+                )
+            shape = tuple(int(d) for d in ty.shape)  # type: ignore[arg-type]
+            storage = self.new_storage("input", position, _nbytes(shape, ty.dtype))
+            value = self.new_value(shape, ty.dtype, storage)
+            env[id(param)] = value
+            inputs.append(InputInfo(param.name_hint, value))
+        self._walk(main.body, env)
+        return inputs, env[id(main.body)]
+
+    def _walk(self, root: Expr, env: dict[int, OutputTree]) -> None:
+        stack: list[tuple[Expr, int]] = [(root, 0)]
+        done: set[int] = set(env)
+        while stack:
+            node, phase = stack.pop()
+            if phase == 0:
+                if id(node) in done:
+                    continue
+                if isinstance(node, Let):
+                    stack += [(node, 2), (node.body, 0), (node, 1), (node.value, 0)]
+                elif isinstance(node, Call) and isinstance(node.op, Function):
+                    stack.append((node, 2))
+                    stack.extend((a, 0) for a in reversed(node.args))
+                elif isinstance(node, Tuple):
+                    stack.append((node, 2))
+                    stack.extend((f, 0) for f in reversed(node.fields))
+                elif isinstance(node, TupleGetItem):
+                    stack += [(node, 2), (node.tuple_value, 0)]
+                else:
+                    stack.append((node, 2))
+                continue
+            if phase == 1:  # a let's value is ready: bind its variable
+                assert isinstance(node, Let)
+                env[id(node.var)] = env[id(node.value)]
+                done.add(id(node.var))
+                continue
+            if id(node) in done:
+                continue
+            env[id(node)] = self._value_of(node, env)
+            done.add(id(node))
+
+    def _value_of(self, node: Expr, env: dict[int, OutputTree]) -> OutputTree:
+        if isinstance(node, Var):
+            if id(node) not in env:
+                raise UnsupportedError(f"variable %{node.name_hint} is not bound to a value here")
+            return env[id(node)]
+        if isinstance(node, Constant):
+            return self.constant(node.data, (id(node), ""))
+        if isinstance(node, Tuple):
+            return tuple(env[id(f)] for f in node.fields)
+        if isinstance(node, TupleGetItem):
+            tup = env[id(node.tuple_value)]
+            if not isinstance(tup, tuple):
+                raise CompileError("projection of a value that is not a tuple")
+            return tup[node.index]
+        if isinstance(node, Let):
+            return env[id(node.body)]
+        if isinstance(node, Call) and isinstance(node.op, Function) and node.op.is_primitive:
+            return self._kernel_call(node, env)
+        if isinstance(node, If):
+            raise UnsupportedError("compiled models cannot branch (`if`); run such programs with the interpreter")
+        if isinstance(node, Call) and isinstance(node.op, GlobalVar):
+            raise UnsupportedError(
+                f"compiled models cannot call other global functions (@{node.op.name}); run such programs with the "
+                "interpreter"
+            )
+        if isinstance(node, Call) and isinstance(node.op, Op):
+            raise CompileError(f"operator call {node.op.name} outside any fused function (run the fusion passes)")
+        raise UnsupportedError(f"compiled models cannot evaluate a {type(node).__name__} here")
+
+    def _kernel_call(self, call: Call, env: dict[int, OutputTree]) -> OutputTree:
+        from relay_tune.passes.extract_tasks import workload_key
+
+        func = call.op
+        assert isinstance(func, Function)
+        key = workload_key(func)
+        task = self.tasks.get(key)
+        if task is None:
+            raise CompileError(f"no kernel was compiled for fused function {key[:12]}")
+        leaves: list[int] = []
+        for arg in call.args:
+            leaves.extend(_flatten(env[id(arg)]))
+        out_type = func.body.checked_type if func.body.has_type() else func.ret_type
+        if task.alias:
+            source = self.values[leaves[0]]
+            assert isinstance(out_type, TensorType)
+            shape = tuple(int(d) for d in out_type.shape)  # type: ignore[arg-type]
+            return self.new_value(shape, source.dtype, source.storage)
+        outputs = [self.intermediate(tuple(int(d) for d in t.shape), t.dtype) for t in _flatten_types(out_type)]
+        args: list[int] = []
+        for binding in task.bindings:
+            if binding.kind == "output":
+                args.append(outputs[binding.index])
+            elif binding.kind == "input":
+                args.append(leaves[binding.index])
+            else:
+                args.append(self._packed(call.args, leaves, binding))
+        step = len(self.calls)
+        for binding, value in zip(task.bindings, args):
+            if binding.kind == "output":
+                self.wrote(value, step)
+            else:
+                self.read(value, step)
+        self.calls.append(KernelCall(task.kernel_name, self.task_index[key], tuple(args)))
+        return _structure(out_type, outputs)
+
+    def _packed(self, call_args: Sequence[Expr], leaves: list[int], binding: ParamBinding) -> int:
+        """The packed form of input `binding.index`: packed once now for a constant, else by a kernel each run."""
+        lt = binding.pack
+        layout_key = f"{lt.src_layout}->{lt.dst_layout}:{lt.dtype}:{list(lt.src_shape)}"
+        source = leaves[binding.index]
+        constant = _constant_leaf(call_args, binding.index)
+        if constant is not None:
+            self.keep.append(constant)
+            found = self.constant_ids.get((id(constant), layout_key))
+            if found is not None:
+                return found
+            return self.constant(np.asarray(lt.pack(constant.data)), (id(constant), layout_key))
+        found_run = self.packed_at_run.get((source, layout_key))
+        if found_run is not None:
+            return found_run
+        packer = self._packer(lt, layout_key)
+        value = self.intermediate(lt.packed_shape, lt.dtype)
+        step = len(self.calls)
+        self.read(source, step)
+        self.wrote(value, step)
+        self.calls.append(KernelCall(packer.name, PACKING_TASK, (source, value)))
+        self.packed_at_run[(source, layout_key)] = value
+        return value
+
+    def _packer(self, lt: Any, layout_key: str) -> tir.PrimFunc:
+        from relay_tune.kernel.lower import lower
+        from relay_tune.kernel.schedule import Schedule
+
+        name = f"pack_{len(self.packers)}_{_slug(lt.src_layout + '_' + lt.dst_layout)}"
+        for existing in self.packers.values():
+            if dict(existing.attrs).get("packing") == layout_key:
+                return existing
+        _src, packed = lt.pack_compute()
+        primfunc = lower(Schedule([packed]), name)
+        primfunc = replace(primfunc, attrs=(*primfunc.attrs, ("packing", layout_key)))
+        self.packers[name] = primfunc
+        return primfunc
+
+    # -- finishing ----------------------------------------------------------------------------------------------
+    def finish(
+        self, inputs: list[InputInfo], outputs: OutputTree, task_infos: tuple[TaskInfo, ...]
+    ) -> tuple[GraphPlan, list[np.ndarray]]:
+        """The plan and its constants. Values nothing reads (e.g. a weight that is only read packed) and their
+        storages are dropped; intermediates returned by the model become outputs, the rest go into the arena."""
+        used = {i.value for i in inputs} | {v for c in self.calls for v in c.args} | set(_flatten(outputs))
+        value_ids = sorted(used)
+        new_value = {old: new for new, old in enumerate(value_ids)}
+        storage_ids = sorted({self.values[v].storage for v in value_ids})
+        new_storage = {old: new for new, old in enumerate(storage_ids)}
+        output_storages = {self.values[v].storage for v in _flatten(outputs)}
+
+        lifetimes: list[BufferLifetime] = []
+        storages: list[Storage] = []
+        constants: list[np.ndarray] = []
+        num_outputs = 0
+        for old in storage_ids:
+            draft = self.storages[old]
+            if draft.kind == "constant":
+                storages.append(Storage("constant", len(constants), draft.nbytes))
+                constants.append(self.constants[draft.index])
+            elif draft.kind == "input":
+                storages.append(Storage("input", draft.index, draft.nbytes))
+            elif old in output_storages:
+                storages.append(Storage("output", num_outputs, draft.nbytes))
+                num_outputs += 1
+            else:
+                first = max(draft.first, 0)
+                lifetimes.append(BufferLifetime(draft.nbytes, first, max(draft.last, first)))
+                storages.append(Storage("arena", len(lifetimes) - 1, draft.nbytes))
+        values = [replace(self.values[v], storage=new_storage[self.values[v].storage]) for v in value_ids]
+
+        def renumber(tree: OutputTree) -> OutputTree:
+            return tuple(renumber(t) for t in tree) if isinstance(tree, tuple) else new_value[tree]
+
+        plan = GraphPlan(
+            inputs=tuple(InputInfo(i.name, new_value[i.value]) for i in inputs),
+            values=tuple(values),
+            storages=tuple(storages),
+            calls=tuple(replace(c, args=tuple(new_value[a] for a in c.args)) for c in self.calls),
+            outputs=renumber(outputs),
+            tasks=task_infos,
+            memory=plan_memory(lifetimes),
+        )
+        return plan, constants
+
+
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _flatten(tree: OutputTree) -> list[int]:
+    out: list[int] = []
+    stack: list[OutputTree] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tuple):
+            stack.extend(reversed(node))
+        else:
+            out.append(node)
+    return out
+
+
+def _flatten_types(ty: Type | None) -> list[TensorType]:
+    out: list[TensorType] = []
+    stack: list[Type | None] = [ty]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, TupleType):
+            stack.extend(reversed(t.fields))
+        elif isinstance(t, TensorType) and t.is_static:
+            out.append(t)
+        else:
+            raise UnsupportedError(f"compiled models handle tensors of static shape and tuples of them, not {t}")
+    return out
+
+
+def _structure(ty: Type | None, leaves: list[int]) -> OutputTree:
+    queue = list(leaves)
+
+    def build(t: Type | None) -> OutputTree:
+        if isinstance(t, TupleType):
+            return tuple(build(f) for f in t.fields)
+        return queue.pop(0)
+
+    return build(ty)
+
+
+def _constant_leaf(call_args: Sequence[Expr], leaf_index: int) -> Constant | None:
+    """The constant that flattened argument `leaf_index` of a call is, if it is one."""
+    position = 0
+    for arg in call_args:
+        ty = arg.checked_type if arg.has_type() else None
+        width = len(_flatten_types(ty)) if ty is not None else 1
+        if leaf_index < position + width:
+            return arg if isinstance(arg, Constant) and width == 1 else None
+        position += width
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Compiling
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes, dict[str, float]]:
+    from relay_tune.codegen.llvm import compile_object
+
+    timings: dict[str, float] = {}
+    obj = compile_object(funcs, target, timings=timings)
+    return obj, timings
+
+
+def _compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int) -> list[tuple[bytes, list[tir.PrimFunc]]]:
+    """Object code for `funcs`: one module, or `jobs` modules of about equal size compiled in worker processes."""
+    jobs = max(1, min(jobs, len(funcs)))
+    if jobs == 1:
+        return [(_compile_chunk(funcs, target)[0], list(funcs))]
+    # Kernels dealt round-robin by estimated size, so each chunk takes about as long to optimise.
+    order = sorted(funcs, key=lambda f: -_stmt_count(f.body))
+    chunks: list[list[tir.PrimFunc]] = [[] for _ in range(jobs)]
+    for i, func in enumerate(order):
+        chunks[i % jobs].append(func)
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(_compile_chunk, chunk, target) for chunk in chunks]
+        return [(future.result()[0], chunk) for future, chunk in zip(futures, chunks)]
+
+
+def _stmt_count(stmt: tir.Stmt) -> int:
+    count = 0
+    stack: list[tir.Stmt] = [stmt]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, tir.Seq):
+            stack.extend(node.stmts)
+        elif isinstance(node, tir.For | tir.Allocate):
+            stack.append(node.body)
+        elif isinstance(node, tir.IfThenElse):
+            stack.append(node.then_body)
+            if node.else_body is not None:
+                stack.append(node.else_body)
+    return count
+
+
+def default_jobs() -> int:
+    """Parallel compile processes: one per core up to 4, when a model has enough kernels to split."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# build
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def bind_params(mod: IRModule, params: Mapping[str, Any], entry: str = "main") -> IRModule:
+    """Replace entry-function parameters named in `params` by constants (weights become foldable and packable)."""
+    if not params:
+        return mod
+    func = mod[entry]
+    by_name = {p.name_hint: p for p in func.params}
+    unknown = [n for n in params if n not in by_name]
+    if unknown:
+        raise RelayTuneError(
+            f"params name unknown input(s) {', '.join(map(repr, unknown))}; the inputs of @{entry} are "
+            + ", ".join(f"%{n}" for n in by_name)
+        )
+    mapping: dict[Var, Expr] = {}
+    for name, value in params.items():
+        param = by_name[name]
+        ty = param.checked_type if param.has_type() else param.type_annotation
+        array = np.asarray(value)
+        if isinstance(ty, TensorType):
+            if str(array.dtype) != ty.dtype:
+                raise RelayTuneError(f"param {name!r}: expected dtype {ty.dtype} ({ty}), got {array.dtype}")
+            if ty.is_static and tuple(int(d) for d in ty.shape) != array.shape:  # type: ignore[arg-type]
+                raise RelayTuneError(f"param {name!r}: expected shape {ty.shape} ({ty}), got {array.shape}")
+        mapping[param] = Constant(array)
+    body = substitute(func.body, mapping)
+    new_params = tuple(p for p in func.params if p not in mapping)
+    new_func = Function(new_params, body, func.ret_type, func.attrs, func.type_params)
+    return mod.with_function(entry, new_func)
+
+
+def build(
+    mod: IRModule | Function,
+    target: str | Target | None = "llvm",
+    params: Mapping[str, Any] | None = None,
+    logs: Any = None,
+    opt_level: int = 3,
+    *,
+    jobs: int | None = None,
+    require_tuned: bool = False,
+    threading_runtime: str = "auto",
+) -> CompiledModel:
+    """Compile `mod`'s `main` function into a `CompiledModel` (see the module docstring).
+
+    target: "llvm" (this machine), a target string, or a `Target`.
+    params: values for entry-function inputs, bound as constants (weights).
+    logs: tuning log path(s) or a `ScheduleLookup`; tasks without a record use their default schedule.
+    jobs: compile processes (default: one per core, at most 4; 1 compiles in this process).
+    require_tuned: raise instead of warning when a task has no tuning record.
+    """
+    from relay_tune.passes import optimize
+    from relay_tune.passes.extract_tasks import extract_tasks
+    from relay_tune.type_infer import infer_types
+
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    resolved = resolve_target(target)
+    lookup = schedule_lookup(logs)
+    if isinstance(mod, Function):
+        mod = IRModule({"main": mod})
+    if "main" not in mod:
+        raise RelayTuneError("the module has no @main function to build")
+    mod = infer_types(mod)
+    mod = infer_types(bind_params(mod, params or {}))
+    fused = optimize(mod, opt_level=opt_level)
+    t_passes = time.perf_counter()
+    timings["passes_s"] = t_passes - start
+
+    specs = [t for t in extract_tasks(IRModule({"main": fused["main"]}))]
+    lowered: dict[str, LoweredTask] = {}
+    untuned: list[str] = []
+    for number, spec in enumerate(specs):
+        kernel_name = f"k{number}_{_slug(spec.description)}"[:KERNEL_NAME_LIMIT]
+        task = _lower_one(spec, resolved, lookup, kernel_name, untuned)
+        lowered[spec.key] = task
+    t_lower = time.perf_counter()
+    timings["lower_s"] = t_lower - t_passes
+    if lookup is not None and untuned:
+        message = (f"{len(untuned)} of {len(specs)} tasks have no tuning record for {resolved} and use the default "
+                   f"schedule: " + "; ".join(untuned))
+        if require_tuned:
+            raise RelayTuneError(message)
+        warnings.warn(message, BuildWarning, stacklevel=2)
+
+    task_list = [t for t in lowered.values()]
+    task_infos = tuple(
+        TaskInfo(t.key, t.description, "" if t.alias else t.kernel_name, t.tuned, t.occurrences, t.flops)
+        for t in task_list
+    )
+    planner = _Planner(lowered)
+    planner.task_index = {t.key: i for i, t in enumerate(task_list)}
+    inputs, outputs = planner.run(fused["main"])
+    plan, constants = planner.finish(inputs, outputs, task_infos)
+    t_plan = time.perf_counter()
+    timings["plan_s"] = t_plan - t_lower
+
+    called = {c.kernel for c in plan.calls}
+    funcs = [t.primfunc for t in task_list if not t.alias and t.kernel_name in called]
+    funcs += [f for f in planner.packers.values() if f.name in called]
+    chunks = _compile_all(funcs, resolved, jobs if jobs is not None else default_jobs()) if funcs else []
+    t_compile = time.perf_counter()
+    timings["llvm_s"] = t_compile - t_plan
+
+    from relay_tune.runtime.kernel import load_object
+    from relay_tune.runtime.model import host_triple
+
+    objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
+    libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
+    timings["load_s"] = time.perf_counter() - t_compile
+    timings["total_s"] = time.perf_counter() - start
+    info: dict[str, Any] = {
+        "triple": host_triple(),
+        "opt_level": opt_level,
+        "timings": timings,
+        "kernels": len(funcs),
+        "tuned_tasks": sum(t.tuned for t in task_list),
+        "default_tasks": sum(not t.tuned and not t.alias for t in task_list),
+        "alias_tasks": sum(t.alias for t in task_list),
+        "lower_seconds": {t.key: t.lower_seconds for t in task_list},
+    }
+    return CompiledModel(plan, objects, constants, resolved, info, threading_runtime, libraries=libraries)
+
+
+def _lower_one(
+    spec: Any, target: Target, lookup: ScheduleLookup | None, kernel_name: str, untuned: list[str]
+) -> LoweredTask:
+    begin = time.perf_counter()
+    common = dict(key=spec.key, description=spec.description, occurrences=spec.occurrences, flops=spec.flops,
+                  func=spec.func)
+    if is_pure_reshape(spec.func):
+        empty = tir.PrimFunc(kernel_name, (), tir.Seq(()))
+        return LoweredTask(**common, primfunc=empty, bindings=(), tuned=False, alias=True)  # type: ignore[arg-type]
+    steps = lookup(spec.key, target) if lookup is not None else None
+    tuned = steps is not None
+    if steps is None and lookup is not None:
+        untuned.append(f"{spec.key[:12]} {spec.description}")
+    try:
+        primfunc, bindings = lower_task(spec.func, target, steps, kernel_name)
+    except RelayTuneError as err:
+        if not tuned:
+            raise CompileError(f"cannot compile fused function {spec.description}: {err}") from err
+        warnings.warn(
+            f"the tuned schedule of task {spec.key[:12]} ({spec.description}) does not apply ({err}); using its "
+            "default schedule",
+            BuildWarning,
+            stacklevel=3,
+        )
+        tuned = False
+        primfunc, bindings = lower_task(spec.func, target, None, kernel_name)
+    return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=tuned, kernel_name=kernel_name,  # type: ignore[arg-type]
+                       lower_seconds=time.perf_counter() - begin)
+
+
+class _CallableModule(types.ModuleType):
+    """Makes `relay_tune.build(...)` work although `relay_tune.build` is also this module's name."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> CompiledModel:
+        return build(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,794 @@
+"""Compiled models: a graph plan of kernel calls over planned buffers, run from precomputed addresses.
+
+A `CompiledModel` is what `relay_tune.build` returns and what `relay_tune.runtime.load` reads back:
+
+    model = relay_tune.build(mod, target="llvm -mcpu=native")
+    out = model.run(x=image)                  # or model.run(image); a tuple for tuple outputs
+    model.benchmark(repeat=20)                # latency statistics of whole-model runs
+    model.profile()                           # time per task (fused kernel), for the tuner's summary
+    model.memory_report()                     # arena bytes against one buffer per tensor
+    model.save("model.rtmod"); relay_tune.runtime.load("model.rtmod")
+
+The graph plan (`GraphPlan`) is plain data:
+
+- *values*: every tensor the model computes or reads, each with a shape, dtype and a *storage*;
+- *storages*: where values live. `input` (the caller's array, or an aligned copy of it), `constant` (an array
+  made at build time: weights, and weights already packed into the layout a kernel's schedule reads), `arena`
+  (a slot of the one arena of intermediate tensors, placed by `relay_tune.runtime.memory_plan`) and `output`
+  (a fresh array per run, handed to the caller). Several values share a storage when one is a pure reshape
+  of another: the reshape is an alias, not a copy;
+- *calls*: kernel invocations in topological order, each naming the values passed as the kernel's parameters.
+
+Running binds the input and output addresses into prepared argument lists and calls each kernel through
+ctypes (which releases the GIL; the kernels spread their own work over the cores). Arena and constant
+addresses are taken once, when the model is loaded. Runs are serialised by a lock because they share the
+arena.
+
+The saved file is a zip archive: `manifest.json` (format version, target, graph plan, kernel signatures),
+`kernels/<i>.o` (relocatable object code, JIT-linked on load without recompiling) and `constants/<i>.npy`
+(written and read with pickling disabled).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import statistics
+import threading
+import time
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from relay_tune.errors import RelayTuneError
+from relay_tune.runtime.kernel import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
+from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
+from relay_tune.target import Target
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "CompiledModel",
+    "GraphPlan",
+    "InputInfo",
+    "KernelCall",
+    "LatencyStats",
+    "MemoryReport",
+    "ModelFormatError",
+    "ModelInputError",
+    "Storage",
+    "TargetMismatchError",
+    "TaskInfo",
+    "TaskProfile",
+    "Value",
+    "check_target_compatible",
+    "load",
+]
+
+FORMAT_NAME = "relay-tune-model"
+FORMAT_VERSION = 1
+STORAGE_KINDS = ("input", "constant", "arena", "output")
+PACKING_TASK = -1  # `KernelCall.task` of helper kernels that pack run-time weights for a tuned kernel
+
+
+class ModelInputError(RelayTuneError):
+    """Inputs given to a compiled model do not match its parameters."""
+
+
+class ModelFormatError(RelayTuneError):
+    """A saved model file that cannot be read (not a model, damaged, or from an incompatible version)."""
+
+
+class TargetMismatchError(RelayTuneError):
+    """A saved model was compiled for a CPU whose features this machine lacks."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The graph plan (plain data)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Memory that one or more values live in.
+
+    `index` is the input position (kind "input"), the constant number ("constant"), the buffer number of the
+    memory plan ("arena") or the output buffer number ("output").
+    """
+
+    kind: str
+    index: int
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in STORAGE_KINDS:
+            raise ValueError(f"unknown storage kind {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor of the model: its type and the storage it lives in (at offset 0)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    storage: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel invocation: `args[i]` is the value passed as the kernel's parameter i."""
+
+    kernel: str
+    task: int  # index into GraphPlan.tasks, or PACKING_TASK
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """One distinct fused function of the model and the kernel compiled for it."""
+
+    key: str
+    description: str
+    kernel: str
+    tuned: bool
+    occurrences: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    name: str
+    value: int
+
+
+OutputTree = Union[int, tuple["OutputTree", ...]]  # noqa: UP007 (recursive alias)
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    inputs: tuple[InputInfo, ...]
+    values: tuple[Value, ...]
+    storages: tuple[Storage, ...]
+    calls: tuple[KernelCall, ...]
+    outputs: OutputTree
+    tasks: tuple[TaskInfo, ...]
+    memory: MemoryPlan
+
+    def output_values(self) -> list[int]:
+        """The output tree's values, depth first."""
+        found: list[int] = []
+        stack: list[OutputTree] = [self.outputs]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, tuple):
+                stack.extend(reversed(node))
+            else:
+                found.append(node)
+        return found
+
+    def storages_of_kind(self, kind: str) -> list[int]:
+        return [i for i, s in enumerate(self.storages) if s.kind == kind]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputs": [{"name": i.name, "value": i.value} for i in self.inputs],
+            "values": [{"shape": list(v.shape), "dtype": v.dtype, "storage": v.storage} for v in self.values],
+            "storages": [{"kind": s.kind, "index": s.index, "nbytes": s.nbytes} for s in self.storages],
+            "calls": [{"kernel": c.kernel, "task": c.task, "args": list(c.args)} for c in self.calls],
+            "outputs": _tree_to_json(self.outputs),
+            "tasks": [
+                {"key": t.key, "description": t.description, "kernel": t.kernel, "tuned": t.tuned,
+                 "occurrences": t.occurrences, "flops": t.flops}
+                for t in self.tasks
+            ],
+            "memory": self.memory.to_json(),
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> GraphPlan:
+        return GraphPlan(
+            inputs=tuple(InputInfo(str(i["name"]), int(i["value"])) for i in data["inputs"]),
+            values=tuple(
+                Value(tuple(int(d) for d in v["shape"]), str(v["dtype"]), int(v["storage"])) for v in data["values"]
+            ),
+            storages=tuple(Storage(str(s["kind"]), int(s["index"]), int(s["nbytes"])) for s in data["storages"]),
+            calls=tuple(
+                KernelCall(str(c["kernel"]), int(c["task"]), tuple(int(a) for a in c["args"])) for c in data["calls"]
+            ),
+            outputs=_tree_from_json(data["outputs"]),
+            tasks=tuple(
+                TaskInfo(str(t["key"]), str(t["description"]), str(t["kernel"]), bool(t["tuned"]),
+                         int(t["occurrences"]), int(t["flops"]))
+                for t in data["tasks"]
+            ),
+            memory=MemoryPlan.from_json(data["memory"]),
+        )
+
+
+def _tree_to_json(tree: OutputTree) -> Any:
+    return [_tree_to_json(t) for t in tree] if isinstance(tree, tuple) else tree
+
+
+def _tree_from_json(data: Any) -> OutputTree:
+    return tuple(_tree_from_json(d) for d in data) if isinstance(data, list) else int(data)
+
+
+def signature_to_json(sig: KernelSignature) -> dict[str, Any]:
+    assert sig.params is not None
+    return {
+        "name": sig.name,
+        "align": sig.align,
+        "params": [
+            {"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "written": p.written} for p in sig.params
+        ],
+    }
+
+
+def signature_from_json(data: Mapping[str, Any]) -> KernelSignature:
+    params = tuple(
+        ParamSpec(str(p["name"]), tuple(int(d) for d in p["shape"]), str(p["dtype"]), bool(p["written"]))
+        for p in data["params"]
+    )
+    return KernelSignature(str(data["name"]), params, int(data["align"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reports
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Seconds per model run, one entry per repeat (each the mean of `number` back-to-back runs)."""
+
+    costs: tuple[float, ...]
+    number: int
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.costs)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.costs)
+
+    @property
+    def min(self) -> float:
+        return min(self.costs)
+
+    @property
+    def max(self) -> float:
+        return max(self.costs)
+
+    @property
+    def std(self) -> float:
+        return statistics.pstdev(self.costs)
+
+    def __str__(self) -> str:
+        return (f"median {self.median * 1e3:.3f} ms, min {self.min * 1e3:.3f} ms, max {self.max * 1e3:.3f} ms "
+                f"({len(self.costs)} x {self.number} runs)")
+
+
+@dataclass(frozen=True)
+class TaskProfile:
+    """Time one task's kernel takes in one model run (all its calls), median over the profiled runs."""
+
+    task: int  # index into GraphPlan.tasks, or PACKING_TASK
+    key: str
+    description: str
+    tuned: bool
+    calls: int
+    seconds: float
+    share: float  # of the summed kernel time of a run
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Bytes a model needs, intermediates planned into one arena against one buffer per intermediate tensor."""
+
+    arena_bytes: int
+    naive_bytes: int
+    lower_bound_bytes: int
+    intermediate_tensors: int
+    aliased_tensors: int  # values that are views of another value (pure reshapes)
+    constant_bytes: int
+    input_bytes: int
+    output_bytes: int
+
+    @property
+    def saving(self) -> float:
+        return 1.0 - self.arena_bytes / self.naive_bytes if self.naive_bytes else 0.0
+
+    def __str__(self) -> str:
+        mib = 2.0**20
+        return (
+            f"intermediates: {self.arena_bytes / mib:.2f} MiB arena vs {self.naive_bytes / mib:.2f} MiB one buffer "
+            f"per tensor ({self.saving:.0%} saved; live-set lower bound {self.lower_bound_bytes / mib:.2f} MiB), "
+            f"{self.intermediate_tensors} tensors, {self.aliased_tensors} reshape aliases; "
+            f"constants {self.constant_bytes / mib:.2f} MiB, inputs {self.input_bytes / mib:.2f} MiB, "
+            f"outputs {self.output_bytes / mib:.2f} MiB"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The compiled model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """Per-model executor state: argument lists with constant and arena addresses filled in."""
+
+    calls: list[tuple[Any, list[int]]]
+    patches: list[tuple[list[int], int, int]]  # (argument list, position, storage) for input/output storages
+    call_tasks: list[int]
+    keep_alive: list[Any] = field(default_factory=list)
+
+
+class CompiledModel:
+    """A model compiled to kernels, with its graph plan, constants and memory arena (see the module docstring)."""
+
+    def __init__(
+        self,
+        plan: GraphPlan,
+        objects: Sequence[tuple[bytes, Sequence[KernelSignature]]],
+        constants: Sequence[np.ndarray],
+        target: Target,
+        build_info: Mapping[str, Any] | None = None,
+        threading_runtime: str = "auto",
+        libraries: Sequence[KernelLibrary] | None = None,
+    ) -> None:
+        """`objects`: object code and the kernels it defines. `libraries`, when given, are those objects already
+        loaded in this process (the builder loads them itself to time the load)."""
+        self.plan = plan
+        self.target = target
+        self.build_info: dict[str, Any] = dict(build_info or {})
+        self._objects = [(bytes(obj), tuple(sigs)) for obj, sigs in objects]
+        self._constants = [_aligned(c) for c in constants]
+        if libraries is None:
+            libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in self._objects]
+        self._libraries = list(libraries)
+        self._kernels = {name: lib.get(name) for lib in self._libraries for name in lib.names}
+        self._lock = threading.Lock()
+        self._input_names = [i.name for i in plan.inputs]
+        self._input_values = [plan.values[i.value] for i in plan.inputs]
+        self._input_storage = [plan.values[i.value].storage for i in plan.inputs]
+        self._output_storages = plan.storages_of_kind("output")
+        self._arena = aligned_empty(max(plan.memory.arena_bytes, DEFAULT_ALIGNMENT), "uint8", DEFAULT_ALIGNMENT)
+        self._staging: dict[int, np.ndarray] = {}
+        self._bound_inputs: list[np.ndarray] = []
+        self._prepared = self._prepare()
+
+    # -- set-up ---------------------------------------------------------------------------------------------------
+    def _prepare(self) -> _Prepared:
+        plan = self.plan
+        fixed: dict[int, int] = {}
+        arena_base = self._arena.ctypes.data
+        for index, storage in enumerate(plan.storages):
+            if storage.kind == "constant":
+                fixed[index] = self._constants[storage.index].ctypes.data
+            elif storage.kind == "arena":
+                fixed[index] = arena_base + plan.memory.offsets[storage.index]
+        calls: list[tuple[Any, list[int]]] = []
+        patches: list[tuple[list[int], int, int]] = []
+        for call in plan.calls:
+            kernel = self._kernels.get(call.kernel)
+            if kernel is None:
+                raise ModelFormatError(f"the graph plan calls kernel {call.kernel!r}, which no object code defines")
+            params = kernel.signature.params
+            if params is not None:
+                if len(params) != len(call.args):
+                    raise ModelFormatError(
+                        f"kernel {call.kernel} takes {len(params)} parameters but the plan passes {len(call.args)}"
+                    )
+                for param, value_id in zip(params, call.args):
+                    value = plan.values[value_id]
+                    if value.nbytes != math.prod(param.shape) * np.dtype(param.dtype).itemsize:
+                        raise ModelFormatError(
+                            f"kernel {call.kernel}, parameter {param.name}: the plan passes a {value.dtype}"
+                            f"{list(value.shape)} tensor where {param.dtype}{list(param.shape)} is expected"
+                        )
+            args: list[int] = []
+            for position, value_id in enumerate(call.args):
+                storage = plan.values[value_id].storage
+                if storage in fixed:
+                    args.append(fixed[storage])
+                else:
+                    args.append(0)
+                    patches.append((args, position, storage))
+            # A prototype of our own: calling it skips the per-call checks `Kernel.raw` makes.
+            fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(args)))(kernel.address)
+            calls.append((fn, args))
+        return _Prepared(calls, patches, [c.task for c in plan.calls])
+
+    # -- running --------------------------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._input_names)
+
+    def input_info(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, shape, dtype) of every input, in parameter order."""
+        return [(n, v.shape, v.dtype) for n, v in zip(self._input_names, self._input_values)]
+
+    def output_info(self) -> OutputTree:
+        return self.plan.outputs
+
+    def run(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[Any, ...]:
+        """Run the model on inputs given positionally (parameter order) and/or by name; returns fresh arrays."""
+        arrays = self._check_inputs(args, kwargs)
+        with self._lock:
+            outputs = self._new_outputs()
+            self._bind(arrays, outputs)
+            self._execute()
+            return self._collect(outputs)
+
+    __call__ = run
+
+    def _check_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+        names = self._input_names
+        if len(args) > len(names):
+            raise ModelInputError(f"the model takes {len(names)} input(s) ({_name_list(names)}), got {len(args)}")
+        given: dict[str, Any] = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names:
+                raise ModelInputError(f"unknown input {name!r}; the model's inputs are {_name_list(names)}")
+            if name in given:
+                raise ModelInputError(f"input {name!r} given both by position and by name")
+            given[name] = value
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise ModelInputError(f"missing input(s) {_name_list(missing)}; the model's inputs are {_name_list(names)}")
+        return [_check_input(name, given[name], spec) for name, spec in zip(names, self._input_values)]
+
+    def _new_outputs(self) -> dict[int, np.ndarray]:
+        return {
+            s: aligned_empty(max(self.plan.storages[s].nbytes, 1), "uint8", DEFAULT_ALIGNMENT)
+            for s in self._output_storages
+        }
+
+    def _bind(self, arrays: Sequence[np.ndarray], outputs: Mapping[int, np.ndarray]) -> None:
+        addresses: dict[int, int] = {}
+        self._bound_inputs = list(arrays)  # keeps the arrays alive while their addresses are in use
+        for position, (array, storage) in enumerate(zip(arrays, self._input_storage)):
+            address = array.ctypes.data
+            if address % DEFAULT_ALIGNMENT or not array.flags.c_contiguous:
+                # Kernels may assume aligned, dense parameters: copy into an aligned buffer kept for reuse.
+                staging = self._staging.get(position)
+                if staging is None:
+                    staging = self._staging[position] = aligned_empty(array.shape, array.dtype)
+                np.copyto(staging, array)
+                address = staging.ctypes.data
+            addresses[storage] = address
+        for storage, buffer in outputs.items():
+            addresses[storage] = buffer.ctypes.data
+        for args, position, storage in self._prepared.patches:
+            args[position] = addresses[storage]
+
+    def _execute(self) -> None:
+        for fn, args in self._prepared.calls:
+            fn(*args)
+
+    def _collect(self, outputs: Mapping[int, np.ndarray]) -> np.ndarray | tuple[Any, ...]:
+        handed_out: set[int] = set()
+        plan = self.plan
+
+        def leaf(value_id: int) -> np.ndarray:
+            value = plan.values[value_id]
+            storage = plan.storages[value.storage]
+            if storage.kind == "output" and value.storage not in handed_out:
+                handed_out.add(value.storage)
+                return outputs[value.storage][: value.nbytes].view(value.dtype).reshape(value.shape)
+            # The model returns an input, a constant, or the same tensor twice: every result gets its own array.
+            return np.array(self._view(value_id, outputs), copy=True)
+
+        def build(tree: OutputTree) -> Any:
+            return tuple(build(t) for t in tree) if isinstance(tree, tuple) else leaf(tree)
+
+        return build(plan.outputs)
+
+    def _view(self, value_id: int, outputs: Mapping[int, np.ndarray]) -> np.ndarray:
+        value = self.plan.values[value_id]
+        storage = self.plan.storages[value.storage]
+        if storage.kind == "output":
+            raw = outputs[value.storage]
+        elif storage.kind == "input":
+            raw = self._bound_inputs[storage.index].reshape(-1).view(np.uint8)
+        elif storage.kind == "constant":
+            raw = self._constants[storage.index].reshape(-1).view(np.uint8)
+        else:
+            offset = self.plan.memory.offsets[storage.index]
+            raw = self._arena[offset : offset + storage.nbytes]
+        return raw[: value.nbytes].view(value.dtype).reshape(value.shape)
+
+    # -- measuring ------------------------------------------------------------------------------------------------
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded random inputs: normal floats, small non-negative integers (safe as indices), coin-flip bools."""
+        rng = np.random.default_rng(seed)
+        inputs: dict[str, np.ndarray] = {}
+        for name, value in zip(self._input_names, self._input_values):
+            dtype = np.dtype(value.dtype)
+            if dtype.kind == "f":
+                inputs[name] = rng.standard_normal(value.shape).astype(dtype)
+            elif dtype.kind in "iu":
+                inputs[name] = rng.integers(0, 4, value.shape).astype(dtype)
+            else:
+                inputs[name] = rng.random(value.shape) < 0.5
+        return inputs
+
+    def benchmark(
+        self, repeat: int = 10, number: int = 1, inputs: Mapping[str, Any] | None = None, warmup: int = 1
+    ) -> LatencyStats:
+        """Whole-model latency: `repeat` timings, each the mean of `number` back-to-back runs (inputs bound once)."""
+        if repeat < 1 or number < 1 or warmup < 0:
+            raise RelayTuneError("benchmark needs repeat >= 1, number >= 1 and warmup >= 0")
+        arrays = self._check_inputs((), inputs if inputs is not None else self.random_inputs())
+        costs: list[float] = []
+        with self._lock:
+            outputs = self._new_outputs()
+            self._bind(arrays, outputs)
+            for _ in range(warmup):
+                self._execute()
+            clock = time.perf_counter
+            for _ in range(repeat):
+                start = clock()
+                for _ in range(number):
+                    self._execute()
+                costs.append((clock() - start) / number)
+        return LatencyStats(tuple(costs), number)
+
+    def profile(self, repeat: int = 5, inputs: Mapping[str, Any] | None = None) -> list[TaskProfile]:
+        """Time per task in one run (summed over the task's calls; median over `repeat` runs), slowest first."""
+        if repeat < 1:
+            raise RelayTuneError("profile needs repeat >= 1")
+        arrays = self._check_inputs((), inputs if inputs is not None else self.random_inputs())
+        calls = self._prepared.calls
+        tasks = self._prepared.call_tasks
+        per_run: list[dict[int, float]] = []
+        with self._lock:
+            outputs = self._new_outputs()  # held until the profiled runs are over: the kernels write into it
+            self._bind(arrays, outputs)
+            self._execute()  # warm-up
+            clock = time.perf_counter
+            for _ in range(repeat):
+                spent: dict[int, float] = {}
+                for (fn, args), task in zip(calls, tasks):
+                    start = clock()
+                    fn(*args)
+                    spent[task] = spent.get(task, 0.0) + clock() - start
+                per_run.append(spent)
+        counts: dict[int, int] = {}
+        for task in tasks:
+            counts[task] = counts.get(task, 0) + 1
+        medians = {task: statistics.median(run[task] for run in per_run) for task in counts}
+        total = sum(medians.values()) or 1.0
+        rows: list[TaskProfile] = []
+        for task, seconds in medians.items():
+            if task == PACKING_TASK:
+                key, description, tuned = "", "weight packing", False
+            else:
+                info = self.plan.tasks[task]
+                key, description, tuned = info.key, info.description, info.tuned
+            rows.append(TaskProfile(task, key, description, tuned, counts[task], seconds, seconds / total))
+        rows.sort(key=lambda r: -r.seconds)
+        return rows
+
+    def memory_report(self) -> MemoryReport:
+        plan = self.plan
+        per_storage: dict[int, int] = {}
+        for value in plan.values:
+            per_storage[value.storage] = per_storage.get(value.storage, 0) + 1
+        arena = plan.storages_of_kind("arena")
+        return MemoryReport(
+            arena_bytes=plan.memory.arena_bytes,
+            naive_bytes=plan.memory.naive_bytes,
+            lower_bound_bytes=plan.memory.lower_bound_bytes,
+            intermediate_tensors=sum(per_storage.get(s, 0) for s in arena),
+            aliased_tensors=sum(count - 1 for count in per_storage.values()),
+            constant_bytes=sum(c.nbytes for c in self._constants),
+            input_bytes=sum(v.nbytes for v in self._input_values),
+            output_bytes=sum(plan.storages[s].nbytes for s in self._output_storages),
+        )
+
+    @property
+    def num_kernel_calls(self) -> int:
+        return len(self.plan.calls)
+
+    @property
+    def object_code(self) -> list[bytes]:
+        return [obj for obj, _ in self._objects]
+
+    def __repr__(self) -> str:
+        inputs = ", ".join(f"{n}: {v.dtype}{list(v.shape)}" for n, v in zip(self._input_names, self._input_values))
+        kernels = len({c.kernel for c in self.plan.calls})
+        return f"CompiledModel(({inputs}) -> {len(self.plan.calls)} calls of {kernels} kernels)"
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model to one file (a zip archive; see the module docstring). Returns the path written."""
+        from relay_tune import __version__
+
+        path = Path(path)
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "relay_tune_version": __version__,
+            "target": str(self.target),
+            "triple": self.build_info.get("triple", ""),
+            "objects": [
+                {"file": f"kernels/{i}.o", "kernels": [signature_to_json(s) for s in sigs]}
+                for i, (_, sigs) in enumerate(self._objects)
+            ],
+            "constants": [f"constants/{i}.npy" for i in range(len(self._constants))],
+            "plan": self.plan.to_json(),
+            "build_info": self.build_info,
+        }
+        temporary = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+                archive.writestr("manifest.json", json.dumps(manifest, indent=1))
+                for i, (obj, _) in enumerate(self._objects):
+                    archive.writestr(f"kernels/{i}.o", obj)
+                for i, constant in enumerate(self._constants):
+                    with archive.open(f"constants/{i}.npy", "w", force_zip64=True) as out:
+                        np.lib.format.write_array(out, constant, allow_pickle=False)
+            os.replace(temporary, path)
+        finally:
+            if temporary.exists():
+                temporary.unlink()
+        return path
+
+
+def _name_list(names: Sequence[str]) -> str:
+    return ", ".join(f"%{n}" for n in names) or "none"
+
+
+def _check_input(name: str, value: Any, spec: Value) -> np.ndarray:
+    expected = f"{spec.dtype}{list(spec.shape)}"
+    if isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value)
+        if str(array.dtype) != spec.dtype:
+            raise ModelInputError(f"input %{name}: expected dtype {spec.dtype} ({expected}), got {array.dtype}")
+    elif isinstance(value, int | float | bool | list | tuple):
+        try:
+            array = np.asarray(value, dtype=spec.dtype)
+        except (TypeError, ValueError) as err:
+            raise ModelInputError(f"input %{name}: cannot convert to {expected}: {err}") from None
+    else:
+        raise ModelInputError(f"input %{name}: expected a numpy array ({expected}), got {type(value).__name__}")
+    if array.shape != spec.shape:
+        raise ModelInputError(f"input %{name}: expected shape {spec.shape} ({expected}), got {array.shape}")
+    return array
+
+
+def _aligned(array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    if array.ctypes.data % DEFAULT_ALIGNMENT == 0 and array.flags.c_contiguous:
+        return array
+    out = aligned_empty(array.shape, array.dtype)
+    np.copyto(out, array)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def host_triple() -> str:
+    import llvmlite.binding as llvm
+
+    return str(llvm.get_process_triple())
+
+
+def check_target_compatible(target: Target, triple: str = "", host: Target | None = None) -> None:
+    """Raise `TargetMismatchError` unless code compiled for `target` (and `triple`) can run on this machine."""
+    if target.kind != "llvm":
+        raise TargetMismatchError(f"the model was compiled for {target}; only llvm (CPU) models can run here")
+    if triple:
+        here = host_triple()
+        if triple.split("-")[0] != here.split("-")[0]:
+            raise TargetMismatchError(
+                f"the model was compiled for {triple.split('-')[0]} processors; this machine is {here.split('-')[0]}"
+            )
+    host = host or Target.host()
+    wanted = [f[1:] for f in target.mattr if f.startswith("+")]
+    if not wanted and target.mcpu:
+        # No explicit features: the CPU name implies the ones that matter for generated code.
+        wanted = [f for f in ("avx512f", "avx2", "avx", "fma") if target.has_feature(f)]
+    missing = sorted(f for f in wanted if not host.has_feature(f))
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise TargetMismatchError(
+            f"the model was compiled for {target.mcpu or 'a CPU'} with features this CPU ({host.mcpu}) lacks: "
+            f"{shown}. Rebuild it on this machine (relay-tune build ... --target native)"
+        )
+
+
+def load(path: str | os.PathLike[str], threading_runtime: str = "auto", check_target: bool = True) -> CompiledModel:
+    """Load a model written by `CompiledModel.save`: JIT-links its object code (no recompilation)."""
+    path = Path(path)
+    start = time.perf_counter()
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: no such file")
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise ModelFormatError(f"{path}: not a relay-tune model file (not a zip archive)") from None
+    with archive:
+        try:
+            manifest = json.loads(archive.read("manifest.json"))
+        except KeyError:
+            raise ModelFormatError(f"{path}: not a relay-tune model file (no manifest.json)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ModelFormatError(f"{path}: damaged manifest: {err}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+            raise ModelFormatError(f"{path}: not a relay-tune model file")
+        version = manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ModelFormatError(
+                f"{path}: model format version {version} is not supported (this relay-tune reads version "
+                f"{FORMAT_VERSION}); rebuild the model"
+            )
+        try:
+            target = Target.parse(manifest["target"])
+            if check_target:
+                check_target_compatible(target, manifest.get("triple", ""))
+            plan = GraphPlan.from_json(manifest["plan"])
+            objects = [
+                (archive.read(entry["file"]), [signature_from_json(s) for s in entry["kernels"]])
+                for entry in manifest["objects"]
+            ]
+            constants = []
+            for name in manifest["constants"]:
+                with archive.open(name) as stream:
+                    constants.append(_read_npy_aligned(stream))
+        except (KeyError, TypeError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            raise ModelFormatError(f"{path}: damaged model file ({type(err).__name__}: {err})") from None
+    info = dict(manifest.get("build_info") or {})
+    model = CompiledModel(plan, objects, constants, target, info, threading_runtime=threading_runtime)
+    model.build_info["load_seconds"] = time.perf_counter() - start
+    return model
+
+
+def _read_npy_aligned(stream: Any) -> np.ndarray:
+    """Read one .npy array straight into a 64-byte aligned buffer (pickled object arrays are refused)."""
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise ValueError("object arrays are not allowed in a model file")
+    array = aligned_empty(shape, dtype)
+    view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+    filled = 0
+    while filled < len(view):
+        got = stream.readinto(view[filled:])
+        if not got:
+            raise EOFError("truncated constant array")
+        filled += got
+    if fortran:
+        array = _aligned(np.ascontiguousarray(array.reshape(shape[::-1]).T))
+    return array
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a saved model, without loading its code (for inspection)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return dict(json.loads(archive.read("manifest.json")))
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as err:
+        raise ModelFormatError(f"{path}: not a readable relay-tune model file ({err})") from None
+
