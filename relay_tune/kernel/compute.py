@@ -399,7 +399,7 @@ def _compute_call(call: Call, values: dict[int, ComputeValue], calls: list[OpSta
                 f"compute of {opdef.name} returned {t.shape} {t.dtype} but the call has type {ty} (a bug)"
             )
     own = _new_tensors(flat, args)
-    _rename(own, _short_name(opdef.name), used_names)
+    _rename(own, flat, _short_name(opdef.name), used_names)
     calls.append(OpStage(opdef.name, call.attrs, opdef.pattern, tuple(own), tuple(flat)))
     return _structure(out_type, list(flat))
 
@@ -415,17 +415,25 @@ def _new_tensors(results: list[te.Tensor], args: list[te.Tensor]) -> list[te.Ten
     return out
 
 
-def _rename(tensors: list[te.Tensor], base: str, used: dict[str, int]) -> None:
-    """Give the stages of one call deterministic, unique names: the operator's short name for its result,
-    `<name>.<stage>` for internal stages. Computes name their tensors locally (they cannot know what else
-    is in the group), so the names are set here, once, right after the compute returned and before any
-    schedule or other tensor refers to them by name."""
+def _rename(tensors: list[te.Tensor], results: list[te.Tensor], base: str, used: dict[str, int]) -> None:
+    """Give the stages of one call deterministic, unique names: the operator's short name for its result
+    (`<name>.0, <name>.1, ...` for several), `<name>.<stage>` for internal stages. Computes name their tensors
+    locally (they cannot know what else is in the group), so the names are set here, once, right after the
+    compute returned and before any schedule or other tensor refers to them by name."""
     count = used.get(base, 0)
     used[base] = count + 1
     prefix = base if count == 0 else f"{base}_{count}"
-    last = tensors[-1] if tensors else None
+    result_ids = [id(t) for t in results]
+    taken: set[str] = set()
     for t in tensors:
-        name = prefix if t is last else f"{prefix}.{t.name}"
+        if id(t) in result_ids:
+            name = prefix if len(results) == 1 else f"{prefix}.{result_ids.index(id(t))}"
+        else:
+            name, n = f"{prefix}.{t.name}", 0
+            while name in taken:
+                n += 1
+                name = f"{prefix}.{t.name}_{n}"
+        taken.add(name)
         object.__setattr__(t, "name", name)
 
 

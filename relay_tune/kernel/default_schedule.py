@@ -60,10 +60,12 @@ def _anchor_stage(sch: Schedule, prim: PrimitiveCompute) -> Stage | None:
     call = prim.anchor_call
     if call is None:
         return None
-    for t in reversed(call.tensors):
-        if not t.is_placeholder and isinstance(t.op, te.ComputeOp) and t.op.is_reduction:
-            return sch[t]
-    return sch[call.result[0]] if call.result and not call.result[0].is_placeholder else None
+    # stages of the call that the outputs do not need (other fields of a split) are not in the schedule
+    stages = [st for st in (sch.stage_of_tensor(t) for t in call.tensors) if st is not None and st.op is not None]
+    for st in reversed(stages):
+        if st.op is not None and st.op.is_reduction:
+            return st
+    return stages[-1] if stages else None
 
 
 def _is_output(sch: Schedule, stage: Stage) -> bool:

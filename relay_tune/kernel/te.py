@@ -114,7 +114,7 @@ class TensorRead(PrimExpr):
             object.__setattr__(self, "dtype", self.tensor.dtype)
 
 
-COMBINERS = ("sum", "max", "min")
+COMBINERS = ("sum", "max", "min", "prod")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +137,8 @@ class Reduce(PrimExpr):
     def combine(self, acc: PrimExpr, value: PrimExpr) -> PrimExpr:
         if self.combiner == "sum":
             return acc + value
+        if self.combiner == "prod":
+            return acc * value
         if self.combiner == "max":
             return tir.maximum(acc, value)
         return tir.minimum(acc, value)
@@ -262,6 +264,11 @@ def min(expr: ExprLike, axis: IterVar | Sequence[IterVar], init: ExprLike | None
     return _reduce("min", expr, axis, init)
 
 
+def prod(expr: ExprLike, axis: IterVar | Sequence[IterVar], init: ExprLike | None = None) -> Reduce:
+    """Product of `expr` over the reduce axes (starting from `init`, default 1)."""
+    return _reduce("prod", expr, axis, init)
+
+
 _INT_RANGES = {
     "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1),
     "int64": (-(2**63), 2**63 - 1), "uint8": (0, 2**8 - 1), "uint16": (0, 2**16 - 1),
@@ -288,6 +295,8 @@ def max_value(dtype: str) -> PrimExpr:
 def _identity(combiner: str, dtype: str) -> PrimExpr:
     if combiner == "sum":
         return tir.const_like(0, dtype)
+    if combiner == "prod":
+        return tir.const_like(1, dtype)
     if combiner == "max":
         return min_value(dtype)
     return max_value(dtype)
@@ -482,6 +491,6 @@ __all__ = [
     "COMBINERS", "REDUCE", "SPATIAL", "ComputeOp", "IterVar", "PlaceholderOp", "Reduce", "Tensor", "TensorRead",
     "abs", "all_of", "any_of", "cast", "ceil", "compute", "const", "equal", "erf", "exp", "expr_children", "fabs",
     "floor", "fma", "if_then_else", "input_tensors", "iter_exprs", "log", "max", "max_value", "maximum", "min",
-    "min_value", "minimum", "not_equal", "placeholder", "post_order_tensors", "power", "reduce_axis", "round",
+    "min_value", "minimum", "not_equal", "placeholder", "post_order_tensors", "power", "prod", "reduce_axis", "round",
     "rsqrt", "sigmoid", "sqrt", "sum", "tanh", "tensors_read",
 ]

@@ -1320,3 +1320,324 @@ def _bias_add_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type)
         return data[idx] + bias[idx[axis]]
 
     return te.compute(shape, named(axis_names(len(shape)), body), "bias_add", BROADCAST)
+
+
+@compute("nn.batch_norm", "nn.dropout")
+def _removed_by_simplify_inference(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    raise UnsupportedError(
+        "nn.batch_norm and nn.dropout have no kernel: run SimplifyInference (part of the default pass pipeline) "
+        "to rewrite them into element-wise operations before building"
+    )
+
+
+@compute("nn.batch_matmul")
+def _batch_matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    x, y = inputs
+    assert isinstance(out_type, TensorType)
+    out_shape = static_shape(out_type)
+    acc = accumulate_dtype(out_type.dtype)
+    ta, tb = bool(attrs["transpose_a"]), bool(attrs["transpose_b"])
+    k_extent = x.shape[1] if ta else x.shape[2]
+    k = te.reduce_axis(k_extent, "k")
+    if tb:
+        # y as (batch, K, N): the inner product then reads N contiguously. A separate stage, which the default
+        # schedule computes ahead (a transpose of one operand costs far less than the product).
+        yt = te.compute((y.shape[0], y.shape[2], y.shape[1]), named(["b", "k", "n"], lambda b, kk, n: y[b, n, kk]),
+                        "transpose_b", "pack")
+    else:
+        yt = y
+
+    def batch(t: te.Tensor, b: tir.PrimExpr) -> tir.PrimExpr:
+        return tir.IntImm(0) if t.shape[0] == 1 else b
+
+    def body(b: tir.PrimExpr, i: tir.PrimExpr, j: tir.PrimExpr) -> tir.PrimExpr:
+        lhs = x[batch(x, b), k, i] if ta else x[batch(x, b), i, k]
+        rhs = yt[batch(yt, b), k, j]
+        return te.sum(te.cast(acc, lhs) * te.cast(acc, rhs), axis=k)
+
+    if acc == out_type.dtype:
+        return te.compute(out_shape, named(["b", "i", "j"], body), "batch_matmul", "batch_matmul")
+    total = te.compute(out_shape, named(["b", "i", "j"], body), "acc", "batch_matmul")
+    return te.compute(out_shape, named(["b", "i", "j"], lambda *i: te.cast(out_type.dtype, total[i])),
+                      "batch_matmul", "elemwise")
+
+
+def _softmax_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, log: bool) -> te.Tensor:
+    (x,) = inputs
+    dtype = x.dtype
+    axis = int(attrs["axis"]) % x.ndim
+    acc = str(accumulator_dtype(dtype))
+    shape = x.shape
+    reduced = tuple(s for d, s in enumerate(shape) if d != axis)
+    names = axis_names(x.ndim)
+    rnames = [n for d, n in enumerate(names) if d != axis]
+    k1, k2 = te.reduce_axis(shape[axis], "k"), te.reduce_axis(shape[axis], "k")
+
+    def at(idx: Sequence[tir.PrimExpr], value: tir.PrimExpr) -> tuple[tir.PrimExpr, ...]:
+        return (*idx[:axis], value, *idx[axis:])
+
+    def drop(idx: Sequence[tir.PrimExpr]) -> tuple[tir.PrimExpr, ...]:
+        return (*idx[:axis], *idx[axis + 1:])
+
+    xmax = te.compute(reduced, named(rnames, lambda *i: te.max(te.cast(acc, x[at(i, k1)]), axis=k1)), "max", "softmax")
+    shifted = te.compute(shape, named(names, lambda *i: te.exp(te.cast(acc, x[i]) - xmax[drop(i)])), "exp", "softmax")
+    total = te.compute(reduced, named(rnames, lambda *i: te.sum(shifted[at(i, k2)], axis=k2)), "sum", "softmax")
+    if log:
+        def body(*i: tir.PrimExpr) -> tir.PrimExpr:
+            return te.cast(dtype, te.cast(acc, x[i]) - xmax[drop(i)] - te.log(total[drop(i)]))
+    else:
+        def body(*i: tir.PrimExpr) -> tir.PrimExpr:
+            return te.cast(dtype, shifted[i] / total[drop(i)])
+    return te.compute(shape, named(names, body), "softmax", "softmax")
+
+
+@compute("nn.softmax")
+def _softmax(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _softmax_compute(inputs, attrs, out_type, log=False)
+
+
+@compute("nn.log_softmax")
+def _log_softmax(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _softmax_compute(inputs, attrs, out_type, log=True)
+
+
+def _tap_count(start: tir.PrimExpr, taps: int, dilation: int, lo: int, hi: int) -> tir.PrimExpr:
+    """How many of the positions `start + t * dilation` (0 <= t < taps) fall in [lo, hi)."""
+    if dilation == 1:
+        first = te.maximum(start, lo)
+        last = te.minimum(start + (taps - 1), hi - 1)
+    else:
+        # first t with start + t*d >= lo is ceil((lo - start) / d); last t with start + t*d <= hi - 1 is a floor
+        t_first = te.maximum(tir.IntImm(0) - tir.binary("floordiv", start - lo, dilation), 0)
+        t_last = te.minimum(tir.binary("floordiv", hi - 1 - start, dilation), taps - 1)
+        return te.maximum(t_last - t_first + 1, 0)
+    return te.maximum(last - first + 1, 0)
+
+
+def _pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_name: str) -> te.Tensor:
+    (x,) = inputs
+    g = _pool_geometry(attrs, op_name)
+    is_max = op_name == "nn.max_pool2d"
+    dtype = x.dtype
+    out_shape = static_shape(out_type)
+    hw = (x.shape[g.h_axis], x.shape[g.w_axis])
+    _, pad_h, pad_w = _pool_padding(hw, g)
+    fill = te.min_value(dtype) if is_max else const_expr(0, dtype)
+    layout = LayoutMap.parse(str(attrs["layout"]))
+    padded = _pad_axes(x, {g.h_axis: pad_h, g.w_axis: pad_w}, fill, layout)
+    acc = dtype if is_max else str(accumulator_dtype(dtype))
+    rh, rw = te.reduce_axis(g.pool[0], "rh"), te.reduce_axis(g.pool[1], "rw")
+    names = layout.axis_names({"N": "n", "C": "c", "H": "oh", "W": "ow"})
+
+    def src(idx: Sequence[tir.PrimExpr]) -> tuple[tir.PrimExpr, ...]:
+        out = list(idx)
+        out[g.h_axis] = idx[g.h_axis] * g.strides[0] + rh * g.dilation[0]
+        out[g.w_axis] = idx[g.w_axis] * g.strides[1] + rw * g.dilation[1]
+        return tuple(out)
+
+    if is_max:
+        return te.compute(out_shape, named(names, lambda *i: te.max(padded[src(i)], axis=[rh, rw])), "pool", "pool")
+    total = te.compute(out_shape, named(names, lambda *i: te.sum(te.cast(acc, padded[src(i)]), axis=[rh, rw])),
+                       "sum", "pool")
+    include = bool(attrs["count_include_pad"])
+
+    def average(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        counts = []
+        for d, (axis, size, pb, pa) in enumerate(((g.h_axis, hw[0], g.pad_before[0], g.pad_after[0]),
+                                                  (g.w_axis, hw[1], g.pad_before[1], g.pad_after[1]))):
+            # window start in input coordinates; the ceil-mode rows past the explicit padding never count
+            start = idx[axis] * g.strides[d] - pb
+            lo, hi = (-pb, size + pa) if include else (0, size)
+            counts.append(_tap_count(start, g.pool[d], g.dilation[d], lo, hi))
+        divisor = te.maximum(counts[0] * counts[1], 1)
+        value = tir.BinaryOp("div", total[idx], te.cast(acc, divisor))
+        return te.cast(dtype, value)
+
+    return te.compute(out_shape, named(names, average), "pool", "elemwise")
+
+
+def _pad_axes(x: te.Tensor, pads: dict[int, tuple[int, int]], fill: tir.PrimExpr, layout: LayoutMap) -> te.Tensor:
+    """`x` padded by `(before, after)` on the given axes with the value `fill` (an injective stage)."""
+    if not any(b or a for b, a in pads.values()):
+        return x
+    shape = tuple(s + sum(pads.get(d, (0, 0))) for d, s in enumerate(x.shape))
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        conds: list[tir.PrimExpr] = []
+        src: list[tir.PrimExpr] = []
+        for d, i in enumerate(idx):
+            before, after = pads.get(d, (0, 0))
+            if before:
+                conds.append(i >= before)
+            if after:
+                conds.append(i < before + x.shape[d])
+            src.append(i - before if before else i)
+        if not conds:
+            return x[tuple(src)]
+        return te.if_then_else(te.all_of(*conds), x[tuple(src)], fill)
+
+    names = layout.axis_names({"N": "n", "C": "c", "H": "h", "W": "w"})
+    return te.compute(shape, named(names, body), "pad", "pad")
+
+
+@compute("nn.max_pool2d")
+def _max_pool2d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _pool_compute(inputs, attrs, out_type, "nn.max_pool2d")
+
+
+@compute("nn.avg_pool2d")
+def _avg_pool2d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _pool_compute(inputs, attrs, out_type, "nn.avg_pool2d")
+
+
+def _global_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_name: str) -> te.Tensor:
+    (x,) = inputs
+    h, w = _global_pool_axes(attrs, op_name, x.ndim)
+    shape = static_shape(out_type)
+    rh, rw = te.reduce_axis(x.shape[h], "rh"), te.reduce_axis(x.shape[w], "rw")
+    names = LayoutMap.parse(str(attrs["layout"])).axis_names({"N": "n", "C": "c", "H": "oh", "W": "ow"})
+
+    def src(idx: Sequence[tir.PrimExpr]) -> tuple[tir.PrimExpr, ...]:
+        out = list(idx)
+        out[h], out[w] = rh, rw
+        return tuple(out)
+
+    if op_name == "nn.global_max_pool2d":
+        return te.compute(shape, named(names, lambda *i: te.max(x[src(i)], axis=[rh, rw])), "pool", "global_pool")
+    acc = str(accumulator_dtype(x.dtype))
+    total = te.compute(shape, named(names, lambda *i: te.sum(te.cast(acc, x[src(i)]), axis=[rh, rw])), "sum",
+                       "global_pool")
+    count = const_expr(x.shape[h] * x.shape[w], acc)
+    return te.compute(shape, named(names, lambda *i: te.cast(x.dtype, tir.BinaryOp("div", total[i], count))),
+                      "pool", "elemwise")
+
+
+@compute("nn.global_avg_pool2d")
+def _global_avg_pool2d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _global_pool_compute(inputs, attrs, out_type, "nn.global_avg_pool2d")
+
+
+@compute("nn.global_max_pool2d")
+def _global_max_pool2d_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _global_pool_compute(inputs, attrs, out_type, "nn.global_max_pool2d")
+
+
+def _conv_transpose_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_name: str,
+                            spatial_letters: str) -> te.Tensor:
+    """Each output position gathers the input pixels that scatter onto it: `y = i * stride + t * dilation -
+    pad_before` for input pixel `i` and tap `t`, so `i = (y + pad_before - t * dilation) / stride` when that
+    divides exactly and lands inside the input."""
+    data, weight = inputs
+    nsp = len(spatial_letters)
+    dl = LayoutMap.parse(str(attrs["data_layout"]), "data layout")
+    kl = LayoutMap.parse(str(attrs["kernel_layout"]), "kernel layout")
+    ol = LayoutMap.parse(str(attrs["out_layout"] or attrs["data_layout"]), "output layout")
+    g = _transpose_geometry(attrs, op_name, nsp)
+    assert isinstance(out_type, TensorType)
+    out_shape = static_shape(out_type)
+    acc = accumulate_dtype(out_type.dtype)
+    ddims, wdims = _logical_dims(dl, data.shape), _logical_dims(kl, weight.shape)
+    cg = ddims["C"] // g.groups
+    og = wdims["O"]
+    rc = te.reduce_axis(cg, "rc")
+    rk = [te.reduce_axis(wdims[s], f"r{s.lower()}") for s in spatial_letters]
+    names = ol.axis_names({"N": "n", "C": "oc", **{s: f"o{s.lower()}" for s in spatial_letters}})
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        pos = ol.logical(idx)
+        oc = pos["C"]
+        ic = (oc // og) * cg + rc if g.groups > 1 else rc
+        src: dict[str, tir.PrimExpr] = {"N": pos["N"], "C": ic}
+        conds: list[tir.PrimExpr] = []
+        for s, r, st, dil, pb in zip(spatial_letters, rk, g.strides, g.dilation, g.pad_before):
+            t = pos[s] + pb - r * dil
+            i = tir.binary("floordiv", t, st) if st != 1 else t
+            conds += [t >= 0, i < ddims[s]]
+            if st != 1:
+                conds.append(te.equal(tir.binary("floormod", t, st), 0))
+            src[s] = i
+        wpos: dict[str, tir.PrimExpr] = {"I": ic, "O": oc % og if g.groups > 1 else oc}
+        wpos.update(zip(spatial_letters, rk))
+        product = te.cast(acc, data[dl.index(src)]) * te.cast(acc, weight[kl.index(wpos)])
+        return te.sum(te.if_then_else(te.all_of(*conds), product, const_expr(0, acc)), axis=[rc, *rk])
+
+    if acc == out_type.dtype:
+        return te.compute(out_shape, named(names, body), "conv_transpose", "conv_transpose")
+    total = te.compute(out_shape, named(names, body), "acc", "conv_transpose")
+    return te.compute(out_shape, named(names, lambda *i: te.cast(out_type.dtype, total[i])), "conv_transpose",
+                      "elemwise")
+
+
+@compute("nn.conv2d_transpose")
+def _conv2d_transpose_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _conv_transpose_compute(inputs, attrs, out_type, "nn.conv2d_transpose", "HW")
+
+
+@compute("nn.conv1d_transpose")
+def _conv1d_transpose_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return _conv_transpose_compute(inputs, attrs, out_type, "nn.conv1d_transpose", "W")
+
+
+@compute("nn.lrn")
+def _lrn_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    axis = int(attrs["axis"]) % x.ndim
+    size = int(attrs["size"])
+    radius = size // 2
+    extent = x.shape[axis]
+    r = te.reduce_axis(size, "r")
+    names = axis_names(x.ndim)
+    acc = "float64" if x.dtype == "float64" else "float32"
+
+    def window(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        pos = idx[axis] - radius + r
+        value = te.cast(acc, x[(*idx[:axis], pos, *idx[axis + 1:])])
+        return te.sum(te.if_then_else(te.all_of(pos >= 0, pos < extent), value * value, const_expr(0, acc)), axis=r)
+
+    total = te.compute(x.shape, named(names, window), "sum", "norm")
+    bias, alpha, beta = float(attrs["bias"]), float(attrs["alpha"]), float(attrs["beta"])
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        scale = te.power(const_expr(bias, acc) + const_expr(alpha / size, acc) * total[idx], const_expr(beta, acc))
+        return te.cast(x.dtype, te.cast(acc, x[idx]) / scale)
+
+    return te.compute(x.shape, named(names, body), "lrn", "norm")
+
+
+@compute("nn.layer_norm")
+def _layer_norm_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    x, gamma, beta = inputs
+    axis = int(attrs["axis"]) % x.ndim
+    acc = "float64" if x.dtype == "float64" else "float32"
+    n = x.shape[axis]
+    names = axis_names(x.ndim)
+    rnames = [a for d, a in enumerate(names) if d != axis]
+    reduced = tuple(s for d, s in enumerate(x.shape) if d != axis)
+    k1, k2 = te.reduce_axis(n, "k"), te.reduce_axis(n, "k")
+
+    def at(idx: Sequence[tir.PrimExpr], value: tir.PrimExpr) -> tuple[tir.PrimExpr, ...]:
+        return (*idx[:axis], value, *idx[axis:])
+
+    def drop(idx: Sequence[tir.PrimExpr]) -> tuple[tir.PrimExpr, ...]:
+        return (*idx[:axis], *idx[axis + 1:])
+
+    inv_n = const_expr(1.0 / n, acc)
+    mean = te.compute(reduced, named(rnames, lambda *i: te.sum(te.cast(acc, x[at(i, k1)]), axis=k1)), "sum", "norm")
+
+    def squares(*i: tir.PrimExpr) -> tir.PrimExpr:
+        centred = te.cast(acc, x[at(i, k2)]) - mean[i] * inv_n
+        return te.sum(centred * centred, axis=k2)
+
+    var = te.compute(reduced, named(rnames, squares), "var", "norm")
+    eps = const_expr(float(attrs["epsilon"]), acc)
+
+    def body(*i: tir.PrimExpr) -> tir.PrimExpr:
+        r = drop(i)
+        out = (te.cast(acc, x[i]) - mean[r] * inv_n) * te.rsqrt(var[r] * inv_n + eps)
+        if attrs["scale"]:
+            out = out * te.cast(acc, gamma[i[axis]])
+        if attrs["center"]:
+            out = out + te.cast(acc, beta[i[axis]])
+        return te.cast(x.dtype, out)
+
+    return te.compute(x.shape, named(names, body), "layer_norm", "norm")

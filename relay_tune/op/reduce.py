@@ -164,3 +164,107 @@ def _collapse_sum_like_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
     with np.errstate(all="ignore"):
         total = np.sum(data, axis=axes, dtype=_accumulate_dtype(data.dtype), keepdims=True)
     return total.reshape(like.shape).astype(data.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# tensor-expression computes (kernels)
+# --------------------------------------------------------------------------------------------
+# Imported here, not at the top: the kernel layer is only needed once kernels are built.
+from relay_tune.kernel import te, tir  # noqa: E402
+from relay_tune.kernel.compute import (  # noqa: E402
+    INJECTIVE,
+    accumulate_dtype,
+    axis_names,
+    const_expr,
+    named,
+    static_shape,
+)
+from relay_tune.op.registry import compute  # noqa: E402
+
+_TE_REDUCERS: dict[str, Callable[..., te.Reduce]] = {
+    "sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min, "prod": te.prod,
+}
+
+
+def reduce_tensor(
+    x: te.Tensor, axes: Sequence[int], keepdims: bool, combiner: str, acc_dtype: str, name: str = "reduce",
+    tag: str = "reduce",
+) -> te.Tensor:
+    """`combiner` of `x` over `axes` (sorted), in `acc_dtype`; reduced axes are kept as size 1 with
+    `keepdims`. The reduce axes are named `k<axis>`."""
+    axes = sorted(axes)
+    if keepdims:
+        shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    raxes = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+    reducer = _TE_REDUCERS[combiner]
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        src: list[tir.PrimExpr] = []
+        spatial = iter(idx)
+        reduced = iter(raxes)
+        for d in range(x.ndim):
+            if d in axes:
+                src.append(next(reduced))
+                if keepdims:
+                    next(spatial)
+            else:
+                src.append(next(spatial))
+        return reducer(te.cast(acc_dtype, x[tuple(src)]), axis=raxes)
+
+    return te.compute(shape, named(axis_names(len(shape)), body), name, tag)
+
+
+def _reduce_compute(op_name: str) -> Callable[..., te.Tensor]:
+    def impl(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        (x,) = inputs
+        assert isinstance(out_type, TensorType)
+        out_shape = static_shape(out_type)
+        dtype = out_type.dtype
+        axes = reduce_axes(x.ndim, attrs["axis"], bool(attrs["exclude"]), op_name)
+        if not axes:  # a scalar: reducing over nothing is the value itself
+            return te.compute(out_shape, named(axis_names(len(out_shape)), lambda *i: x[i]), op_name, INJECTIVE)
+        acc = accumulate_dtype(dtype) if op_name in ("sum", "mean", "prod") else dtype
+        total = reduce_tensor(x, axes, bool(attrs["keepdims"]), "sum" if op_name == "mean" else op_name, acc)
+        if op_name == "mean":
+            count = 1
+            for a in axes:
+                count *= x.shape[a]
+            # `div` truncates integers toward zero, as the reference's integer mean does
+            return te.compute(
+                out_shape,
+                named(axis_names(len(out_shape)),
+                      lambda *i: te.cast(dtype, tir.BinaryOp("div", total[i], const_expr(count, acc)))),
+                "mean", "elemwise",
+            )
+        if acc == dtype:
+            return total
+        return te.compute(out_shape, named(axis_names(len(out_shape)), lambda *i: te.cast(dtype, total[i])),
+                          op_name, "elemwise")
+
+    return impl
+
+
+for _name in REDUCE_OPS:
+    compute(_name)(_reduce_compute(_name))
+
+
+@compute("collapse_sum_like")
+def _collapse_sum_like_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, like = inputs
+    assert isinstance(out_type, TensorType)
+    lead = data.ndim - like.ndim
+    axes = list(range(lead)) + [lead + i for i, t in enumerate(like.shape) if t == 1 and data.shape[lead + i] != 1]
+    shape = static_shape(out_type)
+    if not axes:
+        return te.compute(shape, named(axis_names(len(shape)), lambda *i: data[i]), "collapse_sum_like", INJECTIVE)
+    acc = accumulate_dtype(out_type.dtype)
+    total = reduce_tensor(data, axes, False, "sum", acc)
+    # the reduced result drops the summed axes; the output keeps the like-shaped ones as size 1
+    kept = [d for d in range(lead, data.ndim) if d not in axes]
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        return te.cast(out_type.dtype, total[tuple(idx[d - lead] for d in kept)])
+
+    return te.compute(shape, named(axis_names(len(shape)), body), "collapse_sum_like", "elemwise")

@@ -901,3 +901,311 @@ def _broadcast_to_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
 def _broadcast_to_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
     x = np.asarray(inputs[0])
     return np.ascontiguousarray(np.broadcast_to(x, _broadcast_to_shape(x.shape, attrs)))
+
+
+# --------------------------------------------------------------------------------------------
+# tensor-expression computes (kernels)
+# --------------------------------------------------------------------------------------------
+# Imported here, not at the top: the kernel layer is only needed once kernels are built.
+from relay_tune.kernel import te, tir  # noqa: E402
+from relay_tune.kernel.compute import (  # noqa: E402
+    BROADCAST,
+    INJECTIVE,
+    LayoutMap,
+    axis_names,
+    broadcast_read,
+    named,
+    static_shape,
+)
+from relay_tune.op.registry import compute  # noqa: E402
+
+TeFn = Any  # a compute body: indices -> expression
+
+
+def _injective(name: str, shape: Sequence[int], body: TeFn, tag: str = INJECTIVE) -> te.Tensor:
+    return te.compute(tuple(shape), named(axis_names(len(shape)), body), name, tag)
+
+
+def _unravel(flat: tir.PrimExpr, shape: Sequence[int]) -> list[tir.PrimExpr]:
+    """Row-major indices into `shape` of the element at flat position `flat`."""
+    out: list[tir.PrimExpr] = []
+    stride = 1
+    for extent in reversed(shape):
+        value = flat if stride == 1 else tir.binary("floordiv", flat, stride)
+        out.append(tir.binary("floormod", value, extent) if extent != 1 else tir.IntImm(0))
+        stride *= extent
+    return list(reversed(out))
+
+
+def _ravel(idx: Sequence[tir.PrimExpr], shape: Sequence[int]) -> tir.PrimExpr:
+    flat: tir.PrimExpr = tir.IntImm(0)
+    for i, extent in zip(idx, shape):
+        flat = flat * extent + i
+    return flat
+
+
+def reshape_tensor(x: te.Tensor, shape: Sequence[int], name: str) -> te.Tensor:
+    """`x` read as row-major `shape` (same element count)."""
+    return _injective(name, shape, lambda *idx: x[tuple(_unravel(_ravel(idx, shape), x.shape))])
+
+
+def _reshape_compute(op_name: str) -> Any:
+    def impl(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        return reshape_tensor(inputs[0], static_shape(out_type), op_name)
+
+    return impl
+
+
+for _name in ("reshape", "nn.batch_flatten"):
+    compute(_name)(_reshape_compute(_name))
+
+
+@compute("squeeze")
+def _squeeze_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    shape = static_shape(out_type)
+    if attrs["axis"] is None:
+        kept = [d for d, s in enumerate(x.shape) if s != 1]
+    else:
+        drop = {normalize_axis(a, x.ndim) for a in as_int_tuple(attrs["axis"])}
+        kept = [d for d in range(x.ndim) if d not in drop]
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        src: list[tir.PrimExpr] = [tir.IntImm(0)] * x.ndim
+        for i, d in zip(idx, kept):
+            src[d] = i
+        return x[tuple(src)]
+
+    return _injective("squeeze", shape, body)
+
+
+@compute("expand_dims")
+def _expand_dims_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    axis = normalize_axis(attrs["axis"], x.ndim + 1)
+    count = int(attrs["num_newaxis"])
+    return _injective("expand_dims", static_shape(out_type),
+                      lambda *idx: x[(*idx[:axis], *idx[axis + count:])], BROADCAST)
+
+
+@compute("transpose")
+def _transpose_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    perm = transpose_axes(x.ndim, attrs["axes"])
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        src: list[tir.PrimExpr] = [tir.IntImm(0)] * x.ndim
+        for j, p in enumerate(perm):
+            src[p] = idx[j]
+        return x[tuple(src)]
+
+    return _injective("transpose", static_shape(out_type), body)
+
+
+@compute("broadcast_to")
+def _broadcast_to_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    return _injective("broadcast_to", static_shape(out_type), lambda *idx: broadcast_read(x, idx), BROADCAST)
+
+
+def _select_chain(parts: Sequence[tuple[tir.PrimExpr | None, tir.PrimExpr]]) -> tir.PrimExpr:
+    """`c0 ? v0 : c1 ? v1 : ... : vn` from (condition, value) pairs; the last condition is ignored."""
+    result = parts[-1][1]
+    for cond, value in reversed(parts[:-1]):
+        assert cond is not None
+        result = te.if_then_else(cond, value, result)
+    return result
+
+
+@compute("concatenate")
+def _concatenate_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    axis = normalize_axis(attrs["axis"], inputs[0].ndim)
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        parts: list[tuple[tir.PrimExpr | None, tir.PrimExpr]] = []
+        offset = 0
+        for t in inputs:
+            local = idx[axis] - offset if offset else idx[axis]
+            parts.append((idx[axis] < offset + t.shape[axis], t[(*idx[:axis], local, *idx[axis + 1:])]))
+            offset += t.shape[axis]
+        return _select_chain(parts)
+
+    return _injective("concatenate", static_shape(out_type), body)
+
+
+@compute("stack")
+def _stack_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    axis = normalize_axis(attrs["axis"], inputs[0].ndim + 1)
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        rest = (*idx[:axis], *idx[axis + 1:])
+        return _select_chain([(te.equal(idx[axis], k), t[rest]) for k, t in enumerate(inputs)])
+
+    return _injective("stack", static_shape(out_type), body)
+
+
+@compute("split")
+def _split_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> tuple[te.Tensor, ...]:
+    (x,) = inputs
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    assert isinstance(out_type, TupleType)
+    parts = []
+    for (start, _), field_type in zip(split_points(x.shape[axis], attrs["indices_or_sections"]), out_type.fields):
+        def body(*idx: tir.PrimExpr, begin: int = int(start)) -> tir.PrimExpr:  # type: ignore[arg-type]
+            return x[(*idx[:axis], idx[axis] + begin if begin else idx[axis], *idx[axis + 1:])]
+
+        parts.append(_injective("split", static_shape(field_type), body))
+    return tuple(parts)
+
+
+@compute("strided_slice")
+def _strided_slice_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    starts: dict[int, tuple[int, int]] = {}
+    for axis, b, e, s in _slice_specs(x.shape, attrs):
+        r = _slice_range(x.shape[axis], b, e, s)
+        starts[axis] = (r.start, s)
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        src = []
+        for d, i in enumerate(idx):
+            start, step = starts.get(d, (0, 1))
+            src.append(i * step + start if (start or step != 1) else i)
+        return x[tuple(src)]
+
+    return _injective("strided_slice", static_shape(out_type), body)
+
+
+def _resolve_index(value: tir.PrimExpr, extent: int, mode: str) -> tir.PrimExpr:
+    i = te.cast(tir.INDEX_DTYPE, value)
+    if mode == "wrap":
+        return tir.binary("floormod", i, extent)
+    # "clip" clamps; "fast" promises in-range indices, and clamping keeps a broken promise inside the buffer
+    return te.minimum(te.maximum(i, 0), extent - 1)
+
+
+@compute("take")
+def _take_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, indices = inputs
+    shape = static_shape(out_type)
+    mode = attrs["mode"]
+    if attrs["axis"] is None:
+        size = 1
+        for s in data.shape:
+            size *= s
+
+        def flat_body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+            return data[tuple(_unravel(_resolve_index(indices[idx], size, mode), data.shape))]
+
+        return _injective("take", shape, flat_body)
+    axis = normalize_axis(attrs["axis"], data.ndim)
+    batch_dims = _batch_dims(attrs["batch_dims"], indices.ndim, axis)
+    n_mid = axis - batch_dims
+    n_ind = indices.ndim - batch_dims
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        batch = idx[:batch_dims]
+        mid = idx[batch_dims:batch_dims + n_mid]
+        ind = idx[batch_dims + n_mid:batch_dims + n_mid + n_ind]
+        rest = idx[batch_dims + n_mid + n_ind:]
+        position = _resolve_index(indices[(*batch, *ind)], data.shape[axis], mode)
+        return data[(*batch, *mid, position, *rest)]
+
+    return _injective("take", shape, body)
+
+
+@compute("nn.pad")
+def _pad_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, pad_value = inputs
+    widths = _pad_widths(data.shape, attrs)
+    mode = attrs["pad_mode"]
+    fill = te.cast(data.dtype, pad_value[()])
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        conds: list[tir.PrimExpr] = []
+        src: list[tir.PrimExpr] = []
+        for d, (i, (before, after)) in enumerate(zip(idx, widths)):
+            n = data.shape[d]
+            j = i - before if before else i
+            if mode == "edge":
+                j = te.minimum(te.maximum(j, 0), n - 1) if (before or after) else j
+            elif mode == "reflect" and (before or after):
+                j = (n - 1) - te.abs((n - 1) - te.abs(j))
+            elif before or after:
+                if before:
+                    conds.append(i >= before)
+                if after:
+                    conds.append(i < before + n)
+            src.append(j)
+        value = data[tuple(src)]
+        return te.if_then_else(te.all_of(*conds), value, fill) if conds else value
+
+    return _injective("pad", static_shape(out_type), body)
+
+
+@compute("layout_transform")
+def _layout_transform_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    src = LayoutMap.parse(str(attrs["src_layout"]))
+    dst = LayoutMap.parse(str(attrs["dst_layout"]))
+    return _injective("layout_transform", static_shape(out_type), lambda *idx: x[src.index(dst.logical(idx))])
+
+
+def _source_coordinate(i: tir.PrimExpr, out_extent: int, in_extent: int, align_corners: bool) -> tir.PrimExpr:
+    """The float64 input coordinate sampled by output position `i` (the reference's arithmetic, in order)."""
+    position = te.cast("float64", i)
+    if align_corners:
+        ratio = (in_extent - 1) / (out_extent - 1) if out_extent > 1 else 0.0
+    else:
+        ratio = in_extent / out_extent
+    return position * tir.FloatImm(ratio, "float64")
+
+
+@compute("nn.upsampling")
+def _upsampling_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    h_axis, w_axis = _upsampling_layout(attrs)
+    shape = static_shape(out_type)
+    align = bool(attrs["align_corners"])
+    method = attrs["method"]
+    axes = ((h_axis, shape[h_axis], x.shape[h_axis]), (w_axis, shape[w_axis], x.shape[w_axis]))
+
+    def nearest(i: tir.PrimExpr, out_extent: int, in_extent: int) -> tir.PrimExpr:
+        coord = _source_coordinate(i, out_extent, in_extent, align)
+        rounded = te.round(coord) if align else te.floor(coord + tir.FloatImm(1e-5, "float64"))
+        return te.minimum(te.maximum(te.cast(tir.INDEX_DTYPE, rounded), 0), in_extent - 1)
+
+    if method == "nearest_neighbor":
+        def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+            src = list(idx)
+            for axis, out_extent, in_extent in axes:
+                src[axis] = nearest(idx[axis], out_extent, in_extent)
+            return x[tuple(src)]
+
+        return _injective("upsampling", shape, body)
+    if method != "bilinear":
+        raise UnsupportedError(f"nn.upsampling with method={method!r} has no kernel")
+
+    def linear(i: tir.PrimExpr, out_extent: int, in_extent: int) -> tuple[tir.PrimExpr, tir.PrimExpr, tir.PrimExpr]:
+        coord = _source_coordinate(i, out_extent, in_extent, align)
+        floor = te.floor(coord)
+        low = te.minimum(te.maximum(te.cast(tir.INDEX_DTYPE, floor), 0), in_extent - 1)
+        high = te.minimum(low + 1, in_extent - 1)
+        return low, high, coord - floor
+
+    def bilinear(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        (lh, hh, fh), (lw, hw, fw) = (linear(idx[a], o, n) for a, o, n in axes)
+        one = tir.FloatImm(1.0, "float64")
+
+        def at(hi: tir.PrimExpr, wi: tir.PrimExpr) -> tir.PrimExpr:
+            src = list(idx)
+            src[h_axis], src[w_axis] = hi, wi
+            return te.cast("float64", x[tuple(src)])
+
+        # rows first, then columns: the order in which the reference interpolates
+        def row(wi: tir.PrimExpr) -> tir.PrimExpr:
+            return at(lh, wi) * (one - fh) + at(hh, wi) * fh
+
+        return te.cast(x.dtype, row(lw) * (one - fw) + row(hw) * fw)
+
+    return _injective("upsampling", shape, bilinear)
