@@ -25,13 +25,13 @@ Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores. 
 
 Tuning logs (`logs`): a path or list of paths of JSON-lines tuning logs, or a function
 `(task_key, target) -> schedule steps | None` (`ScheduleLookup`). For logs, the best valid record per workload
-and target is used (`relay_tune.tuning.apply_best`); its config must carry the schedule's steps under the
-`"steps"` knob (the JSON form of `relay_tune.kernel.schedule.Step`s).
+and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps through `steps_from_config`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import re
@@ -80,7 +80,10 @@ from relay_tune.runtime.model import (
 )
 from relay_tune.target import Target
 
-__all__ = ["BuildWarning", "ScheduleLookup", "build", "resolve_target", "schedule_lookup"]
+__all__ = [
+    "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "resolve_target", "steps_from_config",
+    "task_lookup",
+]
 
 ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
 """`(task_key, target) -> schedule steps (Step objects or their JSON dicts) | None` (None: default schedule)."""
@@ -121,12 +124,46 @@ def resolve_target(target: str | Target | None) -> Target:
     return resolved
 
 
-def schedule_lookup(logs: Any) -> ScheduleLookup | None:
-    """A `ScheduleLookup` for `logs`: None, a lookup function, or tuning-log path(s)."""
+def steps_from_config(func: Function, config: Mapping[str, Any], target: Target) -> list[Any]:
+    """The schedule steps a tuning config stands for, for fused function `func`.
+
+    The decoder is `relay_tune.tuning.relay_task.config_to_steps(func, config, target)` when the tuning package
+    provides it (the schedule spaces know their knobs); without it, a config may carry its steps itself: a
+    `"steps"` knob holding the JSON text of a list of step dicts.
+    """
+    import importlib
+
+    try:
+        decoder = getattr(importlib.import_module("relay_tune.tuning.relay_task"), "config_to_steps", None)
+    except ImportError:
+        decoder = None
+    if decoder is not None:
+        return list(decoder(func, config, target))
+    steps = config.get("steps")
+    if isinstance(steps, str):
+        try:
+            decoded = json.loads(steps)
+        except json.JSONDecodeError as err:
+            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
+        if isinstance(decoded, list):
+            return decoded
+    raise RelayTuneError(
+        f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): no schedule space "
+        "decoder is available and the config carries no steps"
+    )
+
+
+TaskLookup = Callable[[Any, Target], Sequence[Any] | None]
+"""`(task spec, target) -> steps | None`: the form the build uses inside (the spec has the key and the function)."""
+
+
+def task_lookup(logs: Any) -> TaskLookup | None:
+    """The lookup `build` uses for `logs`: None, a `ScheduleLookup` function, or tuning-log path(s)."""
     if logs is None:
         return None
     if callable(logs):
-        return logs  # type: ignore[no-any-return]
+        hook: ScheduleLookup = logs
+        return lambda spec, target: hook(spec.key, target)
     paths = [logs] if isinstance(logs, str | os.PathLike) else list(logs)
     if not paths:
         return None
@@ -137,21 +174,13 @@ def schedule_lookup(logs: Any) -> ScheduleLookup | None:
 
     cache: dict[str, Mapping[tuple[str, str], Any]] = {}
 
-    def lookup(task_key: str, target: Target) -> Sequence[Any] | None:
+    def lookup(spec: Any, target: Target) -> Sequence[Any] | None:
         target_text = str(target)
         best = cache.get(target_text)
         if best is None:
             best = cache[target_text] = apply_best(paths, target=target_text)
-        config = best.get((task_key, target_text))
-        if config is None:
-            return None
-        steps = config.get("steps") if hasattr(config, "get") else None
-        if steps is None:
-            raise RelayTuneError(
-                f"the best tuning record for task {task_key[:12]} carries no schedule steps (its config has knobs "
-                f"{', '.join(config)}); pass logs as a lookup function that turns a config into steps"
-            )
-        return list(steps)  # type: ignore[arg-type]
+        config = best.get((spec.key, target_text))
+        return None if config is None else steps_from_config(spec.func, config, target)
 
     return lookup
 
@@ -656,7 +685,7 @@ def build(
     timings: dict[str, float] = {}
     start = time.perf_counter()
     resolved = resolve_target(target)
-    lookup = schedule_lookup(logs)
+    lookup = task_lookup(logs)
     if isinstance(mod, Function):
         mod = IRModule({"main": mod})
     if "main" not in mod:
@@ -677,8 +706,10 @@ def build(
     t_lower = time.perf_counter()
     timings["lower_s"] = t_lower - t_passes
     if lookup is not None and untuned:
-        message = (f"{len(untuned)} of {len(specs)} tasks have no tuning record for {resolved} and use the default "
-                   f"schedule: " + "; ".join(untuned))
+        kernels = sum(not t.alias for t in lowered.values())
+        message = (f"{len(untuned)} of {kernels} tasks have no tuning record "
+                   f"for this target ({resolved.mcpu or 'generic CPU'}, {resolved.num_cores} cores) and use the "
+                   "default schedule: " + "; ".join(untuned))
         if require_tuned:
             raise RelayTuneError(message)
         warnings.warn(message, BuildWarning, stacklevel=2)
@@ -723,7 +754,7 @@ def build(
 
 
 def _lower_one(
-    spec: Any, target: Target, lookup: ScheduleLookup | None, kernel_name: str, untuned: list[str]
+    spec: Any, target: Target, lookup: TaskLookup | None, kernel_name: str, untuned: list[str]
 ) -> LoweredTask:
     begin = time.perf_counter()
     common = dict(key=spec.key, description=spec.description, occurrences=spec.occurrences, flops=spec.flops,
@@ -731,7 +762,7 @@ def _lower_one(
     if is_pure_reshape(spec.func):
         empty = tir.PrimFunc(kernel_name, (), tir.Seq(()))
         return LoweredTask(**common, primfunc=empty, bindings=(), tuned=False, alias=True)  # type: ignore[arg-type]
-    steps = lookup(spec.key, target) if lookup is not None else None
+    steps = lookup(spec, target) if lookup is not None else None
     tuned = steps is not None
     if steps is None and lookup is not None:
         untuned.append(f"{spec.key[:12]} {spec.description}")
