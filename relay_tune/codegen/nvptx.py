@@ -220,6 +220,8 @@ class PTXModule:
     ptx: str
     arch: str
     functions: tuple[GPUFunction, ...]
+    kernels: tuple[tir.PrimFunc, ...] = field(default=(), compare=False, repr=False)
+    """The kernels' loop nests (what the emulated device runs); empty once shipped as PTX alone."""
 
     def function(self, name: str) -> GPUFunction:
         for f in self.functions:
@@ -841,6 +843,13 @@ def lower_module(
     funcs: Sequence[tir.PrimFunc], target: Target | str | None = None, options: CodegenOptions | None = None
 ) -> tuple[ir.Module, tuple[GPUFunction, ...]]:
     """The unoptimized LLVM module of every kernel of `funcs`, and the launch plan of each PrimFunc."""
+    module, plans, _ = _lower(funcs, target, options)
+    return module, plans
+
+
+def _lower(
+    funcs: Sequence[tir.PrimFunc], target: Target | str | None, options: CodegenOptions | None
+) -> tuple[ir.Module, tuple[GPUFunction, ...], tuple[tir.PrimFunc, ...]]:
     if not funcs:
         raise CompileError("nothing to compile: no kernels given")
     arch = _resolve_arch(target)
@@ -850,6 +859,7 @@ def lower_module(
     module.data_layout = str(machine.target_data)
     codegen = NVPTXCodegen(module, arch, options)
     plans: list[GPUFunction] = []
+    all_kernels: list[tir.PrimFunc] = []
     names: set[str] = set()
     for func in funcs:
         if func.name in names:
@@ -859,7 +869,8 @@ def lower_module(
         for kernel in kernels:
             codegen.lower(kernel)
         plans.append(plan)
-    return module, tuple(plans)
+        all_kernels.extend(kernels)
+    return module, tuple(plans), tuple(all_kernels)
 
 
 def _optimized(module: ir.Module, arch: str, timings: MutableMapping[str, float] | None):  # -> llvm.ModuleRef
@@ -905,7 +916,7 @@ def build_ptx(
     """
     arch = _resolve_arch(target)
     t0 = time.perf_counter()
-    module, plans = lower_module(funcs, arch, options)
+    module, plans, kernels = _lower(funcs, arch, options)
     if timings is not None:
         timings["lower_s"] = time.perf_counter() - t0
     parsed = _optimized(module, arch, timings)
@@ -913,7 +924,7 @@ def build_ptx(
     ptx = _target_machine(arch).emit_assembly(parsed)
     if timings is not None:
         timings["emit_s"] = time.perf_counter() - t1
-    return PTXModule(ptx, arch, plans)
+    return PTXModule(ptx, arch, plans, kernels)
 
 
 def emit_ptx(funcs: Sequence[tir.PrimFunc], target: Target | str | None = None,
