@@ -455,7 +455,7 @@ class LLVMCodegenBase:
             return
         extent = loop.extent
         if extent <= self.options.max_vector_lanes:
-            self._emit_vector_chunk(loop, ir.Constant(I64, 0), extent)
+            self._emit_power_of_two_chunks(loop, 0, extent)
             return
         chunk = max(1, self.options.chunk_lanes)
         full, rest = divmod(extent, chunk)
@@ -465,7 +465,21 @@ class LLVMCodegenBase:
 
         self.emit_loop(ir.Constant(I64, 0), ir.Constant(I64, full), body, f"{loop.var.name}.chunk", nonempty=True)
         if rest:
-            self._emit_vector_chunk(loop, ir.Constant(I64, full * chunk), rest)
+            self._emit_power_of_two_chunks(loop, full * chunk, rest)
+
+    def _emit_power_of_two_chunks(self, loop: tir.For, start: int, count: int) -> None:
+        """Lanes [start, start + count) as consecutive chunks whose widths are powers of two (28 -> 16, 8, 4).
+        LLVM legalizes a vector of odd width (`<28 x float>`) element by element, which is many times
+        slower than the same lanes in power-of-two pieces. A last single lane runs as a scalar iteration."""
+        while count > 1:
+            lanes = 1 << (count.bit_length() - 1)
+            self._emit_vector_chunk(loop, ir.Constant(I64, start), lanes)
+            start += lanes
+            count -= lanes
+        if count:
+            self.bind(loop.var, ir.Constant(I64, start), loop.extent)
+            self.emit_stmt(loop.body)
+            self.unbind(loop.var)
 
     def _emit_vector_chunk(self, loop: tir.For, base: ir.Value, lanes: int) -> None:
         ctx = self.ctx

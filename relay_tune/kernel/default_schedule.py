@@ -221,11 +221,16 @@ def _schedule_conv2d_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, 
     vx = min(width, 2 * lanes)
     vectors = -(-vx // lanes)
     fc = min(channels, 8 if vectors >= 2 else 12)
+    weight = _conv_weight(anchor)
+    if weight is not None and fc > 1:
+        # the tile's output channels side by side: one cache line per tap instead of one per channel
+        sch.transform_layout(weight, "OIHW", f"OIHW{fc}o")
     n, c, h, w = sch.leaves(out.name)
     co, ci = sch.split(out.name, c, factor=fc)
     wo, wi = sch.split(out.name, w, factor=vx)
-    sch.reorder(out.name, n, co, h, wo, ci, wi)
-    outer = sch.fuse(out.name, n, co, h)
+    # channel blocks innermost among the parallel loops: consecutive tiles reuse the same input rows from cache
+    sch.reorder(out.name, n, h, co, wo, ci, wi)
+    outer = sch.fuse(out.name, n, h, co)
     if target.num_cores > 1:
         sch.parallel(out.name, outer)
     sch.vectorize(out.name, wi)
@@ -234,6 +239,17 @@ def _schedule_conv2d_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, 
     sch.reorder(acc, *reduce, an, ac, ah, aw)
     sch.unroll(acc, ac)
     sch.vectorize(acc, aw)
+
+
+def _conv_weight(anchor: Stage) -> te.Tensor | None:
+    """The 4-D weight placeholder of a convolution (read with the output channel first)."""
+    assert anchor.op is not None
+    channel = anchor.op.axes[1]
+    for node in te.iter_exprs(anchor.op.body):
+        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
+                and node.indices[0] is channel):
+            return node.tensor
+    return None
 
 
 def _pad_producer(sch: Schedule, anchor: Stage) -> Stage | None:
