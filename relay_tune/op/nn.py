@@ -1233,12 +1233,14 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
     def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
         pos = ol.logical(idx)
         oc = pos["C"]
+        # With one channel per group rc may not be a reduce axis: its only value is 0.
+        rc_value: tir.PrimExpr = rc if rc in reduce_axes else tir.IntImm(0)
         if groups == 1:
-            ic: tir.PrimExpr = rc
+            ic: tir.PrimExpr = rc_value
         elif depthwise:
             ic = oc
         else:
-            ic = (oc // og) * cg + rc
+            ic = (oc // og) * cg + rc_value
         src = {"N": pos["N"], "C": ic}
         wpos = {"O": oc, "I": rc if cg > 1 else tir.IntImm(0)}
         for s, r, st, dil in zip(spatial_letters, rk, strides, dilation):
