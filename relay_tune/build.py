@@ -89,6 +89,7 @@ ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
 """`(task_key, target) -> schedule steps (Step objects or their JSON dicts) | None` (None: default schedule)."""
 
 KERNEL_NAME_LIMIT = 48
+PARALLEL_COMPILE_MIN_KERNELS = 8
 
 
 class BuildWarning(UserWarning):
@@ -590,6 +591,8 @@ def _compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes
 def _compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int) -> list[tuple[bytes, list[tir.PrimFunc]]]:
     """Object code for `funcs`: one module, or `jobs` modules of about equal size compiled in worker processes."""
     jobs = max(1, min(jobs, len(funcs)))
+    if multiprocessing.current_process().daemon:
+        jobs = 1  # daemonic processes (e.g. pool workers) may not start children
     if jobs == 1:
         return [(_compile_chunk(funcs, target)[0], list(funcs))]
     # Kernels dealt round-robin by estimated size, so each chunk takes about as long to optimise.
@@ -598,9 +601,13 @@ def _compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int) -> li
     for i, func in enumerate(order):
         chunks[i % jobs].append(func)
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(_compile_chunk, chunk, target) for chunk in chunks]
-        return [(future.result()[0], chunk) for future, chunk in zip(futures, chunks)]
+    # "fork": workers start at once, with everything imported; they only run LLVM on their own modules.
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = [pool.submit(_compile_chunk, chunk, target) for chunk in chunks]
+            return [(future.result()[0], chunk) for future, chunk in zip(futures, chunks)]
+    except concurrent.futures.process.BrokenProcessPool as err:
+        raise CompileError(f"a compile worker process died ({err}); retry with jobs=1 to see why") from None
 
 
 def _stmt_count(stmt: tir.Stmt) -> int:
@@ -675,7 +682,8 @@ def build(
     target: "llvm" (this machine), a target string, or a `Target`.
     params: values for entry-function inputs, bound as constants (weights).
     logs: tuning log path(s) or a `ScheduleLookup`; tasks without a record use their default schedule.
-    jobs: compile processes (default: one per core, at most 4; 1 compiles in this process).
+    jobs: compile processes (default: one per core, at most 4, for models of 8 kernels or more; 1 compiles in this
+        process).
     require_tuned: raise instead of warning when a task has no tuning record.
     """
     from relay_tune.passes import optimize
@@ -729,7 +737,10 @@ def build(
     called = {c.kernel for c in plan.calls}
     funcs = [t.primfunc for t in task_list if not t.alias and t.kernel_name in called]
     funcs += [f for f in planner.packers.values() if f.name in called]
-    chunks = _compile_all(funcs, resolved, jobs if jobs is not None else default_jobs()) if funcs else []
+    if jobs is None:
+        # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
+        jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
+    chunks = _compile_all(funcs, resolved, jobs) if funcs else []
     t_compile = time.perf_counter()
     timings["llvm_s"] = t_compile - t_plan
 

@@ -273,6 +273,51 @@ def test_loading_refuses_other_cpus_versions_and_garbage(cnn: CompiledModel, tmp
         load(tmp_path / "missing.rtmod")
 
 
+def test_a_damaged_plan_is_refused_before_any_kernel_runs(cnn: CompiledModel, tmp_path: Path) -> None:
+    path = cnn.save(tmp_path / "ok.rtmod")
+    plan = cnn.plan.to_json()
+    for damage in ("shrink_storage", "constant_size", "dangling_value"):
+        bad = json.loads(json.dumps(plan))
+        if damage == "shrink_storage":
+            output = next(s for s in bad["storages"] if s["kind"] == "output")
+            output["nbytes"] = 4  # a kernel would write past the end of the buffer
+        elif damage == "constant_size":
+            constant = next(s for s in bad["storages"] if s["kind"] == "constant")
+            constant["nbytes"] *= 2
+        else:
+            bad["calls"][0]["args"][0] = len(bad["values"]) + 5
+        target = tmp_path / f"{damage}.rtmod"
+        _rewrite_manifest(path, target, {"plan": bad})
+        with pytest.raises(ModelFormatError):
+            load(target)
+
+
+def test_hand_made_plans_are_checked() -> None:
+    from relay_tune.runtime.memory_plan import MemoryPlan
+    from relay_tune.runtime.model import InputInfo, Storage, Value
+
+    def plan(offset: int, arena: int) -> GraphPlan:
+        return GraphPlan(
+            inputs=(InputInfo("x", 0),),
+            values=(Value((4,), "float32", 0), Value((4,), "float32", 1)),
+            storages=(Storage("input", 0, 16), Storage("arena", 0, 16)),
+            calls=(),
+            outputs=(0, 1),
+            tasks=(),
+            memory=MemoryPlan(offsets=(offset,), sizes=(64,), arena_bytes=arena, naive_bytes=64, lower_bound_bytes=64),
+        )
+
+    host = Target.host()
+    model = CompiledModel(plan(0, 64), [], [], host, libraries=[])
+    x = np.arange(4, dtype="float32")
+    got = model.run(x)
+    np.testing.assert_array_equal(got[0], x)  # type: ignore[index]
+    assert got[1].shape == (4,)  # type: ignore[index]
+    for offset, arena in ((64, 64), (8, 128)):  # outside the arena; misaligned
+        with pytest.raises(ModelFormatError, match="arena"):
+            CompiledModel(plan(offset, arena), [], [], host, libraries=[])
+
+
 def test_target_check_accepts_this_machine_and_implied_features() -> None:
     host = Target.host()
     check_target_compatible(host)

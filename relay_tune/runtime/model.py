@@ -355,6 +355,7 @@ class CompiledModel:
         self.build_info: dict[str, Any] = dict(build_info or {})
         self._objects = [(bytes(obj), tuple(sigs)) for obj, sigs in objects]
         self._constants = [_aligned(c) for c in constants]
+        self._validate()
         if libraries is None:
             libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in self._objects]
         self._libraries = list(libraries)
@@ -370,6 +371,34 @@ class CompiledModel:
         self._prepared = self._prepare()
 
     # -- set-up ---------------------------------------------------------------------------------------------------
+    def _validate(self) -> None:
+        """Every value fits its storage and every storage its memory: a damaged plan must not let kernels write
+        out of bounds."""
+        plan = self.plan
+        memory = plan.memory
+        counts = {"input": len(plan.inputs), "constant": len(self._constants), "arena": len(memory.offsets),
+                  "output": len(plan.storages_of_kind("output"))}
+        for number, storage in enumerate(plan.storages):
+            if not 0 <= storage.index < counts[storage.kind]:
+                raise ModelFormatError(f"storage {number} refers to missing {storage.kind} {storage.index}")
+            if storage.kind == "constant" and self._constants[storage.index].nbytes != storage.nbytes:
+                raise ModelFormatError(f"constant {storage.index} does not have the {storage.nbytes} bytes planned")
+            if storage.kind == "arena" and (
+                memory.offsets[storage.index] + storage.nbytes > memory.arena_bytes
+                or memory.offsets[storage.index] % DEFAULT_ALIGNMENT
+            ):
+                raise ModelFormatError(f"arena buffer {storage.index} lies outside the arena or is misaligned")
+        for number, value in enumerate(plan.values):
+            if not 0 <= value.storage < len(plan.storages) or value.nbytes > plan.storages[value.storage].nbytes:
+                raise ModelFormatError(f"value {number} does not fit its storage")
+        referenced = [i.value for i in plan.inputs] + plan.output_values() + [a for c in plan.calls for a in c.args]
+        if any(not 0 <= v < len(plan.values) for v in referenced):
+            raise ModelFormatError("the graph plan refers to values it does not define")
+        for info in plan.inputs:
+            storage = plan.storages[plan.values[info.value].storage]
+            if storage.kind != "input" or storage.nbytes != plan.values[info.value].nbytes:
+                raise ModelFormatError(f"input {info.name!r} is not bound to its own input storage")
+
     def _prepare(self) -> _Prepared:
         plan = self.plan
         fixed: dict[int, int] = {}
