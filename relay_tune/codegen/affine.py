@@ -21,9 +21,11 @@ from relay_tune.kernel import tir
 
 @dataclass
 class AffineForm:
-    """`const + sum(coefficient * atom)`; `terms` maps id(atom) -> (atom, coefficient)."""
+    """`const + sum(coefficient * atom)`; `terms` maps a key of the atom -> (atom, coefficient). Keys are
+    the atoms themselves (structural equality; loop variables by identity), so the same sub-expression
+    written twice is one atom and its terms can cancel."""
 
-    terms: dict[int, tuple[tir.PrimExpr, int]] = field(default_factory=dict)
+    terms: dict[object, tuple[tir.PrimExpr, int]] = field(default_factory=dict)
     const: int = 0
 
     def scaled(self, factor: int) -> AffineForm:
@@ -47,7 +49,7 @@ class AffineForm:
 
 
 def _atom(expr: tir.PrimExpr) -> AffineForm:
-    return AffineForm({id(expr): (expr, 1)}, 0)
+    return AffineForm({expr: (expr, 1)}, 0)
 
 
 def _is_int(dtype: str) -> bool:
@@ -90,10 +92,22 @@ def affine_form(expr: tir.PrimExpr, extents: Mapping[tir.LoopVar, int]) -> Affin
         if expr.op in ("floordiv", "floormod"):
             divisor = affine_form(expr.b, extents)
             if divisor.is_constant and divisor.const > 0:
-                split = _split_by_divisor(affine_form(expr.a, extents), divisor.const, extents)
+                inner = expr.a
+                if expr.op == "floordiv" and isinstance(inner, tir.BinaryOp) and inner.op == "floordiv":
+                    first = affine_form(inner.b, extents)
+                    if first.is_constant and first.const > 0:
+                        # (x // p) // q == x // (p * q): one canonical atom for the quotients of fused loops
+                        combined = tir.IntImm(first.const * divisor.const, expr.b.dtype)
+                        return affine_form(tir.BinaryOp("floordiv", inner.a, combined, expr.dtype), extents)
+                split = _split_by_divisor(affine_form(inner, extents), divisor.const, extents)
                 if split is not None:
                     quotient, remainder = split
                     return quotient if expr.op == "floordiv" else remainder
+                if expr.op == "floormod":
+                    # x % c == x - c * (x // c): the terms of x stay visible, so the row-major recomposition
+                    # of a fused loop's indices (`(f // 7) * 7 + f % 7`) cancels back to `f`
+                    quotient_atom = affine_form(tir.BinaryOp("floordiv", inner, expr.b, expr.dtype), extents)
+                    return affine_form(inner, extents).plus(quotient_atom.scaled(divisor.const), -1)
     return _atom(expr)
 
 

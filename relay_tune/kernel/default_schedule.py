@@ -4,19 +4,25 @@
 (`relay_tune.kernel.compute.primitive_compute`). The steps are plain data: `Schedule.replay(steps,
 prim.outputs)` rebuilds the schedule, and a tuner may hand different steps to the build instead.
 
-Every default first inlines the element-wise and injective stages into their readers (no intermediate
-buffers inside a fused group), then schedules the anchor by family:
+Every default inlines the element-wise and injective stages into their readers (no intermediate buffers
+inside a fused group), then schedules the anchor (the group's complex operator) by family:
 
-- dense / batch_matmul: weights packed into panels as wide as two vectors (`transform_layout`), a
-  register tile of accumulators (`cache_write`: up to 8 rows x 2 vectors) computed at each (panel, row
-  block) of the output, the reduction inside it with its rows unrolled and its columns vectorized; the
-  fused epilogue (bias, activation, residual) is applied when the tile is written back; the tile loop
-  runs in parallel.
-- conv2d NCHW: the padded input computed once ahead (no bounds tests in the inner loop), a tile of up to
-  8 output channels x 2 vectors of output columns accumulated in registers, the reduction over input
-  channels and taps inside it; the epilogue on write-back; parallel over (batch, channel block, row).
-- everything else: the output's loops fused into one, split by the vector width, parallel outside and
-  vectorized inside (reductions: parallel over the output elements).
+- dense / batch_matmul: a register tile of accumulators (`cache_write`: up to 8 rows x 2 vectors)
+  computed at each (column panel, row block) of the output, the reduction inside it (unrolled by 4) with
+  the tile's rows unrolled and its columns vectorized; the fused epilogue (bias, activation, residual)
+  applied when the tile is written back; the tile loop parallel. Dense weights are packed into panels
+  two vectors wide (`transform_layout`, done once for constant weights); batch_matmul with `transpose_b`
+  transposes its second operand once, ahead of the product.
+- conv2d NCHW: the padded input computed once ahead (no bounds tests in the inner loop), weights packed
+  by output-channel block, a register tile of up to 12 output channels x 2 vectors of output columns, the
+  reduction over input channels and taps inside it; parallel over (batch, row, channel block).
+- conv2d NHWC: a register tile of 8 output columns x 2 vectors of output channels (contiguous in NHWC),
+  input values broadcast, weights packed so a tile's channels are contiguous; parallel over rows.
+- depthwise conv2d NCHW: vectorized over output columns, a few rows per tile, parallel over channels.
+- pooling, reductions, softmax, normalisations: parallel over the outer output axes, vectorized along the
+  innermost one where the reduction reads it contiguously; reductions accumulate per tile (`compute_at`).
+- element-wise / injective groups: the output's loops fused into one, split by the vector width,
+  parallel outside and vectorized inside.
 
 Defaults must be correct for every shape: splits that do not divide leave tails that lowering peels or
 guards, and every choice below only depends on extents known at compile time.
@@ -26,27 +32,45 @@ from __future__ import annotations
 
 import math
 
-from relay_tune.kernel import te
+from relay_tune.kernel import te, tir
 from relay_tune.kernel.compute import INLINABLE_TAGS, PrimitiveCompute
-from relay_tune.kernel.schedule import Schedule, Stage, Step
+from relay_tune.kernel.schedule import ROOT, Schedule, Stage, Step
 from relay_tune.target import Target
 
 PARALLEL_MIN_WORK = 1 << 14
-"""Below this many output elements (times the reduction size) a kernel runs on one core: starting a
-parallel region costs more than the work."""
+"""Below this much work (output elements times reduction size) a kernel runs on one core: starting a
+parallel region costs more than it saves."""
+
+REGISTER_BUDGET = 24
+"""Vector accumulators a register tile may hold (AVX-512 has 32 registers; the rest hold operands)."""
+
+REDUCTION_TAGS = frozenset({"pool", "global_pool", "reduce", "softmax", "norm"})
 
 
 def default_schedule(prim: PrimitiveCompute, target: Target) -> list[Step]:
     """The default schedule of a fused function's tensor expressions for `target`, as steps."""
+    if target.kind == "cuda":
+        from relay_tune.kernel.gpu_schedule import default_gpu_schedule
+
+        return default_gpu_schedule(prim, target)
     sch = Schedule(prim.outputs)
     anchor = _anchor_stage(sch, prim)
     tag = anchor.op.tag if anchor is not None and anchor.op is not None else ""
-    if anchor is not None and tag == "dense" and _matmul_shape_ok(anchor):
-        _schedule_dense(sch, prim, anchor, target)
-    elif anchor is not None and tag == "conv2d_nchw":
+    single = len(prim.outputs) == 1
+    if anchor is None or not single or anchor.op is None or not anchor.op.is_reduction:
+        _schedule_generic(sch, target)
+    elif tag == "dense" and _weight_input(anchor) is not None:
+        _schedule_matmul(sch, prim, anchor, target, _weight_input(anchor))
+    elif tag == "batch_matmul":
+        _schedule_matmul(sch, prim, anchor, target, None)
+    elif tag == "conv2d_nchw":
         _schedule_conv2d_nchw(sch, prim, anchor, target)
+    elif tag == "conv2d_nhwc":
+        _schedule_conv2d_nhwc(sch, prim, anchor, target)
+    elif tag == "depthwise_conv2d_nchw":
+        _schedule_depthwise_nchw(sch, prim, anchor, target)
     else:
-        _schedule_generic(sch, prim, target)
+        _schedule_reduction(sch, prim, target)
     return list(sch.steps)
 
 
@@ -68,17 +92,13 @@ def _anchor_stage(sch: Schedule, prim: PrimitiveCompute) -> Stage | None:
     return stages[-1] if stages else None
 
 
-def _is_output(sch: Schedule, stage: Stage) -> bool:
-    return stage.is_output
-
-
-def _inline_cheap(sch: Schedule, keep: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-    """Inline every element-wise / injective stage that is not an output (and not listed in `keep`)."""
+def _inline_cheap(sch: Schedule, keep: frozenset[str] | set[str] = frozenset()) -> None:
+    """Inline every element-wise / injective stage that is not an output (nor listed in `keep`)."""
     for name, stage in list(sch.stages.items()):
         op = stage.op
-        if op is None or stage.is_output or name in keep or op.is_reduction:
+        if op is None or stage.is_output or name in keep or op.is_reduction or stage.attach != ROOT:
             continue
-        if op.tag in INLINABLE_TAGS or op.tag == "pad" or not op.tag:
+        if op.tag in INLINABLE_TAGS or not op.tag:
             sch.compute_inline(name)
 
 
@@ -92,96 +112,72 @@ def _cache_accumulator(sch: Schedule, anchor: Stage) -> str:
 
 
 def _work(stage: Stage) -> int:
-    n = 1
-    for ax in stage.root_axes:
-        n *= ax.extent
-    return n
+    """Output elements times reduction size: the inner-loop iterations of a stage."""
+    return math.prod(ax.extent for ax in stage.root_axes)
 
 
-def _flat_loops(sch: Schedule, stage: Stage, target: Target, vectorize: bool = True) -> str | None:
-    """Fuse the spatial loops of a root stage, split off a vector-wide inner loop (when the stage has no
-    reduction), parallelise the outer part. Returns the outer loop (None for a rank-0 stage)."""
+def _parallel_worthwhile(target: Target, work: int) -> bool:
+    return target.num_cores > 1 and work >= PARALLEL_MIN_WORK
+
+
+def _vector_pieces(width: int) -> int:
+    """Vector registers one row of `width` lanes takes (power-of-two chunks, see the code generator)."""
+    return max(1, bin(width).count("1"))
+
+
+def _vector_width(extent: int, lanes: int) -> int:
+    """Lanes per tile along a vectorized axis: two vectors, or the whole (shorter) axis."""
+    return min(extent, 2 * lanes)
+
+
+def _flat_loops(sch: Schedule, stage: Stage, target: Target, work: int | None = None) -> None:
+    """Fuse the loops of a root stage without reduction, split off a vector-wide inner loop, run the outer
+    part in parallel (a stage with a reduction: fuse its spatial loops and parallelise them)."""
     name = stage.name
     spatial = [lp for lp in sch.leaves(name) if not stage.loops[lp].is_reduce]
     if not spatial:
-        return None
+        return
     outer = spatial[0] if len(spatial) == 1 else sch.fuse(name, *spatial)
     extent = math.prod(ax.extent for ax in stage.op.axes) if stage.op is not None else 1
     lanes = target.vector_lanes(stage.tensor.dtype)
-    has_reduce = any(stage.loops[lp].is_reduce for lp in sch.leaves(name))
-    if vectorize and not has_reduce and lanes > 1 and extent >= lanes:
+    has_reduce = len(sch.leaves(name)) > 1
+    if not has_reduce and lanes > 1 and extent >= lanes:
         outer, inner = sch.split(name, outer, factor=lanes)
         sch.vectorize(name, inner)
-    if target.num_cores > 1 and _work(stage) >= PARALLEL_MIN_WORK:
+    if _parallel_worthwhile(target, work if work is not None else _work(stage)):
         sch.parallel(name, outer)
-    return outer
 
 
-def _schedule_generic(sch: Schedule, prim: PrimitiveCompute, target: Target) -> None:
+def _schedule_generic(sch: Schedule, target: Target) -> None:
+    """Inline the cheap stages, then give every remaining root stage flat, vectorized, parallel loops."""
     _inline_cheap(sch)
-    for stage in sch.stages.values():
-        if stage.op is None or stage.attach != "root":
-            continue
-        _flat_loops(sch, stage, target)
+    for stage in list(sch.stages.values()):
+        if stage.op is not None and stage.attach == ROOT:
+            _flat_loops(sch, stage, target)
+
+
+def _single_output(sch: Schedule, prim: PrimitiveCompute) -> Stage:
+    return sch[prim.outputs[0]]
+
+
+def _producers_tagged(sch: Schedule, stage: Stage, tag: str) -> list[Stage]:
+    """Stages with `tag` that `stage` reads directly."""
+    assert stage.op is not None
+    found: list[Stage] = []
+    for t in te.tensors_read(stage.op.body):
+        producer = sch.stage_of_tensor(t)
+        if producer is not None and producer.op is not None and producer.op.tag == tag:
+            found.append(producer)
+    return found
 
 
 # ------------------------------------------------------------------------------------------------
-# dense
+# dense and batch_matmul
 # ------------------------------------------------------------------------------------------------
-
-
-def _matmul_shape_ok(anchor: Stage) -> bool:
-    assert anchor.op is not None
-    return len(anchor.op.axes) >= 2 and len(anchor.op.reduce_axes) == 1
-
-
-def _schedule_dense(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:
-    assert anchor.op is not None
-    call = prim.anchor_call
-    assert call is not None
-    weight = _weight_input(anchor)
-    out = sch[prim.outputs[0]] if len(prim.outputs) == 1 else None
-    if out is None or weight is None:
-        _schedule_generic(sch, prim, target)
-        return
-    lanes = target.vector_lanes(anchor.tensor.dtype)
-    n = anchor.op.axes[-1].extent
-    k_extent = anchor.op.reduce_axes[0].extent
-    m = math.prod(ax.extent for ax in anchor.op.axes[:-1])
-    bn = _panel_width(n, lanes)
-    mr = min(8, m)
-    ku = 4 if k_extent >= 4 else 1
-
-    sch.transform_layout(weight, "NK", f"NK{bn}n")
-    acc = _cache_accumulator(sch, anchor)
-    _inline_cheap(sch, keep={acc})
-    leaves = list(sch.leaves(out.name))
-    row = leaves[0] if len(leaves) == 2 else sch.fuse(out.name, *leaves[:-1])
-    col = sch.leaves(out.name)[-1]
-    io, jo, ii, ji = sch.tile(out.name, row, col, mr, bn)
-    sch.reorder(out.name, jo, io, ii, ji)
-    tile = sch.fuse(out.name, jo, io)
-    if target.num_cores > 1 and m * n * k_extent >= PARALLEL_MIN_WORK:
-        sch.parallel(out.name, tile)
-    sch.vectorize(out.name, ji)
-    sch.compute_at(acc, out.name, tile)
-    acc_leaves = list(sch.leaves(acc))
-    spatial = acc_leaves[:-1]
-    kname = acc_leaves[-1]
-    rows = spatial[:-1]
-    if ku > 1:
-        ko, ki = sch.split(acc, kname, factor=ku)
-        sch.reorder(acc, ko, ki, *spatial)
-        sch.unroll(acc, ki)
-    else:
-        sch.reorder(acc, kname, *spatial)
-    for r in rows:
-        sch.unroll(acc, r)
-    sch.vectorize(acc, spatial[-1])
 
 
 def _weight_input(anchor: Stage) -> te.Tensor | None:
-    """The 2-D placeholder read as `w[j, k]` (j: the output column) by a dense reduction."""
+    """The 2-D placeholder a dense reduction reads as `w[j, k]` (j: the output column)."""
     assert anchor.op is not None
     column = anchor.op.axes[-1]
     for node in te.iter_exprs(anchor.op.body):
@@ -192,46 +188,112 @@ def _weight_input(anchor: Stage) -> te.Tensor | None:
 
 
 def _panel_width(n: int, lanes: int) -> int:
-    """Columns per register tile: two vectors when the output is that wide, else the vectors it needs."""
+    """Columns per register tile: two vectors when the output is that wide, else whole vectors covering it."""
     if n >= 2 * lanes:
         return 2 * lanes
-    return max(1, -(-n // lanes)) * lanes if n > lanes // 2 else n
+    if n > lanes // 2:
+        return -(-n // lanes) * lanes
+    return n
+
+
+def _schedule_matmul(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target,
+                     weight: te.Tensor | None) -> None:
+    """Register-blocked matrix product. `weight` (dense) is packed into column panels; without it (batch
+    matmul) the second operand is read in place, after its transpose stage, if any, ran ahead."""
+    assert anchor.op is not None
+    out = _single_output(sch, prim)
+    lanes = target.vector_lanes(anchor.tensor.dtype)
+    axes = anchor.op.axes
+    n = axes[-1].extent
+    k_extent = anchor.op.reduce_axes[0].extent
+    batched = weight is None and len(axes) == 3
+    m = axes[-2].extent if batched else math.prod(ax.extent for ax in axes[:-1])
+    bn = _panel_width(n, lanes)
+    mr = max(1, min(8, m, REGISTER_BUDGET // _vector_pieces(bn)))
+    ku = 4 if k_extent >= 8 else 1
+
+    packs = _producers_tagged(sch, anchor, "pack")
+    if weight is not None:
+        sch.transform_layout(weight, "NK", f"NK{bn}n")
+    acc = _cache_accumulator(sch, anchor)
+    _inline_cheap(sch, keep={acc, *(p.name for p in packs)})
+    for pack in packs:
+        _flat_loops(sch, pack, target)
+
+    leaves = list(sch.leaves(out.name))
+    if batched:
+        batch, row, col = leaves
+    else:
+        batch = None
+        row = leaves[0] if len(leaves) == 2 else sch.fuse(out.name, *leaves[:-1])
+        col = leaves[-1]
+    io, jo, ii, ji = sch.tile(out.name, row, col, mr, bn)
+    # column panels outside row blocks: a panel (K x bn) stays in cache while the row blocks sweep over it
+    sch.reorder(out.name, jo, io, ii, ji)
+    outer = [batch, jo, io] if batch is not None else [jo, io]
+    tile = sch.fuse(out.name, *outer)
+    if _parallel_worthwhile(target, _work(anchor)):
+        sch.parallel(out.name, tile)
+    sch.vectorize(out.name, ji)
+    sch.compute_at(acc, out.name, tile)
+    acc_leaves = list(sch.leaves(acc))
+    spatial, kname = acc_leaves[:-1], acc_leaves[-1]
+    if ku > 1:
+        ko, ki = sch.split(acc, kname, factor=ku)
+        sch.reorder(acc, ko, ki, *spatial)
+        sch.unroll(acc, ki)
+    else:
+        sch.reorder(acc, kname, *spatial)
+    for r in spatial[:-1]:
+        sch.unroll(acc, r)
+    sch.vectorize(acc, spatial[-1])
 
 
 # ------------------------------------------------------------------------------------------------
-# conv2d NCHW
+# convolutions
 # ------------------------------------------------------------------------------------------------
+
+
+def _conv_weight(anchor: Stage, channel_axis: int) -> te.Tensor | None:
+    """The 4-D weight placeholder of a convolution: the one read with the output channel as an index."""
+    assert anchor.op is not None
+    channel = anchor.op.axes[channel_axis]
+    for node in te.iter_exprs(anchor.op.body):
+        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
+                and any(i is channel for i in node.indices)):
+            return node.tensor
+    return None
+
+
+def _prepare_conv(sch: Schedule, anchor: Stage, target: Target) -> str:
+    """Accumulator tile for the convolution; padding computed once at the root; the rest inlined."""
+    pads = _producers_tagged(sch, anchor, "pad")
+    acc = _cache_accumulator(sch, anchor)
+    _inline_cheap(sch, keep={acc, *(p.name for p in pads)})
+    for pad in pads:
+        _flat_loops(sch, pad, target)
+    return acc
 
 
 def _schedule_conv2d_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:
     assert anchor.op is not None
-    out = sch[prim.outputs[0]] if len(prim.outputs) == 1 else None
-    if out is None:
-        _schedule_generic(sch, prim, target)
-        return
-    pad = _pad_producer(sch, anchor)
+    out = _single_output(sch, prim)
     lanes = target.vector_lanes(anchor.tensor.dtype)
     _, channels, _, width = anchor.shape
-    acc = _cache_accumulator(sch, anchor)
-    keep = {acc} | ({pad.name} if pad is not None else set())
-    _inline_cheap(sch, keep=keep)
-    if pad is not None:
-        _flat_loops(sch, pad, target)
-
-    vx = min(width, 2 * lanes)
-    vectors = -(-vx // lanes)
-    fc = min(channels, 8 if vectors >= 2 else 12)
-    weight = _conv_weight(anchor)
+    weight = _conv_weight(anchor, 1)
+    vx = _vector_width(width, lanes)
+    fc = max(1, min(channels, 8, REGISTER_BUDGET // _vector_pieces(vx)))
     if weight is not None and fc > 1:
         # the tile's output channels side by side: one cache line per tap instead of one per channel
         sch.transform_layout(weight, "OIHW", f"OIHW{fc}o")
+    acc = _prepare_conv(sch, anchor, target)
     n, c, h, w = sch.leaves(out.name)
     co, ci = sch.split(out.name, c, factor=fc)
     wo, wi = sch.split(out.name, w, factor=vx)
     # channel blocks innermost among the parallel loops: consecutive tiles reuse the same input rows from cache
     sch.reorder(out.name, n, h, co, wo, ci, wi)
     outer = sch.fuse(out.name, n, h, co)
-    if target.num_cores > 1:
+    if _parallel_worthwhile(target, _work(anchor)):
         sch.parallel(out.name, outer)
     sch.vectorize(out.name, wi)
     sch.compute_at(acc, out.name, wo)
@@ -241,24 +303,149 @@ def _schedule_conv2d_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, 
     sch.vectorize(acc, aw)
 
 
-def _conv_weight(anchor: Stage) -> te.Tensor | None:
-    """The 4-D weight placeholder of a convolution (read with the output channel first)."""
+def _schedule_conv2d_nhwc(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:
     assert anchor.op is not None
-    channel = anchor.op.axes[1]
-    for node in te.iter_exprs(anchor.op.body):
-        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
-                and node.indices[0] is channel):
-            return node.tensor
-    return None
+    out = _single_output(sch, prim)
+    call = prim.anchor_call
+    assert call is not None
+    lanes = target.vector_lanes(anchor.tensor.dtype)
+    _, _, width, channels = anchor.shape
+    bc = _panel_width(channels, lanes)
+    tw = max(1, min(width, 8, REGISTER_BUDGET // _vector_pieces(bc)))
+    weight = _conv_weight(anchor, 3)
+    kernel_layout = str(call.attrs["kernel_layout"])
+    if weight is not None and sorted(kernel_layout) == sorted("OIHW") and channels > bc:
+        # a tile's output channels contiguous for every (tap, input channel)
+        sch.transform_layout(weight, kernel_layout, f"OHWI{bc}o")
+    acc = _prepare_conv(sch, anchor, target)
+    n, h, w, c = sch.leaves(out.name)
+    wo, wi = sch.split(out.name, w, factor=tw)
+    co, ci = sch.split(out.name, c, factor=bc)
+    sch.reorder(out.name, n, h, co, wo, wi, ci)
+    outer = sch.fuse(out.name, n, h, co)
+    if _parallel_worthwhile(target, _work(anchor)):
+        sch.parallel(out.name, outer)
+    sch.vectorize(out.name, ci)
+    sch.compute_at(acc, out.name, wo)
+    an, ah, aw, ac, *reduce = sch.leaves(acc)
+    sch.reorder(acc, *reduce, an, ah, aw, ac)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, ac)
 
 
-def _pad_producer(sch: Schedule, anchor: Stage) -> Stage | None:
-    assert anchor.op is not None
-    for t in te.tensors_read(anchor.op.body):
-        stage = sch.stage_of_tensor(t)
-        if stage is not None and stage.op is not None and stage.op.tag == "pad":
-            return stage
-    return None
+def _schedule_depthwise_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:
+    out = _single_output(sch, prim)
+    lanes = target.vector_lanes(anchor.tensor.dtype)
+    _, _, height, width = anchor.shape
+    vx = _vector_width(width, lanes)
+    rows = max(1, min(height, 4, REGISTER_BUDGET // _vector_pieces(vx)))
+    acc = _prepare_conv(sch, anchor, target)
+    n, c, h, w = sch.leaves(out.name)
+    ho, hi = sch.split(out.name, h, factor=rows)
+    wo, wi = sch.split(out.name, w, factor=vx)
+    sch.reorder(out.name, n, c, ho, wo, hi, wi)
+    outer = sch.fuse(out.name, n, c)
+    if _parallel_worthwhile(target, _work(anchor)):
+        sch.parallel(out.name, outer)
+    sch.vectorize(out.name, wi)
+    sch.compute_at(acc, out.name, wo)
+    an, ac, ah, aw, *reduce = sch.leaves(acc)
+    sch.reorder(acc, *reduce, an, ac, ah, aw)
+    sch.unroll(acc, ah)
+    sch.vectorize(acc, aw)
 
 
-__all__ = ["PARALLEL_MIN_WORK", "default_schedule"]
+# ------------------------------------------------------------------------------------------------
+# pooling, reductions, softmax, normalisation
+# ------------------------------------------------------------------------------------------------
+
+
+def _reads_contiguously(stage: Stage, axis: te.IterVar) -> bool:
+    """Whether every tensor `stage` reads has `axis` (alone, or plus a reduction variable) as its last
+    index, so that consecutive values of `axis` read consecutive elements."""
+    assert stage.op is not None
+    for node in te.iter_exprs(stage.op.body):
+        if isinstance(node, te.TensorRead) and node.tensor.ndim:
+            last = node.indices[-1]
+            if last is axis:
+                continue
+            if (isinstance(last, tir.BinaryOp) and last.op == "add"
+                    and (last.a is axis or last.b is axis)
+                    and isinstance(last.b if last.a is axis else last.a, te.IterVar)):
+                continue
+            return False
+    return True
+
+
+def _schedule_reduction(sch: Schedule, prim: PrimitiveCompute, target: Target) -> None:
+    """Reductions with their neighbours: the work is split over the output's outer axes (parallel), every
+    reduction (and any other stage kept out of line, e.g. softmax's exponentials) is computed inside
+    that loop for just the part it covers, and the innermost axis is vectorized where that is contiguous."""
+    out = _single_output(sch, prim)
+    pads = [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
+    keep = {p.name for p in pads}
+    if out.op is not None and out.op.is_reduction:
+        keep.add(_cache_accumulator(sch, out))
+    _inline_cheap(sch, keep=keep)
+    for pad in pads:
+        _flat_loops(sch, pad, target)
+    inner = [st for st in sch.stages.values()
+             if st.op is not None and st is not out and st.attach == ROOT and st.name not in {p.name for p in pads}]
+    work = max([_work(out), *(_work(st) for st in inner)])
+    leaves = list(sch.leaves(out.name))
+    if not leaves:  # a scalar result: everything runs once, at the root
+        for st in inner:
+            _flat_loops(sch, st, target)
+        return
+    assert out.op is not None
+    lanes = target.vector_lanes(out.tensor.dtype)
+    last_extent = out.op.axes[-1].extent
+    reductions = [st for st in inner if st.op is not None and st.op.is_reduction]
+    aligned = all(
+        st.op is not None and len(st.op.axes) == len(out.op.axes) and st.op.axes[-1].extent == last_extent
+        and _reads_contiguously(st, st.op.axes[-1])
+        for st in reductions
+    )
+    if last_extent >= 4 and aligned and reductions:
+        # each tile of the innermost axis accumulates in vector registers
+        vx = _vector_width(last_extent, lanes)
+        wo, wi = sch.split(out.name, leaves[-1], factor=vx)
+        outer = leaves[0] if len(leaves) == 2 else (sch.fuse(out.name, *leaves[:-1]) if len(leaves) > 2 else wo)
+        if _parallel_worthwhile(target, work):
+            sch.parallel(out.name, outer)
+        sch.vectorize(out.name, wi)
+        for st in inner:
+            sch.compute_at(st.name, out.name, wo)
+            _reduction_inside(sch, st, vectorize=True)
+        return
+    if last_extent >= 4 and len(leaves) >= 2:
+        # the reductions run along the innermost axis (softmax, layer norm): one row at a time
+        row = leaves[0] if len(leaves) == 2 else sch.fuse(out.name, *leaves[:-1])
+        split = sch.split(out.name, leaves[-1], factor=lanes) if last_extent > lanes else (None, leaves[-1])
+        if _parallel_worthwhile(target, work):
+            sch.parallel(out.name, row)
+        sch.vectorize(out.name, split[1])
+        for st in inner:
+            sch.compute_at(st.name, out.name, row)
+            _reduction_inside(sch, st, vectorize=not (st.op is not None and st.op.is_reduction))
+        return
+    fused = leaves[0] if len(leaves) == 1 else sch.fuse(out.name, *leaves)
+    if _parallel_worthwhile(target, work):
+        sch.parallel(out.name, fused)
+    for st in inner:
+        sch.compute_at(st.name, out.name, fused)
+
+
+def _reduction_inside(sch: Schedule, stage: Stage, vectorize: bool) -> None:
+    """Loops of a stage computed inside a tile: reduction loops outermost, its innermost spatial loop
+    vectorized (when it has one worth it)."""
+    leaves = list(sch.leaves(stage.name))
+    spatial = [lp for lp in leaves if not stage.loops[lp].is_reduce]
+    reduce = [lp for lp in leaves if stage.loops[lp].is_reduce]
+    if reduce:
+        sch.reorder(stage.name, *reduce, *spatial)
+    if vectorize and spatial:
+        sch.vectorize(stage.name, spatial[-1])
+
+
+__all__ = ["PARALLEL_MIN_WORK", "REGISTER_BUDGET", "default_schedule"]
