@@ -286,6 +286,7 @@ class _Planner:
     packers: dict[str, tir.PrimFunc] = field(default_factory=dict)  # run-time packing kernels by name
     packed_at_run: dict[tuple[int, str], int] = field(default_factory=dict)
     task_index: dict[str, int] = field(default_factory=dict)
+    call_keys: dict[int, str] = field(default_factory=dict)  # id(call site) -> workload key, from task extraction
     keep: list[Any] = field(default_factory=list)  # constants whose ids are keys of constant_ids
 
     # -- values -------------------------------------------------------------------------------------------------
@@ -405,7 +406,7 @@ class _Planner:
 
         func = call.op
         assert isinstance(func, Function)
-        key = workload_key(func)
+        key = self.call_keys.get(id(call)) or workload_key(func)
         task = self.tasks.get(key)
         if task is None:
             raise CompileError(f"no kernel was compiled for fused function {key[:12]}")
@@ -729,6 +730,7 @@ def build(
     )
     planner = _Planner(lowered)
     planner.task_index = {t.key: i for i, t in enumerate(task_list)}
+    planner.call_keys = {id(site): spec.key for spec in specs for site in spec.call_sites}
     inputs, outputs = planner.run(fused["main"])
     plan, constants = planner.finish(inputs, outputs, task_infos)
     t_plan = time.perf_counter()

@@ -157,6 +157,35 @@ def @main(%x: Tensor[(4, 5), float32], %c: Tensor[(5), float32]) {
     np.testing.assert_array_equal(model.run(x)[4], c)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a kernel with two outputs (split), one of them also read by another kernel
+        "%0 = split(%x, indices_or_sections=2, axis=1); %1 = exp(%0.1); (%0.0, %1, %0.1)",
+        # a tuple of two kernels' results passed to one kernel (concatenate takes a tuple parameter)
+        "%0 = nn.dense(%x, %w1); %1 = nn.dense(%x, %w2); %2 = (%0, %1); %3 = concatenate(%2, axis=1); "
+        "(nn.relu(%3), %2)",
+    ],
+)
+def test_tuples_into_and_out_of_kernels(body: str) -> None:
+    mod = parse_module(
+        '#[version = "0.0.5"]\n'
+        "def @main(%x: Tensor[(3, 8), float32], %w1: Tensor[(5, 8), float32], %w2: Tensor[(7, 8), float32]) {\n"
+        + body.replace("; ", ";\n") + "\n}"
+    )
+    model = relay_tune.build(mod)
+    inputs = model.random_inputs(2)
+    expected = evaluate(mod, inputs)
+    got = model.run(**inputs)
+
+    def leaves(value: object) -> list[np.ndarray]:
+        return [x for item in value for x in leaves(item)] if isinstance(value, tuple) else [value]  # type: ignore[list-item]
+
+    assert [a.shape for a in leaves(got)] == [a.shape for a in leaves(expected)]
+    for a, b in zip(leaves(got), leaves(expected)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_intermediates_share_the_arena() -> None:
     # Four convolutions in a chain: each intermediate dies after the next conv, so two slots are enough.
     lines = ['#[version = "0.0.5"]',
