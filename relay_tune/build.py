@@ -108,6 +108,8 @@ def resolve_target(target: str | Target | None) -> Target:
     else:
         text = (target or "llvm").strip()
         parsed = Target.parse(text)
+        if parsed.kind == "cuda":  # NVIDIA GPUs: relay_tune.runtime.cuda runs the model
+            return Target("cuda", arch=parsed.arch or "sm_90")
         if parsed.kind != "llvm":
             raise UnsupportedError(f"relay_tune.build compiles for CPUs (llvm targets); got {parsed}")
         words = text.split()
@@ -120,8 +122,8 @@ def resolve_target(target: str | Target | None) -> Target:
             mattr=parsed.mattr if (has_cpu or parsed.mattr) else host.mattr,
             num_cores=parsed.num_cores if has_cores else host.num_cores,
         )
-    if resolved.kind != "llvm":
-        raise UnsupportedError(f"relay_tune.build compiles for CPUs (llvm targets); got {resolved}")
+    if resolved.kind not in ("llvm", "cuda"):
+        raise UnsupportedError(f"relay_tune.build compiles for llvm and cuda targets; got {resolved}")
     return resolved
 
 
@@ -134,6 +136,10 @@ def steps_from_config(func: Function, config: Mapping[str, Any], target: Target)
     """
     import importlib
 
+    if target.kind == "cuda":
+        from search_space.gpu import config_to_steps
+
+        return config_to_steps(func, config, target)
     try:
         decoder = getattr(importlib.import_module("relay_tune.tuning.relay_task"), "config_to_steps", None)
     except ImportError:
@@ -739,6 +745,10 @@ def build(
     called = {c.kernel for c in plan.calls}
     funcs = [t.primfunc for t in task_list if not t.alias and t.kernel_name in called]
     funcs += [f for f in planner.packers.values() if f.name in called]
+    if resolved.kind == "cuda":
+        from relay_tune.runtime.cuda import gpu_model_from_plan
+
+        return gpu_model_from_plan(plan, funcs, constants, resolved, timings, start)  # type: ignore[return-value]
     if jobs is None:
         # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
         jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1

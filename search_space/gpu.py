@@ -32,6 +32,7 @@ __all__ = [
     "MAX_THREADS_PER_BLOCK",
     "REGISTERS_PER_BLOCK",
     "config_to_params",
+    "config_to_steps",
     "default_config",
     "estimate_registers",
     "gpu_space",
@@ -221,3 +222,15 @@ def default_config(prim: Any, arch: str = "sm_90") -> Config:
     import numpy as np
 
     return space.sample(np.random.default_rng(0))
+
+
+def config_to_steps(func: Any, config: Config | Any, target: Any = None) -> list[Any]:
+    """The schedule steps a GPU tuning config stands for, for fused function `func` (used by `relay_tune.build`
+    to apply tuning logs on cuda targets)."""
+    from relay_tune.kernel.compute import primitive_compute
+    from relay_tune.kernel.gpu_schedule import gpu_schedule
+
+    prim = primitive_compute(func)
+    if not isinstance(config, Config):
+        config = Config(dict(config))
+    return gpu_schedule(prim, config_to_params(prim, config))

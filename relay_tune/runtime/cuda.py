@@ -59,6 +59,8 @@ __all__ = [
     "cuda_available",
     "cuda_device",
     "driver_module",
+    "gpu_model_from_plan",
+    "gpu_tasks",
     "run_function",
     "time_function",
 ]
@@ -659,6 +661,37 @@ class GPUModel:
         return f"GPUModel({len(self.plan.calls)} calls on {self.device.name}, {self.target})"
 
 
+def gpu_model_from_plan(plan: Any, funcs: Sequence[tir.PrimFunc], constants: Sequence[np.ndarray], target: Any,
+                        timings: dict[str, float] | None = None, start: float | None = None) -> GPUModel:
+    """The last step of `relay_tune.build` for a cuda target: PTX for every kernel of the plan, then a model on
+    the first GPU (`CudaUnavailableError` without one, after compiling, so compile errors come first)."""
+    from relay_tune.codegen.nvptx import build_ptx
+
+    timings = dict(timings or {})
+    begin = time.perf_counter()
+    stages: dict[str, float] = {}
+    module = build_ptx(list(funcs), target, timings=stages)
+    timings["nvptx_s"] = time.perf_counter() - begin
+    info = {"timings": timings, "kernels": len(module.kernel_names), "functions": len(funcs), "arch": module.arch,
+            "codegen": stages}
+    device = cuda_device()
+    if device.arch != module.arch and not isinstance(device, EmulatedDevice):
+        info["device_arch"] = device.arch  # the driver JIT-compiles the PTX for the device's own architecture
+    model = GPUModel(plan, module, constants, target, info, device)
+    if start is not None:
+        model.build_info["timings"]["total_s"] = time.perf_counter() - start
+    return model
+
+
+def gpu_tasks(mod: Any, target: str = "cuda -arch=sm_90", check_ptxas: bool = True) -> list[GPUTask]:
+    """One GPU tuning task per distinct fused function of a type-checked module (after the graph passes)."""
+    from relay_tune.passes import optimize
+    from relay_tune.passes.extract_tasks import extract_tasks
+
+    fused = optimize(mod)
+    return [GPUTask.from_spec(spec, target, check_ptxas) for spec in extract_tasks(fused)]
+
+
 # ---------------------------------------------------------------------------------------------------
 # tuning: a task per fused function, and a runner measuring on the GPU
 # ---------------------------------------------------------------------------------------------------
@@ -696,6 +729,7 @@ class GPUTask:
         from relay_tune.kernel.compute import primitive_compute
 
         self.__dict__.update(state)
+        self.func = _retyped(self.func)
         self._prim = primitive_compute(self.func)
 
     @property
@@ -770,6 +804,21 @@ class GPUTask:
                 args.append(KernelArg(spec, "input", p.index, layout))
         return BuildArtifact(module.ptx.encode(), "ptx", "kernel", tuple(args),  # type: ignore[arg-type]
                              info={"gpu_function": function, "arch": module.arch, "resources": resources})
+
+
+def _retyped(func: Any) -> Any:
+    """`func` with its types inferred again (types are a cache that pickling drops)."""
+    if func.body.has_type():
+        return func
+    from relay_tune.ir import Function, IRModule
+    from relay_tune.type_infer import infer_types
+
+    params = tuple(func.params)
+    for p in params:
+        if p.type_annotation is None:
+            raise RelayTuneError(f"parameter %{p.name_hint} of a tuning task's function has no type annotation")
+    mod = infer_types(IRModule({"main": Function(params, func.body, func.ret_type)}))
+    return mod["main"].with_attrs(Primitive=1)
 
 
 def _transpose_axes(layout: Any) -> tuple[int, ...]:
