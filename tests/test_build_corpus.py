@@ -23,6 +23,19 @@ def load(corpus_dir: Path, name: str) -> IRModule:
     return infer_types(load_module(corpus_dir / f"{name}.relay"))
 
 
+@pytest.fixture(scope="module")
+def built(corpus_dir: Path) -> dict[str, tuple[IRModule, CompiledModel]]:
+    """Models built once per test module, by name (several tests look at the same build)."""
+
+    class Builds(dict):  # type: ignore[type-arg]
+        def __missing__(self, name: str) -> tuple[IRModule, CompiledModel]:
+            mod = load(corpus_dir, name)
+            self[name] = (mod, relay_tune.build(mod))
+            return self[name]
+
+    return Builds()
+
+
 def leaves(value: object) -> list[np.ndarray]:
     if isinstance(value, tuple):
         return [leaf for item in value for leaf in leaves(item)]
@@ -42,18 +55,18 @@ def assert_agrees(model: CompiledModel, mod: IRModule, seed: int = 0) -> None:
 
 
 @pytest.mark.parametrize("name", FAST_MODELS)
-def test_corpus_model_compiles_and_agrees_with_interpreter(corpus_dir: Path, name: str) -> None:
-    mod = load(corpus_dir, name)
-    model = relay_tune.build(mod)
+def test_corpus_model_compiles_and_agrees_with_interpreter(
+    built: dict[str, tuple[IRModule, CompiledModel]], name: str
+) -> None:
+    mod, model = built[name]
     assert_agrees(model, mod)
     report = model.memory_report()
     assert report.arena_bytes <= report.naive_bytes
     assert model.build_info["kernels"] == len({c.kernel for c in model.plan.calls})
 
 
-def test_mobilenet_memory_plan_and_save_load(corpus_dir: Path, tmp_path: Path) -> None:
-    mod = load(corpus_dir, "tvm_menagerie_mobilenet")
-    model = relay_tune.build(mod)
+def test_mobilenet_memory_plan_and_save_load(built: dict[str, tuple[IRModule, CompiledModel]], tmp_path: Path) -> None:
+    _mod, model = built["tvm_menagerie_mobilenet"]
     report = model.memory_report()
     # Intermediates of a deep chain reuse a few slots: far below one buffer per tensor.
     assert report.intermediate_tensors > 40
