@@ -7,6 +7,7 @@ conversion allows it, so the converters are exercised rather than folded away at
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,9 +451,10 @@ def _experiments_module(name: str) -> Any:
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(f"experiments_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[f"experiments_{name}"] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
@@ -461,6 +463,21 @@ def test_small_cnn_matches_onnxruntime() -> None:
     model = _experiments_module("onnx_models").small_cnn(batch=2)
     x = rand(2, 3, 32, 32)
     assert_matches_onnxruntime(model, {"input": x}, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_e2e_runs_on_the_example_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """The end-to-end benchmark script: compiled example CNN vs onnxruntime, outputs compared (exit 0)."""
+    import relay_tune
+
+    if getattr(relay_tune, "build", None) is None:
+        pytest.skip("relay_tune.build is not available")
+    bench = _experiments_module("bench_e2e")
+    code = bench.main(["--example", "small_cnn", "--repeat", "2", "--warmup", "0", "--min-time", "0",
+                       "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "relay-tune output 0 (1, 10)" in out and "match" in out
+    assert "relay-tune / onnxruntime (median latency)" in out
 
 
 def test_float64_and_float16_models() -> None:
