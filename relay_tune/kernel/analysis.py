@@ -363,6 +363,8 @@ class Simplifier:
         self, node: PrimExpr, kids: list[Lin | PrimExpr], bmap: Mapping[tir.Buffer, tir.Buffer]
     ) -> Lin | PrimExpr:
         if not kids:
+            if isinstance(node, tir.Load) and node.buffer in bmap:  # a rank-0 load: no indices to visit
+                return tir.Load(bmap[node.buffer], (), node.dtype)
             return self._leaf(node)
         if isinstance(node, tir.BinaryOp):
             return self._binary(node, kids[0], kids[1])

@@ -74,7 +74,7 @@ class PackingInfo:
             if p.role == INPUT and p.index == index:
                 if p.layout is not None:
                     return p.layout.pack(array)
-                return np.ascontiguousarray(array)
+                return _contiguous(array)
         raise RelayTuneError(f"logical input {index} is not a kernel argument (the kernel does not read it)")
 
     def kernel_arguments(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
@@ -97,8 +97,14 @@ class PackingInfo:
                         f"input {p.index}: expected {self.input_dtypes[p.index]}{list(self.input_shapes[p.index])}, "
                         f"got {array.dtype}{list(array.shape)}"
                     )
-                args.append(p.layout.pack(array) if p.layout is not None else np.ascontiguousarray(array))
+                args.append(p.layout.pack(array) if p.layout is not None else _contiguous(array))
         return args
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    # np.ascontiguousarray turns a 0-d array into shape (1,); kernels check shapes exactly
+    a = np.asarray(array)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
 
 
 def kernel_name(func: Function) -> str:

@@ -131,20 +131,33 @@ def _vector_width(extent: int, lanes: int) -> int:
 
 
 def _flat_loops(sch: Schedule, stage: Stage, target: Target, work: int | None = None) -> None:
-    """Fuse the loops of a root stage without reduction, split off a vector-wide inner loop, run the outer
-    part in parallel (a stage with a reduction: fuse its spatial loops and parallelise them)."""
+    """Loops of a root stage without reduction: the innermost axis vectorized on its own when it is at
+    least a vector wide (lane indices then need no division: padding tests, broadcasts and gathers stay
+    cheap), else every axis fused into one flat loop split by the vector width; the outer part parallel.
+    A stage with a reduction gets its spatial loops fused and parallelised."""
     name = stage.name
     spatial = [lp for lp in sch.leaves(name) if not stage.loops[lp].is_reduce]
     if not spatial:
         return
-    outer = spatial[0] if len(spatial) == 1 else sch.fuse(name, *spatial)
-    extent = math.prod(ax.extent for ax in stage.op.axes) if stage.op is not None else 1
+    has_reduce = len(sch.leaves(name)) > len(spatial)
     lanes = target.vector_lanes(stage.tensor.dtype)
-    has_reduce = len(sch.leaves(name)) > 1
-    if not has_reduce and lanes > 1 and extent >= lanes:
-        outer, inner = sch.split(name, outer, factor=lanes)
-        sch.vectorize(name, inner)
-    if _parallel_worthwhile(target, work if work is not None else _work(stage)):
+    assert stage.op is not None
+    extents = [ax.extent for ax in stage.op.axes]
+    outer: str | None
+    if has_reduce or lanes == 1:
+        outer = spatial[0] if len(spatial) == 1 else sch.fuse(name, *spatial)
+    elif len(spatial) >= 2 and extents[-1] >= lanes:
+        outer = spatial[0] if len(spatial) == 2 else sch.fuse(name, *spatial[:-1])
+        sch.vectorize(name, spatial[-1])
+    else:
+        flat = spatial[0] if len(spatial) == 1 else sch.fuse(name, *spatial)
+        if math.prod(extents) >= lanes:
+            outer, inner = sch.split(name, flat, factor=lanes)
+            sch.vectorize(name, inner)
+        else:
+            outer = None
+            sch.vectorize(name, flat)
+    if outer is not None and _parallel_worthwhile(target, work if work is not None else _work(stage)):
         sch.parallel(name, outer)
 
 

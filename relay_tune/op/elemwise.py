@@ -372,12 +372,22 @@ def _te_divide(a: tir.PrimExpr, b: tir.PrimExpr) -> tir.PrimExpr:
     return tir.BinaryOp("div", a, b)
 
 
+def _te_power(a: tir.PrimExpr, b: tir.PrimExpr) -> tir.PrimExpr:
+    if is_float(a.dtype):
+        return te.power(a, b)
+    # Integers: the real power truncated toward zero (a negative exponent gives 0 unless the base is +-1),
+    # computed in float64, which is exact for every result an int32 can hold; 0 ** negative is 0.
+    real = te.power(te.cast("float64", a), te.cast("float64", b))
+    zero = const_expr(0, a.dtype)
+    return te.if_then_else(te.all_of(b < zero, te.equal(a, zero)), zero, te.cast(a.dtype, real))
+
+
 _TE_BINARY: dict[str, Callable[[tir.PrimExpr, tir.PrimExpr], tir.PrimExpr]] = {
     "add": lambda a, b: a + b,
     "subtract": lambda a, b: a - b,
     "multiply": lambda a, b: a * b,
     "divide": _te_divide,
-    "power": te.power,
+    "power": _te_power,
     "maximum": te.maximum,
     "minimum": te.minimum,
     "less": lambda a, b: a < b,
