@@ -168,9 +168,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     params_file = save_params(params_path(out), constants)
-    main = mod["main"]
-    console = _console()
-    console.print(f"wrote {out} ({len(main.params)} input(s), {len(constants)} constant(s)) and {params_file}")
+    print(f"wrote {out} ({len(mod['main'].params)} input(s), {len(constants)} constant(s)) and {params_file}")
     return 0
 
 

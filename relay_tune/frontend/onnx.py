@@ -131,6 +131,11 @@ class OnnxNode:
     def output_used(self, index: int) -> bool:
         return index < len(self.outputs) and bool(self.outputs[index])
 
+    def attr_float(self, name: str, default: float) -> float:
+        """A float attribute. ONNX stores them as float32: take the shortest decimal that is that float32
+        (`1e-05`, not `9.999999747378752e-06`), which is the value the model's author wrote."""
+        return float(str(np.float32(self.attrs.get(name, default))))
+
     def attr_str(self, name: str, default: str) -> str:
         value = self.attrs.get(name, default)
         return value.decode() if isinstance(value, bytes) else str(value)
@@ -391,7 +396,7 @@ def _identity(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
 
 @_converts("LeakyRelu")
 def _leaky_relu(imp: Importer, node: OnnxNode) -> Expr:
-    return imp.call("nn.leaky_relu", [node.required(0)], alpha=float(node.attrs.get("alpha", 0.01)))
+    return imp.call("nn.leaky_relu", [node.required(0)], alpha=node.attr_float("alpha", 0.01))
 
 
 @_converts("PRelu")
@@ -419,13 +424,13 @@ def _elu_core(imp: Importer, x: Expr, alpha: float) -> Expr:
 
 @_converts("Elu")
 def _elu(imp: Importer, node: OnnxNode) -> Expr:
-    return _elu_core(imp, node.required(0), float(node.attrs.get("alpha", 1.0)))
+    return _elu_core(imp, node.required(0), node.attr_float("alpha", 1.0))
 
 
 @_converts("Selu")
 def _selu(imp: Importer, node: OnnxNode) -> Expr:
-    alpha = float(node.attrs.get("alpha", 1.67326319217681884765625))
-    gamma = float(node.attrs.get("gamma", 1.05070102214813232421875))
+    alpha = node.attr_float("alpha", 1.67326319217681884765625)
+    gamma = node.attr_float("gamma", 1.05070102214813232421875)
     return imp.scalar_op("multiply", _elu_core(imp, node.required(0), alpha), gamma)
 
 
@@ -448,7 +453,7 @@ def _softsign(imp: Importer, node: OnnxNode) -> Expr:
 @_converts("HardSigmoid")
 def _hard_sigmoid(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
-    alpha, beta = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
+    alpha, beta = node.attr_float("alpha", 0.2), node.attr_float("beta", 0.5)
     linear = imp.scalar_op("add", imp.scalar_op("multiply", x, alpha), beta)
     return imp.call("clip", [linear], a_min=0.0, a_max=1.0)
 
@@ -456,7 +461,7 @@ def _hard_sigmoid(imp: Importer, node: OnnxNode) -> Expr:
 @_converts("Shrink")
 def _shrink(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
-    lambd, bias = float(node.attrs.get("lambd", 0.5)), float(node.attrs.get("bias", 0.0))
+    lambd, bias = node.attr_float("lambd", 0.5), node.attr_float("bias", 0.0)
     dtype = imp.dtype(x)
     below = imp.call("less", [x, imp.const(-lambd, dtype)])
     above = imp.call("greater", [x, imp.const(lambd, dtype)])
@@ -672,7 +677,7 @@ def _dense(imp: Importer, a: Expr, weight: Expr) -> Expr:
 @_converts("Gemm")
 def _gemm(imp: Importer, node: OnnxNode) -> Expr:
     a, b, c = node.required(0), node.required(1), node.input(2)
-    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    alpha, beta = node.attr_float("alpha", 1.0), node.attr_float("beta", 1.0)
     if imp.rank(a) != 2 or imp.rank(b) != 2:
         raise OnnxModelError(f"A and B must be 2-D, got {_fmt(imp.shape(a))} and {_fmt(imp.shape(b))}")
     if node.attrs.get("transA", 0):
@@ -745,7 +750,7 @@ def _batch_norm(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     dtype = imp.dtype(x)
     vectors = [imp.cast(node.required(i), dtype) for i in range(1, 5)]
-    out = imp.call("nn.batch_norm", [x, *vectors], axis=1, epsilon=float(node.attrs.get("epsilon", 1e-5)))
+    out = imp.call("nn.batch_norm", [x, *vectors], axis=1, epsilon=node.attr_float("epsilon", 1e-5))
     return imp.item(out, 0)
 
 
@@ -759,7 +764,7 @@ def _instance_norm(imp: Importer, node: OnnxNode) -> Expr:
     x, scale, bias = node.required(0), node.required(1), node.required(2)
     rank = imp.rank(x)
     axes = list(range(2, rank))
-    eps = float(node.attrs.get("epsilon", 1e-5))
+    eps = node.attr_float("epsilon", 1e-5)
     mean = imp.call("mean", [x], axis=axes, keepdims=True)
     centered = imp.call("subtract", [x, mean])
     var = imp.call("mean", [imp.call("multiply", [centered, centered])], axis=axes, keepdims=True)
@@ -791,7 +796,7 @@ def _layer_norm(imp: Importer, node: OnnxNode) -> Expr:
         return imp.reshape(param, [size])
 
     gamma, beta = as_vector(scale, 1.0), as_vector(bias, 0.0)
-    eps = float(node.attrs.get("epsilon", 1e-5))
+    eps = node.attr_float("epsilon", 1e-5)
     if axis == rank - 1:
         return imp.call("nn.layer_norm", [x, gamma, beta], axis=-1, epsilon=eps)
     # Normalising over several trailing axes is normalising their flattened product.
@@ -804,8 +809,8 @@ def _layer_norm(imp: Importer, node: OnnxNode) -> Expr:
 def _lrn(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     size = int(node.attrs["size"])
-    alpha, beta = float(node.attrs.get("alpha", 1e-4)), float(node.attrs.get("beta", 0.75))
-    bias = float(node.attrs.get("bias", 1.0))
+    alpha, beta = node.attr_float("alpha", 1e-4), node.attr_float("beta", 0.75)
+    bias = node.attr_float("bias", 1.0)
     if size % 2 == 1:
         return imp.call("nn.lrn", [x], size=size, axis=1, alpha=alpha, beta=beta, bias=bias)
     # An even window is lopsided, [c - (size-1)//2, c + size//2], which nn.lrn (centred like TVM's)
@@ -1173,7 +1178,7 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
     value: Expr = imp.const(0, imp.dtype(x))
     if "pads" in node.attrs or "paddings" in node.attrs:  # opset < 11
         pads = [int(p) for p in node.attrs.get("pads", node.attrs.get("paddings"))]
-        value = imp.const(float(node.attrs.get("value", 0.0)), imp.dtype(x))
+        value = imp.const(node.attr_float("value", 0.0), imp.dtype(x))
         axes = list(range(rank))
     else:
         pads = imp.static_ints(node.input(1), "the pads input")
