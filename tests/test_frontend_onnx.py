@@ -420,6 +420,25 @@ def test_shape_arithmetic_is_folded_to_a_static_reshape() -> None:
     assert_matches_onnxruntime(model, {"x": x})
 
 
+@pytest.mark.parametrize("opset", range(7, 22))
+def test_small_network_at_every_opset(opset: int) -> None:
+    """Operators whose spelling is the same in every opset from 7 to 21, end to end."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"]),
+        helper.make_node("LeakyRelu", ["n"], ["r"], alpha=0.1),
+        helper.make_node("AveragePool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["g"], transB=1),
+        helper.make_node("Sigmoid", ["g"], ["y"]),
+    ]
+    consts = {"w": rand(4, 3, 3, 3), "b": rand(4), "s": rand(4), "bb": rand(4), "m": rand(4),
+              "v": rand(4, low=0.5, high=1.5), "fc": rand(6, 4 * 2 * 2), "fcb": rand(6)}
+    x = rand(2, 3, 8, 8)
+    model = make_model(nodes, {"x": x}, ["y"], opset=opset, initializers=consts)
+    assert_matches_onnxruntime(model, {"x": x}, rtol=1e-4, atol=1e-5)
+
+
 def test_constant_nodes_and_constant_of_shape() -> None:
     nodes = [
         helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(rand(3, 4), "c")),
