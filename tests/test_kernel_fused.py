@@ -1,16 +1,48 @@
-"""Fused primitive functions built into kernels (compute -> default schedule -> LLVM) agree with the interpreter."""
+"""Fused primitive functions built into kernels (compute -> default schedule -> LLVM) agree with the interpreter.
+
+Groups come from FuseOps on small programs (conv2d + bias + relu, residual adds, dense + bias and softmax,
+reshape/transpose chains, tuple results) and from the Relay corpus. Also: the kernel API (`lower_primitive`
+with replayed or custom steps, packing of weights), no intermediate buffers inside a group, code
+generation properties the default schedules rely on, compile time, and errors.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from relay_tune.codegen.llvm import emit_llvm_ir
+from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.interpreter import evaluate
-from relay_tune.ir import Call, Expr, Function, IRModule, TensorType, Var, op
-from relay_tune.kernel.build import build_primitive, lower_primitive
+from relay_tune.ir import (
+    Call,
+    Constant,
+    Expr,
+    Function,
+    IRModule,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    TupleType,
+    Type,
+    Var,
+    const,
+    op,
+)
+from relay_tune.kernel import analysis, tir
+from relay_tune.kernel.build import build_primitive, kernel_name, lower_primitive
+from relay_tune.kernel.compute import primitive_compute
+from relay_tune.kernel.default_schedule import default_schedule
+from relay_tune.kernel.schedule import Schedule, ScheduleError
 from relay_tune.op.registry import get_op
+from relay_tune.passes import FuseOps, PassConfig, extract_tasks, optimize
+from relay_tune.target import Target
+from relay_tune.text.loader import load_module
 from relay_tune.type_infer import infer_types
 
 RNG = np.random.default_rng(3)
@@ -24,50 +56,304 @@ def var(name: str, *shape: int, dtype: str = "float32") -> Var:
     return Var(name, TensorType(shape, dtype))
 
 
+def weight(*shape: int) -> Constant:
+    return const((RNG.standard_normal(shape) * 0.3).astype("float32"))
+
+
 def primitive(params: Sequence[Var], body: Expr) -> tuple[Function, IRModule]:
     mod = infer_types(IRModule({"main": Function(tuple(params), body)}))
     return mod["main"].with_attrs(Primitive=1), mod
 
 
-def random_inputs(params: Sequence[Var]) -> list[np.ndarray]:
-    return [RNG.standard_normal(p.type_annotation.shape).astype(p.type_annotation.dtype)  # type: ignore[union-attr]
-            for p in params]
+def random_value(ty: Type) -> np.ndarray | tuple[np.ndarray, ...]:
+    if isinstance(ty, TupleType):
+        return tuple(random_value(f) for f in ty.fields)  # type: ignore[misc]
+    assert isinstance(ty, TensorType)
+    shape = tuple(int(d) for d in ty.shape)  # type: ignore[arg-type]
+    if ty.dtype.startswith("float"):
+        return RNG.standard_normal(shape).astype(ty.dtype)
+    return RNG.integers(0, 3, shape).astype(ty.dtype)
 
 
-def check_against_interpreter(params: Sequence[Var], body: Expr, rtol: float = 1e-4, atol: float = 1e-4) -> None:
-    func, mod = primitive(params, body)
-    inputs = random_inputs(params)
-    kernel = build_primitive(func)
-    got = kernel(*inputs)
-    want = evaluate(mod, inputs)
-    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+def as_tuple(value: object) -> tuple[np.ndarray, ...]:
+    return value if isinstance(value, tuple) else (value,)  # type: ignore[return-value]
+
+
+def check_function(func: Function, rtol: float = 1e-4, atol: float = 1e-4) -> None:
+    """Compile a primitive function and compare it with the interpreter on random inputs."""
+    inputs = [random_value(p.checked_type if p.has_type() else p.type_annotation) for p in func.params]  # type: ignore[arg-type]
+    plain = infer_types(IRModule({"main": Function(func.params, func.body, func.ret_type)}))
+    want = evaluate(plain, inputs)
+    got = build_primitive(func)(*inputs)
+    for g, w in zip(as_tuple(got), as_tuple(want)):
+        assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
 
 
-def test_broadcast_add_relu() -> None:
-    x, y = var("x", 3, 5, 7), var("y", 5, 1)
-    check_against_interpreter([x, y], call("nn.relu", call("add", x, y)))
+def fused_primitives(params: Sequence[Var], body: Expr) -> list[Function]:
+    """FuseOps on a one-function module; the primitive functions it creates, in evaluation order."""
+    mod = infer_types(IRModule({"main": Function(tuple(params), body)}))
+    fused = FuseOps().run(mod, PassConfig(opt_level=3))
+    return [t.func for t in extract_tasks(fused)]
 
 
-@pytest.mark.parametrize("shape", [(37, 29, 53), (1, 64, 10), (16, 7, 64)])
+def allocations(func: tir.PrimFunc) -> dict[str, tir.Buffer]:
+    return {s.buffer.name: s.buffer for s in analysis.iter_stmts(func.body) if isinstance(s, tir.Allocate)}
+
+
+# ------------------------------------------------------------------------------------------------
+# fused groups from FuseOps
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC", "depthwise"])
+def test_conv2d_bias_relu(layout: str) -> None:
+    if layout == "NHWC":
+        x = var("x", 1, 13, 11, 6)
+        conv = call("nn.conv2d", x, weight(3, 3, 6, 20), padding=(1, 1), data_layout="NHWC", kernel_layout="HWIO")
+        bias = call("nn.bias_add", conv, weight(20), axis=3)
+    else:
+        x = var("x", 1, 12, 13, 11)
+        groups = 12 if layout == "depthwise" else 1
+        w = weight(12, 1, 3, 3) if groups == 12 else weight(20, 12, 3, 3)
+        conv = call("nn.conv2d", x, w, padding=(1, 1), groups=groups, strides=(2, 1))
+        bias = call("nn.bias_add", conv, weight(12 if groups == 12 else 20))
+    (func,) = fused_primitives([x], call("nn.relu", bias))
+    assert [c.op_name for c in primitive_compute(func).calls] == ["nn.conv2d", "nn.bias_add", "nn.relu"]
+    check_function(func)
+    prim_func, _ = lower_primitive(func)
+    # the group has no intermediate buffers: only the convolution's padded input and its accumulator tile
+    assert set(allocations(prim_func)) <= {"conv2d.pad", "conv2d.local"}
+    assert any(s.buffer.name == "relu" for s in analysis.iter_stmts(prim_func.body) if isinstance(s, tir.Store))
+
+
+def test_conv2d_residual_add_relu() -> None:
+    x, skip = var("x", 1, 16, 14, 14), var("skip", 1, 32, 14, 14)
+    conv = call("nn.bias_add", call("nn.conv2d", x, weight(32, 16, 1, 1)), weight(32))
+    (func,) = fused_primitives([x, skip], call("nn.relu", call("add", conv, skip)))
+    assert "add" in [c.op_name for c in primitive_compute(func).calls]
+    check_function(func)
+    assert set(allocations(lower_primitive(func)[0])) <= {"conv2d.local"}
+
+
+def test_dense_bias_and_softmax_fuse_separately() -> None:
+    x = var("x", 3, 40)
+    logits = call("nn.bias_add", call("nn.dense", x, weight(37, 40)), weight(37))
+    funcs = fused_primitives([x], call("nn.softmax", logits))
+    assert [[c.op_name for c in primitive_compute(f).calls] for f in funcs] == [
+        ["nn.dense", "nn.bias_add"], ["nn.softmax"]
+    ]
+    for func in funcs:
+        check_function(func, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(37, 29, 53), (1, 64, 10), (16, 7, 64), (2, 1000, 3)])
 def test_dense_bias_relu(shape: tuple[int, int, int]) -> None:
     m, k, n = shape
     a, w, b = var("a", m, k), var("w", n, k), var("b", n)
-    check_against_interpreter([a, w, b], call("nn.relu", call("nn.bias_add", call("nn.dense", a, w), b)))
+    func, _ = primitive([a, w, b], call("nn.relu", call("nn.bias_add", call("nn.dense", a, w), b)))
+    check_function(func)
 
 
-@pytest.mark.parametrize("geometry", [(1, 6, 13, 11, 10, 3, 1, 1), (2, 3, 9, 20, 17, 3, 0, 2)])
-def test_conv2d_bias_relu(geometry: tuple[int, ...]) -> None:
-    n, c, h, w, f, k, pad, stride = geometry
-    d, wt, b = var("d", n, c, h, w), var("w", f, c, k, k), var("b", f)
-    conv = call("nn.conv2d", d, wt, padding=(pad, pad), strides=(stride, stride))
-    check_against_interpreter([d, wt, b], call("nn.relu", call("nn.bias_add", conv, b)))
+def test_reshape_transpose_chain() -> None:
+    x, y = var("x", 2, 12, 5), var("y", 6, 5, 4)
+    r = call("reshape", x, newshape=(4, 6, 5))
+    t = call("transpose", r, axes=(1, 2, 0))
+    s = call("reshape", call("add", t, y), newshape=(-1, 8))
+    funcs = fused_primitives([x, y], call("nn.relu", call("transpose", s)))
+    assert len(funcs) == 1
+    check_function(funcs[0], rtol=0, atol=0)
+    assert allocations(lower_primitive(funcs[0])[0]) == {}
+
+
+def test_batch_matmul_scale_softmax_like_attention() -> None:
+    q, k = var("q", 4, 9, 16), var("k", 4, 11, 16)
+    scores = call("multiply", call("nn.batch_matmul", q, k, transpose_b=True), const(np.float32(0.25)))
+    funcs = fused_primitives([q, k], call("nn.softmax", scores))
+    assert len(funcs) == 2
+    for func in funcs:
+        check_function(func, rtol=1e-5, atol=1e-5)
+
+
+def test_pool_and_global_pool_groups() -> None:
+    x = var("x", 1, 8, 15, 15)
+    pooled = call("nn.max_pool2d", call("nn.relu", x), pool_size=(3, 3), strides=(2, 2), padding=(1, 1))
+    mean = call("nn.global_avg_pool2d", call("add", pooled, const(np.float32(1.0))))
+    for func in fused_primitives([x], call("nn.batch_flatten", mean)):
+        check_function(func)
+
+
+def test_tuple_results_and_tuple_parameters() -> None:
+    x = var("x", 9, 10)
+    parts = call("split", call("exp", x), indices_or_sections=(2, 7), axis=0)
+    func, _ = primitive([x], Tuple((TupleGetItem(parts, 2), call("nn.relu", TupleGetItem(parts, 0)), x)))
+    kernel = build_primitive(func)
+    value = RNG.standard_normal((9, 10)).astype("float32")
+    got = kernel(value)
+    assert isinstance(got, tuple) and len(got) == 3
+    np.testing.assert_allclose(got[0], np.exp(value[7:]), rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.exp(value[:2]), rtol=1e-6)
+    np.testing.assert_array_equal(got[2], value)  # a parameter returned as is gets a copy stage
+    pair = Var("pair", TupleType((TensorType((3, 4), "float32"), TensorType((3, 2), "float32"))))
+    func, _ = primitive([pair], call("concatenate", pair, axis=1))
+    check_function(func, rtol=0, atol=0)
+
+
+def test_scalar_constants_are_inlined() -> None:
+    x = var("x", 5, 7)
+    func, _ = primitive([x], call("maximum", call("multiply", x, const(np.float32(3.0))), const(np.float32(0.5))))
+    check_function(func)
+    prim_func, packing = lower_primitive(func)
+    assert [p.name for p in prim_func.params] == ["p0", "maximum"] and packing.packed_inputs == ()
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernel API
+# ------------------------------------------------------------------------------------------------
+
+
+def dense_relu() -> Function:
+    a, w = var("a", 8, 16), var("w", 40, 16)
+    return primitive([a, w], call("nn.relu", call("nn.dense", a, w)))[0]
 
 
 def test_dense_weights_are_packed_ahead() -> None:
-    a, w = var("a", 8, 16), var("w", 40, 16)
-    func, _ = primitive([a, w], call("nn.dense", a, w))
+    func = dense_relu()
     prim_func, packing = lower_primitive(func)
     assert packing.packed_inputs == (1,)
-    assert [p.role for p in packing.params] == ["input", "input", "output"]
-    assert prim_func.params[1].shape != (40, 16)
+    assert [(p.role, p.index) for p in packing.params] == [("input", 0), ("input", 1), ("output", 0)]
+    assert prim_func.params[1].shape == (2, 16, 32)  # two panels of 32 columns, the second half empty
+    kernel = build_primitive(func)
+    a, w = RNG.standard_normal((8, 16)).astype("float32"), RNG.standard_normal((40, 16)).astype("float32")
+    out = np.empty((8, 40), "float32")
+    kernel.run([a, w], [out], packed={1: packing.pack_input(1, w)})  # weights packed once, ahead of time
+    np.testing.assert_allclose(out, np.maximum(a @ w.T, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_default_steps_replay_from_json() -> None:
+    func = dense_relu()
+    target = Target.host()
+    steps = default_schedule(primitive_compute(func), target)
+    as_json = json.loads(json.dumps([s.to_json() for s in steps]))
+    replayed, _ = lower_primitive(func, target, as_json, name="k")
+    direct, _ = lower_primitive(func, target, name="k")
+    assert analysis.structurally_equal(replayed, direct)
+
+
+def test_custom_steps_replace_the_default() -> None:
+    func = dense_relu()
+    naive, packing = lower_primitive(func, steps=[])
+    # no steps: nothing packed, nothing inlined (the relu reads a root buffer of the product)
+    assert packing.packed_inputs == () and "dense" in allocations(naive)
+    with pytest.raises(ScheduleError, match="reduction"):
+        lower_primitive(func, steps=[{"kind": "compute_inline", "stage": "dense"}])
+
+
+def test_naive_and_custom_schedules_compute_the_same() -> None:
+    func = dense_relu()
+    a, w = RNG.standard_normal((8, 16)).astype("float32"), RNG.standard_normal((40, 16)).astype("float32")
+    want = np.maximum(a @ w.T, 0)
+    prim = primitive_compute(func)
+    sch = Schedule(prim.outputs)
+    _, j = sch.leaves("relu")
+    _, ji = sch.split("relu", j, factor=8)
+    sch.vectorize("relu", ji)
+    for steps in ([], sch.steps):
+        np.testing.assert_allclose(build_primitive(func, schedule_steps=steps)(a, w), want, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_names_are_valid_symbols_and_stable() -> None:
+    func = dense_relu()
+    name = kernel_name(func)
+    assert name.startswith("fused_dense_relu_") and name.replace("_", "").isalnum()
+    assert kernel_name(dense_relu()) == name  # same workload, same name (parameter names do not matter)
+
+
+def test_inputs_are_checked() -> None:
+    kernel = build_primitive(dense_relu())
+    with pytest.raises(RelayTuneError, match="expected float32"):
+        kernel(np.zeros((8, 15), "float32"), np.zeros((40, 16), "float32"))
+    with pytest.raises(RelayTuneError, match="takes 2 inputs"):
+        kernel(np.zeros((8, 16), "float32"))
+
+
+# ------------------------------------------------------------------------------------------------
+# code generation properties the default schedules rely on
+# ------------------------------------------------------------------------------------------------
+
+
+def test_odd_vector_widths_become_power_of_two_chunks() -> None:
+    """A 28-wide output row is vectorized as 16 + 8 + 4 lanes; LLVM scalarizes `<28 x float>`."""
+    x, w = var("x", 1, 8, 7, 28), var("w", 16, 8, 1, 1)
+    func, _ = primitive([x, w], call("nn.conv2d", x, w))
+    text = emit_llvm_ir([lower_primitive(func)[0]], Target.host())
+    assert "<28 x float>" not in text and "<16 x float>" in text and "<4 x float>" in text
+
+
+def test_flat_elementwise_loops_access_memory_contiguously() -> None:
+    """Fused loops over (64, 7, 7) split by the vector width recompose to the flat index: no gathers."""
+    x, y = var("x", 1, 64, 7, 7), var("y", 1, 64, 7, 7)
+    func, _ = primitive([x, y], call("nn.relu", call("add", x, y)))
+    text = emit_llvm_ir([lower_primitive(func)[0]], Target.host())
+    assert "masked.gather" not in text and "masked.scatter" not in text
+
+
+def test_fused_conv2d_compiles_well_under_a_second() -> None:
+    x = var("x", 1, 64, 56, 56)
+    conv = call("nn.conv2d", x, weight(64, 64, 3, 3), padding=(1, 1))
+    (func,) = fused_primitives([x], call("nn.relu", call("nn.bias_add", conv, weight(64))))
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        build_primitive(func)
+        best = min(best, time.perf_counter() - start)
+    assert best < 1.0, f"compiling a fused conv2d took {best:.2f} s"
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+# ------------------------------------------------------------------------------------------------
+
+
+def test_dynamic_shapes_are_rejected() -> None:
+    from relay_tune.ir import ANY
+
+    x = Var("x", TensorType((ANY, 4), "float32"))
+    func, _ = primitive([x], call("exp", x))
+    with pytest.raises(UnsupportedError, match="static shapes"):
+        lower_primitive(func)
+
+
+def test_tensor_constants_inside_a_group_are_rejected() -> None:
+    x = var("x", 3)
+    func, _ = primitive([x], call("add", x, const(np.ones(3, "float32"))))
+    with pytest.raises(UnsupportedError, match="tensor constants are parameters"):
+        lower_primitive(func)
+
+
+def test_untyped_functions_are_rejected() -> None:
+    x = Var("x")
+    with pytest.raises(CompileError, match="type inference"):
+        lower_primitive(Function((x,), call("exp", x)))
+
+
+# ------------------------------------------------------------------------------------------------
+# the corpus
+# ------------------------------------------------------------------------------------------------
+
+
+def check_model_tasks(path: Path) -> int:
+    tasks = extract_tasks(optimize(load_module(path), opt_level=3))
+    for task in tasks:
+        check_function(task.func, rtol=1e-3, atol=1e-3)
+    return len(tasks)
+
+
+def test_every_mnist_task_matches_the_interpreter(corpus_dir: Path) -> None:
+    assert check_model_tasks(corpus_dir / "tvm_menagerie_mnist.relay") >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tvm_menagerie_resnet50", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2"])
+def test_every_model_task_matches_the_interpreter(corpus_dir: Path, model: str) -> None:
+    assert check_model_tasks(corpus_dir / f"{model}.relay") > 20
