@@ -30,6 +30,12 @@ CONSTS = {"relay.Constant": [
 ]}
 
 
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rich wraps at 80 columns when not writing to a terminal; long temporary paths would be split.
+    monkeypatch.setenv("COLUMNS", "400")
+
+
 @pytest.fixture()
 def model_file(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.relay"

@@ -40,7 +40,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
@@ -332,7 +332,6 @@ class _Prepared:
     calls: list[tuple[Any, list[int]]]
     patches: list[tuple[list[int], int, int]]  # (argument list, position, storage) for input/output storages
     call_tasks: list[int]
-    keep_alive: list[Any] = field(default_factory=list)
 
 
 class CompiledModel:
