@@ -1,0 +1,408 @@
+"""How many measurements does each search strategy need? Random vs Optuna TPE vs XGBoost-guided (with and without
+transfer from other workloads).
+
+    python experiments/search_efficiency.py                       # 3 workloads x 4 strategies x 5 seeds x 300 trials
+    python experiments/search_efficiency.py --trials 60 --seeds 2  # a quick run
+    nohup python experiments/search_efficiency.py > search_efficiency.out 2>&1 &
+
+Workloads: dense 1024x1024x1024, a ResNet-50 3x3 conv2d (1x64x56x56, 64 filters, pad 1) and a MobileNet-v2
+depthwise 3x3 conv2d (1x144x56x56, pad 1), each with its schedule-template space (`cost_model.template_tasks`).
+Every run goes through the real tuning loop (`relay_tune.tuning.tune`: search strategy, parallel builder,
+process-isolated runner, JSON-lines log). "xgb-transfer" for a workload warms its model with the "xgb" logs of the
+other two workloads (same seed), so the xgb runs of every workload come first.
+
+Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
+`<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
+from it. Every strategy therefore sees the same noise for the same config, and the full experiment costs far less
+than 18,000 measurements. `--no-cache` measures everything for real (use it to time a single run).
+
+Outputs in `--out` (default experiments/results/search_efficiency): `curves.csv` (best GFLOPS after each trial of
+each run), `summary.csv`, `search_efficiency.png` (median best GFLOPS vs trials, band = min..max over seeds), and
+on stdout for each strategy the trials needed to reach 95% of the best config any strategy found (median over
+seeds), plus the model's share of the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cost_model.template_tasks import TemplateTask, dense_1024, mobilenet_depthwise, resnet50_conv3x3
+from relay_tune.tuning import (
+    BuildResult,
+    ErrorKind,
+    LocalBuilder,
+    LocalRunner,
+    RunResult,
+    read_records,
+    tune,
+)
+from relay_tune.tuning.builder import Builder
+from relay_tune.tuning.runner import Runner
+from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
+from relay_tune.tuning.task import BuildArtifact, TuneTask
+from relay_tune.tuning.xgb_search import xgb_search
+from search_space import Config
+
+STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
+WORKLOADS: dict[str, Callable[[int], TemplateTask]] = {
+    "dense": lambda cores: TemplateTask("dense", dense_1024().shape, num_cores=cores),
+    "conv2d": lambda cores: TemplateTask("conv2d", resnet50_conv3x3().shape, num_cores=cores),
+    "depthwise": lambda cores: TemplateTask("depthwise_conv2d", mobilenet_depthwise().shape, num_cores=cores),
+}
+TARGET_SHARE = 0.95
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared measurements
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stored:
+    costs: list[float] | None
+    error: str | None
+    build_s: float
+    run_s: float
+
+
+class MeasurementCache:
+    """Config key -> measured result of one workload, appended to a JSON-lines file as measured."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, _Stored] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    item = json.loads(line)
+                    self.entries[item["config_key"]] = _Stored(item["costs"], item["error"], item["build_s"],
+                                                               item["run_s"])
+
+    def put(self, key: str, stored: _Stored) -> None:
+        self.entries[key] = stored
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as out:
+            out.write(json.dumps({"config_key": key, "costs": stored.costs, "error": stored.error,
+                                  "build_s": stored.build_s, "run_s": stored.run_s}) + "\n")
+
+
+@dataclass(frozen=True)
+class _CachedArtifact:
+    key: str
+
+
+class CachingBuilder(Builder):
+    """Builds only configs the cache has not seen; the others get a marker the caching runner answers."""
+
+    def __init__(self, inner: Builder, caches: dict[str, MeasurementCache]) -> None:
+        self.inner = inner
+        self.caches = caches
+
+    def build(self, task: TuneTask, configs: Sequence[Config]) -> list[BuildResult]:
+        cache = self.caches[task.key]
+        fresh = [c for c in configs if c.key not in cache.entries]
+        built = dict(zip((c.key for c in fresh), self.inner.build(task, fresh))) if fresh else {}
+        results: list[BuildResult] = []
+        for config in configs:
+            if config.key in built:
+                result = built[config.key]
+                if result.artifact is None:
+                    cache.put(config.key, _Stored(None, (result.error_kind or ErrorKind.COMPILE_ERROR).name,
+                                                  result.build_seconds, 0.0))
+                else:
+                    assert isinstance(result.artifact, BuildArtifact)
+                    result.artifact.info["config_key"] = config.key
+                    result.artifact.info["build_s"] = result.build_seconds
+                results.append(result)
+                continue
+            stored = cache.entries[config.key]
+            if stored.costs is None and stored.run_s == 0.0:  # a build error
+                results.append(BuildResult(None, ErrorKind[stored.error or "COMPILE_ERROR"], "cached", stored.build_s))
+            else:
+                results.append(BuildResult(_CachedArtifact(config.key), None, "", stored.build_s))
+        return results
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class CachingRunner(Runner):
+    def __init__(self, inner: Runner, caches: dict[str, MeasurementCache]) -> None:
+        self.inner = inner
+        self.caches = caches
+
+    def run(self, task: TuneTask, artifact: Any) -> RunResult:
+        cache = self.caches[task.key]
+        if isinstance(artifact, _CachedArtifact):
+            stored = cache.entries[artifact.key]
+            if stored.costs is not None:
+                return RunResult(tuple(stored.costs), None, "", stored.run_s)
+            return RunResult(None, ErrorKind[stored.error or "RUNTIME_ERROR"], "cached", stored.run_s)
+        result = self.inner.run(task, artifact)
+        key = artifact.info.get("config_key")
+        if key is not None:
+            cache.put(key, _Stored(list(result.costs) if result.costs else None,
+                                   result.error_kind.name if result.error_kind else None,
+                                   float(artifact.info.get("build_s", 0.0)), max(result.run_seconds, 1e-9)))
+        return result
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    workload: str
+    strategy: str
+    seed: int
+    best_curve: list[float]  # best GFLOPS after each trial
+    search_s: float
+    wall_s: float
+    measure_s: float  # build + run seconds these trials cost when first measured
+    model: dict[str, float] = field(default_factory=dict)
+
+
+def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], options: argparse.Namespace
+                     ) -> StrategyFactory:
+    if name == "random":
+        return random_search(seed=seed)
+    if name == "tpe":
+        return optuna_search(storage=None, sampler="tpe", seed=seed)
+    xgb_options = {"plan_size": options.plan_size, "epsilon": options.epsilon, "warmup": options.warmup}
+    if name == "xgb":
+        return xgb_search(None, seed=seed, log_path=log, loss=options.loss, features=options.features,
+                          **xgb_options)
+    if name == "xgb-transfer":
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, **xgb_options)
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+def run_one(task: TemplateTask, workload: str, strategy: str, seed: int, args: argparse.Namespace,
+            builder: Builder, runner: Runner, caches: dict[str, MeasurementCache]) -> RunOutcome:
+    log = args.out / "logs" / workload / f"{strategy}-s{seed}.jsonl"
+    if log.exists():
+        log.unlink()
+    for side in log.parent.glob(f"{log.name}*"):
+        side.unlink()
+    transfer = [args.out / "logs" / other / f"xgb-s{seed}.jsonl" for other in args.workloads if other != workload]
+    factory = strategy_factory(strategy, seed, log, transfer, args)
+    start = time.monotonic()
+    summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
+                   batch_size=args.batch, seed=seed, measure_default=False)
+    wall = time.monotonic() - start
+    records = [r for r in read_records(log) if r.workload_key == task.key]
+    best = 0.0
+    curve: list[float] = []
+    measure_s = 0.0
+    cache = caches.get(task.key)
+    for record in records:
+        gflops = record.gflops or 0.0
+        best = max(best, gflops)
+        curve.append(best)
+        if cache is not None and record.config_key in cache.entries:
+            stored = cache.entries[record.config_key]
+            measure_s += stored.build_s / max(1, args.build_jobs) + stored.run_s
+        else:
+            measure_s += record.build_seconds / max(1, args.build_jobs) + record.run_seconds
+    model: dict[str, float] = {}
+    hub = getattr(factory, "hub", None)
+    if hub is not None:
+        stats = hub.stats
+        model = {"fit_s": stats.fit, "features_s": stats.features, "predict_s": stats.predict,
+                 "candidates_s": stats.candidates, "fits": stats.fits, "featurized": stats.featurized,
+                 "feature_ms": hub.featurizer.mean_ms}
+    return RunOutcome(workload, strategy, seed, curve, summary.seconds.get("search", 0.0), wall, measure_s, model)
+
+
+def trials_to_reach(curve: Sequence[float], threshold: float) -> int | None:
+    for i, value in enumerate(curve):
+        if value >= threshold:
+            return i + 1
+    return None
+
+
+def _fmt_trials(values: list[int | None], cap: int) -> str:
+    """Median trials over seeds; runs that never got there count as above the budget."""
+    filled = [v if v is not None else math.inf for v in values]
+    median = statistics.median(filled)
+    missed = sum(1 for v in values if v is None)
+    text = f">{cap}" if math.isinf(median) else f"{median:g}"
+    return text + (f" ({missed} missed)" if missed else "")
+
+
+def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "curves.csv").open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["workload", "strategy", "seed", "trial", "best_gflops"])
+        for o in outcomes:
+            for i, value in enumerate(o.best_curve):
+                writer.writerow([o.workload, o.strategy, o.seed, i + 1, f"{value:.4f}"])
+    rows = []
+    print()
+    print(f"trials to reach {TARGET_SHARE:.0%} of the best config found by any strategy (median over seeds)")
+    header = f"{'workload':<10} {'best GFLOPS':>11}  " + "  ".join(f"{s:>18}" for s in args.strategies)
+    print(header)
+    needed: dict[tuple[str, str], float] = {}
+    for workload in args.workloads:
+        runs = [o for o in outcomes if o.workload == workload]
+        if not runs:
+            continue
+        best = max(max(o.best_curve, default=0.0) for o in runs)
+        cells = []
+        for strategy in args.strategies:
+            mine = [o for o in runs if o.strategy == strategy]
+            reach = [trials_to_reach(o.best_curve, TARGET_SHARE * best) for o in mine]
+            final = [o.best_curve[-1] if o.best_curve else 0.0 for o in mine]
+            cells.append(_fmt_trials(reach, args.trials) if mine else "-")
+            if mine:
+                needed[(workload, strategy)] = statistics.median(
+                    [v if v is not None else math.inf for v in reach])
+                rows.append({"workload": workload, "strategy": strategy, "best_gflops_any": f"{best:.2f}",
+                             "median_trials_to_95pct": needed[(workload, strategy)],
+                             "missed_seeds": sum(1 for v in reach if v is None),
+                             "median_final_gflops": f"{statistics.median(final):.2f}",
+                             "median_search_s": f"{statistics.median(o.search_s for o in mine):.2f}",
+                             "median_wall_s": f"{statistics.median(o.wall_s for o in mine):.2f}",
+                             "median_measure_s": f"{statistics.median(o.measure_s for o in mine):.2f}"})
+        print(f"{workload:<10} {best:>11.1f}  " + "  ".join(f"{c:>18}" for c in cells))
+    print()
+    print("median final best GFLOPS")
+    for workload in args.workloads:
+        cells = []
+        for strategy in args.strategies:
+            finals = [o.best_curve[-1] for o in outcomes
+                      if o.workload == workload and o.strategy == strategy and o.best_curve]
+            cells.append(f"{statistics.median(finals):>18.1f}" if finals else f"{'-':>18}")
+        print(f"{workload:<10} {'':>11}  " + "  ".join(cells))
+    print()
+    print("time of the model-guided runs: search (model training, ranking, Optuna) vs measurement-equivalent time")
+    for o in outcomes:
+        if not o.model:
+            continue
+        share = o.search_s / (o.search_s + o.measure_s) if o.search_s + o.measure_s > 0 else 0.0
+        print(f"  {o.workload:<10} {o.strategy:<13} seed {o.seed}: search {o.search_s:6.1f} s "
+              f"(fit {o.model['fit_s']:.1f}, "
+              f"features {o.model['features_s']:.1f} = {o.model['featurized']:.0f} x {o.model['feature_ms']:.2f} ms, "
+              f"predict {o.model['predict_s']:.1f}, pool {o.model['candidates_s']:.1f}), measuring {o.measure_s:6.1f} s"
+              f" -> {share:.1%} of the time")
+    if rows:
+        with (args.out / "summary.csv").open("w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    plot(outcomes, args)
+
+
+def plot(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    workloads = [w for w in args.workloads if any(o.workload == w for o in outcomes)]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.2), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for strategy in args.strategies:
+            curves = [o.best_curve for o in outcomes if o.workload == workload and o.strategy == strategy]
+            if not curves:
+                continue
+            length = min(len(c) for c in curves)
+            matrix = np.array([c[:length] for c in curves])
+            x = np.arange(1, length + 1)
+            line = ax.plot(x, np.median(matrix, axis=0), label=strategy)[0]
+            ax.fill_between(x, matrix.min(axis=0), matrix.max(axis=0), color=line.get_color(), alpha=0.15)
+        ax.set_title(workload)
+        ax.set_xlabel("trials")
+        ax.set_ylabel("best GFLOPS so far")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = args.out / "search_efficiency.png"
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=300)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: dense,conv2d,depthwise")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {','.join(STRATEGIES)}")
+    parser.add_argument("--batch", type=int, default=8, help="configs proposed and measured per round")
+    parser.add_argument("--cores", type=int, default=1, help="cores the kernels may use (1: single-core kernels)")
+    parser.add_argument("--build-jobs", type=int, default=2, help="parallel builds")
+    parser.add_argument("--out", type=Path, default=Path("experiments/results/search_efficiency"))
+    parser.add_argument("--no-cache", action="store_true", help="measure every config for real")
+    parser.add_argument("--plan-size", type=int, default=32)
+    parser.add_argument("--epsilon", type=float, default=0.15)
+    parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--loss", choices=("rank", "reg"), default="rank")
+    parser.add_argument("--features", choices=("loopnest", "knob"), default="loopnest")
+    parser.add_argument("--timeout", type=float, default=10.0, help="run timeout per kernel (s)")
+    args = parser.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            parser.error(f"unknown workload {w!r}")
+    for s in args.strategies:
+        if s not in STRATEGIES:
+            parser.error(f"unknown strategy {s!r}")
+    # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
+    order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", STRATEGIES.index(s)))
+    tasks = {w: WORKLOADS[w](args.cores) for w in args.workloads}
+    caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}.jsonl") for w, t in tasks.items()}
+    # Fewer timing calls than the default: a bad dense config takes ~1 s per call; every config still gets a
+    # correctness check, a warm-up call and three timed repeats.
+    runner: Runner = LocalRunner(timeout=args.timeout, number=1, repeat=3, min_repeat_ms=40.0, warmup=1)
+    builder: Builder = LocalBuilder(n_parallel=args.build_jobs)
+    if not args.no_cache:
+        builder, runner = CachingBuilder(builder, caches), CachingRunner(runner, caches)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    print(f"{len(args.workloads)} workloads x {len(order)} strategies x {len(seeds)} seeds x {args.trials} trials; "
+          f"{'measuring everything' if args.no_cache else 'shared measurement cache'}; out: {args.out}")
+    for w, t in tasks.items():
+        print(f"  {w}: {t.description}, {t.flops / 1e9:.3f} GFLOP, space {t.space.size():,} knob combinations")
+    started = time.monotonic()
+    outcomes: list[RunOutcome] = []
+    try:
+        for strategy in order:
+            for seed in seeds:
+                for workload in args.workloads:
+                    outcome = run_one(tasks[workload], workload, strategy, seed, args, builder, runner, caches)
+                    outcomes.append(outcome)
+                    print(f"[{time.monotonic() - started:7.0f} s] {workload:<10} {strategy:<13} seed {seed}: best "
+                          f"{outcome.best_curve[-1] if outcome.best_curve else 0:.1f} GFLOPS, search "
+                          f"{outcome.search_s:.1f} s, wall {outcome.wall_s:.1f} s", flush=True)
+    finally:
+        builder.close()
+        runner.close()
+    report(outcomes, args)
+    print(f"total wall time: {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+"""Model-guided search: an XGBoost cost model picks which configs the Optuna study measures next.
+
+`XGBSearch` is an `OptunaSearch` whose proposals come from a plan instead of a sampler. Each round it
+
+1. gathers every measurement of its task: the tuning log (also other processes' records) and the study's trials
+   (also other processes' trials on a shared storage), so several tuning processes on one storage all train on
+   everything measured so far;
+2. retrains the cost model once the data has grown enough since the last fit (every `plan_size` new measurements
+   at most, sooner while the data set is small; adding data is cheap then, and early models matter most);
+3. after a refit, re-plans: draws a candidate pool (random configs, and single-knob mutations of the best measured
+   configs), lets the model evolve it for a few generations (mutating the best-scoring candidates again), and
+   ranks every unmeasured candidate by predicted score;
+4. proposes the top of the plan plus an `epsilon` share of random configs (exploration the model cannot ask for),
+   by enqueueing them as trials of the study and asking for them, so Optuna's claim bookkeeping guarantees that no
+   config is measured twice (a repeat is answered from the earlier result).
+
+Until `warmup` configs are measured (and one of them ran), proposals are random, unless a transfer data set or a
+loaded model can already rank candidates. One `CostModelHub` is shared by all tasks of a tuning run: a single
+model trains on every task's measurements (one ranking group per task) plus transfer data from older logs, is
+saved beside the log after each fit (`<log>.xgb.json`), and can be reloaded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cost_model.features import Featurizer
+from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, workload_event
+from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log
+from relay_tune.tuning.database import Database
+from relay_tune.tuning.measure import MeasureInput, MeasureResult
+from relay_tune.tuning.search import (
+    FAILURE_VALUE,
+    OptunaSearch,
+    SearchStrategy,
+    StrategyFactory,
+    _unvisited_random,
+    measured_values,
+)
+from relay_tune.tuning.task import TuneTask
+from search_space import Config
+
+if TYPE_CHECKING:
+    import optuna
+
+
+@dataclass
+class HubStats:
+    """Where the model's time went (seconds), for overhead reports."""
+
+    fit: float = 0.0
+    features: float = 0.0
+    predict: float = 0.0
+    candidates: float = 0.0
+    fits: int = 0
+    plans: int = 0
+    featurized: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.fit + self.features + self.predict + self.candidates
+
+
+@dataclass
+class _TaskData:
+    task: Any
+    measured: dict[str, tuple[Config, float]] = field(default_factory=dict)  # config key -> (config, throughput)
+
+
+class CostModelHub:
+    """The cost model of one tuning run, shared by the searches of all its tasks.
+
+    features: "loopnest" (default; transferable) or "knob". loss: "rank" or "reg". transfer: earlier logs (files or
+    folders) whose measurements warm the model. model_path: where the model is saved after each fit (None: not
+    saved). initial_model: a saved model to rank with until the first fit (its schema and target must match).
+    """
+
+    def __init__(
+        self,
+        *,
+        features: str = "loopnest",
+        loss: str = "rank",
+        transfer: Sequence[str | os.PathLike[str]] = (),
+        transfer_tasks: Sequence[Any] = (),
+        model_path: str | os.PathLike[str] | None = None,
+        initial_model: str | os.PathLike[str] | None = None,
+        seed: int = 0,
+        transfer_half_life: float = 128.0,
+        rounds: int | None = None,
+    ) -> None:
+        self.featurizer = Featurizer(features)
+        self.loss = loss
+        self.seed = seed
+        self.model_path = Path(model_path) if model_path is not None else None
+        self.transfer_paths = [Path(p) for p in transfer]
+        self.transfer_tasks = list(transfer_tasks)
+        self.transfer_half_life = transfer_half_life
+        self.rounds = rounds
+        self._initial_model_path = Path(initial_model) if initial_model is not None else None
+        self.model: XGBCostModel | None = None
+        self.version = 0  # bumped on every fit or load: searches re-plan when it changes
+        self.tasks: dict[str, _TaskData] = {}
+        self.transfer: TrainingSet | None = None
+        self._transfer_loaded = False
+        self.stats = HubStats()
+        self._rows_at_fit = 0
+        self.target = ""
+
+    # -- registration ------------------------------------------------------------------------------------------
+
+    def register(self, task: Any) -> None:
+        if task.key not in self.tasks:
+            self.tasks[task.key] = _TaskData(task)
+            self.target = self.target or task.target
+
+    def schema(self, task: Any) -> str:
+        return self.featurizer.schema(task.space)
+
+    def _load_transfer(self, task: Any) -> None:
+        if self._transfer_loaded or not self.transfer_paths:
+            self._transfer_loaded = True
+            return
+        self._transfer_loaded = True
+        start = time.perf_counter()
+        data, report = load_transfer_data(self.transfer_paths, self.featurizer, tasks=self.transfer_tasks,
+                                          target=task.target, exclude=[(task.key, task.target)])
+        self.stats.features += time.perf_counter() - start
+        self.transfer = data
+        self.transfer_report = report
+        if data is not None:
+            self._fit()
+
+    def _load_initial(self, task: Any) -> None:
+        path, self._initial_model_path = self._initial_model_path, None
+        if path is None:
+            return
+        self.model = XGBCostModel.load(path, expect_schema=self.schema(task))
+        self.version += 1
+
+    def prepare(self, task: Any) -> None:
+        """First use by a task: load transfer data and any initial model (once per hub)."""
+        self.register(task)
+        self._load_initial(task)
+        self._load_transfer(task)
+
+    # -- training ----------------------------------------------------------------------------------------------
+
+    @property
+    def measured_rows(self) -> int:
+        return sum(len(d.measured) for d in self.tasks.values())
+
+    def should_fit(self, warmup: int, plan_size: int, growth: float, min_new: int) -> bool:
+        rows = self.measured_rows
+        if rows < warmup or not any(t > 0 for d in self.tasks.values() for _, t in d.measured.values()):
+            return False
+        if self.model is None or self._rows_at_fit == 0:
+            return True
+        new = rows - self._rows_at_fit
+        return new >= min(plan_size, max(min_new, math.ceil(growth * self._rows_at_fit)))
+
+    def fit(self) -> None:
+        self._fit()
+
+    def _training_set(self) -> TrainingSet | None:
+        parts: list[TrainingSet] = []
+        weights: dict[str, float] = {}
+        rows = self.measured_rows
+        for key, data in self.tasks.items():
+            if len(data.measured) < 2:
+                continue
+            items = list(data.measured.values())
+            start = time.perf_counter()
+            matrix, kept = self.featurizer.many(data.task, [c for c, _ in items])
+            self.stats.features += time.perf_counter() - start
+            if len(kept) < 2:
+                continue
+            throughput = np.asarray([items[i][1] for i in kept], dtype=np.float32)
+            parts.append(TrainingSet(matrix, throughput, (key,) * len(kept)))
+        if self.transfer is not None:
+            # Older workloads teach the model first; their say fades as this run's own measurements accumulate.
+            decay = max(0.05, 0.5 ** (rows / self.transfer_half_life))
+            for group in dict.fromkeys(self.transfer.groups):
+                weights[group] = decay
+            parts.append(self.transfer)
+        if not parts:
+            return None
+        data = TrainingSet.concat(parts)
+        return TrainingSet(data.features, data.throughput, data.groups, weights or None)
+
+    def _fit(self) -> None:
+        data = self._training_set()
+        if data is None or len(data) < 2:
+            return
+        task = next(iter(self.tasks.values())).task if self.tasks else None
+        schema = self.schema(task) if task is not None else self.featurizer.schema()
+        kwargs: dict[str, Any] = {} if self.rounds is None else {"rounds": self.rounds}
+        model = XGBCostModel(schema, loss=self.loss, target=self.target, seed=self.seed, **kwargs)
+        start = time.perf_counter()
+        model.fit(data)
+        self.stats.fit += time.perf_counter() - start
+        self.stats.fits += 1
+        self.model = model
+        self.version += 1
+        self._rows_at_fit = self.measured_rows
+        if self.model_path is not None:
+            model.save(self.model_path)
+
+    # -- scoring -----------------------------------------------------------------------------------------------
+
+    def score(self, task: Any, configs: Sequence[Config]) -> tuple[list[Config], np.ndarray]:
+        """The configs that have features, and their predicted scores (higher = faster)."""
+        start = time.perf_counter()
+        before = self.featurizer.computed
+        matrix, kept = self.featurizer.many(task, configs)
+        self.stats.featurized += self.featurizer.computed - before
+        self.stats.features += time.perf_counter() - start
+        if self.model is None or not kept:
+            return [configs[i] for i in kept], np.zeros(len(kept), dtype=np.float32)
+        start = time.perf_counter()
+        scores = self.model.predict(matrix)
+        self.stats.predict += time.perf_counter() - start
+        return [configs[i] for i in kept], scores
+
+
+class XGBSearch(OptunaSearch):
+    """Cost-model-guided proposals through an Optuna study (see the module docstring).
+
+    plan_size: the most new measurements between two fits. warmup: measurements before the first fit.
+    epsilon: share of each batch drawn at random. pool_random / top_k / generations / population: the candidate
+    pool of a re-plan (random configs; mutations of the top_k measured configs; generations of model-guided
+    mutation of the population best-scoring candidates).
+    """
+
+    def __init__(
+        self,
+        task: TuneTask,
+        database: Database,
+        *,
+        hub: CostModelHub | None = None,
+        storage: str | os.PathLike[str] | optuna.storages.BaseStorage | None = None,
+        seed: int = 0,
+        study_name: str | None = None,
+        plan_size: int = 32,
+        warmup: int = 16,
+        growth: float = 0.25,
+        min_new: int = 8,
+        epsilon: float = 0.15,
+        pool_random: int = 128,
+        top_k: int = 8,
+        generations: int = 2,
+        population: int = 16,
+    ) -> None:
+        # The study's own sampler only answers asks that find no enqueued plan entry: random is the cheap choice
+        # (TPE would re-fit its density estimators on every ask, for a proposal that is then thrown away).
+        super().__init__(task, database, storage=storage, sampler="random", seed=seed, study_name=study_name)
+        self.name = "xgb"
+        self.hub = hub if hub is not None else CostModelHub(seed=seed)
+        if not self.hub.featurizer.supports(task):
+            warnings.warn(f"task {task.description!r} cannot be lowered without compiling; its search uses knob "
+                          f"features and a model of its own", stacklevel=2)
+            self.hub = CostModelHub(features="knob", loss=self.hub.loss, seed=seed)
+        self.hub.prepare(task)
+        self.plan_size = plan_size
+        self.warmup = warmup
+        self.growth = growth
+        self.min_new = min_new
+        self.epsilon = epsilon
+        self.pool_random = pool_random
+        self.top_k = top_k
+        self.generations = generations
+        self.population = population
+        self._plan: list[Config] = []
+        self._planned_version = -1
+        self._trial_configs: dict[int, tuple[str, Config | None]] = {}
+        self._describe_workload()
+
+    def _describe_workload(self) -> None:
+        """Record how to rebuild this task in the log, so later runs can learn from its measurements."""
+        event = workload_event(self.task)
+        if event is None:
+            return
+        known = getattr(self.database, "events", [])
+        if any(e.event == WORKLOAD_EVENT and e.data.get("workload_key") == self.task.key
+               and e.data.get("target") == self.task.target for e in known):
+            return
+        self.database.log_event(event)
+
+    # -- data --------------------------------------------------------------------------------------------------
+
+    def _refresh_measurements(self) -> dict[str, tuple[Config, float]]:
+        """Every measurement of this task: the log, and the study's finished trials (all processes)."""
+        records = self.database.records(self.task.key, self.task.target)
+        costs = measured_values(records)
+        configs = {r.config_key: r.config for r in records}
+        complete = self._optuna.trial.TrialState.COMPLETE
+        for trial in self.study.get_trials(deepcopy=False, states=(complete,)):
+            attrs = trial.user_attrs
+            key = attrs.get("config_key")
+            if not isinstance(key, str) or "answered_from" in attrs or trial.value is None:
+                continue
+            if key not in configs:
+                config = self._config_of(trial)
+                if config is None:
+                    continue
+                configs[key] = config
+            value = float(trial.value)
+            if key not in costs or value < costs[key]:
+                costs[key] = value
+        measured = {key: (configs[key], (1.0 / cost if 0 < cost < FAILURE_VALUE else 0.0))
+                    for key, cost in costs.items() if key in configs}
+        self.hub.tasks[self.task.key].measured = measured
+        return measured
+
+    def _config_of(self, trial: Any) -> Config | None:
+        held = self._trial_configs.get(trial.number)
+        if held is not None:
+            return held[1]
+        try:
+            config: Config | None = self.task.space.to_optuna(self._optuna.trial.FixedTrial(trial.params))
+        except (ValueError, KeyError, TypeError):
+            config = None  # params of an older space
+        self._trial_configs[trial.number] = (trial.user_attrs.get("config_key", ""), config)
+        return config
+
+    # -- planning ----------------------------------------------------------------------------------------------
+
+    def _visited(self, measured: dict[str, tuple[Config, float]]) -> set[str]:
+        return set(measured) | set(self._claims()) | set(self._pending)
+
+    def _candidates(self, measured: dict[str, tuple[Config, float]], visited: set[str]) -> list[Config]:
+        space = self.task.space
+        found: dict[str, Config] = {}
+        for _ in range(self.pool_random):
+            config = space.sample(self._rng)
+            if config.key not in visited:
+                found.setdefault(config.key, config)
+        best = sorted((item for item in measured.values() if item[1] > 0), key=lambda item: -item[1])[: self.top_k]
+        for config, _ in best:
+            if not space.is_valid(config):
+                continue
+            for neighbor in space.neighbors(config):
+                if neighbor.key not in visited:
+                    found.setdefault(neighbor.key, neighbor)
+        for config in self._plan:  # the previous plan's leftovers compete again under the new model
+            if config.key not in visited:
+                found.setdefault(config.key, config)
+        return list(found.values())
+
+    def _replan(self, measured: dict[str, tuple[Config, float]]) -> None:
+        start = time.perf_counter()
+        visited = self._visited(measured)
+        pool = self._candidates(measured, visited)
+        self.hub.stats.candidates += time.perf_counter() - start
+        configs, scores = self.hub.score(self.task, pool)
+        scored = dict(zip((c.key for c in configs), zip(configs, scores.tolist())))
+        space = self.task.space
+        for _ in range(self.generations):
+            parents = sorted(scored.values(), key=lambda item: -item[1])[: self.population]
+            start = time.perf_counter()
+            children: dict[str, Config] = {}
+            for config, _ in parents:
+                for child in space.neighbors(config):
+                    if child.key not in visited and child.key not in scored:
+                        children.setdefault(child.key, child)
+            self.hub.stats.candidates += time.perf_counter() - start
+            if not children:
+                break
+            configs, scores = self.hub.score(self.task, list(children.values()))
+            scored.update(zip((c.key for c in configs), zip(configs, scores.tolist())))
+        ranked = sorted(scored.values(), key=lambda item: -item[1])
+        self._plan = [config for config, _ in ranked]
+        self._planned_version = self.hub.version
+        self.hub.stats.plans += 1
+
+    def _choose(self, n: int) -> list[Config]:
+        measured = self._refresh_measurements()
+        if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
+            self.hub.fit()
+        if self.hub.model is not None and self._planned_version != self.hub.version:
+            self._replan(measured)
+        visited = self._visited(measured)
+        chosen: list[Config] = []
+        explore = 0 if self.hub.model is None else round(self.epsilon * n)
+        if self.hub.model is not None and explore == 0 and n >= 4 and self.epsilon > 0:
+            explore = 1
+        while self._plan and len(chosen) < n - explore:
+            config = self._plan.pop(0)
+            if config.key not in visited:
+                chosen.append(config)
+                visited.add(config.key)
+        while len(chosen) < n:
+            config = _unvisited_random(self.task, visited, self._rng)
+            if config is None:
+                break
+            chosen.append(config)
+            visited.add(config.key)
+        return chosen
+
+    def _propose_once(self, n: int) -> tuple[list[Config], int]:
+        if n <= 0:
+            return [], 0
+        with self._claiming():
+            waiting = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.WAITING,))
+            for config in self._choose(max(0, n - len(waiting))):
+                self.study.enqueue_trial(self.task.space.to_params(config))
+            return self._propose_claimed(n)
+
+    def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
+        super().update(inputs, results)
+        data = self.hub.tasks[self.task.key].measured
+        for measure_input, result in zip(inputs, results, strict=True):
+            cost = result.mean_cost
+            data[measure_input.config.key] = (measure_input.config, 1.0 / cost if result.ok and cost else 0.0)
+
+
+def xgb_search(
+    storage: str | os.PathLike[str] | optuna.storages.BaseStorage | None = None,
+    *,
+    seed: int = 0,
+    log_path: str | os.PathLike[str] | None = None,
+    transfer_from: Sequence[str | os.PathLike[str]] = (),
+    transfer_tasks: Sequence[Any] = (),
+    features: str = "loopnest",
+    loss: str = "rank",
+    initial_model: str | os.PathLike[str] | None = None,
+    hub: CostModelHub | None = None,
+    **options: Any,
+) -> StrategyFactory:
+    """A factory of `XGBSearch`es sharing one `CostModelHub` (one model for all tasks of the run).
+
+    log_path: the tuning log; the model is saved beside it (`<log>.xgb.json`). transfer_from: earlier logs (or
+    folders of logs) to warm the model with. options: `XGBSearch` keyword arguments (plan_size, epsilon, ...).
+    """
+    shared = hub or CostModelHub(
+        features=features, loss=loss, transfer=transfer_from, transfer_tasks=transfer_tasks, seed=seed,
+        model_path=model_path_for_log(log_path) if log_path is not None else None, initial_model=initial_model)
+
+    def make(task: TuneTask, database: Database) -> SearchStrategy:
+        return XGBSearch(task, database, hub=shared, storage=storage, seed=seed, **options)
+
+    make.hub = shared  # type: ignore[attr-defined]
+    return make
+
+
+__all__ = ["CostModelError", "CostModelHub", "HubStats", "XGBSearch", "xgb_search"]
