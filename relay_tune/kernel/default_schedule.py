@@ -120,9 +120,10 @@ def _parallel_worthwhile(target: Target, work: int) -> bool:
     return target.num_cores > 1 and work >= PARALLEL_MIN_WORK
 
 
-def _vector_pieces(width: int) -> int:
-    """Vector registers one row of `width` lanes takes (power-of-two chunks, see the code generator)."""
-    return max(1, bin(width).count("1"))
+def _vector_pieces(width: int, lanes: int) -> int:
+    """Registers one row of `width` lanes takes: full vectors, then the power-of-two chunks the code
+    generator cuts the rest into."""
+    return max(1, width // lanes + bin(width % lanes).count("1"))
 
 
 def _vector_width(extent: int, lanes: int) -> int:
@@ -222,7 +223,7 @@ def _schedule_matmul(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, targe
     batched = weight is None and len(axes) == 3
     m = axes[-2].extent if batched else math.prod(ax.extent for ax in axes[:-1])
     bn = _panel_width(n, lanes)
-    mr = max(1, min(8, m, REGISTER_BUDGET // _vector_pieces(bn)))
+    mr = max(1, min(8, m, REGISTER_BUDGET // _vector_pieces(bn, lanes)))
     ku = 4 if k_extent >= 8 else 1
 
     packs = _producers_tagged(sch, anchor, "pack")
@@ -295,12 +296,15 @@ def _schedule_conv2d_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, 
     _, channels, _, width = anchor.shape
     weight = _conv_weight(anchor, 1)
     vx = _vector_width(width, lanes)
-    fc = max(1, min(channels, 8, REGISTER_BUDGET // _vector_pieces(vx)))
+    fc = max(1, min(channels, 8, REGISTER_BUDGET // _vector_pieces(vx, lanes)))
     if weight is not None and fc > 1:
         # the tile's output channels side by side: one cache line per tap instead of one per channel
         sch.transform_layout(weight, "OIHW", f"OIHW{fc}o")
     acc = _prepare_conv(sch, anchor, target)
     n, c, h, w = sch.leaves(out.name)
+    if _is_pointwise(sch, anchor) and width < lanes:
+        _pointwise_rows(sch, out.name, acc, anchor, target, fc, lanes)
+        return
     co, ci = sch.split(out.name, c, factor=fc)
     wo, wi = sch.split(out.name, w, factor=vx)
     # channel blocks innermost among the parallel loops: consecutive tiles reuse the same input rows from cache
@@ -316,6 +320,42 @@ def _schedule_conv2d_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, 
     sch.vectorize(acc, aw)
 
 
+def _is_pointwise(sch: Schedule, anchor: Stage) -> bool:
+    """A 1x1, stride-1, unpadded convolution: input pixel (y, x) feeds output pixel (y, x) only."""
+    assert anchor.op is not None
+    if _producers_tagged(sch, anchor, "pad") or any(ax.extent != 1 for ax in anchor.op.reduce_axes[1:]):
+        return False
+    _, _, oh, ow = anchor.op.axes
+    for node in te.iter_exprs(anchor.op.body):
+        if isinstance(node, te.TensorRead) and node.tensor.ndim == 4 and node.indices[2] is oh:
+            return node.indices[3] is ow and node.tensor.shape[2:] == anchor.shape[2:]
+    return False
+
+
+def _pointwise_rows(sch: Schedule, out: str, acc: str, anchor: Stage, target: Target, fc: int, lanes: int) -> None:
+    """Narrow 1x1 convolutions (14x14, 7x7 maps): a tile covers whole rows, whose pixels are contiguous in
+    both the input and the output, so one vector runs across row ends (two 14-wide rows: 28 lanes)."""
+    _, _, height, width = anchor.shape
+    # whole rows that divide the map (no partial tiles, whose lane masks would keep the tile in memory)
+    rows = max(r for r in range(1, height + 1) if height % r == 0 and (r == 1 or r * width <= 4 * lanes))
+    pieces = _vector_pieces(rows * width, lanes)
+    fc = max(1, min(fc, REGISTER_BUDGET // pieces))
+    n, c, h, w = sch.leaves(out)
+    co, ci = sch.split(out, c, factor=fc)
+    ho, hi = sch.split(out, h, factor=rows)
+    sch.reorder(out, n, ho, co, ci, hi, w)
+    outer = sch.fuse(out, n, ho, co)
+    if _parallel_worthwhile(target, _work(anchor)):
+        sch.parallel(out, outer)
+    pixels = sch.fuse(out, hi, w)
+    sch.vectorize(out, pixels)
+    sch.compute_at(acc, out, outer)
+    an, ac, ah, aw, *reduce = sch.leaves(acc)
+    sch.reorder(acc, *reduce, an, ac, ah, aw)
+    sch.unroll(acc, ac)
+    sch.vectorize(acc, sch.fuse(acc, ah, aw))
+
+
 def _schedule_conv2d_nhwc(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:
     assert anchor.op is not None
     out = _single_output(sch, prim)
@@ -324,7 +364,7 @@ def _schedule_conv2d_nhwc(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, 
     lanes = target.vector_lanes(anchor.tensor.dtype)
     _, _, width, channels = anchor.shape
     bc = _panel_width(channels, lanes)
-    tw = max(1, min(width, 8, REGISTER_BUDGET // _vector_pieces(bc)))
+    tw = max(1, min(width, 8, REGISTER_BUDGET // _vector_pieces(bc, lanes)))
     weight = _conv_weight(anchor, 3)
     kernel_layout = str(call.attrs["kernel_layout"])
     if weight is not None and sorted(kernel_layout) == sorted("OIHW") and channels > bc:
@@ -351,7 +391,7 @@ def _schedule_depthwise_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stag
     lanes = target.vector_lanes(anchor.tensor.dtype)
     _, _, height, width = anchor.shape
     vx = _vector_width(width, lanes)
-    rows = max(1, min(height, 4, REGISTER_BUDGET // _vector_pieces(vx)))
+    rows = max(1, min(height, 4, REGISTER_BUDGET // _vector_pieces(vx, lanes)))
     acc = _prepare_conv(sch, anchor, target)
     n, c, h, w = sch.leaves(out.name)
     ho, hi = sch.split(out.name, h, factor=rows)
