@@ -20,6 +20,7 @@ from relay_tune.errors import UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, TensorType, Tuple, TupleGetItem, Var, const, op
 from relay_tune.kernel.build import build_primitive
+from relay_tune.kernel.compute import FAMILY_TAGS, INLINABLE_TAGS, primitive_compute
 from relay_tune.op.registry import all_ops, get_op
 from relay_tune.type_infer import infer_types
 
@@ -86,6 +87,8 @@ def run_case(case: Case, seed: int = 0) -> None:
     inputs = [fill_array(tuple(p.type_annotation.shape), p.type_annotation.dtype, case.fill, rng)  # type: ignore[union-attr,arg-type]
               for p in params]
     expected = evaluate(mod, inputs)
+    for stage_call in primitive_compute(func).calls:  # every stage says what it is (the schedules read tags)
+        assert all(t.op.tag in INLINABLE_TAGS | FAMILY_TAGS for t in stage_call.tensors), stage_call.op_name
     got = build_primitive(func)(*inputs)
     pairs = zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,))
     for g, e in pairs:
