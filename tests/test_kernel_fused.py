@@ -238,6 +238,10 @@ def test_default_steps_replay_from_json() -> None:
     replayed, _ = lower_primitive(func, target, as_json, name="k")
     direct, _ = lower_primitive(func, target, name="k")
     assert analysis.structurally_equal(replayed, direct)
+    # the same steps from the function itself, or from its tuning task
+    assert default_schedule(func, target) == steps
+    (task,) = extract_tasks(infer_types(IRModule({"main": Function(func.params, Call(func, func.params))})))
+    assert default_schedule(task, target) == steps
 
 
 def test_custom_steps_replace_the_default() -> None:

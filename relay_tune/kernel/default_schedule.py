@@ -31,9 +31,11 @@ guards, and every choice below only depends on extents known at compile time.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from relay_tune.ir.expr import Function
 from relay_tune.kernel import te, tir
-from relay_tune.kernel.compute import INLINABLE_TAGS, PrimitiveCompute
+from relay_tune.kernel.compute import INLINABLE_TAGS, PrimitiveCompute, primitive_compute
 from relay_tune.kernel.schedule import ROOT, Schedule, Stage, Step
 from relay_tune.target import Target
 
@@ -44,11 +46,14 @@ parallel region costs more than it saves."""
 REGISTER_BUDGET = 24
 """Vector accumulators a register tile may hold (AVX-512 has 32 registers; the rest hold operands)."""
 
-REDUCTION_TAGS = frozenset({"pool", "global_pool", "reduce", "softmax", "norm"})
-
-
-def default_schedule(prim: PrimitiveCompute, target: Target) -> list[Step]:
-    """The default schedule of a fused function's tensor expressions for `target`, as steps."""
+def default_schedule(task: PrimitiveCompute | Function | Any, target: Target) -> list[Step]:
+    """The default schedule for `target`, as steps, of a fused function: given as its tensor expressions
+    (`primitive_compute(func)`), as the function itself, or as a task holding it in `.func` (a `TaskSpec`).
+    Serialise with `[step.to_json() for step in steps]`; `lower_primitive(func, target, steps)` replays them."""
+    if isinstance(task, PrimitiveCompute):
+        prim = task
+    else:
+        prim = primitive_compute(task if isinstance(task, Function) else task.func)
     if target.kind == "cuda":
         from relay_tune.kernel.gpu_schedule import default_gpu_schedule
 
