@@ -123,8 +123,23 @@ def test_conv2d_bias_relu(layout: str) -> None:
     check_function(func)
     prim_func, _ = lower_primitive(func)
     # the group has no intermediate buffers: only the convolution's padded input and its accumulator tile
-    assert set(allocations(prim_func)) <= {"conv2d.pad", "conv2d.local"}
+    # (kept channel-innermost, `conv2d.nhwc`, on narrow NCHW maps like this one)
+    assert set(allocations(prim_func)) <= {"conv2d.pad", "conv2d.local", "conv2d.nhwc.local"}
     assert any(s.buffer.name == "relu" for s in analysis.iter_stmts(prim_func.body) if isinstance(s, tir.Store))
+
+
+@pytest.mark.parametrize("geometry", [(64, 14, 3, 1, 1), (32, 7, 3, 1, 1), (24, 20, 3, 2, 1), (40, 15, 1, 2, 0)])
+def test_conv2d_on_narrow_maps_accumulates_channel_innermost(geometry: tuple[int, int, int, int, int]) -> None:
+    channels, size, k, stride, pad = geometry
+    x = var("x", 1, 16, size, size)
+    conv = call("nn.conv2d", x, weight(channels, 16, k, k), strides=(stride, stride), padding=(pad, pad))
+    (func,) = fused_primitives([x], call("nn.relu", call("nn.bias_add", conv, weight(channels))))
+    tags = [t.op.tag for t in primitive_compute(func).calls[0].tensors]
+    assert "conv2d_nchw_cl" in tags
+    check_function(func)
+    prim_func, packing = lower_primitive(func)
+    assert allocations(prim_func)["conv2d.nhwc.local"].shape[-1] == min(channels, 32)  # up to two vectors
+    assert packing.packed_inputs == (1,)
 
 
 def test_conv2d_residual_add_relu() -> None:

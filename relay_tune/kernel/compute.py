@@ -25,7 +25,8 @@ element-wise maps, layout index maps, named index functions) keep those computes
 Tags: every tensor an operator compute returns carries a `tag` saying what it is, which the default
 schedules read: `elemwise`, `broadcast`, `injective` (cheap, inlined into readers), `pad` (a padded
 input), `pack` (an operand re-laid out ahead of a product), and for the complex operators their family:
-`dense`, `batch_matmul`, `conv2d_nchw`, `conv2d_nhwc`, `depthwise_conv2d_nchw`, `conv` (other layouts,
+`dense`, `batch_matmul`, `conv2d_nchw`, `conv2d_nchw_cl` (NCHW sums kept channel-innermost), `conv2d_nhwc`,
+`depthwise_conv2d_nchw`, `conv` (other layouts,
 ranks and groupings), `conv_transpose`, `pool`, `global_pool`, `reduce`, `softmax`, `norm`.
 """
 
@@ -57,7 +58,8 @@ INLINABLE_TAGS = frozenset({ELEMWISE, BROADCAST, INJECTIVE})
 """Tags of stages that are cheap to recompute wherever they are read (the default schedule inlines them)."""
 
 FAMILY_TAGS = frozenset(
-    {"dense", "batch_matmul", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "conv", "conv_transpose",
+    {"dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw", "conv",
+     "conv_transpose",
      "pool", "global_pool", "reduce", "softmax", "norm", "pad", "pack"}
 )
 """Tags of the stages operator computes create besides the inlinable ones."""

@@ -70,6 +70,8 @@ def default_schedule(task: PrimitiveCompute | Function | Any, target: Target) ->
         _schedule_matmul(sch, prim, anchor, target, None)
     elif tag == "conv2d_nchw":
         _schedule_conv2d_nchw(sch, prim, anchor, target)
+    elif tag == "conv2d_nchw_cl":
+        _schedule_conv2d_nchw_channels_last(sch, prim, anchor, target)
     elif tag == "conv2d_nhwc":
         _schedule_conv2d_nhwc(sch, prim, anchor, target)
     elif tag == "depthwise_conv2d_nchw":
@@ -359,6 +361,37 @@ def _pointwise_rows(sch: Schedule, out: str, acc: str, anchor: Stage, target: Ta
     sch.reorder(acc, *reduce, an, ac, ah, aw)
     sch.unroll(acc, ac)
     sch.vectorize(acc, sch.fuse(acc, ah, aw))
+
+
+def _schedule_conv2d_nchw_channels_last(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:
+    """NCHW convolution on a narrow map whose sums are computed channel-innermost: a register tile of a few
+    output columns x 2 vectors of output channels, input values broadcast, weights packed so that a tile's
+    channels are contiguous; the tile is scattered back to NCHW with the epilogue."""
+    out = _single_output(sch, prim)
+    lanes = target.vector_lanes(anchor.tensor.dtype)
+    _, _, width, channels = anchor.shape
+    bc = _panel_width(channels, lanes)
+    budget = max(1, REGISTER_BUDGET // _vector_pieces(bc, lanes))
+    tw = max(d for d in range(1, width + 1) if width % d == 0 and d <= budget)
+    weight = _conv_weight(anchor, 3)
+    if weight is not None:
+        sch.transform_layout(weight, "OIHW", f"OIHW{bc}o")
+    acc = _prepare_conv(sch, anchor, target)
+    n, c, h, w = sch.leaves(out.name)
+    co, ci = sch.split(out.name, c, factor=bc)
+    wo, wi = sch.split(out.name, w, factor=tw)
+    # rows inside channel blocks: on a narrow map the weights outweigh the input, so consecutive tiles
+    # share one block of weights (the whole padded input stays in cache anyway)
+    sch.reorder(out.name, n, co, h, wo, wi, ci)
+    outer = sch.fuse(out.name, n, co, h)
+    if _parallel_worthwhile(target, _work(anchor)):
+        sch.parallel(out.name, outer)
+    sch.vectorize(out.name, ci)
+    sch.compute_at(acc, out.name, wo)
+    an, ah, aw, ac, *reduce = sch.leaves(acc)
+    sch.reorder(acc, *reduce, an, ah, aw, ac)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, ac)
 
 
 def _schedule_conv2d_nhwc(sch: Schedule, prim: PrimitiveCompute, anchor: Stage, target: Target) -> None:

@@ -1259,10 +1259,23 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
             tag = "conv2d_nchw"
         elif groups == 1 and dl.name == "NHWC" and ol.name == "NHWC":
             tag = "conv2d_nhwc"
+    pointwise = padded is data and all(k == 1 for k in ksize) and all(st == 1 for st in strides)
+    if tag == "conv2d_nchw" and out_shape[3] < NARROW_MAP and out_channels >= NARROW_MAP and not pointwise:
+        # Narrow maps (14x14, 7x7): rows are too short to fill vector registers, so the sums are kept channel
+        # innermost (`nhwc`), where a vector spans output channels, and transposed back on write-out.
+        n, c, h, w = out_shape
+        total = te.compute((n, h, w, c), named(["n", "oh", "ow", "oc"], lambda b, y, x, f: body(b, f, y, x)),
+                           "nhwc", "conv2d_nchw_cl")
+        return te.compute(out_shape, named(names, lambda b, f, y, x: te.cast(out_dtype, total[b, y, x, f])),
+                          "conv", "injective")
     if acc == out_dtype:
         return te.compute(out_shape, named(names, body), "conv", tag)
     total = te.compute(out_shape, named(names, body), "acc", tag)
     return te.compute(out_shape, named(names, lambda *i: te.cast(out_dtype, total[i])), "conv", "elemwise")
+
+
+NARROW_MAP = 16
+"""NCHW convolutions whose output rows are narrower than this accumulate channel-innermost (see above)."""
 
 
 def _logical_dims(layout: LayoutMap, shape: Sequence[int]) -> dict[str, int]:
