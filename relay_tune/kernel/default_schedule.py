@@ -14,8 +14,11 @@ inside a fused group), then schedules the anchor (the group's complex operator) 
   two vectors wide (`transform_layout`, done once for constant weights); batch_matmul with `transpose_b`
   transposes its second operand once, ahead of the product.
 - conv2d NCHW: the padded input computed once ahead (no bounds tests in the inner loop), weights packed
-  by output-channel block, a register tile of up to 12 output channels x 2 vectors of output columns, the
-  reduction over input channels and taps inside it; parallel over (batch, row, channel block).
+  by output-channel block, a register tile of up to 8 output channels x 2 vectors of output columns, the
+  reduction over input channels and taps inside it; parallel over (batch, row, channel block). On narrow
+  maps (rows shorter than a vector) a 1x1 convolution vectorizes across whole rows, and other
+  convolutions accumulate channel-innermost (the compute's `conv2d_nchw_cl` stage): a tile of a few
+  output columns x 2 vectors of output channels, scattered back to NCHW with the epilogue.
 - conv2d NHWC: a register tile of 8 output columns x 2 vectors of output channels (contiguous in NHWC),
   input values broadcast, weights packed so a tile's channels are contiguous; parallel over rows.
 - depthwise conv2d NCHW: vectorized over output columns, a few rows per tile, parallel over channels.
