@@ -182,11 +182,14 @@ def task_lookup(logs: Any) -> TaskLookup | None:
     cache: dict[str, Mapping[tuple[str, str], Any]] = {}
 
     def lookup(spec: Any, target: Target) -> Sequence[Any] | None:
-        target_text = str(target)
-        best = cache.get(target_text)
-        if best is None:
-            best = cache[target_text] = apply_best(paths, target=target_text)
-        config = best.get((spec.key, target_text))
+        config = None
+        for target_text in dict.fromkeys((target.log_name, str(target))):  # logs name targets by `log_name`
+            best = cache.get(target_text)
+            if best is None:
+                best = cache[target_text] = apply_best(paths, target=target_text)
+            config = best.get((spec.key, target_text))
+            if config is not None:
+                break
         return None if config is None else steps_from_config(spec.func, config, target)
 
     return lookup

@@ -264,6 +264,255 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------------
+# tune (the main form: relay-tune MODEL --trials N)
+# -------------------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    """Kernel and model times in readable units: "8.2 us", "1.234 ms", "2.50 s"."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds:.2f} s"
+
+
+_SHORT_REASONS = {"no unmeasured config left in the search space": "space exhausted"}
+
+
+def _resume_command(args: argparse.Namespace, log: Path) -> str:
+    import shlex
+
+    words = ["relay-tune", args.model, "--trials", str(args.trials), "--log", str(log)]
+    if args.target != "llvm":
+        words += ["--target", args.target]
+    if args.tasks:
+        words += ["--tasks", args.tasks]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+@_command("tune")
+def cmd_tune(args: argparse.Namespace) -> int:
+    from relay_tune.tuning.tune_model import RichProgress, default_log_path, tune_model
+
+    console = _console()
+    if args.trials < 0:
+        raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
+    log = Path(args.log) if args.log else default_log_path(args.model, args.target)
+    output = Path(args.output) if args.output else log.with_suffix(".rtmod")
+    mod = load_model(args.model, args.consts)
+    progress = RichProgress(console)
+    try:
+        result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
+                            search=args.search, seed=args.seed, timeout=args.timeout, jobs=args.jobs,
+                            progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level)
+    except KeyboardInterrupt:
+        progress.close()
+        console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
+                      f"{_resume_command(args, log)}")
+        return EXIT_INTERRUPTED
+    finally:
+        progress.close()
+    _print_tune_result(console, result)
+    if result.interrupted:
+        console.print(f"interrupted after {result.summary.trials_done} of {result.summary.total_trials} trials; "
+                      f"every measurement is in {result.log_path}. Resume with:\n  {_resume_command(args, log)}")
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _print_tune_result(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    summary = result.summary
+    table = Table(title=f"tuning results ({result.target})", show_edge=False)
+    for col, justify in (("#", "right"), ("workload", "left"), ("count", "right"), ("trials", "right"),
+                         ("default", "right"), ("tuned", "right"), ("speedup", "right"), ("GFLOPS", "right"),
+                         ("note", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for i, task in enumerate(result.tasks):
+        note = _SHORT_REASONS.get(task.stopped or "", task.stopped or "")
+        if task.best_cost is None and task.trials:
+            note = "no valid kernel: default schedule used" + (f" ({', '.join(task.errors)})" if task.errors else "")
+        speedup = f"{task.speedup:.2f}x" if task.speedup is not None else "-"
+        gflops = f"{task.best_gflops:.1f}" if task.best_gflops is not None else "-"
+        table.add_row(str(i), task.description, str(task.weight), f"{task.valid_trials}/{task.trials}",
+                      _duration(task.default_cost), _duration(task.best_cost), speedup, gflops, note)
+    console.print(table)
+    seconds = summary.seconds.get("total", 0.0)
+    done = summary.trials_this_session
+    rate = f", {done / seconds * 60:.0f} trials/min" if done and seconds > 0 else ""
+    console.print(f"{done} trials this run ({summary.trials_done} of {summary.total_trials} in the log) in "
+                  f"{seconds:.1f} s{rate}" + (" (stopped by --timeout)" if result.timed_out else ""))
+    if result.latency_before is not None or result.latency_after is not None:
+        speedup = f" ({result.speedup:.2f}x)" if result.speedup is not None else ""
+        console.print(f"end-to-end latency: {_duration(result.latency_before)} with default schedules, "
+                      f"{_duration(result.latency_after)} tuned{speedup}")
+    console.print(f"log: {result.log_path}")
+    if result.model_path is not None:
+        console.print(f"model: {result.model_path} (run it with `relay-tune run {result.model_path}`)")
+
+
+# -------------------------------------------------------------------------------------------------
+# logs (summary / best / merge)
+# -------------------------------------------------------------------------------------------------
+
+
+@_command("logs")
+def cmd_logs(args: argparse.Namespace) -> int:
+    import warnings
+
+    from relay_tune.tuning.records import LogWarning
+
+    console = _console()
+    for path in args.logs:
+        if not Path(path).is_file():
+            raise RelayTuneError(f"{path}: no such file")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LogWarning)
+        code = _LOG_ACTIONS[args.action](args, console)
+    skipped = [w for w in caught if issubclass(w.category, LogWarning)]
+    if skipped:
+        console.print(f"[yellow]warning:[/yellow] skipped {len(skipped)} unreadable line(s), e.g. {skipped[0].message}")
+    return code
+
+
+def _log_groups(paths: Sequence[str]) -> dict[tuple[str, str], list[Any]]:
+    from relay_tune.tuning.records import read_records
+
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for record in read_records(list(paths)):
+        groups.setdefault((record.workload_key, record.target), []).append(record)
+    return groups
+
+
+def _logs_summary(args: argparse.Namespace, console: Any) -> int:
+    from collections import Counter
+
+    from rich.table import Table
+
+    from relay_tune.tuning.database import top_k
+    from relay_tune.tuning.records import read_events
+
+    groups = _log_groups(args.logs)
+    table = Table(title=f"{sum(len(r) for r in groups.values())} records in {', '.join(args.logs)}", show_edge=False)
+    for col, justify in (("key", "left"), ("workload", "left"), ("target", "left"), ("records", "right"),
+                         ("valid", "right"), ("errors", "left"), ("default", "right"), ("best", "right"),
+                         ("GFLOPS", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for (key, target), records in groups.items():
+        valid = [r for r in records if r.ok]
+        best = top_k(records, 1)
+        defaults = [r.mean_cost for r in valid if r.strategy == "default" and r.mean_cost is not None]
+        errors = Counter(r.error_kind.name for r in records if r.error_kind is not None)
+        gflops = best[0].gflops if best else None
+        table.add_row(key[:12], records[-1].description, _short_target(target), str(len(records)), str(len(valid)),
+                      ", ".join(f"{n} {k}" for k, n in errors.most_common()),
+                      _duration(min(defaults) if defaults else None), _duration(best[0].mean_cost if best else None),
+                      f"{gflops:.1f}" if gflops is not None else "-")
+    console.print(table)
+    events = read_events(list(args.logs))
+    started = {e.session for e in events if e.event == "session_start"}
+    ended = {e.session: e for e in events if e.event == "session_end"}
+    unfinished = len(started - set(ended))
+    interrupted = sum(1 for e in ended.values() if e.data.get("interrupted"))
+    console.print(f"{len(started)} tuning session(s): {len(started) - unfinished - interrupted} finished, "
+                  f"{interrupted} interrupted, {unfinished} without an end (killed)")
+    return 0
+
+
+def _short_target(target: str) -> str:
+    return target if len(target) <= 60 else target[:57] + "..."
+
+
+def _logs_best(args: argparse.Namespace, console: Any) -> int:
+    from relay_tune.tuning.database import top_k
+
+    groups = _log_groups(args.logs)
+    if args.output:
+        from relay_tune.logs import distill
+
+        count = distill(list(args.logs), args.output, top=args.top, overwrite=args.force)
+        console.print(f"wrote {count} record(s) ({args.top} best per workload and target) to {args.output}")
+        return 0
+    for (key, target), records in groups.items():
+        for record in top_k(records, args.top):
+            gflops = f", {record.gflops:.1f} GFLOPS" if record.gflops is not None else ""
+            console.print(f"{key[:12]} {record.description} [{_short_target(target)}]: "
+                          f"{_duration(record.mean_cost)}{gflops}")
+            console.print(f"    {record.config.canonical_json}")
+    return 0
+
+
+def _logs_merge(args: argparse.Namespace, console: Any) -> int:
+    from relay_tune.logs import distill, merge
+
+    if not args.output:
+        raise RelayTuneError("logs merge needs -o OUT.jsonl (logs are never merged in place)")
+    try:
+        if args.best:
+            count = distill(list(args.logs), args.output, top=1, overwrite=args.force)
+            what = "best record per workload and target"
+        else:
+            count = merge(list(args.logs), args.output, overwrite=args.force)
+            what = "every record, exact duplicates dropped"
+    except FileExistsError:
+        raise RelayTuneError(f"{args.output} exists; choose another output or pass --force to replace it") from None
+    except ValueError as err:
+        raise RelayTuneError(str(err)) from None
+    console.print(f"wrote {count} record(s) to {args.output} ({what})")
+    return 0
+
+
+_LOG_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "summary": _logs_summary, "best": _logs_best, "merge": _logs_merge,
+}
+
+
+def _add_tune_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "tune", help="tune a model and build it from the tuning log (also: relay-tune MODEL --trials N)",
+        description="Tune every fused workload of a model within one budget of measured trials, append each "
+        "measurement to a JSON-lines tuning log, then build the model from the best records and compare its "
+        "latency with the untuned build. The log is the state: the same command resumes an interrupted run, a "
+        "larger --trials continues a finished one, and trials already in the log count against the budget. "
+        "Ctrl-C stops cleanly (exit code 130) and keeps every measurement.")
+    _add_model_args(p)
+    from relay_tune.tuning.tune_model import SEARCH_STRATEGIES
+
+    p.add_argument("--trials", type=int, default=200,
+                   help="measured trials in total, shared by all tasks (default 200)")
+    p.add_argument("--target", default="llvm", help="target (default: llvm, this CPU; e.g. 'llvm -num-cores=1', "
+                   "'cuda' for this machine's NVIDIA GPU)")
+    p.add_argument("--log", metavar="PATH", help="tuning log to append to (default: logs/<model>.<target>.jsonl)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage: a journal file path or a database URL "
+                   "(default: <log>.optuna.journal beside the log)")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop tuning after S seconds and build from what "
+                   "was measured")
+    p.add_argument("--jobs", type=int, metavar="N", help="parallel build processes (default: one per core)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search and the task scheduler (default 0)")
+    p.add_argument("--search", choices=SEARCH_STRATEGIES, default="tpe",
+                   help="search strategy: tpe (Optuna's TPE sampler) or random (default tpe)")
+    p.add_argument("-o", "--output", metavar="FILE.rtmod", help="where to save the built model (default: beside "
+                   "the log)")
+    p.add_argument("--tasks", metavar="SUBSTR", help="tune only tasks whose workload contains SUBSTR (or whose key "
+                   "starts with it)")
+
+    p = sub.add_parser("logs", help="summarise, pick the best of, or merge tuning logs",
+                       description="Work with JSON-lines tuning logs. summary: one row per workload and target. "
+                       "best: the fastest records (written to -o as a log, or printed). merge: several logs into "
+                       "one (-o), keeping every record or only the best per workload and target (--best).")
+    p.add_argument("action", choices=sorted(_LOG_ACTIONS), help="what to do")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="tuning logs (.jsonl)")
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", help="log to write (best, merge); never one of the inputs")
+    p.add_argument("--best", action="store_true", help="merge: keep only the best record per workload and target")
+    p.add_argument("--top", type=int, default=1, help="best: records per workload and target (default 1)")
+    p.add_argument("--force", action="store_true", help="replace OUT when it exists")
+
+
+# -------------------------------------------------------------------------------------------------
 # Argument parsing
 # -------------------------------------------------------------------------------------------------
 
@@ -343,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=int, nargs="?", const=10, default=0, metavar="N",
                    help="also print the N slowest kernels (default 10)")
     p.add_argument("--output", metavar="FILE.npz", help="write the outputs to an .npz file")
+    _add_tune_parser(sub)
     return parser
 
 

@@ -164,6 +164,19 @@ class Target:
             parts.append(f"-arch={self.arch}")
         return " ".join(parts)
 
+    @property
+    def log_name(self) -> str:
+        """The target's name in tuning logs: short and stable (`str()` lists every LLVM feature, ~1 KB on a
+        modern x86). CPU targets keep kind, CPU and cores, and stand for their feature list by a digest:
+        "llvm -mcpu=znver4 -num-cores=2 -features=3f2a9c1e"."""
+        if self.kind != "llvm" or not self.mattr:
+            return str(self)
+        import hashlib
+
+        digest = hashlib.sha256(",".join(self.mattr).encode()).hexdigest()[:8]
+        cpu = f" -mcpu={self.mcpu}" if self.mcpu else ""
+        return f"llvm{cpu} -num-cores={self.num_cores} -features={digest}"
+
     def has_feature(self, name: str) -> bool:
         """Whether feature `name` (without sign) is on: listed as +name, or implied by the CPU when not listed."""
         if f"+{name}" in self.mattr:

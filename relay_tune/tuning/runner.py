@@ -156,7 +156,9 @@ class LocalRunner(Runner):
         try:
             if task.key not in worker.loaded:
                 worker.send(("load", task.key, inputs, expected, self.tolerances))
-                worker.loaded.add(task.key)
+                worker.loaded[task.key] = None
+                while len(worker.loaded) > _WORKER_TASKS:  # the worker drops its oldest task data likewise
+                    del worker.loaded[next(iter(worker.loaded))]
             worker.send(("run", task.key, artifact, self.timing))
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             return self._worker_died(worker, time.monotonic() - start)
@@ -197,6 +199,7 @@ class LocalRunner(Runner):
         self._discard_worker()
 
 
+_WORKER_TASKS = 4  # tasks whose inputs and expected outputs a measurement worker keeps
 _DIED = object()
 _TIMED_OUT = object()
 
@@ -207,7 +210,7 @@ class _WorkerHandle:
     def __init__(self, process: multiprocessing.process.BaseProcess, conn: multiprocessing.connection.Connection):
         self.process = process
         self.conn = conn
-        self.loaded: set[str] = set()
+        self.loaded: dict[str, None] = {}  # task data held by the worker, oldest first
         self.runs = 0
 
     @classmethod
@@ -436,7 +439,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
         if kind == "load":
             _, key, inputs, expected, tolerances = message
             data[key] = (inputs, expected, tolerances)
-            while len(data) > 4:
+            while len(data) > _WORKER_TASKS:
                 data.popitem(last=False)
             continue
         if kind != "run":

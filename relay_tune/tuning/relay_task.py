@@ -1,0 +1,328 @@
+"""Tuning tasks of Relay models: one `RelayTuneTask` per distinct fused primitive function, on one CPU target.
+
+    tasks = tasks_from_module(mod, target)        # the fused workloads the build compiles, as tuning tasks
+    task = RelayTuneTask(spec, target)            # spec: relay_tune.passes.extract_tasks.TaskSpec
+    artifact = task.build(task.default_config())  # lowered with the config's schedule, compiled to object code
+
+A task is the `TuneTask` of its workload: `key` is the workload key the build looks records up by, `weight` how
+often the model runs it, `space` the schedule space of its family (`search_space.cpu`), `reference` the numpy
+interpreter run on the primitive function itself. Weights that are model constants (the same at every call site)
+may be packed by a schedule: the build packs them once, and the runner packs them ahead of timing, like the model.
+
+`config_to_steps(func, config, target)` is how the build turns a logged config back into schedule steps (see
+`relay_tune.build.steps_from_config`). The default config stands for the built-in default schedule
+(`relay_tune.kernel.default_schedule`), so the tuner's "default" baseline is exactly what an untuned build runs.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from relay_tune.errors import RelayTuneError
+from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
+from search_space import Config, InvalidConfigError, Space
+
+__all__ = ["RelayTuneTask", "ReferenceWarning", "config_to_steps", "layout_steps", "tasks_from_module"]
+
+KERNEL_PREFIX = "tuned_"
+WORKLOAD_KIND = "relay_function"
+
+
+class ReferenceWarning(UserWarning):
+    """A task's outputs cannot be checked: its reference failed or is not finite on the random test inputs."""
+
+
+def _target(target: Any) -> Any:
+    from relay_tune.build import resolve_target
+
+    return resolve_target(target)
+
+
+def _retyped(func: Any) -> Any:
+    """`func` with its types inferred again (types are a cache that pickling drops)."""
+    if func.body.has_type():
+        return func
+    from relay_tune.ir import Function, IRModule
+    from relay_tune.type_infer import infer_types
+
+    mod = infer_types(IRModule({"main": Function(tuple(func.params), func.body, func.ret_type)}))
+    return mod["main"].with_attrs(Primitive=1)
+
+
+def constant_inputs(spec: Any) -> tuple[int, ...]:
+    """Parameters of a task's function that are model constants at every call site (weights)."""
+    from relay_tune.ir import Constant
+
+    sites = list(spec.call_sites)
+    if not sites:
+        return ()
+    return tuple(i for i in range(len(spec.func.params))
+                 if all(i < len(site.args) and isinstance(site.args[i], Constant) for site in sites))
+
+
+def layout_steps(layout: Any) -> tuple[LayoutStep, ...]:
+    """The numpy steps that pack an array like `layout.pack` (a `relay_tune.kernel.schedule.LayoutTransform`):
+    pad split axes to a multiple of their factor, split them, transpose into the packed order."""
+    pads: list[tuple[int, int]] = []
+    split_shape: list[int] = []
+    names: list[str] = []
+    factors = {letter: f for letter, f in layout.tokens if f is not None}
+    for letter, dim in zip(layout.src_layout, layout.src_shape):
+        sub = factors.get(letter.lower())
+        if sub is None:
+            pads.append((0, 0))
+            split_shape.append(dim)
+            names.append(letter)
+        else:
+            outer = -(-dim // sub)
+            pads.append((0, outer * sub - dim))
+            split_shape += [outer, sub]
+            names += [letter, letter.lower()]
+    steps: list[LayoutStep] = []
+    if any(after for _, after in pads):
+        steps.append(LayoutStep("pad", tuple(pads)))
+    steps.append(LayoutStep("reshape", tuple(split_shape)))
+    order = tuple(names.index(t) for t, _ in layout.tokens)
+    if order != tuple(range(len(order))):
+        steps.append(LayoutStep("transpose", order))
+    return tuple(steps)
+
+
+class RelayTuneTask:
+    """The tuning task of one fused primitive function on one CPU target (the `TuneTask` protocol).
+
+    `target` is the target's log name (`Target.log_name`); `target_info` the full `Target` kernels compile for.
+    Picklable: the tensor expressions are rebuilt in worker processes (cheap, deterministic).
+    """
+
+    def __init__(self, spec: Any, target: Any, *, constants: Sequence[int] | None = None) -> None:
+        self.target_info = _target(target)
+        if self.target_info.kind != "llvm":
+            raise RelayTuneError(f"RelayTuneTask tunes CPU (llvm) targets; for {self.target_info} use "
+                                 "relay_tune.runtime.cuda.gpu_tasks")
+        self.key: str = spec.key
+        self.description: str = spec.description
+        self.flops: float = float(spec.flops)
+        self.weight: int = int(spec.occurrences)
+        self.target: str = self.target_info.log_name
+        self.func = spec.func
+        self.constants: tuple[int, ...] = tuple(constants) if constants is not None else constant_inputs(spec)
+        self._setup()
+
+    def _setup(self) -> None:
+        from relay_tune.kernel.compute import primitive_compute
+        from search_space.cpu import analyze, cpu_space, default_config
+
+        self._prim = primitive_compute(self.func)
+        self.workload = analyze(self._prim, self.target_info, self.constants)
+        self.space: Space = cpu_space(self.workload)
+        self._default = default_config(self.workload)
+
+    @property
+    def family(self) -> str:
+        return str(self.workload.family)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_prim", "space", "_default", "workload"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.func = _retyped(self.func)
+        self._setup()
+
+    def __repr__(self) -> str:
+        return f"RelayTuneTask({self.description!r}, {self.family}, key={self.key[:12]}, target={self.target!r})"
+
+    # -- the TuneTask protocol ---------------------------------------------------------------------------------
+
+    def default_config(self) -> Config:
+        return self._default
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(tuple(t.shape), str(t.dtype)) for t in self._prim.inputs]
+
+    def reference(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+        """The interpreter's outputs of the primitive function (flattened), or None when they cannot serve as a
+        reference on these inputs (the check is skipped, with a `ReferenceWarning`)."""
+        from relay_tune.interpreter import evaluate
+        from relay_tune.ir import Function, IRModule
+
+        try:
+            args = _structured_inputs(self.func, list(inputs))
+            plain = Function(tuple(self.func.params), self.func.body, self.func.ret_type)
+            result = evaluate(IRModule({"main": plain}), args)
+        except Exception as err:  # the interpreter rejects these inputs (e.g. indices out of range)
+            warnings.warn(f"task {self.description}: the reference interpreter fails on random inputs ({err}); "
+                          "outputs are not checked", ReferenceWarning, stacklevel=2)
+            return None
+        outputs = [np.asarray(r) for r in _flatten(result)]
+        if any(o.dtype.kind == "f" and not np.all(np.isfinite(o)) for o in outputs):
+            warnings.warn(f"task {self.description}: the reference is not finite on random inputs; outputs are not "
+                          "checked", ReferenceWarning, stacklevel=2)
+            return None
+        return outputs
+
+    def steps(self, config: Config) -> list[Any]:
+        """The schedule steps of a config (the built-in default schedule for the default config)."""
+        from relay_tune.kernel.default_schedule import default_schedule
+        from search_space.cpu import config_to_steps as template_steps
+
+        if config == self._default:
+            return list(default_schedule(self._prim, self.target_info))
+        return template_steps(self._prim, config, self.target_info)
+
+    def lower(self, config: Config) -> Any:
+        """The loop nest (`tir.PrimFunc`) of a config, without compiling (what a cost model featurizes)."""
+        return self._lower(config)[0]
+
+    def _lower(self, config: Config) -> tuple[Any, Any]:
+        from relay_tune.kernel.build import lower_primitive
+
+        self.space.validate(config)
+        steps = self.steps(config)
+        try:
+            return lower_primitive(self.func, self.target_info, steps, name=self.kernel_name, prim=self._prim)
+        except InvalidConfigError:
+            raise
+        except RelayTuneError as err:
+            raise InvalidConfigError(f"the schedule of {config!r} does not apply: {err}") from err
+
+    @property
+    def kernel_name(self) -> str:
+        return KERNEL_PREFIX + self.key[:16]
+
+    def build(self, config: Config) -> BuildArtifact:
+        from relay_tune.codegen.llvm import compile_object, required_libraries
+        from relay_tune.kernel.build import OUTPUT
+        from relay_tune.runtime.kernel import REPEAT_SUFFIX
+
+        primfunc, packing = self._lower(config)
+        code = compile_object([primfunc], self.target_info)
+        args: list[KernelArg] = []
+        for param in packing.params:
+            spec = TensorSpec(tuple(param.shape), str(param.dtype))
+            if param.role == OUTPUT:
+                args.append(KernelArg(spec, "output", param.index))
+            else:
+                layout = layout_steps(param.layout) if param.layout is not None else ()
+                args.append(KernelArg(spec, "input", param.index, layout))
+        return BuildArtifact(code, "elf-object", primfunc.name, tuple(args),
+                             requires_libraries=required_libraries([primfunc], self.target_info),
+                             repeat_symbol=primfunc.name + REPEAT_SUFFIX)
+
+    def workload_spec(self) -> dict[str, Any]:
+        """A JSON description to rebuild this task from (the function's Relay text, the target, constants)."""
+        from relay_tune.ir import Function, IRModule
+        from relay_tune.text import print_module
+
+        plain = Function(tuple(self.func.params), self.func.body, self.func.ret_type)
+        return {"kind": WORKLOAD_KIND, "text": print_module(IRModule({"main": plain})),
+                "target": str(self.target_info), "description": self.description, "flops": self.flops,
+                "weight": self.weight, "constants": list(self.constants), "key": self.key}
+
+    @staticmethod
+    def from_workload_spec(data: Mapping[str, Any]) -> RelayTuneTask:
+        """The task a `workload_spec()` describes (e.g. to re-lower configs of an old log)."""
+        from types import SimpleNamespace
+
+        from relay_tune.text import parse_module
+        from relay_tune.type_infer import infer_types
+
+        func = infer_types(parse_module(str(data["text"])))["main"].with_attrs(Primitive=1)
+        spec = SimpleNamespace(key=str(data["key"]), description=str(data.get("description", "")), func=func,
+                               flops=float(data.get("flops", 0.0)), occurrences=int(data.get("weight", 1)),
+                               call_sites=())
+        return RelayTuneTask(spec, str(data["target"]), constants=[int(c) for c in data.get("constants", ())])
+
+
+def _structured_inputs(func: Any, flat: list[np.ndarray]) -> list[Any]:
+    """Flattened kernel inputs regrouped by parameter (tuple-typed parameters take a tuple)."""
+    from relay_tune.ir.types import TupleType
+
+    def take(ty: Any) -> Any:
+        if isinstance(ty, TupleType):
+            return tuple(take(f) for f in ty.fields)
+        return flat.pop(0)
+
+    return [take(p.checked_type if p.has_type() else p.type_annotation) for p in func.params]
+
+
+def _flatten(value: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple | list):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTuneTask]:
+    """One task per distinct fused function that `relay_tune.build(mod, target)` compiles into a kernel (pure
+    reshapes, which the build turns into aliases, are left out), in order of first use."""
+    from relay_tune.build import is_pure_reshape
+    from relay_tune.ir import IRModule
+    from relay_tune.passes import optimize
+    from relay_tune.passes.extract_tasks import extract_tasks
+    from relay_tune.type_infer import infer_types
+
+    resolved = _target(target)
+    fused = optimize(infer_types(mod), opt_level=opt_level)
+    specs = extract_tasks(IRModule({"main": fused["main"]}))
+    return [RelayTuneTask(spec, resolved) for spec in specs if not is_pure_reshape(spec.func)]
+
+
+def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
+    """Schedule steps for fused function `func` from a logged config (the build's decoder).
+
+    Configs of the CPU schedule spaces go through their family's template; a config may instead carry its steps
+    as JSON text in a `"steps"` knob (hand-pinned schedules).
+    """
+    from relay_tune.kernel.compute import primitive_compute
+    from relay_tune.kernel.default_schedule import default_schedule
+    from search_space.cpu import FAMILIES, analyze, cpu_space, default_config
+    from search_space.cpu import config_to_steps as template_steps
+
+    steps = config.get("steps")
+    if isinstance(steps, str):
+        try:
+            decoded = json.loads(steps)
+        except json.JSONDecodeError as err:
+            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
+        if isinstance(decoded, list):
+            return decoded
+    target = _target(target)
+    if config.get("family") not in FAMILIES or target.kind != "llvm":
+        raise RelayTuneError(
+            f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): it is not a "
+            "config of a CPU schedule space and carries no steps")
+    config = config if isinstance(config, Config) else Config(dict(config))
+    prim = primitive_compute(func)
+    # The space has a weight-packing knob exactly when the weight is a model constant.
+    packs = "pack_b" in config or "pack_w" in config
+    workload = analyze(prim, target, _weight_params(prim) if packs else ())
+    space = cpu_space(workload)
+    if not space.is_valid(config):
+        raise RelayTuneError(
+            f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
+            "schedule space of this workload (a log written by another relay-tune version?)")
+    if config == default_config(workload):
+        return list(default_schedule(prim, target))
+    return template_steps(prim, config, target)
+
+
+def _weight_params(prim: Any) -> tuple[int, ...]:
+    """Every parameter number of the function (packing decides by the config; any weight may be packed)."""
+    from search_space.cpu import _input_index
+
+    return tuple(i for i in (_input_index(t) for t in prim.inputs) if i is not None)

@@ -1,0 +1,352 @@
+"""`tune_model`: tune every fused workload of a model, then build the model from the tuning log.
+
+    result = tune_model(mod, "llvm", total_trials=500, log_path="logs/resnet.jsonl")
+    print(result.latency_before, result.latency_after)   # seconds per inference, default vs tuned schedules
+    result.model.run(data=image)                         # the model built from the log
+
+Steps: extract the tasks the build compiles (`relay_tune.tuning.relay_task.tasks_from_module`; on CUDA targets
+`relay_tune.runtime.cuda.gpu_tasks`), tune them with one global budget through `relay_tune.tuning.tune` (the
+gradient task scheduler shares the trials out; the log is appended to measurement by measurement), then build the
+model twice, without and with the log, and time both.
+
+The log is the state. Records of these tasks and this target already in the log count against `total_trials`: a
+rerun of a finished run measures nothing new, an interrupted run measures only what is left, a larger budget
+continues where the last run stopped. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
+built); `timeout` ends it after that many seconds (the model is still built from what was measured).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relay_tune.errors import RelayTuneError
+from relay_tune.tuning.builder import Builder, LocalBuilder
+from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
+from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
+from relay_tune.tuning.runner import Runner
+from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress
+from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
+
+__all__ = [
+    "SEARCH_STRATEGIES",
+    "DeadlineScheduler",
+    "RichProgress",
+    "TaskReport",
+    "TuneModelResult",
+    "default_log_path",
+    "make_search",
+    "tune_model",
+]
+
+SEARCH_STRATEGIES: tuple[str, ...] = ("tpe", "random")
+"""Names `make_search` (and `relay-tune --search`) accepts."""
+
+
+def make_search(search: str, *, storage: Any = None, seed: int = 0,
+                log_path: str | os.PathLike[str] | None = None) -> StrategyFactory:
+    """The search strategy factory a `--search` name stands for.
+
+    "tpe": Optuna's TPE sampler, one study per task in `storage` (None: in memory); "random": uniformly random
+    unvisited configs (a baseline without Optuna). `log_path` is the tuning log (strategies that keep files beside
+    it use it).
+    """
+    if search == "tpe":
+        return optuna_search(storage=storage, sampler="tpe", seed=seed)
+    if search == "random":
+        return random_search(seed=seed)
+    raise RelayTuneError(f"unknown search strategy {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}")
+
+
+class DeadlineScheduler(GradientScheduler):
+    """The gradient scheduler, ending the run (no task picked) once `deadline` (a `time.monotonic()` value)
+    has passed. Checked between rounds, so a run ends at most one round late."""
+
+    def __init__(self, deadline: float | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.deadline = deadline
+        self.expired = False
+
+    def next_task(self, progress: Sequence[TaskProgress]) -> int | None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.expired = True
+            return None
+        return super().next_task(progress)
+
+
+def target_tag(target: Any) -> str:
+    """A file-name friendly tag of a target: "llvm-znver4", "cuda-sm_90"."""
+    detail = target.mcpu or target.arch or "generic"
+    return f"{target.kind}-{detail}".replace(" ", "_")
+
+
+def default_log_path(model_path: str | os.PathLike[str], target: Any, folder: str | os.PathLike[str] = "logs") -> Path:
+    """logs/<model stem>.<target tag>.jsonl (the default of `relay-tune MODEL --trials N`)."""
+    from relay_tune.build import resolve_target
+
+    return Path(folder) / f"{Path(model_path).stem}.{target_tag(resolve_target(target))}.jsonl"
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """One task after tuning: its default and best measured times (seconds, from the log)."""
+
+    key: str
+    description: str
+    family: str
+    weight: int
+    flops: float
+    space_size: int
+    trials: int
+    valid_trials: int
+    default_cost: float | None
+    best_cost: float | None
+    errors: dict[str, int]
+    stopped: str | None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_cost is None or self.best_cost is None or self.best_cost <= 0:
+            return None
+        return self.default_cost / self.best_cost
+
+    @property
+    def best_gflops(self) -> float | None:
+        if self.best_cost is None or self.best_cost <= 0 or self.flops <= 0:
+            return None
+        return self.flops / self.best_cost / 1e9
+
+
+@dataclass(frozen=True)
+class TuneModelResult:
+    """What `tune_model` did. Latencies are median seconds per inference (None when not measured)."""
+
+    tasks: tuple[TaskReport, ...]
+    summary: TuneSummary
+    target: str  # the target's name in the log
+    log_path: Path
+    storage: str | None
+    search: str
+    latency_before: float | None = None
+    latency_after: float | None = None
+    model: Any = None  # the model built from the log (None when interrupted or not built)
+    model_path: Path | None = None
+    timed_out: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.summary.interrupted
+
+    @property
+    def speedup(self) -> float | None:
+        if self.latency_before is None or self.latency_after is None or self.latency_after <= 0:
+            return None
+        return self.latency_before / self.latency_after
+
+
+def _tasks_for(mod: Any, target: Any, opt_level: int) -> tuple[list[Any], Runner | None]:
+    """The tuning tasks of `mod` on `target`, and the runner they need (None: the default CPU runner)."""
+    if target.kind == "cuda":
+        from relay_tune.runtime.cuda import CudaRunner, CudaUnavailableError, cuda_available, gpu_tasks
+
+        reason = cuda_available()
+        if reason is not None:
+            raise CudaUnavailableError(f"cannot tune for {target}: {reason}")
+        return list(gpu_tasks(mod, str(target))), CudaRunner()
+    from relay_tune.tuning.relay_task import tasks_from_module
+
+    return tasks_from_module(mod, target, opt_level=opt_level), None
+
+
+def _cuda_target(text: str | Any) -> Any:
+    """A CUDA target for `text`, taking the GPU's own architecture when the text names none."""
+    from relay_tune.target import Target
+
+    if not isinstance(text, str):
+        return text
+    parsed = Target.parse(text)
+    if parsed.arch:
+        return parsed
+    from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
+
+    reason = cuda_available()
+    if reason is not None:
+        raise CudaUnavailableError(f"cannot tune for {text}: {reason}")
+    return Target("cuda", arch=cuda_device().arch)
+
+
+def _median_latency(model: Any, seconds: float = 1.0) -> float:
+    """Median seconds per inference, timing about `seconds` in all."""
+    stats = model.benchmark(repeat=3, number=1)
+    costs = stats.costs if hasattr(stats, "costs") else stats
+    once = max(min(costs), 1e-6)
+    repeat = max(5, min(50, int(seconds / once)))
+    stats = model.benchmark(repeat=repeat, number=1)
+    costs = stats.costs if hasattr(stats, "costs") else stats
+    return float(statistics.median(costs))
+
+
+def tune_model(
+    mod: Any,
+    target: Any = "llvm",
+    total_trials: int = 200,
+    log_path: str | os.PathLike[str] = "logs/model.jsonl",
+    *,
+    storage: str | os.PathLike[str] | None = DEFAULT_STORAGE,
+    search: str = "tpe",
+    seed: int = 0,
+    timeout: float | None = None,
+    jobs: int | None = None,
+    progress: ProgressCallback | None = None,
+    task_filter: str | Callable[[Any], bool] | None = None,
+    output: str | os.PathLike[str] | None = None,
+    measure_latency: bool = True,
+    builder: Builder | None = None,
+    runner: Runner | None = None,
+    batch_size: int = 8,
+    early_stopping: int | None = None,
+    opt_level: int = 3,
+) -> TuneModelResult:
+    """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
+
+    storage: the Optuna storage ("default": a journal file beside the log; None: in memory; a path or URL).
+    search: a name of `SEARCH_STRATEGIES`. timeout: seconds of tuning before the run ends (the model is still
+    built). jobs: parallel build processes (default: one per core). task_filter: a substring of the task
+    descriptions (or keys) to tune, or a predicate on tasks. output: where to save the built model.
+    measure_latency: time the model with default and with tuned schedules. builder/runner: measurement
+    infrastructure to use instead of the defaults (closed by the caller).
+    """
+    from relay_tune.build import build, resolve_target
+
+    started = time.monotonic()
+    if isinstance(target, str) and target.split() and target.split()[0] == "cuda":
+        resolved = _cuda_target(target)
+    else:
+        resolved = resolve_target(target)
+    log_path = Path(log_path)
+    tasks, gpu_runner = _tasks_for(mod, resolved, opt_level)
+    if task_filter is not None:
+        keep = task_filter if callable(task_filter) else \
+            (lambda t: task_filter in t.description or t.key.startswith(task_filter))  # type: ignore[operator]
+        tasks = [t for t in tasks if keep(t)]
+        if not tasks:
+            raise RelayTuneError(f"no task matches {task_filter!r}")
+    store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
+    strategy = make_search(search, storage=store, seed=seed, log_path=log_path)
+    deadline = started + timeout if timeout is not None else None
+    scheduler = DeadlineScheduler(deadline, seed=seed, early_stopping=early_stopping)
+    own_builder = builder is None
+    builder = builder or LocalBuilder(n_parallel=jobs)
+    runner = runner or gpu_runner
+    try:
+        summary = tune(tasks, total_trials, log_path, builder=builder, runner=runner, strategy=strategy,
+                       scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed)
+    finally:
+        if own_builder:
+            builder.close()
+        if gpu_runner is not None:
+            gpu_runner.close()
+    tuned_at = time.monotonic()
+    reports = tuple(_report(task, s) for task, s in zip(tasks, summary.tasks))
+    common = dict(tasks=reports, summary=summary, target=resolved.log_name, log_path=log_path,
+                  storage=None if store is None else os.fspath(store), search=search,
+                  timed_out=scheduler.expired)
+    if summary.interrupted:
+        return TuneModelResult(**common, seconds={"tune": tuned_at - started})  # type: ignore[arg-type]
+    before = after = None
+    model = None
+    saved: Path | None = None
+    if measure_latency:
+        before = _median_latency(build(mod, target=resolved, opt_level=opt_level))
+    logs = [log_path] if log_path.is_file() else None
+    import warnings
+
+    from relay_tune.build import BuildWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
+        model = build(mod, target=resolved, logs=logs, opt_level=opt_level)
+    if measure_latency:
+        after = _median_latency(model)
+    if output is not None and hasattr(model, "save"):
+        saved = model.save(output)
+    return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
+                           model_path=saved, seconds={"tune": tuned_at - started,
+                                                      "build_and_measure": time.monotonic() - tuned_at})
+
+
+def _report(task: Any, summary: Any) -> TaskReport:
+    return TaskReport(key=task.key, description=task.description, family=str(getattr(task, "family", "")),
+                      weight=task.weight, flops=task.flops, space_size=task.space.size(), trials=summary.trials,
+                      valid_trials=summary.valid_trials, default_cost=summary.default_cost,
+                      best_cost=summary.best_cost, errors=dict(summary.errors), stopped=summary.stopped)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Live progress in the terminal
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RichProgress(ProgressCallback):
+    """A `rich` progress bar: trials done of the budget, the current task, its best GFLOPS, and the model latency
+    estimated from the best kernels so far (sum of weight x best time over tasks that have one)."""
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(highlight=False)
+        self._progress: Any = None
+        self._bar: Any = None
+        self._tasks: tuple[TaskInfo, ...] = ()
+
+    def on_start(self, plan: TunePlan) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._tasks = plan.tasks
+        done = plan.trials_already_done
+        self.console.print(
+            f"tuning {len(plan.tasks)} tasks with {plan.total_trials} trials in total"
+            + (f" ({done} already in {plan.log_path})" if done else f", logging to {plan.log_path}"))
+        self._progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                  TextColumn("{task.fields[status]}"), console=self.console, transient=False)
+        self._progress.start()
+        self._bar = self._progress.add_task("tune", total=max(plan.total_trials, 1), completed=min(done,
+                                            plan.total_trials), status="")
+
+    def on_round(self, task_index: int, candidates: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._bar, status=self._status(task_index, None, None, None))
+
+    def on_trial(self, event: TrialEvent) -> None:
+        if self._progress is None:
+            return
+        status = self._status(event.task_index, event.best_gflops, event.estimated_latency, event.tasks_without_kernel)
+        self._progress.update(self._bar, completed=min(event.trials_done, event.total_trials), status=status)
+
+    def _status(self, index: int, best_gflops: float | None, latency: float | None, missing: int | None) -> str:
+        info = self._tasks[index] if 0 <= index < len(self._tasks) else None
+        text = f"task {index + 1}/{len(self._tasks)} {info.description[:40] if info else ''}"
+        if best_gflops is not None:
+            text += f" | best {best_gflops:.1f} GFLOPS"
+        if latency is not None:
+            text += f" | est. model {latency * 1e3:.3f} ms" + (f" (+{missing} untimed)" if missing else "")
+        return text
+
+    def on_task_stopped(self, task_index: int, reason: str) -> None:
+        if self._progress is not None and 0 <= task_index < len(self._tasks):
+            self._progress.console.print(f"  task {task_index + 1} ({self._tasks[task_index].description[:50]}) "
+                                         f"stopped: {reason}")
+
+    def on_finish(self, summary: TuneSummary) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,1016 @@
+"""CPU schedule spaces: the knobs of each operator family, and the template that turns a config into schedule steps.
+
+    workload = analyze(prim, target, constant_inputs)   # prim: relay_tune.kernel.compute.primitive_compute(func)
+    space = cpu_space(workload)                          # knobs + constraints (invalid configs never get built)
+    config = default_config(workload)                    # the point that stands for the built-in default schedule
+    steps = config_to_steps(prim, config, target)        # replayable `Step`s for `lower_primitive`
+
+A config is plain data; its `family` knob names the template. The template is deterministic: the same config gives
+the same steps in every process, which is what makes a tuning log a recipe for the build. Tiles need not divide
+their loops (lowering peels or guards the tails), so every config of a space is correct; constraints only reject
+configs that cannot be fast (an accumulator tile that spills out of the vector registers) or that would describe
+the same schedule as another config (a duplicate costs a measurement).
+
+Families (`family_of`, the same dispatch as `relay_tune.kernel.default_schedule`) and their knobs:
+
+- **dense** / **batch_matmul**: `tile_m` and `tile_n` split the output rows / columns in three levels
+  (blocks, register tiles per block, register tile); the inner column factor is the vector width and, for dense,
+  the width of the weight panels (`pack_b`: the constant weight packed `NK -> NK<bn>n` once, so a tile reads
+  consecutive floats at every step of the reduction). `tile_k` splits the reduction: the inner factor is
+  unrolled. `order` says whether column panels (`nm`) or row blocks (`mn`) are the outer loop, `parallel` how many
+  outer block loops are fused into the parallel loop (0: none).
+- **conv2d_nchw**: register tile of `tile_c` output channels (weights packed `OIHW -> OIHW<fc>o` with `pack_w`) by
+  `tile_h` rows by `tile_w` output columns (vectorized); `order` of the outer loops (rows or channel blocks
+  first), `parallel` fused outer loops, `reduce_order` (input channels or kernel taps outermost), `unroll_kw`
+  (unroll the innermost reduction loop), `pad` (the padded input computed once ahead, or read through a guard).
+  1x1 stride-1 convolutions also have `row_vector`: a tile covers whole rows and one vector runs across them.
+- **conv2d_nhwc**: register tile of `tile_w` output columns (unrolled) by `tile_c` output channels (vectorized,
+  contiguous in NHWC; weights packed `-> OHWI<bc>o`), plus `order`, `parallel`, `reduce_order`, `unroll_kw`, `pad`.
+- **depthwise_conv2d_nchw**: `tile_h` rows by `tile_w` columns per tile, `parallel`, `unroll_kw`, `pad`.
+- **reduction** (pooling, reductions, softmax, normalisations, other convolutions): `vector` (tile width along
+  the innermost output axis) where the reductions read it contiguously, `parallel`.
+- **injective** (element-wise groups, transposes, concatenations...): `mode` (vectorize the innermost axis
+  whole, split it by `vector`, or fuse every axis and split by `vector`), `vector`, `parallel`.
+
+`python -m search_space.cpu MODEL.relay ...` prints each task's family and space size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from search_space.config import Config, InvalidConfigError
+from search_space.knobs import BoolKnob, ChoiceKnob, Knob, SplitKnob
+from search_space.space import Constraint, Space
+
+__all__ = [
+    "FAMILIES",
+    "CpuWorkload",
+    "TileKnob",
+    "accumulator_registers",
+    "analyze",
+    "config_to_steps",
+    "cpu_space",
+    "default_config",
+    "family_of",
+    "format_space_table",
+    "vector_registers",
+]
+
+FAMILIES = ("dense", "batch_matmul", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "reduction",
+            "injective")
+
+SPARE_REGISTERS = 4
+"""Vector registers left for operands (broadcast inputs, weight vectors) besides the accumulator tile."""
+
+MAX_TILE_ROWS = 16  # register rows of a matmul tile (unrolled)
+MAX_VECTOR = 64  # lanes of a vectorized tile axis
+MAX_K_UNROLL = 16
+MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
+MAX_CONV_ROWS = 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a space needs to know about a fused function
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuWorkload:
+    """The facts about one fused function on one CPU target that its space depends on (plain data).
+
+    dims: family-specific extents (see `analyze`). lanes: vector lanes of the anchor's dtype. registers: vector
+    registers of the target. constant_weight: the operand a schedule may pack is a model constant (packing is
+    then done once, ahead of time; a packed non-constant input would cost a copy the measurement cannot see).
+    """
+
+    family: str
+    dims: Mapping[str, int]
+    lanes: int
+    registers: int
+    cores: int
+    constant_weight: bool = False
+    has_pad: bool = False
+    pointwise: bool = False
+    weight_layout: str = ""
+    default_parallel: bool = False
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def accumulator_budget(self) -> int:
+        return max(1, self.registers - SPARE_REGISTERS)
+
+
+def vector_registers(width: int, lanes: int) -> int:
+    """Registers one row of `width` lanes occupies: whole vectors, then the power-of-two chunks the code generator
+    cuts the rest into (each in a register of its own)."""
+    return max(1, width // lanes + bin(width % lanes).count("1"))
+
+
+def accumulator_registers(rows: int, width: int, lanes: int) -> int:
+    return rows * vector_registers(width, lanes)
+
+
+def _target_registers(target: Any) -> int:
+    return 32 if target.vector_bits >= 512 else 16
+
+
+def _anchor_stage(sch: Any, prim: Any) -> Any:
+    """The stage of the anchor call that holds its main reduction (or its result when it has none)."""
+    call = prim.anchor_call
+    if call is None:
+        return None
+    stages = [st for st in (sch.stage_of_tensor(t) for t in call.tensors) if st is not None and st.op is not None]
+    for st in reversed(stages):
+        if st.op.is_reduction:
+            return st
+    return stages[-1] if stages else None
+
+
+def _weight_input(anchor: Any) -> Any:
+    """The 2-D placeholder a dense reduction reads as `w[j, k]` (j: the output column)."""
+    from relay_tune.kernel import te
+
+    column = anchor.op.axes[-1]
+    for node in te.iter_exprs(anchor.op.body):
+        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 2
+                and node.indices[0] is column):
+            return node.tensor
+    return None
+
+
+def _conv_weight(anchor: Any, channel_axis: int) -> Any:
+    """The 4-D weight placeholder of a convolution: the one read with the output channel as an index."""
+    from relay_tune.kernel import te
+
+    channel = anchor.op.axes[channel_axis]
+    for node in te.iter_exprs(anchor.op.body):
+        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
+                and any(i is channel for i in node.indices)):
+            return node.tensor
+    return None
+
+
+def _producers_tagged(sch: Any, stage: Any, tag: str) -> list[Any]:
+    from relay_tune.kernel import te
+
+    found = []
+    for t in te.tensors_read(stage.op.body):
+        producer = sch.stage_of_tensor(t)
+        if producer is not None and producer.op is not None and producer.op.tag == tag:
+            found.append(producer)
+    return found
+
+
+def _work(stage: Any) -> int:
+    return math.prod(ax.extent for ax in stage.root_axes)
+
+
+def _parallel_worthwhile(target: Any, work: int) -> bool:
+    from relay_tune.kernel.default_schedule import PARALLEL_MIN_WORK
+
+    return target.num_cores > 1 and work >= PARALLEL_MIN_WORK
+
+
+def _input_index(tensor: Any) -> int | None:
+    """The parameter number of a kernel input placeholder (`p3` -> 3, `p1.0` -> 1)."""
+    name = str(tensor.name)
+    if not name.startswith("p"):
+        return None
+    head = name[1:].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def family_of(prim: Any) -> str:
+    """The template family of a fused function (the dispatch of the default CPU schedule)."""
+    from relay_tune.kernel.schedule import Schedule
+
+    sch = Schedule(prim.outputs)
+    anchor = _anchor_stage(sch, prim)
+    if anchor is None or len(prim.outputs) != 1 or anchor.op is None or not anchor.op.is_reduction:
+        return "injective"
+    tag = anchor.op.tag
+    if tag == "dense" and _weight_input(anchor) is not None:
+        return "dense"
+    if tag == "batch_matmul":
+        return "batch_matmul"
+    if tag in ("conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+        return str(tag)
+    return "reduction"
+
+
+def _is_pointwise(sch: Any, anchor: Any) -> bool:
+    """A 1x1, stride-1, unpadded NCHW convolution: input pixel (y, x) feeds output pixel (y, x) only."""
+    from relay_tune.kernel import te
+
+    if _producers_tagged(sch, anchor, "pad") or any(ax.extent != 1 for ax in anchor.op.reduce_axes[1:]):
+        return False
+    _, _, oh, ow = anchor.op.axes
+    for node in te.iter_exprs(anchor.op.body):
+        if isinstance(node, te.TensorRead) and node.tensor.ndim == 4 and node.indices[2] is oh:
+            return node.indices[3] is ow and node.tensor.shape[2:] == anchor.shape[2:]
+    return False
+
+
+def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuWorkload:
+    """The `CpuWorkload` of a fused function's tensor expressions on `target`.
+
+    constant_inputs: parameter numbers of the function that are model constants at every call site (weights).
+    """
+    from relay_tune.kernel.schedule import ROOT, Schedule
+
+    constants = set(constant_inputs)
+    family = family_of(prim)
+    sch = Schedule(prim.outputs)
+    anchor = _anchor_stage(sch, prim)
+    registers = _target_registers(target)
+    common: dict[str, Any] = {"family": family, "registers": registers, "cores": target.num_cores}
+    if family in ("dense", "batch_matmul"):
+        axes = anchor.op.axes
+        weight = _weight_input(anchor) if family == "dense" else None
+        batched = weight is None and len(axes) == 3
+        m = axes[-2].extent if batched else math.prod(ax.extent for ax in axes[:-1])
+        dims = {"batch": axes[0].extent if batched else 1, "m": m, "n": axes[-1].extent,
+                "k": anchor.op.reduce_axes[0].extent}
+        index = _input_index(weight) if weight is not None else None
+        return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
+                           constant_weight=index is not None and index in constants,
+                           default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
+    if family in ("conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+        if family == "conv2d_nhwc":
+            n, h, w, c = anchor.shape
+        else:
+            n, c, h, w = anchor.shape
+        reduce_extents = [ax.extent for ax in anchor.op.reduce_axes]
+        taps = math.prod(reduce_extents[-2:]) if len(reduce_extents) >= 2 else 1
+        weight = _conv_weight(anchor, 3 if family == "conv2d_nhwc" else 1)
+        index = _input_index(weight) if weight is not None else None
+        call = prim.anchor_call
+        layout = str(call.attrs.get("kernel_layout", "OIHW")) if call is not None else "OIHW"
+        dims = {"n": n, "c": c, "h": h, "w": w, "taps": taps, "reduce_loops": len(reduce_extents),
+                "kw": reduce_extents[-1] if reduce_extents else 1}
+        return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
+                           constant_weight=index is not None and index in constants,
+                           has_pad=bool(_producers_tagged(sch, anchor, "pad")),
+                           pointwise=family == "conv2d_nchw" and _is_pointwise(sch, anchor),
+                           weight_layout=layout, default_parallel=_parallel_worthwhile(target, _work(anchor)),
+                           **common)
+    out = sch[prim.outputs[0]]
+    lanes = target.vector_lanes(out.tensor.dtype)
+    if family == "reduction":
+        mode, last = _reduction_mode(prim, target)
+        work = max(_work(st) for st in sch.stages.values() if st.op is not None)
+        return CpuWorkload(dims={"last": last}, lanes=lanes, default_parallel=_parallel_worthwhile(target, work),
+                           extras={"mode": mode}, **common)
+    # injective: every root stage gets flat loops
+    stages = [st for st in sch.stages.values() if st.op is not None and st.attach == ROOT]
+    inner = min((st.op.axes[-1].extent for st in stages if len(st.op.axes) >= 2), default=0)
+    total = max((math.prod(ax.extent for ax in st.op.axes) for st in stages), default=1)
+    lanes = min((target.vector_lanes(st.tensor.dtype) for st in stages), default=lanes)
+    work = max((_work(st) for st in stages), default=1)
+    return CpuWorkload(dims={"inner": inner, "total": total}, lanes=lanes,
+                       default_parallel=_parallel_worthwhile(target, work), **common)
+
+
+def _reads_contiguously(stage: Any, axis: Any) -> bool:
+    from relay_tune.kernel import te, tir
+
+    for node in te.iter_exprs(stage.op.body):
+        if isinstance(node, te.TensorRead) and node.tensor.ndim:
+            last = node.indices[-1]
+            if last is axis:
+                continue
+            if (isinstance(last, tir.BinaryOp) and last.op == "add" and (last.a is axis or last.b is axis)
+                    and isinstance(last.b if last.a is axis else last.a, te.IterVar)):
+                continue
+            return False
+    return True
+
+
+def _reduction_mode(prim: Any, target: Any) -> tuple[str, int]:
+    """How a reduction family function is tiled: "tiles" (reductions accumulate per vector tile of the innermost
+    output axis), "rows" (they run along it, one row at a time), "flat" or "scalar"; and that axis' extent."""
+    sch, out, inner = _prepare_reduction(prim)
+    leaves = list(sch.leaves(out.name))
+    if not leaves:
+        return "scalar", 0
+    last = out.op.axes[-1].extent
+    reductions = [st for st in inner if st.op.is_reduction]
+    aligned = all(len(st.op.axes) == len(out.op.axes) and st.op.axes[-1].extent == last
+                  and _reads_contiguously(st, st.op.axes[-1]) for st in reductions)
+    if last >= 4 and aligned and reductions:
+        return "tiles", last
+    if last >= 4 and len(leaves) >= 2:
+        return "rows", last
+    return "flat", last
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Constraints (module-level functions: spaces travel to build worker processes)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _inner(config: Config, name: str) -> int:
+    value = config[name]
+    assert isinstance(value, tuple)
+    return int(value[-1])
+
+
+def _middle(config: Config, name: str) -> int:
+    value = config[name]
+    assert isinstance(value, tuple)
+    return int(value[1]) if len(value) == 3 else 1
+
+
+def _matmul_registers_fit(config: Config, lanes: int, budget: int) -> bool:
+    return accumulator_registers(_inner(config, "tile_m"), _inner(config, "tile_n"), lanes) <= budget
+
+
+def _conv_nchw_registers_fit(config: Config, lanes: int, budget: int, width: int) -> bool:
+    rows, channels = _inner(config, "tile_h"), _inner(config, "tile_c")
+    if config.get("row_vector"):
+        return channels * vector_registers(rows * width, lanes) <= budget
+    return channels * rows * vector_registers(_inner(config, "tile_w"), lanes) <= budget
+
+
+def _conv_nhwc_registers_fit(config: Config, lanes: int, budget: int) -> bool:
+    return accumulator_registers(_inner(config, "tile_w"), _inner(config, "tile_c"), lanes) <= budget
+
+
+def _depthwise_registers_fit(config: Config, lanes: int, budget: int) -> bool:
+    return accumulator_registers(_inner(config, "tile_h"), _inner(config, "tile_w"), lanes) <= budget
+
+
+def _pack_needs_block(config: Config, knob: str) -> bool:
+    """Packing a weight by blocks of one output channel changes nothing (the same schedule as unpacked)."""
+    return not config.get("pack_w") or _inner(config, knob) > 1
+
+
+def _row_vector_whole_rows(config: Config, width: int, height: int) -> bool:
+    """`row_vector` tiles whole rows: the column split must be (1, width), and the rows must divide the map (a
+    partial tile would keep its lanes masked)."""
+    if not config.get("row_vector"):
+        return True
+    return _inner(config, "tile_w") == width and height % _inner(config, "tile_h") == 0
+
+
+def _mid_level_needs_outer(config: Config, name: str) -> bool:
+    """A middle split level only matters when the outer level has more than one iteration."""
+    value = config[name]
+    assert isinstance(value, tuple)
+    return len(value) < 3 or int(value[1]) == 1 or int(value[0]) > 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Spaces
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class TileKnob(SplitKnob):
+    """A multi-level split whose inner factors are the "verbose" candidates (divisors and powers of two) plus
+    `extra` sizes that matter for registers whatever the extent: 6 or 12 rows of accumulators, 48 lanes (three
+    AVX-512 vectors). A factor need not divide the extent; the tail is peeled or guarded by lowering."""
+
+    def __init__(self, name: str, extent: int, levels: int, max_factor: int, extra: Iterable[int] = ()) -> None:
+        super().__init__(name, extent, levels=levels, policy="verbose", max_factor=max_factor)
+        chosen = set(self.candidates) | {int(e) for e in extra if 1 <= int(e) <= min(extent, max_factor)}
+        self._candidates = tuple(sorted(chosen | {1}))
+        self._index = {c: i for i, c in enumerate(self._candidates)}
+        self._materialised = None
+
+
+def _row_sizes(limit: int) -> range:
+    return range(1, limit + 1)
+
+
+def _vector_sizes(lanes: int, limit: int) -> list[int]:
+    step = max(1, lanes // 2)
+    return list(range(step, limit + 1, step))
+
+
+def _parallel_choices(workload: CpuWorkload, levels: int) -> list[int]:
+    return [0] if workload.cores <= 1 else list(range(levels + 1))
+
+
+def _vector_choices(extent: int, lanes: int) -> list[int]:
+    choices = [v for v in (lanes // 2, lanes, 2 * lanes, 4 * lanes) if 1 <= v <= max(extent, 1)]
+    return sorted(set(choices)) or [1]
+
+
+def cpu_space(workload: CpuWorkload) -> Space:
+    """The search space of one fused function on one CPU target (see the module docstring)."""
+    lanes, budget, dims = workload.lanes, workload.accumulator_budget, workload.dims
+    family = workload.family
+    knobs: list[Knob] = [ChoiceKnob("family", [family])]
+    constraints: list[Constraint] = []
+    if family in ("dense", "batch_matmul"):
+        knobs += [
+            TileKnob("tile_m", dims["m"], 3, MAX_TILE_ROWS, _row_sizes(MAX_TILE_ROWS)),
+            TileKnob("tile_n", dims["n"], 3, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)),
+            TileKnob("tile_k", dims["k"], 2, MAX_K_UNROLL),
+            ChoiceKnob("order", ["nm", "mn"]),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        if workload.constant_weight:
+            knobs.append(BoolKnob("pack_b"))
+        constraints += [
+            Constraint("accumulator tile fits the vector registers",
+                       functools.partial(_matmul_registers_fit, lanes=lanes, budget=budget)),
+            Constraint("row blocks only where there are several", functools.partial(
+                _mid_level_needs_outer, name="tile_m")),
+            Constraint("column blocks only where there are several", functools.partial(
+                _mid_level_needs_outer, name="tile_n")),
+        ]
+    elif family == "conv2d_nchw":
+        knobs += [
+            TileKnob("tile_c", dims["c"], 2, MAX_CONV_CHANNELS, _row_sizes(MAX_TILE_ROWS)),
+            TileKnob("tile_h", dims["h"], 2, MAX_CONV_ROWS, _row_sizes(MAX_CONV_ROWS)),
+            TileKnob("tile_w", dims["w"], 2, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)),
+            ChoiceKnob("order", ["hc", "ch"]),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        knobs += _conv_reduction_knobs(workload)
+        if workload.constant_weight:
+            knobs.append(BoolKnob("pack_w"))
+            constraints.append(Constraint("weight packing needs a channel block",
+                                          functools.partial(_pack_needs_block, knob="tile_c")))
+        if workload.pointwise:
+            knobs.append(BoolKnob("row_vector"))
+            constraints.append(Constraint("row vectors cover whole rows", functools.partial(
+                _row_vector_whole_rows, width=dims["w"], height=dims["h"])))
+        constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
+            _conv_nchw_registers_fit, lanes=lanes, budget=budget, width=dims["w"])))
+    elif family == "conv2d_nhwc":
+        knobs += [
+            TileKnob("tile_w", dims["w"], 2, MAX_TILE_ROWS, _row_sizes(MAX_TILE_ROWS)),
+            TileKnob("tile_c", dims["c"], 2, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)),
+            ChoiceKnob("order", ["hc", "ch"]),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        knobs += _conv_reduction_knobs(workload)
+        if workload.constant_weight and sorted(workload.weight_layout) == sorted("OIHW"):
+            knobs.append(BoolKnob("pack_w"))
+            constraints.append(Constraint("weight packing needs a channel block",
+                                          functools.partial(_pack_needs_block, knob="tile_c")))
+        constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
+            _conv_nhwc_registers_fit, lanes=lanes, budget=budget)))
+    elif family == "depthwise_conv2d_nchw":
+        knobs += [
+            TileKnob("tile_h", dims["h"], 2, MAX_CONV_ROWS, _row_sizes(MAX_CONV_ROWS)),
+            TileKnob("tile_w", dims["w"], 2, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        if dims["kw"] > 1:
+            knobs.append(BoolKnob("unroll_kw"))
+        if workload.has_pad:
+            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
+            _depthwise_registers_fit, lanes=lanes, budget=budget)))
+    elif family == "reduction":
+        mode = workload.extras["mode"]
+        if mode == "tiles":
+            knobs.append(ChoiceKnob("vector", _vector_choices(dims["last"], lanes)))
+        elif mode == "rows" and dims["last"] > lanes:
+            knobs.append(ChoiceKnob("vector", _vector_choices(dims["last"] - 1, lanes)))
+        if mode != "scalar":
+            knobs.append(ChoiceKnob("parallel", _parallel_choices(workload, 1)))
+    else:
+        modes = ["flat"]
+        if dims["inner"] >= lanes > 1:
+            modes = ["inner", "split", "flat"]
+        knobs.append(ChoiceKnob("mode", modes))
+        if lanes > 1:
+            knobs.append(ChoiceKnob("vector", _vector_choices(dims["total"], lanes)))
+        knobs.append(ChoiceKnob("parallel", _parallel_choices(workload, 1)))
+    return Space(knobs, constraints)
+
+
+def _conv_reduction_knobs(workload: CpuWorkload) -> list[Knob]:
+    knobs: list[Knob] = []
+    dims = workload.dims
+    if dims["reduce_loops"] >= 3 and dims["taps"] > 1:
+        knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c"]))
+    if dims["kw"] > 1:
+        knobs.append(BoolKnob("unroll_kw"))
+    if workload.has_pad:
+        knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+    return knobs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Default configs: the built-in default schedule's choices, as a point of the space
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _split_value(extent: int, *inner: int) -> tuple[int, ...]:
+    return (-(-extent // math.prod(inner)), *inner)
+
+
+def _closest_factor(knob: SplitKnob, wanted: int) -> int:
+    """The largest candidate factor of a split knob that is at most `wanted` (1 at least)."""
+    return max((c for c in knob.candidates if c <= max(1, wanted)), default=1)
+
+
+def default_config(workload: CpuWorkload) -> Config:
+    """The config that stands for the built-in default schedule (`relay_tune.kernel.default_schedule`), valid in
+    `cpu_space(workload)`. Its knob values mirror the default's choices; `config_to_steps` gives the default
+    schedule's own steps for it, so the tuner's baseline is exactly what an untuned build runs."""
+    space = cpu_space(workload)
+    values = _default_values(workload, space)
+    config = Config({name: values[name] for name in space.names})
+    if space.is_valid(config):
+        return config
+    # The default's shape-derived choices fell outside a knob's candidates or a constraint: take the nearest valid
+    # config by shrinking the register tile.
+    for knob in space.knobs:
+        if isinstance(knob, SplitKnob) and knob.name in values:
+            for smaller in sorted((c for c in knob.candidates if c < _inner(config, knob.name)), reverse=True):
+                candidate = config.replace(**{knob.name: (*values[knob.name][:-1], smaller)})
+                candidate = candidate.replace(**{knob.name: _split_value(
+                    knob.extent, *[int(f) for f in candidate[knob.name][1:]])})  # type: ignore[index]
+                if space.is_valid(candidate):
+                    return candidate
+    import numpy as np
+
+    return space.sample(np.random.default_rng(0))
+
+
+def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
+    lanes, dims = workload.lanes, workload.dims
+    family = workload.family
+    values: dict[str, Any] = {"family": family}
+    parallel = max(space.knob("parallel").values()) if "parallel" in space.names and workload.default_parallel \
+        else 0
+    if family in ("dense", "batch_matmul"):
+        n, m, k = dims["n"], dims["m"], dims["k"]
+        bn = 2 * lanes if n >= 2 * lanes else (-(-n // lanes) * lanes if n > lanes // 2 else n)
+        bn = _closest_factor(space.knob("tile_n"), min(bn, n))  # type: ignore[arg-type]
+        mr = max(1, min(8, m, workload.accumulator_budget // vector_registers(bn, lanes)))
+        mr = _closest_factor(space.knob("tile_m"), mr)  # type: ignore[arg-type]
+        ku = 4 if k >= 8 else 1
+        values.update(tile_m=_split_value(m, 1, mr), tile_n=_split_value(n, 1, bn), tile_k=_split_value(k, ku),
+                      order="nm", parallel=parallel, pack_b=True)
+    elif family == "conv2d_nchw":
+        vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
+        fc = max(1, min(dims["c"], 8, workload.accumulator_budget // vector_registers(vx, lanes)))
+        fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
+        values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
+                      tile_w=_split_value(dims["w"], vx), order="hc", parallel=parallel, reduce_order="c_hw",
+                      unroll_kw=False, pad="root", pack_w=fc > 1, row_vector=False)
+        if workload.pointwise and dims["w"] < lanes:
+            rows = max(r for r in range(1, dims["h"] + 1)
+                       if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
+            rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+            fc = max(1, min(fc, workload.accumulator_budget // vector_registers(rows * dims["w"], lanes)))
+            fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
+            values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
+                          tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
+    elif family == "conv2d_nhwc":
+        c = dims["c"]
+        bc = 2 * lanes if c >= 2 * lanes else (-(-c // lanes) * lanes if c > lanes // 2 else c)
+        bc = _closest_factor(space.knob("tile_c"), min(bc, c))  # type: ignore[arg-type]
+        tw = max(1, min(dims["w"], 8, workload.accumulator_budget // vector_registers(bc, lanes)))
+        tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
+        values.update(tile_w=_split_value(dims["w"], tw), tile_c=_split_value(c, bc), order="hc", parallel=parallel,
+                      reduce_order="c_hw", unroll_kw=False, pad="root", pack_w=c > bc and bc > 1)
+    elif family == "depthwise_conv2d_nchw":
+        vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
+        rows = max(1, min(dims["h"], 4, workload.accumulator_budget // vector_registers(vx, lanes)))
+        rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+        values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx), parallel=parallel,
+                      unroll_kw=False, pad="root")
+    elif family == "reduction":
+        mode = workload.extras["mode"]
+        wanted = min(dims["last"], 2 * lanes) if mode == "tiles" else lanes
+        if "vector" in space.names:
+            choices = list(space.knob("vector").values())
+            values["vector"] = max((c for c in choices if c <= wanted), default=choices[0])  # type: ignore[operator]
+        values["parallel"] = 1 if parallel else 0
+    else:
+        values["mode"] = "inner" if "inner" in list(space.knob("mode").values()) else "flat"
+        if "vector" in space.names:
+            values["vector"] = lanes if lanes in list(space.knob("vector").values()) else \
+                next(iter(space.knob("vector").values()))
+        values["parallel"] = 1 if parallel else 0
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Templates: config -> schedule steps
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def config_to_steps(prim: Any, config: Config | Mapping[str, Any], target: Any) -> list[Any]:
+    """The schedule steps of a config of `cpu_space(analyze(prim, target, ...))` for the fused function's tensor
+    expressions `prim`. Raises `InvalidConfigError` for a config of another family."""
+    from relay_tune.kernel.schedule import Schedule, ScheduleError
+
+    if not isinstance(config, Config):
+        config = Config(dict(config))
+    family = family_of(prim)
+    if config.get("family") != family:
+        raise InvalidConfigError(f"a {config.get('family')!r} config does not apply to a {family} workload")
+    sch = Schedule(prim.outputs)
+    try:
+        _TEMPLATES[family](sch, prim, config, target)
+    except ScheduleError as err:
+        raise InvalidConfigError(f"the {family} template rejects {config!r}: {err}") from err
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidConfigError(f"not a complete {family} config ({err}): {config!r}") from err
+    return list(sch.steps)
+
+
+def _inline_cheap(sch: Any, keep: Iterable[str] = ()) -> None:
+    """Inline every element-wise / injective stage that is not an output (nor listed in `keep`)."""
+    from relay_tune.kernel.compute import INLINABLE_TAGS
+    from relay_tune.kernel.schedule import ROOT
+
+    kept = set(keep)
+    for name, stage in list(sch.stages.items()):
+        op = stage.op
+        if op is None or stage.is_output or name in kept or op.is_reduction or stage.attach != ROOT:
+            continue
+        if op.tag in INLINABLE_TAGS or not op.tag:
+            sch.compute_inline(name)
+
+
+def _cache_accumulator(sch: Any, anchor: Any) -> str:
+    acc = sch.cache_write(anchor.name, "local")
+    if not anchor.is_output:
+        sch.compute_inline(anchor.name)
+    return str(acc)
+
+
+def _flat_loops(sch: Any, stage: Any, target: Any, mode: str = "inner", vector: int | None = None,
+                parallel: bool | None = None) -> None:
+    """Loops of a root stage without reduction.
+
+    mode "inner": the innermost axis vectorized whole when it is at least a vector wide, else as "flat";
+    "split": the innermost axis split by `vector` (vectorized inside), the other axes fused outside;
+    "flat": every axis fused into one loop split by `vector`. The outer loop is parallel when `parallel` (None:
+    when the work is large enough). A stage with a reduction gets its spatial loops fused (and parallel).
+    """
+    name = stage.name
+    spatial = [lp for lp in sch.leaves(name) if not stage.loops[lp].is_reduce]
+    if not spatial:
+        return
+    has_reduce = len(sch.leaves(name)) > len(spatial)
+    lanes = target.vector_lanes(stage.tensor.dtype)
+    width = vector or lanes
+    extents = [ax.extent for ax in stage.op.axes]
+    outer: str | None
+    if has_reduce or lanes == 1:
+        outer = spatial[0] if len(spatial) == 1 else sch.fuse(name, *spatial)
+    elif mode == "inner" and len(spatial) >= 2 and extents[-1] >= lanes:
+        outer = spatial[0] if len(spatial) == 2 else sch.fuse(name, *spatial[:-1])
+        sch.vectorize(name, spatial[-1])
+    elif mode == "split" and len(spatial) >= 2 and extents[-1] > width:
+        _, ii = sch.split(name, spatial[-1], factor=width)
+        outer = spatial[0] if len(spatial) == 2 else sch.fuse(name, *spatial[:-1])
+        sch.vectorize(name, ii)
+    else:
+        flat = spatial[0] if len(spatial) == 1 else sch.fuse(name, *spatial)
+        if math.prod(extents) >= width:
+            outer, inner = sch.split(name, flat, factor=width)
+            sch.vectorize(name, inner)
+        else:
+            outer = None
+            sch.vectorize(name, flat)
+    if parallel is None:
+        parallel = _parallel_worthwhile(target, _work(stage))
+    if outer is not None and parallel and target.num_cores > 1:
+        sch.parallel(name, outer)
+
+
+def _split_levels(sch: Any, stage: str, loop: str, value: tuple[int, ...]) -> list[str]:
+    """Split `loop` by a split-knob value (outer, [middle,] inner), leaving out middle levels of 1."""
+    inner = [int(f) for f in value[1:]]
+    kept = [f for f in inner[:-1] if f > 1] + [inner[-1]]
+    if len(kept) == 1:
+        return list(sch.split(stage, loop, factor=kept[0]))
+    return list(sch.split(stage, loop, factors=(None, *kept)))
+
+
+def _template_matmul(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    weight = _weight_input(anchor) if config["family"] == "dense" else None
+    batched = weight is None and len(anchor.op.axes) == 3
+    tile_m, tile_n, tile_k = config["tile_m"], config["tile_n"], config["tile_k"]
+    assert isinstance(tile_m, tuple) and isinstance(tile_n, tuple) and isinstance(tile_k, tuple)
+    bn = int(tile_n[-1])
+    packs = _producers_tagged(sch, anchor, "pack")
+    if weight is not None and config.get("pack_b"):
+        sch.transform_layout(weight, "NK", f"NK{bn}n")
+    acc = _cache_accumulator(sch, anchor)
+    _inline_cheap(sch, keep={acc, *(p.name for p in packs)})
+    for pack in packs:
+        _flat_loops(sch, pack, target)
+    leaves = list(sch.leaves(out))
+    if batched:
+        batch, row, col = leaves
+    else:
+        batch = None
+        row = leaves[0] if len(leaves) == 2 else sch.fuse(out, *leaves[:-1])
+        col = leaves[-1]
+    rows = _split_levels(sch, out, row, tile_m)
+    cols = _split_levels(sch, out, col, tile_n)
+    outer_pair = [cols[0], rows[0]] if config["order"] == "nm" else [rows[0], cols[0]]
+    row_mid, col_mid = rows[1:-1], cols[1:-1]
+    middle = [*col_mid, *row_mid] if config["order"] == "nm" else [*row_mid, *col_mid]
+    sch.reorder(out, *outer_pair, *middle, rows[-1], cols[-1])
+    parallel = int(config["parallel"])  # type: ignore[arg-type]
+    outer = [batch, *outer_pair] if batch is not None else outer_pair
+    if parallel == 1 and batch is not None:
+        head = sch.fuse(out, batch, outer_pair[0])
+        sch.parallel(out, head)
+        at = outer_pair[1]
+    elif parallel == 1:
+        sch.parallel(out, outer_pair[0])
+        at = outer_pair[1]
+    else:
+        at = sch.fuse(out, *outer)
+        if parallel == 2 and target.num_cores > 1:
+            sch.parallel(out, at)
+    if middle:
+        at = middle[-1]
+    sch.vectorize(out, cols[-1])
+    sch.compute_at(acc, out, at)
+    acc_leaves = list(sch.leaves(acc))
+    spatial, k = acc_leaves[:-1], acc_leaves[-1]
+    ku = int(tile_k[-1])
+    if ku > 1:
+        ko, ki = sch.split(acc, k, factor=ku)
+        sch.reorder(acc, ko, ki, *spatial)
+        sch.unroll(acc, ki)
+    else:
+        sch.reorder(acc, k, *spatial)
+    for r in spatial[:-1]:
+        sch.unroll(acc, r)
+    sch.vectorize(acc, spatial[-1])
+
+
+def _prepare_conv(sch: Any, anchor: Any, config: Config, target: Any) -> str:
+    """Accumulator tile; the padded input computed once at the root (or inlined into the reads); the rest
+    inlined."""
+    pads = _producers_tagged(sch, anchor, "pad")
+    acc = _cache_accumulator(sch, anchor)
+    at_root = config.get("pad", "root") == "root"
+    _inline_cheap(sch, keep={acc, *(p.name for p in pads)})
+    for pad in pads:
+        if at_root:
+            _flat_loops(sch, pad, target)
+        else:
+            sch.compute_inline(pad.name)
+    return acc
+
+
+def _order_reduction(sch: Any, acc: str, spatial: Sequence[str], reduce: Sequence[str], config: Config) -> None:
+    """Reduction loops outside the tile's spatial loops, input channels first (`c_hw`) or last (`hw_c`); the
+    kernel-column loop unrolled with `unroll_kw`."""
+    reduce = list(reduce)
+    kw = reduce[-1] if reduce else None  # the kernel-column loop (last in compute order)
+    if config.get("reduce_order") == "hw_c" and len(reduce) >= 3:
+        reduce = [*reduce[1:], reduce[0]]
+    sch.reorder(acc, *reduce, *spatial)
+    if config.get("unroll_kw") and kw is not None:
+        sch.unroll(acc, kw)
+
+
+def _template_conv2d_nchw(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    fc = _inner(config, "tile_c")
+    rows = _inner(config, "tile_h")
+    weight = _conv_weight(anchor, 1)
+    if weight is not None and config.get("pack_w") and fc > 1:
+        sch.transform_layout(weight, "OIHW", f"OIHW{fc}o")
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, c, h, w = sch.leaves(out)
+    parallel = int(config["parallel"])  # type: ignore[arg-type]
+    co, ci = sch.split(out, c, factor=fc)
+    if config.get("row_vector"):
+        ho, hi = sch.split(out, h, factor=rows)
+        outer = [n, ho, co] if config["order"] == "hc" else [n, co, ho]
+        sch.reorder(out, *outer, ci, hi, w)
+        at = _fuse_outer(sch, out, outer, parallel, target)
+        sch.vectorize(out, sch.fuse(out, hi, w))
+        sch.compute_at(acc, out, at)
+        an, ac, ah, aw, *reduce = sch.leaves(acc)
+        _order_reduction(sch, acc, [an, ac, ah, aw], reduce, config)
+        sch.unroll(acc, ac)
+        sch.vectorize(acc, sch.fuse(acc, ah, aw))
+        return
+    if rows > 1:
+        ho, hi = sch.split(out, h, factor=rows)
+    else:
+        ho, hi = h, None
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    outer = [n, ho, co] if config["order"] == "hc" else [n, co, ho]
+    sch.reorder(out, *outer, wo, *([hi] if hi else []), ci, wi)
+    _fuse_outer(sch, out, outer, parallel, target)
+    sch.vectorize(out, wi)
+    sch.compute_at(acc, out, wo)
+    an, ac, ah, aw, *reduce = sch.leaves(acc)
+    _order_reduction(sch, acc, [an, ac, ah, aw], reduce, config)
+    sch.unroll(acc, ac)
+    if rows > 1:
+        sch.unroll(acc, ah)
+    sch.vectorize(acc, aw)
+
+
+def _fuse_outer(sch: Any, out: str, outer: Sequence[str], parallel: int, target: Any) -> str:
+    """Fuse a conv's outer loops `[n, a, b]`: parallel 2 (or serial 0) fuses all three into one loop, parallel 1
+    makes `n.a` the parallel loop and leaves `b` serial inside it. Returns the innermost outer loop."""
+    n, a, b = outer
+    if parallel == 1 and target.num_cores > 1:
+        head = sch.fuse(out, n, a)
+        sch.parallel(out, head)
+        return b
+    fused = sch.fuse(out, n, a, b)
+    if parallel == 2 and target.num_cores > 1:
+        sch.parallel(out, fused)
+    return str(fused)
+
+
+def _template_conv2d_nhwc(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    call = prim.anchor_call
+    bc = _inner(config, "tile_c")
+    tw = _inner(config, "tile_w")
+    weight = _conv_weight(anchor, 3)
+    layout = str(call.attrs["kernel_layout"])
+    if weight is not None and config.get("pack_w") and bc > 1:
+        sch.transform_layout(weight, layout, f"OHWI{bc}o")
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, h, w, c = sch.leaves(out)
+    wo, wi = sch.split(out, w, factor=tw)
+    co, ci = sch.split(out, c, factor=bc)
+    outer = [n, h, co] if config["order"] == "hc" else [n, co, h]
+    sch.reorder(out, *outer, wo, wi, ci)
+    _fuse_outer(sch, out, outer, int(config["parallel"]), target)  # type: ignore[arg-type]
+    sch.vectorize(out, ci)
+    sch.compute_at(acc, out, wo)
+    an, ah, aw, ac, *reduce = sch.leaves(acc)
+    _order_reduction(sch, acc, [an, ah, aw, ac], reduce, config)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, ac)
+
+
+def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, c, h, w = sch.leaves(out)
+    ho, hi = sch.split(out, h, factor=_inner(config, "tile_h"))
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    sch.reorder(out, n, c, ho, wo, hi, wi)
+    parallel = int(config["parallel"])  # type: ignore[arg-type]
+    if parallel == 2 and target.num_cores > 1:
+        sch.parallel(out, sch.fuse(out, n, c, ho))
+    else:
+        outer = sch.fuse(out, n, c)
+        if parallel == 1 and target.num_cores > 1:
+            sch.parallel(out, outer)
+    sch.vectorize(out, wi)
+    sch.compute_at(acc, out, wo)
+    an, ac, ah, aw, *reduce = sch.leaves(acc)
+    _order_reduction(sch, acc, [an, ac, ah, aw], reduce, config)
+    sch.unroll(acc, ah)
+    sch.vectorize(acc, aw)
+
+
+def _prepare_reduction(prim: Any) -> tuple[Any, Any, list[Any]]:
+    """A schedule with the reduction family's common start: the output's reduction (if any) accumulated in a
+    local tile, cheap stages inlined, pads kept. Returns (schedule, output stage, the other root stages)."""
+    from relay_tune.kernel.schedule import ROOT, Schedule
+
+    sch = Schedule(prim.outputs)
+    out = sch[prim.outputs[0]]
+    pads = [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
+    keep = {p.name for p in pads}
+    if out.op is not None and out.op.is_reduction:
+        keep.add(_cache_accumulator(sch, out))
+    _inline_cheap(sch, keep=keep)
+    pad_names = {p.name for p in pads}
+    inner = [st for st in sch.stages.values()
+             if st.op is not None and st is not out and st.attach == ROOT and st.name not in pad_names]
+    return sch, out, inner
+
+
+def _reduction_inside(sch: Any, stage: Any, vectorize: bool) -> None:
+    leaves = list(sch.leaves(stage.name))
+    spatial = [lp for lp in leaves if not stage.loops[lp].is_reduce]
+    reduce = [lp for lp in leaves if stage.loops[lp].is_reduce]
+    if reduce:
+        sch.reorder(stage.name, *reduce, *spatial)
+    if vectorize and spatial:
+        sch.vectorize(stage.name, spatial[-1])
+
+
+def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    # The steps are recorded on the schedule `_prepare_reduction` makes; copy them onto `sch` at the end.
+    mine, out, inner = _prepare_reduction(prim)
+    mode, last = _reduction_mode(prim, target)
+    parallel = bool(config.get("parallel", 0)) and target.num_cores > 1
+    for pad in [st for st in mine.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]:
+        _flat_loops(mine, pad, target)
+    leaves = list(mine.leaves(out.name))
+    if mode == "scalar":
+        for st in inner:
+            _flat_loops(mine, st, target)
+    elif mode == "tiles":
+        vx = int(config["vector"])  # type: ignore[arg-type]
+        wo, wi = mine.split(out.name, leaves[-1], factor=vx)
+        outer = leaves[0] if len(leaves) == 2 else (mine.fuse(out.name, *leaves[:-1]) if len(leaves) > 2 else wo)
+        if parallel:
+            mine.parallel(out.name, outer)
+        mine.vectorize(out.name, wi)
+        for st in inner:
+            mine.compute_at(st.name, out.name, wo)
+            _reduction_inside(mine, st, vectorize=True)
+    elif mode == "rows":
+        lanes = int(config["vector"]) if "vector" in config else target.vector_lanes(out.tensor.dtype)  # type: ignore[arg-type]
+        row = leaves[0] if len(leaves) == 2 else mine.fuse(out.name, *leaves[:-1])
+        split = mine.split(out.name, leaves[-1], factor=lanes) if last > lanes else (None, leaves[-1])
+        if parallel:
+            mine.parallel(out.name, row)
+        mine.vectorize(out.name, split[1])
+        for st in inner:
+            mine.compute_at(st.name, out.name, row)
+            _reduction_inside(mine, st, vectorize=not st.op.is_reduction)
+    else:
+        fused = leaves[0] if len(leaves) == 1 else mine.fuse(out.name, *leaves)
+        if parallel:
+            mine.parallel(out.name, fused)
+        for st in inner:
+            mine.compute_at(st.name, out.name, fused)
+    for step in mine.steps:
+        sch.apply(step)
+
+
+def _template_injective(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    from relay_tune.kernel.schedule import ROOT
+
+    _inline_cheap(sch)
+    vector = int(config["vector"]) if "vector" in config else None  # type: ignore[arg-type]
+    parallel = bool(config.get("parallel", 0))
+    for stage in list(sch.stages.values()):
+        if stage.op is not None and stage.attach == ROOT:
+            _flat_loops(sch, stage, target, mode=str(config.get("mode", "flat")), vector=vector, parallel=parallel)
+
+
+_TEMPLATES: dict[str, Callable[[Any, Any, Config, Any], None]] = {
+    "dense": _template_matmul,
+    "batch_matmul": _template_matmul,
+    "conv2d_nchw": _template_conv2d_nchw,
+    "conv2d_nhwc": _template_conv2d_nhwc,
+    "depthwise_conv2d_nchw": _template_depthwise,
+    "reduction": _template_reduction,
+    "injective": _template_injective,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def format_space_table(rows: Sequence[tuple[str, str, Space]]) -> str:
+    """A plain-text table of (description, family, space): knob combinations and valid configs (when small
+    enough to count)."""
+    lines = [f"{'family':22}  {'knobs':>5}  {'combinations':>12}  {'valid':>10}  workload"]
+    for description, family, space in rows:
+        valid = space.count_valid(limit=200_000)
+        lines.append(f"{family:22}  {len(space.knobs):>5}  {space.size():>12,}  "
+                     f"{(f'{valid:,}' if valid is not None else '-'):>10}  {description}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m search_space.cpu MODEL...`: the family and space size of every task of each model."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m search_space.cpu", description=main.__doc__)
+    parser.add_argument("models", nargs="+", help="Relay text (.relay) or ONNX (.onnx) models")
+    parser.add_argument("--target", default="llvm", help="target string (default: this machine)")
+    args = parser.parse_args(argv)
+    from relay_tune.build import resolve_target
+    from relay_tune.cli import load_model
+    from relay_tune.tuning.relay_task import tasks_from_module
+
+    target = resolve_target(args.target)
+    for path in args.models:
+        tasks = tasks_from_module(load_model(path), target)
+        print(f"{path}: {len(tasks)} tasks on {target.log_name}")
+        print(format_space_table([(t.description, t.family, t.space) for t in tasks]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
