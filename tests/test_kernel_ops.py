@@ -99,7 +99,7 @@ def run_case(case: Case, seed: int = 0) -> None:
             np.testing.assert_allclose(g.astype("float64"), e.astype("float64"), rtol=case.rtol, atol=case.atol)
 
 
-CASE_SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,
+CASE_SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 dims = st.integers(1, 9)
@@ -281,7 +281,7 @@ def conv2d_case(draw: st.DrawFn) -> tuple[TensorType, TensorType, dict[str, Any]
     return data, weight, attrs
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=conv2d_case())
 def test_conv2d(case: tuple[TensorType, TensorType, dict[str, Any]]) -> None:
     data, weight, attrs = case
