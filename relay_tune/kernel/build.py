@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from relay_tune.errors import CompileError, RelayTuneError
-from relay_tune.ir.expr import Function
+from relay_tune.ir.expr import Call, Function, Op
+from relay_tune.ir.traversal import post_order
+from relay_tune.ir.types import TupleType
 from relay_tune.kernel import tir
 from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from relay_tune.kernel.default_schedule import default_schedule
@@ -108,10 +110,7 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 
 
 def kernel_name(func: Function) -> str:
-    """A readable, valid symbol for a primitive function: `fused_<ops>_<hash>`."""
-    from relay_tune.ir.expr import Call, Op
-    from relay_tune.ir.traversal import post_order
-
+    """A readable, valid symbol for a primitive function: `fused_<ops>_<workload key prefix>`."""
     ops = [n.op.name for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, Op)]
     words = [re.sub(r"[^0-9A-Za-z]+", "_", o.removeprefix("nn.")) for o in ops]
     head = "_".join(words)[:48] or "copy"
@@ -227,6 +226,7 @@ def build_primitive(
     `timings`, when given, receives seconds per stage: compute_s, schedule_s (default schedule, lowering),
     and the code generator's lower_s, parse_s, optimize_s, emit_s, plus load_s.
     """
+    # imported here: lowering needs no LLVM, and importing the code generator loads it
     from relay_tune.codegen.llvm import compile_object
     from relay_tune.runtime.kernel import KernelSignature, load_object
 
@@ -245,8 +245,6 @@ def build_primitive(
     if timings is not None:
         timings.update(stages)
     body_type = func.body.checked_type if func.body.has_type() else func.ret_type
-    from relay_tune.ir.types import TupleType
-
     return CompiledPrimitive(library.get(prim_func.name), prim_func, packing, isinstance(body_type, TupleType),
                              stages)
 
