@@ -1156,39 +1156,16 @@ from relay_tune.op.registry import compute  # noqa: E402
 
 def conv_pad_stage(
     data: te.Tensor, layout: LayoutMap, pad_before: Sequence[int], pad_after: Sequence[int], spatial_letters: str,
-    fill: tir.PrimExpr | None = None, name: str = "pad",
 ) -> te.Tensor:
-    """`data` zero-padded (or `fill`-padded) on its spatial axes, in its own layout: a separate, injective
-    stage that the schedule inlines into the convolution or computes ahead of it."""
-    if not any(pad_before) and not any(pad_after):
-        return data
-    before = dict(zip(spatial_letters, pad_before))
-    after = dict(zip(spatial_letters, pad_after))
-    shape = list(data.shape)
-    for d, (letter, factor) in enumerate(layout.axes):
-        if letter in before:
-            if factor is not None or layout.factor(letter) is not None:
-                raise UnsupportedError(f"padding a split spatial axis {letter} of layout {layout.name}")
-            shape[d] += before[letter] + after[letter]
-    value = fill if fill is not None else const_expr(0, data.dtype)
-
-    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
-        conds: list[tir.PrimExpr] = []
-        src: list[tir.PrimExpr] = []
-        for d, ((letter, factor), i) in enumerate(zip(layout.axes, idx)):
-            if factor is None and letter in before and (before[letter] or after[letter]):
-                b = before[letter]
-                if b:
-                    conds.append(i >= b)
-                if after[letter]:
-                    conds.append(i < b + data.shape[d])
-                src.append(i - b if b else i)
-            else:
-                src.append(i)
-        return te.if_then_else(te.all_of(*conds), data[tuple(src)], value)
-
-    names = layout.axis_names({"N": "n", "C": "c", "D": "d", "H": "h", "W": "w"})
-    return te.compute(tuple(shape), named(names, body), name, "pad")
+    """`data` zero-padded on its spatial axes, in its own layout: a separate, injective stage that the
+    schedule computes ahead of the convolution (or inlines into it). `data` itself when nothing is padded."""
+    pads: dict[int, tuple[int, int]] = {}
+    for letter, b, a in zip(spatial_letters, pad_before, pad_after):
+        if layout.factor(letter) is not None:
+            raise UnsupportedError(f"padding a split spatial axis {letter} of layout {layout.name}")
+        axis = next(i for i, (ax, factor) in enumerate(layout.axes) if ax == letter and factor is None)
+        pads[axis] = (b, a)
+    return _pad_axes(data, pads, const_expr(0, data.dtype), layout)
 
 
 def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_name: str,
@@ -1491,7 +1468,7 @@ def _pad_axes(x: te.Tensor, pads: dict[int, tuple[int, int]], fill: tir.PrimExpr
             return x[tuple(src)]
         return te.if_then_else(te.all_of(*conds), x[tuple(src)], fill)
 
-    names = layout.axis_names({"N": "n", "C": "c", "H": "h", "W": "w"})
+    names = layout.axis_names({"N": "n", "C": "c", "D": "d", "H": "h", "W": "w"})
     return te.compute(shape, named(names, body), "pad", "pad")
 
 
