@@ -205,14 +205,22 @@ def family_of(prim: Any) -> str:
 
 def _is_pointwise(sch: Any, anchor: Any) -> bool:
     """A 1x1, stride-1, unpadded NCHW convolution: input pixel (y, x) feeds output pixel (y, x) only."""
-    from relay_tune.kernel import te
+    from relay_tune.kernel import te, tir
 
     if _producers_tagged(sch, anchor, "pad") or any(ax.extent != 1 for ax in anchor.op.reduce_axes[1:]):
         return False
     _, _, oh, ow = anchor.op.axes
+    taps = {id(ax) for ax in anchor.op.reduce_axes[1:]}
+
+    def plain(index: Any, axis: Any) -> bool:  # `axis`, or `axis + tap` with a tap of extent 1
+        if index is axis:
+            return True
+        return (isinstance(index, tir.BinaryOp) and index.op == "add" and index.a is axis
+                and id(index.b) in taps)
+
     for node in te.iter_exprs(anchor.op.body):
-        if isinstance(node, te.TensorRead) and node.tensor.ndim == 4 and node.indices[2] is oh:
-            return node.indices[3] is ow and node.tensor.shape[2:] == anchor.shape[2:]
+        if isinstance(node, te.TensorRead) and node.tensor.ndim == 4 and plain(node.indices[2], oh):
+            return plain(node.indices[3], ow) and node.tensor.shape[2:] == anchor.shape[2:]
     return False
 
 

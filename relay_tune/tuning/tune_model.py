@@ -29,7 +29,7 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.builder import Builder, LocalBuilder
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.tuning.runner import Runner
+from relay_tune.tuning.runner import LocalRunner, Runner
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress
 from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
 
@@ -40,6 +40,7 @@ __all__ = [
     "TaskReport",
     "TuneModelResult",
     "default_log_path",
+    "default_runner",
     "make_search",
     "tune_model",
 ]
@@ -181,6 +182,12 @@ def _cuda_target(text: str | Any) -> Any:
     return Target("cuda", arch=cuda_device().arch)
 
 
+def default_runner() -> Runner:
+    """The CPU runner `tune_model` measures with: at least 40 ms per timing (a slow kernel is timed call by call,
+    not three calls at a time), three timings per candidate, outputs checked against the reference."""
+    return LocalRunner(number=1, repeat=3, min_repeat_ms=40.0)
+
+
 def _median_latency(model: Any, seconds: float = 1.0) -> float:
     """Median seconds per inference, timing about `seconds` in all."""
     stats = model.benchmark(repeat=3, number=1)
@@ -241,17 +248,17 @@ def tune_model(
     strategy = make_search(search, storage=store, seed=seed, log_path=log_path)
     deadline = started + timeout if timeout is not None else None
     scheduler = DeadlineScheduler(deadline, seed=seed, early_stopping=early_stopping)
-    own_builder = builder is None
+    own_builder, own_runner = builder is None, runner is None and gpu_runner is None
     builder = builder or LocalBuilder(n_parallel=jobs)
-    runner = runner or gpu_runner
+    runner = runner or gpu_runner or default_runner()
     try:
         summary = tune(tasks, total_trials, log_path, builder=builder, runner=runner, strategy=strategy,
                        scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed)
     finally:
         if own_builder:
             builder.close()
-        if gpu_runner is not None:
-            gpu_runner.close()
+        if gpu_runner is not None or own_runner:
+            runner.close()
     tuned_at = time.monotonic()
     reports = tuple(_report(task, s) for task, s in zip(tasks, summary.tasks))
     common = dict(tasks=reports, summary=summary, target=resolved.log_name, log_path=log_path,
