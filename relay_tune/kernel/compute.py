@@ -253,7 +253,8 @@ class PrimitiveCompute:
     outputs: the (flattened) results.
     calls: per operator call in evaluation order, the stages it created.
     anchor: index into `calls` of the call that decides the schedule (the complex operator; the call with
-        the highest pattern kind, the last such one on ties), or None for a function without calls.
+        the highest pattern kind, the first such one on ties, as in task extraction), or None for a
+        function without calls.
     """
 
     inputs: tuple[te.Tensor, ...]
@@ -461,7 +462,7 @@ def _choose_anchor(calls: list[OpStage]) -> int | None:
     best_pattern = -1
     for i, call in enumerate(calls):
         pattern = int(call.pattern)
-        if pattern >= best_pattern:
+        if pattern > best_pattern:  # the first of the strongest, as task extraction names the anchor
             best, best_pattern = i, pattern
     return best
 
