@@ -216,7 +216,7 @@ def tune_model(
     measure_latency: bool = True,
     builder: Builder | None = None,
     runner: Runner | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     early_stopping: int | None = None,
     opt_level: int = 3,
 ) -> TuneModelResult:
@@ -227,7 +227,8 @@ def tune_model(
     built). jobs: parallel build processes (default: one per core). task_filter: a substring of the task
     descriptions (or keys) to tune, or a predicate on tasks. output: where to save the built model.
     measure_latency: time the model with default and with tuned schedules. builder/runner: measurement
-    infrastructure to use instead of the defaults (closed by the caller).
+    infrastructure to use instead of the defaults (closed by the caller). batch_size: trials per round of a task
+    (default: up to 8, fewer when the budget would not give every task a round).
     """
     from relay_tune.build import build, resolve_target
 
@@ -244,6 +245,9 @@ def tune_model(
         tasks = [t for t in tasks if keep(t)]
         if not tasks:
             raise RelayTuneError(f"no task matches {task_filter!r}")
+    if batch_size is None:
+        # every task gets its warm-up round (its default schedule measured) when the budget allows
+        batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
     store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
     strategy = make_search(search, storage=store, seed=seed, log_path=log_path)
     deadline = started + timeout if timeout is not None else None
