@@ -297,6 +297,8 @@ def test_conv2d(case: tuple[TensorType, TensorType, dict[str, Any]]) -> None:
     (tt(2, 9, 9, 5), tt(3, 3, 5, 40), {"data_layout": "NHWC", "kernel_layout": "HWIO", "padding": (1, 1)}),
     (tt(1, 9, 9, 5), tt(40, 3, 3, 5), {"data_layout": "NHWC", "kernel_layout": "OHWI", "padding": (1, 1)}),
     (tt(1, 5, 6, 7), tt(4, 5, 3, 3), {"out_dtype": "float32", "padding": (0, 1, 2, 0)}),
+    (tt(1, 1, 28, 28), tt(8, 1, 5, 5), {"padding": (2, 2)}),  # one input channel (MNIST's first layer)
+    (tt(1, 1, 12, 12), tt(1, 1, 3, 3), {}),  # one channel in and out
 ])
 def test_conv2d_default_schedule_shapes(data: TensorType, weight: TensorType, attrs: dict[str, Any]) -> None:
     run_case(Case("nn.conv2d", [data, weight], attrs))
