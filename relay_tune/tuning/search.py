@@ -184,9 +184,14 @@ def _worker_is_gone(identity: str) -> bool:
 _STORAGES: dict[str, Any] = {}
 
 
+IN_MEMORY_STORAGE_NAMES = frozenset({"memory", "none", ":memory:"})
+
+
 def journal_path(storage: object) -> Path | None:
     """The journal file a storage argument names (a path, or "journal:<path>"); None for URLs and objects."""
     if not isinstance(storage, str | os.PathLike):
+        return None
+    if isinstance(storage, str) and storage.lower() in IN_MEMORY_STORAGE_NAMES:
         return None
     text = os.fspath(storage)
     if text.startswith("journal:"):
@@ -205,6 +210,8 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
 
     if storage is None or isinstance(storage, optuna.storages.BaseStorage):
         return storage
+    if isinstance(storage, str) and storage.lower() in IN_MEMORY_STORAGE_NAMES:
+        return None  # Optuna's in-memory storage: nothing written, nothing shared
     journal = journal_path(storage)
     if journal is None:
         return os.fspath(storage)  # an RDB URL (sqlite:///, postgresql://, ...): Optuna opens and caches it
@@ -280,7 +287,7 @@ class OptunaSearch(SearchStrategy):
         self._optuna = optuna
         self._seed = _stable_seed(seed, task.key)
         self._rng = np.random.default_rng(self._seed)
-        self._shared = storage is not None
+        self._shared = open_storage(storage) is not None
         # Processes sharing a journal (one machine) serialise their claim step with a file lock, which makes
         # "never measured twice" exact; other shared storages fall back to the lowest-trial-number rule.
         journal = journal_path(storage)
