@@ -26,6 +26,8 @@ Families (`family_of`, the same dispatch as `relay_tune.kernel.default_schedule`
   1x1 stride-1 convolutions also have `row_vector`: a tile covers whole rows and one vector runs across them.
 - **conv2d_nhwc**: register tile of `tile_w` output columns (unrolled) by `tile_c` output channels (vectorized,
   contiguous in NHWC; weights packed `-> OHWI<bc>o`), plus `order`, `parallel`, `reduce_order`, `unroll_kw`, `pad`.
+- **conv2d_nchw_cl** (NCHW convolutions on narrow maps, whose sums the compute keeps channel-innermost): the same
+  knobs as NHWC (weights packed `OIHW -> OIHW<bc>o`); the tile is written back to NCHW with the epilogue.
 - **depthwise_conv2d_nchw**: `tile_h` rows by `tile_w` columns per tile, `parallel`, `unroll_kw`, `pad`.
 - **reduction** (pooling, reductions, softmax, normalisations, other convolutions): `vector` (tile width along
   the innermost output axis) where the reductions read it contiguously, `parallel`.
@@ -61,8 +63,8 @@ __all__ = [
     "vector_registers",
 ]
 
-FAMILIES = ("dense", "batch_matmul", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "reduction",
-            "injective")
+FAMILIES = ("dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw",
+            "reduction", "injective")
 
 SPARE_REGISTERS = 4
 """Vector registers left for operands (broadcast inputs, weight vectors) besides the accumulator tile."""
@@ -198,7 +200,7 @@ def family_of(prim: Any) -> str:
         return "dense"
     if tag == "batch_matmul":
         return "batch_matmul"
-    if tag in ("conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+    if tag in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
         return str(tag)
     return "reduction"
 
@@ -248,14 +250,14 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
                            constant_weight=index is not None and index in constants,
                            default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
-    if family in ("conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"):
-        if family == "conv2d_nhwc":
+    if family in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+        if family in ("conv2d_nhwc", "conv2d_nchw_cl"):  # sums kept channel-innermost
             n, h, w, c = anchor.shape
         else:
             n, c, h, w = anchor.shape
         reduce_extents = [ax.extent for ax in anchor.op.reduce_axes]
         taps = math.prod(reduce_extents[-2:]) if len(reduce_extents) >= 2 else 1
-        weight = _conv_weight(anchor, 3 if family == "conv2d_nhwc" else 1)
+        weight = _conv_weight(anchor, 3 if family in ("conv2d_nhwc", "conv2d_nchw_cl") else 1)
         index = _input_index(weight) if weight is not None else None
         call = prim.anchor_call
         layout = str(call.attrs.get("kernel_layout", "OIHW")) if call is not None else "OIHW"
@@ -452,7 +454,7 @@ def cpu_space(workload: CpuWorkload) -> Space:
                 _row_vector_whole_rows, width=dims["w"], height=dims["h"])))
         constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
             _conv_nchw_registers_fit, lanes=lanes, budget=budget, width=dims["w"])))
-    elif family == "conv2d_nhwc":
+    elif family in ("conv2d_nhwc", "conv2d_nchw_cl"):
         knobs += [
             TileKnob("tile_w", dims["w"], 2, MAX_TILE_ROWS, _row_sizes(MAX_TILE_ROWS)),
             TileKnob("tile_c", dims["c"], 2, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)),
@@ -577,14 +579,17 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
             values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
                           tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
-    elif family == "conv2d_nhwc":
+    elif family in ("conv2d_nhwc", "conv2d_nchw_cl"):
         c = dims["c"]
         bc = 2 * lanes if c >= 2 * lanes else (-(-c // lanes) * lanes if c > lanes // 2 else c)
         bc = _closest_factor(space.knob("tile_c"), min(bc, c))  # type: ignore[arg-type]
         tw = max(1, min(dims["w"], 8, workload.accumulator_budget // vector_registers(bc, lanes)))
+        if family == "conv2d_nchw_cl":  # whole row pieces: no partial tiles on a narrow map
+            tw = max(d for d in range(1, tw + 1) if dims["w"] % d == 0)
         tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
-        values.update(tile_w=_split_value(dims["w"], tw), tile_c=_split_value(c, bc), order="hc", parallel=parallel,
-                      reduce_order="c_hw", unroll_kw=False, pad="root", pack_w=c > bc and bc > 1)
+        values.update(tile_w=_split_value(dims["w"], tw), tile_c=_split_value(c, bc),
+                      order="ch" if family == "conv2d_nchw_cl" else "hc", parallel=parallel, reduce_order="c_hw",
+                      unroll_kw=False, pad="root", pack_w=bc > 1 and (c > bc or family == "conv2d_nchw_cl"))
     elif family == "depthwise_conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
         rows = max(1, min(dims["h"], 4, workload.accumulator_budget // vector_registers(vx, lanes)))
@@ -870,6 +875,30 @@ def _template_conv2d_nhwc(sch: Any, prim: Any, config: Config, target: Any) -> N
     sch.vectorize(acc, ac)
 
 
+def _template_conv2d_nchw_cl(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    """NCHW output, sums computed channel-innermost (`n, h, w, c`): a tile of `tile_w` columns (unrolled) by
+    `tile_c` channels (vectorized), scattered back to NCHW with the epilogue."""
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    bc = _inner(config, "tile_c")
+    weight = _conv_weight(anchor, 3)
+    if weight is not None and config.get("pack_w") and bc > 1:
+        sch.transform_layout(weight, "OIHW", f"OIHW{bc}o")
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, c, h, w = sch.leaves(out)
+    co, ci = sch.split(out, c, factor=bc)
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    outer = [n, h, co] if config["order"] == "hc" else [n, co, h]
+    sch.reorder(out, *outer, wo, wi, ci)
+    _fuse_outer(sch, out, outer, int(config["parallel"]), target)  # type: ignore[arg-type]
+    sch.vectorize(out, ci)
+    sch.compute_at(acc, out, wo)
+    an, ah, aw, ac, *reduce = sch.leaves(acc)
+    _order_reduction(sch, acc, [an, ah, aw, ac], reduce, config)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, ac)
+
+
 def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> None:
     anchor = _anchor_stage(sch, prim)
     out = sch[prim.outputs[0]].name
@@ -977,6 +1006,7 @@ _TEMPLATES: dict[str, Callable[[Any, Any, Config, Any], None]] = {
     "dense": _template_matmul,
     "batch_matmul": _template_matmul,
     "conv2d_nchw": _template_conv2d_nchw,
+    "conv2d_nchw_cl": _template_conv2d_nchw_cl,
     "conv2d_nhwc": _template_conv2d_nhwc,
     "depthwise_conv2d_nchw": _template_depthwise,
     "reduction": _template_reduction,

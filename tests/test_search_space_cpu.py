@@ -75,6 +75,10 @@ def @main(%x: Tensor[(1, 4, 37, 40), float32], %w: Tensor[(6, 4, 3, 2), float32]
 def @main(%x: Tensor[(1, 8, 6, 6), float32], %w: Tensor[(10, 8, 1, 1), float32]) {
   nn.conv2d(%x, %w, channels=10, kernel_size=[1, 1])
 }""", {"w": (10, 8, 1, 1)}),
+    "conv2d_nchw_cl": ("""
+def @main(%x: Tensor[(1, 8, 7, 9), float32], %w: Tensor[(20, 8, 3, 3), float32], %b: Tensor[(20), float32]) {
+  nn.relu(nn.bias_add(nn.conv2d(%x, %w, padding=[1, 1, 1, 1], channels=20, kernel_size=[3, 3]), %b))
+}""", {"w": (20, 8, 3, 3), "b": (20,)}),
     "conv2d_nhwc": ("""
 def @main(%x: Tensor[(1, 9, 10, 6), float32], %w: Tensor[(3, 3, 6, 20), float32]) {
   nn.conv2d(%x, %w, padding=[1, 1, 1, 1], channels=20, kernel_size=[3, 3], data_layout="NHWC",
@@ -109,7 +113,7 @@ def @main(%x: Tensor[(6, 35, 5), float32]) {
 FAMILY_OF = {
     "dense": "dense", "dense_3d": "dense", "dense_unpacked": "dense", "batch_matmul": "batch_matmul",
     "conv2d_nchw": "conv2d_nchw", "conv2d_nchw_strided": "conv2d_nchw", "conv2d_pointwise": "conv2d_nchw",
-    "conv2d_nhwc": "conv2d_nhwc", "depthwise": "depthwise_conv2d_nchw", "pool": "reduction",
+    "conv2d_nchw_cl": "conv2d_nchw_cl", "conv2d_nhwc": "conv2d_nhwc", "depthwise": "depthwise_conv2d_nchw", "pool": "reduction",
     "softmax": "reduction", "mean": "reduction", "injective": "injective", "transpose": "injective",
 }
 
@@ -180,7 +184,7 @@ def test_tails_of_non_dividing_tiles_are_correct() -> None:
 
 
 def test_every_knob_value_is_exercised_on_dense_and_conv() -> None:
-    for name in ("dense", "conv2d_nchw", "conv2d_nhwc", "depthwise", "injective", "softmax"):
+    for name in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise", "injective", "softmax"):
         task = task_of(name)
         default = task.default_config()
         for knob in task.space.knobs:
@@ -285,7 +289,7 @@ def @main(%x: Tensor[(1024, 1024), float32], %w: Tensor[(1024, 1024), float32]) 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["dense", "conv2d_nchw", "depthwise", "pool", "injective"])
+@pytest.mark.parametrize("name", ["dense", "conv2d_nchw", "conv2d_nchw_cl", "depthwise", "pool", "injective"])
 def test_default_config_stands_for_the_default_schedule(name: str) -> None:
     task = task_of(name)
     default_steps = default_schedule(primitive_compute(task.func), task.target_info)
@@ -412,5 +416,5 @@ def test_space_size_table(corpus_dir: Any, model: str, capsys: pytest.CaptureFix
         print(f"\nschedule spaces of {model} ({HOST.log_name}):\n{table}")
     for task in tasks:
         assert task.space.is_valid(task.default_config()), task.description
-        if task.family in ("dense", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+        if task.family in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
             assert task.space.size() >= 100, task.description

@@ -39,6 +39,7 @@ __all__ = [
     "RichProgress",
     "TaskReport",
     "TuneModelResult",
+    "best_steps_lookup",
     "default_log_path",
     "default_runner",
     "make_search",
@@ -280,9 +281,10 @@ def tune_model(
 
     from relay_tune.build import BuildWarning
 
+    lookup = best_steps_lookup(tasks, logs) if logs else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
-        model = build(mod, target=resolved, logs=logs, opt_level=opt_level)
+        model = build(mod, target=resolved, logs=lookup, opt_level=opt_level)
     if measure_latency:
         after = _median_latency(model)
     if output is not None and hasattr(model, "save"):
@@ -290,6 +292,27 @@ def tune_model(
     return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
                            model_path=saved, seconds={"tune": tuned_at - started,
                                                       "build_and_measure": time.monotonic() - tuned_at})
+
+
+def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str]]) -> Callable[[str, Any],
+                                                                                                  list[Any] | None]:
+    """A `relay_tune.build` schedule lookup: for each task, the steps of its fastest valid record that is a point of
+    the task's current space (records written under an older space are passed over, not fatal)."""
+    from relay_tune.tuning.database import JsonLinesDatabase
+
+    database = JsonLinesDatabase([Path(p) for p in logs])
+    by_key = {task.key: task for task in tasks}
+
+    def lookup(key: str, target: Any) -> list[Any] | None:
+        task = by_key.get(key)
+        if task is None:
+            return None
+        for record in database.best(key, task.target, k=64):
+            if task.space.is_valid(record.config):
+                return list(task.steps(record.config))
+        return None
+
+    return lookup
 
 
 def _report(task: Any, summary: Any) -> TaskReport:
