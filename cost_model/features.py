@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -660,19 +660,39 @@ def default_lowerer(task: Any, config: Config) -> tir.PrimFunc:
     return lower(config)
 
 
+def _compute(kind: str, lowerer: Lowerer, task: Any, config: Config) -> np.ndarray | None:
+    try:
+        if kind == "knob":
+            return knob_features(task.space, config)
+        return loop_nest_features(lowerer(task, config))
+    except (RelayTuneError, ValueError, AssertionError):
+        return None  # the template rejects the config: it is never a good candidate
+
+
+def _compute_chunk(kind: str, task: Any, configs: list[dict[str, Any]]) -> list[np.ndarray | None]:
+    """Worker-process entry: features of a chunk of configs (sent as plain dicts)."""
+    return [_compute(kind, default_lowerer, task, Config(c)) for c in configs]
+
+
 class Featurizer:
     """Feature vectors of configs of tasks, cached per (task, config).
 
     kind "loopnest": lowered loop-nest features (transferable across tasks); "knob": knob values (one space only).
     Configs that fail to lower (a template rejecting them) get no vector (`None`) and are counted in `failures`.
+    jobs > 1 lowers large batches in that many worker processes (tasks must be picklable, as for the builder).
     """
 
-    def __init__(self, kind: str = "loopnest", lowerer: Lowerer = default_lowerer, cache_limit: int = 200_000) -> None:
+    PARALLEL_MIN = 48  # below this many uncached configs, shipping them to workers costs more than it saves
+
+    def __init__(self, kind: str = "loopnest", lowerer: Lowerer = default_lowerer, cache_limit: int = 200_000,
+                 jobs: int = 1) -> None:
         if kind not in ("loopnest", "knob"):
             raise ValueError(f"unknown feature kind {kind!r} (expected 'loopnest' or 'knob')")
         self.kind = kind
         self.lowerer = lowerer
         self.cache_limit = cache_limit
+        self.jobs = max(1, jobs)
+        self._pool: Any = None
         self._cache: dict[tuple[str, str], np.ndarray | None] = {}
         self.seconds = 0.0  # time spent computing (not looking up) features
         self.computed = 0
@@ -692,29 +712,58 @@ class Featurizer:
     def supports(self, task: Any) -> bool:
         return self.kind == "knob" or self.lowerer is not default_lowerer or isinstance(task, LowerableTask)
 
+    def _store(self, key: tuple[str, str], vector: np.ndarray | None) -> None:
+        self.computed += 1
+        if vector is None:
+            self.failures += 1
+        if len(self._cache) >= self.cache_limit:
+            self._cache.clear()
+        self._cache[key] = vector
+
     def one(self, task: Any, config: Config) -> np.ndarray | None:
         key = (task.key, config.key)
         if key in self._cache:
             return self._cache[key]
         start = time.perf_counter()
-        vector: np.ndarray | None
-        try:
-            if self.kind == "knob":
-                vector = knob_features(task.space, config)
-            else:
-                vector = loop_nest_features(self.lowerer(task, config))
-        except (RelayTuneError, ValueError, AssertionError):
-            vector = None  # the template rejects the config: it is never a good candidate
-            self.failures += 1
+        vector = _compute(self.kind, self.lowerer, task, config)
         self.seconds += time.perf_counter() - start
-        self.computed += 1
-        if len(self._cache) >= self.cache_limit:
-            self._cache.clear()
-        self._cache[key] = vector
+        self._store(key, vector)
         return vector
 
-    def many(self, task: Any, configs: Iterable[Config]) -> tuple[np.ndarray, list[int]]:
+    def _fill_in_parallel(self, task: Any, configs: Sequence[Config]) -> None:
+        missing = list({c.key: c for c in configs if (task.key, c.key) not in self._cache}.values())
+        if (self.jobs < 2 or self.kind != "loopnest" or self.lowerer is not default_lowerer
+                or len(missing) < self.PARALLEL_MIN):
+            return
+        start = time.perf_counter()
+        pool = self._get_pool()
+        size = -(-len(missing) // self.jobs)
+        chunks = [missing[i : i + size] for i in range(0, len(missing), size)]
+        futures = [pool.submit(_compute_chunk, self.kind, task, [c.to_dict() for c in chunk]) for chunk in chunks]
+        for chunk, future in zip(chunks, futures):
+            for config, vector in zip(chunk, future.result()):
+                self._store((task.key, config.key), vector)
+        self.seconds += time.perf_counter() - start
+
+    def _get_pool(self) -> Any:
+        if self._pool is None:
+            import multiprocessing
+            import weakref
+            from concurrent.futures import ProcessPoolExecutor
+
+            # "spawn": workers must not inherit the tuner's threads or LLVM state (as the builder's workers)
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def many(self, task: Any, configs: Sequence[Config]) -> tuple[np.ndarray, list[int]]:
         """(matrix of the configs that have features, their positions in `configs`)."""
+        self._fill_in_parallel(task, configs)
         rows: list[np.ndarray] = []
         kept: list[int] = []
         for i, config in enumerate(configs):

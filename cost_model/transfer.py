@@ -49,7 +49,14 @@ def _template_task(spec: Mapping[str, Any]) -> Any:
     return TemplateTask.from_spec(dict(spec))
 
 
+def _relay_task(spec: Mapping[str, Any]) -> Any:
+    from relay_tune.tuning.relay_task import RelayTuneTask
+
+    return RelayTuneTask.from_workload_spec(spec)
+
+
 register_workload_kind("schedule_template", _template_task)
+register_workload_kind("relay_function", _relay_task)
 
 
 def workload_spec_of(task: Any) -> dict[str, Any] | None:

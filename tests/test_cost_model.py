@@ -336,3 +336,18 @@ def test_model_trained_on_other_workloads_ranks_a_new_one(tmp_path: Path) -> Non
     # depthwise loop nests lie partly outside what dense and conv2d showed the trees; still clearly better than
     # chance (for 80 candidates a rank correlation of 0.35 has p < 0.002)
     assert spearman(model.predict(matrix), truth) > 0.35
+
+
+def test_parallel_featurization_matches_serial() -> None:
+    rng = np.random.default_rng(8)
+    configs = list({c.key: c for c in (SMALL_CONV.space.sample(rng) for _ in range(80))}.values())
+    serial = Featurizer("loopnest")
+    parallel = Featurizer("loopnest", jobs=2)
+    try:
+        expected, kept = serial.many(SMALL_CONV, configs)
+        got, kept_parallel = parallel.many(SMALL_CONV, configs)
+        assert kept == kept_parallel
+        np.testing.assert_array_equal(got, expected)
+        assert parallel.computed == len(configs) and parallel._pool is not None  # the workers did the work
+    finally:
+        parallel.close()

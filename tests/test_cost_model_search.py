@@ -42,6 +42,8 @@ from search_space import Config
 DENSE = TemplateTask("dense", (64, 48, 40))
 CONV = TemplateTask("conv2d", (1, 8, 14, 14, 16, 3, 3, 1, 1))
 DW = TemplateTask("depthwise_conv2d", (1, 16, 14, 14, 3, 3, 1, 1))
+# Smaller candidate pools than the defaults keep these tests fast; the logic exercised is the same.
+FAST = {"pool_random": 32, "top_k": 4, "generations": 1, "population": 6}
 
 
 def _log2(value: object) -> float:
@@ -109,7 +111,7 @@ def test_never_proposes_a_measured_config() -> None:
     for config in {c.key: c for c in (DENSE.space.sample(rng) for _ in range(40))}.values():
         database.commit(TuningRecord.from_measurement(DENSE.key, DENSE.target, config, measure(DENSE, config)))
     already = {r.config_key for r in database.records(DENSE.key, DENSE.target)}
-    search = XGBSearch(DENSE, database, seed=1, warmup=16, plan_size=16)
+    search = XGBSearch(DENSE, database, seed=1, warmup=16, plan_size=16, **FAST)
     proposed: set[str] = set()
     for _ in range(15):
         batch = search.propose(8)
@@ -130,7 +132,7 @@ def test_never_proposes_a_measured_config() -> None:
 
 def test_tune_with_xgb_measures_each_config_once_and_saves_the_model(tmp_path: Path) -> None:
     log = tmp_path / "dense.jsonl"
-    factory = xgb_search(None, seed=0, log_path=log, plan_size=16)
+    factory = xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST)
     records = run_tune(DENSE, 96, log, factory)
     keys = [r.config_key for r in records]
     assert len(keys) == 96 and len(set(keys)) == 96
@@ -142,14 +144,14 @@ def test_tune_with_xgb_measures_each_config_once_and_saves_the_model(tmp_path: P
     assert model.trained_rows >= 64
     # a resumed run reloads the model and continues without repeating a config
     hub = CostModelHub(model_path=path, initial_model=path)
-    more = run_tune(DENSE, 120, log, xgb_search(None, seed=0, hub=hub))
+    more = run_tune(DENSE, 120, log, xgb_search(None, seed=0, hub=hub, **FAST))
     assert len(more) == 120 and len({r.config_key for r in more}) == 120
     assert hub.stats.fits >= 1
 
 
 def test_a_mismatched_saved_model_is_refused(tmp_path: Path) -> None:
     log = tmp_path / "dense.jsonl"
-    run_tune(DENSE, 40, log, xgb_search(None, seed=0, log_path=log, plan_size=16))
+    run_tune(DENSE, 40, log, xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST))
     hub = CostModelHub(features="knob", initial_model=model_path_for_log(log))
     with pytest.raises(CostModelError, match="features"):
         XGBSearch(DENSE, MemoryDatabase(), hub=hub)
@@ -159,7 +161,7 @@ def test_searches_sharing_a_storage_train_on_each_others_trials(tmp_path: Path) 
     """Two tuning processes on one journal and one log: disjoint proposals, and each model sees all trials."""
     storage = tmp_path / "study.journal"
     log = tmp_path / "shared.jsonl"
-    searches = [XGBSearch(CONV, JsonLinesDatabase(log), storage=storage, seed=s, warmup=16, plan_size=16)
+    searches = [XGBSearch(CONV, JsonLinesDatabase(log), storage=storage, seed=s, warmup=16, plan_size=16, **FAST)
                 for s in (1, 2)]
     seen: set[str] = set()
     for round_ in range(10):
@@ -202,6 +204,7 @@ def trials_to_reach(records: list[TuningRecord], target_cost: float) -> float:
     return math.inf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", [DENSE, CONV], ids=lambda t: t.kind)
 def test_xgb_needs_fewer_trials_than_random(task: TemplateTask, tmp_path: Path) -> None:
     """On a synthetic objective the model-guided search reaches a near-best config in far fewer trials."""
@@ -222,7 +225,7 @@ def test_xgb_needs_fewer_trials_than_random(task: TemplateTask, tmp_path: Path) 
 def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
     for other in (DENSE, CONV):
         log = tmp_path / f"{other.kind}.jsonl"
-        run_tune(other, 64, log, xgb_search(None, seed=0, log_path=log, plan_size=16))
+        run_tune(other, 64, log, xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST))
     factory = xgb_search(None, seed=0, transfer_from=[tmp_path / "dense.jsonl", tmp_path / "conv2d.jsonl"])
     search = factory(DW, MemoryDatabase())
     assert isinstance(search, XGBSearch)
@@ -230,7 +233,7 @@ def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
     assert hub.transfer is not None and len(hub.transfer) == 128
     assert hub.model is not None, "the transfer data trains a model before anything is measured"
     first = search.propose(8)
-    assert len(first) == 8 and search._planned_version == hub.version  # planned by the model, not at random
+    assert len(first) == 8 and search._planned[0] == hub.version  # planned by the model, not at random
     search.close()
 
 

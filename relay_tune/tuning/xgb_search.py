@@ -82,6 +82,8 @@ class CostModelHub:
     features: "loopnest" (default; transferable) or "knob". loss: "rank" or "reg". transfer: earlier logs (files or
     folders) whose measurements warm the model. model_path: where the model is saved after each fit (None: not
     saved). initial_model: a saved model to rank with until the first fit (its schema and target must match).
+    feature_jobs: worker processes that lower candidates in parallel (they idle otherwise: the builder's workers
+    wait while the search plans).
     """
 
     def __init__(
@@ -94,10 +96,11 @@ class CostModelHub:
         model_path: str | os.PathLike[str] | None = None,
         initial_model: str | os.PathLike[str] | None = None,
         seed: int = 0,
-        transfer_half_life: float = 128.0,
+        transfer_half_life: float = 64.0,
         rounds: int | None = None,
+        feature_jobs: int = 1,
     ) -> None:
-        self.featurizer = Featurizer(features)
+        self.featurizer = Featurizer(features, jobs=feature_jobs)
         self.loss = loss
         self.seed = seed
         self.model_path = Path(model_path) if model_path is not None else None
@@ -173,7 +176,6 @@ class CostModelHub:
     def _training_set(self) -> TrainingSet | None:
         parts: list[TrainingSet] = []
         weights: dict[str, float] = {}
-        rows = self.measured_rows
         for key, data in self.tasks.items():
             if len(data.measured) < 2:
                 continue
@@ -187,9 +189,13 @@ class CostModelHub:
             parts.append(TrainingSet(matrix, throughput, (key,) * len(kept)))
         if self.transfer is not None:
             # Older workloads teach the model first; their say fades as this run's own measurements accumulate.
-            decay = max(0.05, 0.5 ** (rows / self.transfer_half_life))
+            # Pairs are sampled per row, so a group's pull grows with its size: scale the transfer rows so that
+            # together they weigh `decay` times this run's rows (and all of it while there are none).
+            own = sum(len(p) for p in parts)
+            decay = 0.5 ** (own / self.transfer_half_life)
+            share = decay * max(own, 16) / len(self.transfer)
             for group in dict.fromkeys(self.transfer.groups):
-                weights[group] = decay
+                weights[group] = max(1e-3, share)
             parts.append(self.transfer)
         if not parts:
             return None
@@ -235,9 +241,12 @@ class XGBSearch(OptunaSearch):
     """Cost-model-guided proposals through an Optuna study (see the module docstring).
 
     plan_size: the most new measurements between two fits. warmup: measurements before the first fit.
-    epsilon: share of each batch drawn at random. pool_random / top_k / generations / population: the candidate
-    pool of a re-plan (random configs; mutations of the top_k measured configs; generations of model-guided
-    mutation of the population best-scoring candidates).
+    growth / min_new: refit sooner once the data grew by this share (at least min_new new measurements).
+    epsilon: share of each batch drawn at random. The candidate pool of a re-plan: pool_random random configs,
+    tpe_proposals configs suggested by a private TPE sampler that knows every measurement, single-knob mutations
+    of the top_k measured configs, the previous plan's best `keep` entries, and `generations` rounds of mutating
+    the `population` best-scoring candidates. diversity: how much a batch prefers knob values it has not picked
+    yet over predicted score (0: the plan's top in order).
     """
 
     def __init__(
@@ -250,14 +259,17 @@ class XGBSearch(OptunaSearch):
         seed: int = 0,
         study_name: str | None = None,
         plan_size: int = 32,
-        warmup: int = 16,
-        growth: float = 0.25,
+        warmup: int = 12,
+        growth: float = 0.2,
         min_new: int = 8,
         epsilon: float = 0.15,
-        pool_random: int = 128,
-        top_k: int = 8,
-        generations: int = 2,
-        population: int = 16,
+        pool_random: int = 24,
+        tpe_proposals: int = 16,
+        top_k: int = 6,
+        keep: int = 64,
+        generations: int = 1,
+        population: int = 8,
+        diversity: float = 1.0,
     ) -> None:
         # The study's own sampler only answers asks that find no enqueued plan entry: random is the cheap choice
         # (TPE would re-fit its density estimators on every ask, for a proposal that is then thrown away).
@@ -275,12 +287,17 @@ class XGBSearch(OptunaSearch):
         self.min_new = min_new
         self.epsilon = epsilon
         self.pool_random = pool_random
+        self.tpe_proposals = tpe_proposals
         self.top_k = top_k
+        self.keep = keep
         self.generations = generations
         self.population = population
-        self._plan: list[Config] = []
-        self._planned_version = -1
+        self.diversity = diversity
+        self._plan: list[tuple[Config, float]] = []
+        self._planned = (-1, -1)  # (model version, measurements) the plan was made with
         self._trial_configs: dict[int, tuple[str, Config | None]] = {}
+        self._proposer: Any = None  # private TPE study: proposals for the pool, never measured by itself
+        self._proposer_known: set[str] = set()
         self._describe_workload()
 
     def _describe_workload(self) -> None:
@@ -331,29 +348,76 @@ class XGBSearch(OptunaSearch):
         self._trial_configs[trial.number] = (trial.user_attrs.get("config_key", ""), config)
         return config
 
-    # -- planning ----------------------------------------------------------------------------------------------
+    # -- the candidate pool ------------------------------------------------------------------------------------
 
     def _visited(self, measured: dict[str, tuple[Config, float]]) -> set[str]:
         return set(measured) | set(self._claims()) | set(self._pending)
 
+    def _tpe_proposals(self, measured: dict[str, tuple[Config, float]], visited: set[str]) -> list[Config]:
+        """Configs a TPE sampler fed with every measurement would try next (it measures nothing itself)."""
+        if self.tpe_proposals <= 0:
+            return []
+        from relay_tune.tuning.search import make_sampler
+
+        optuna = self._optuna
+        if self._proposer is None:
+            self._proposer = optuna.create_study(sampler=make_sampler("tpe", self._seed), direction="minimize")
+        space = self.task.space
+        fresh = []
+        for key, (config, throughput) in measured.items():
+            if key in self._proposer_known or not space.is_valid(config):
+                continue
+            self._proposer_known.add(key)
+            fresh.append(optuna.trial.create_trial(
+                params=space.to_params(config), distributions=self._distributions,
+                value=1.0 / throughput if throughput > 0 else FAILURE_VALUE))
+        if fresh:
+            self._proposer.add_trials(fresh)
+        found: list[Config] = []
+        asked = []
+        for _ in range(self.tpe_proposals):
+            trial = self._proposer.ask()
+            asked.append(trial)
+            config = space.to_optuna(trial)
+            if config.key not in visited and space.is_valid(config):
+                found.append(config)
+        for trial in asked:  # failed trials are invisible to TPE's estimators
+            self._proposer.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return found
+
     def _candidates(self, measured: dict[str, tuple[Config, float]], visited: set[str]) -> list[Config]:
         space = self.task.space
         found: dict[str, Config] = {}
+        for config, _ in self._plan[: self.keep]:  # the previous plan's best compete again under the new model
+            if config.key not in visited:
+                found.setdefault(config.key, config)
+        for config in self._tpe_proposals(measured, visited):
+            found.setdefault(config.key, config)
         for _ in range(self.pool_random):
             config = space.sample(self._rng)
             if config.key not in visited:
                 found.setdefault(config.key, config)
         best = sorted((item for item in measured.values() if item[1] > 0), key=lambda item: -item[1])[: self.top_k]
         for config, _ in best:
-            if not space.is_valid(config):
-                continue
-            for neighbor in space.neighbors(config):
-                if neighbor.key not in visited:
-                    found.setdefault(neighbor.key, neighbor)
-        for config in self._plan:  # the previous plan's leftovers compete again under the new model
-            if config.key not in visited:
-                found.setdefault(config.key, config)
+            for mutant in self._mutations(config):
+                if mutant.key not in visited:
+                    found.setdefault(mutant.key, mutant)
         return list(found.values())
+
+    def _mutations(self, config: Config) -> list[Config]:
+        """Single-knob changes of `config`: every one-step neighbour, and one random value per knob (a jump, so a
+        tile size two candidates away is reachable without passing through a worse one)."""
+        space = self.task.space
+        if not space.is_valid(config):
+            return []
+        found = space.neighbors(config)
+        for knob in space.knobs:
+            value = knob.sample(self._rng)
+            if value != config[knob.name]:
+                mutant = config.replace(**{knob.name: value})
+                if space.is_valid(mutant):
+                    found.append(mutant)
+        return found
 
     def _replan(self, measured: dict[str, tuple[Config, float]]) -> None:
         start = time.perf_counter()
@@ -362,13 +426,12 @@ class XGBSearch(OptunaSearch):
         self.hub.stats.candidates += time.perf_counter() - start
         configs, scores = self.hub.score(self.task, pool)
         scored = dict(zip((c.key for c in configs), zip(configs, scores.tolist())))
-        space = self.task.space
         for _ in range(self.generations):
             parents = sorted(scored.values(), key=lambda item: -item[1])[: self.population]
             start = time.perf_counter()
             children: dict[str, Config] = {}
             for config, _ in parents:
-                for child in space.neighbors(config):
+                for child in self._mutations(config):
                     if child.key not in visited and child.key not in scored:
                         children.setdefault(child.key, child)
             self.hub.stats.candidates += time.perf_counter() - start
@@ -376,33 +439,66 @@ class XGBSearch(OptunaSearch):
                 break
             configs, scores = self.hub.score(self.task, list(children.values()))
             scored.update(zip((c.key for c in configs), zip(configs, scores.tolist())))
-        ranked = sorted(scored.values(), key=lambda item: -item[1])
-        self._plan = [config for config, _ in ranked]
-        self._planned_version = self.hub.version
+        self._plan = sorted(scored.values(), key=lambda item: -item[1])
+        self._planned = (self.hub.version, len(measured))
         self.hub.stats.plans += 1
+
+    # -- proposing ---------------------------------------------------------------------------------------------
 
     def _choose(self, n: int) -> list[Config]:
         measured = self._refresh_measurements()
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
             self.hub.fit()
-        if self.hub.model is not None and self._planned_version != self.hub.version:
+        # Re-plan after a refit, and whenever new measurements arrived: new good configs have new neighbours.
+        if self.hub.model is not None and self._planned != (self.hub.version, len(measured)):
             self._replan(measured)
         visited = self._visited(measured)
         chosen: list[Config] = []
         explore = 0 if self.hub.model is None else round(self.epsilon * n)
         if self.hub.model is not None and explore == 0 and n >= 4 and self.epsilon > 0:
             explore = 1
-        while self._plan and len(chosen) < n - explore:
-            config = self._plan.pop(0)
-            if config.key not in visited:
-                chosen.append(config)
-                visited.add(config.key)
+        chosen += self._diverse_top(n - explore, visited)
+        visited.update(c.key for c in chosen)
         while len(chosen) < n:
             config = _unvisited_random(self.task, visited, self._rng)
             if config is None:
                 break
             chosen.append(config)
             visited.add(config.key)
+        return chosen
+
+    def _diverse_top(self, n: int, visited: set[str]) -> list[Config]:
+        """Up to n configs from the head of the plan: high predicted scores, spread over different knob values.
+
+        The best-scoring candidates are often near-copies of one config (the model cannot tell their small
+        differences apart), and measuring eight of them teaches little. Like AutoTVM's diversity filter, each pick
+        maximises its standardised score plus `diversity` times the share of its knob values that no earlier pick
+        of the batch has.
+        """
+        self._plan = [(c, s) for c, s in self._plan if c.key not in visited]
+        window = self._plan[: max(4 * n, 16)]
+        if not window or n <= 0:
+            return []
+        scores = np.asarray([s for _, s in window], dtype=np.float64)
+        spread = scores.std()
+        z = (scores - scores.mean()) / spread if spread > 0 else np.zeros_like(scores)
+        names = self.task.space.names
+        covered: set[tuple[str, str]] = set()
+        picked: list[int] = []
+        for _ in range(min(n, len(window))):
+            best, best_gain = -1, -math.inf
+            for i, (config, _) in enumerate(window):
+                if i in picked:
+                    continue
+                novel = sum(1 for name in names if (name, repr(config[name])) not in covered) / max(1, len(names))
+                gain = z[i] + self.diversity * novel
+                if gain > best_gain:
+                    best, best_gain = i, gain
+            picked.append(best)
+            covered.update((name, repr(window[best][0][name])) for name in names)
+        chosen = [window[i][0] for i in picked]
+        taken = {c.key for c in chosen}
+        self._plan = [(c, s) for c, s in self._plan if c.key not in taken]
         return chosen
 
     def _propose_once(self, n: int) -> tuple[list[Config], int]:
@@ -433,16 +529,20 @@ def xgb_search(
     loss: str = "rank",
     initial_model: str | os.PathLike[str] | None = None,
     hub: CostModelHub | None = None,
+    feature_jobs: int | None = None,
     **options: Any,
 ) -> StrategyFactory:
     """A factory of `XGBSearch`es sharing one `CostModelHub` (one model for all tasks of the run).
 
     log_path: the tuning log; the model is saved beside it (`<log>.xgb.json`). transfer_from: earlier logs (or
-    folders of logs) to warm the model with. options: `XGBSearch` keyword arguments (plan_size, epsilon, ...).
+    folders of logs) to warm the model with. feature_jobs: processes lowering candidates (default: up to 2).
+    options: `XGBSearch` keyword arguments (plan_size, epsilon, ...).
     """
+    jobs = feature_jobs if feature_jobs is not None else min(2, os.cpu_count() or 1)
     shared = hub or CostModelHub(
         features=features, loss=loss, transfer=transfer_from, transfer_tasks=transfer_tasks, seed=seed,
-        model_path=model_path_for_log(log_path) if log_path is not None else None, initial_model=initial_model)
+        model_path=model_path_for_log(log_path) if log_path is not None else None, initial_model=initial_model,
+        feature_jobs=jobs)
 
     def make(task: TuneTask, database: Database) -> SearchStrategy:
         return XGBSearch(task, database, hub=shared, storage=storage, seed=seed, **options)
