@@ -17,12 +17,15 @@ Families (`family_of`, the same dispatch as `relay_tune.kernel.default_schedule`
   (blocks, register tiles per block, register tile); the inner column factor is the vector width and, for dense,
   the width of the weight panels (`pack_b`: the constant weight packed `NK -> NK<bn>n` once, so a tile reads
   consecutive floats at every step of the reduction). `tile_k` splits the reduction: the inner factor is
-  unrolled. `order` says whether column panels (`nm`) or row blocks (`mn`) are the outer loop, `parallel` how many
-  outer block loops are fused into the parallel loop (0: none).
+  unrolled. `k_block` (0: off) blocks the reduction around the row tiles: a column panel accumulates in scratch
+  while K advances one block at a time, the block's weights staying in L1. `order` says whether column panels
+  (`nm`) or row blocks (`mn`) are the outer loop, `parallel` how many outer block loops are fused into the
+  parallel loop (0: none).
 - **conv2d_nchw**: register tile of `tile_c` output channels (weights packed `OIHW -> OIHW<fc>o` with `pack_w`) by
   `tile_h` rows by `tile_w` output columns (vectorized); `order` of the outer loops (rows or channel blocks
-  first), `parallel` fused outer loops, `reduce_order` (input channels or kernel taps outermost), `unroll_kw`
-  (unroll the innermost reduction loop), `pad` (the padded input computed once ahead, or read through a guard).
+  first), `parallel` fused outer loops, `reduce_order` (input channels or kernel taps outermost, or `blocked`:
+  blocks of `tile_ic` input channels around the taps), `unroll_kw` (unroll the kernel-column loop), `pad` (the
+  padded input computed once ahead, or read through a guard).
   1x1 stride-1 convolutions also have `row_vector`: a tile covers whole rows and one vector runs across them.
 - **conv2d_nhwc**: register tile of `tile_w` output columns (unrolled) by `tile_c` output channels (vectorized,
   contiguous in NHWC; weights packed `-> OHWI<bc>o`), plus `order`, `parallel`, `reduce_order`, `unroll_kw`, `pad`.
@@ -262,7 +265,8 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         call = prim.anchor_call
         layout = str(call.attrs.get("kernel_layout", "OIHW")) if call is not None else "OIHW"
         dims = {"n": n, "c": c, "h": h, "w": w, "taps": taps, "reduce_loops": len(reduce_extents),
-                "kw": reduce_extents[-1] if reduce_extents else 1}
+                "kw": reduce_extents[-1] if reduce_extents else 1,
+                "ic": reduce_extents[0] if len(reduce_extents) >= 3 else 1}
         return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
                            constant_weight=index is not None and index in constants,
                            has_pad=bool(_producers_tagged(sch, anchor, "pad")),
@@ -368,6 +372,30 @@ def _row_vector_whole_rows(config: Config, width: int, height: int) -> bool:
     return _inner(config, "tile_w") == width and height % _inner(config, "tile_h") == 0
 
 
+def _k_block_layout(config: Config) -> bool:
+    """A K-blocked matmul accumulates a whole column panel: panels outermost (`nm`), parallel over panels at most,
+    no middle tile levels, and blocks at least as long as the unrolled reduction step."""
+    if not config["k_block"]:
+        return True
+    return (config["order"] == "nm" and int(config["parallel"]) < 2  # type: ignore[arg-type]
+            and _middle(config, "tile_m") == 1 and _middle(config, "tile_n") == 1
+            and int(config["k_block"]) >= _inner(config, "tile_k"))  # type: ignore[arg-type]
+
+
+def _ic_blocks_only_when_blocked(config: Config) -> bool:
+    """Input-channel blocks (`tile_ic`) belong to the `blocked` reduction order, which needs a real split."""
+    inner = _inner(config, "tile_ic")
+    if config["reduce_order"] == "blocked":
+        return 1 < inner and _outer(config, "tile_ic") > 1
+    return inner == 1
+
+
+def _outer(config: Config, name: str) -> int:
+    value = config[name]
+    assert isinstance(value, tuple)
+    return int(value[0])
+
+
 def _mid_level_needs_outer(config: Config, name: str) -> bool:
     """A middle split level only matters when the outer level has more than one iteration."""
     value = config[name]
@@ -425,6 +453,10 @@ def cpu_space(workload: CpuWorkload) -> Space:
             ChoiceKnob("order", ["nm", "mn"]),
             ChoiceKnob("parallel", _parallel_choices(workload, 2)),
         ]
+        blocks = [b for b in (32, 64, 128, 256, 512) if 2 * b <= dims["k"]]
+        if blocks:
+            knobs.append(ChoiceKnob("k_block", [0, *blocks]))
+            constraints.append(Constraint("K blocks accumulate whole column panels", _k_block_layout))
         if workload.constant_weight:
             knobs.append(BoolKnob("pack_b"))
         constraints += [
@@ -444,6 +476,9 @@ def cpu_space(workload: CpuWorkload) -> Space:
             ChoiceKnob("parallel", _parallel_choices(workload, 2)),
         ]
         knobs += _conv_reduction_knobs(workload)
+        if any(k.name == "tile_ic" for k in knobs):
+            constraints.append(Constraint("input-channel blocks only with the blocked order",
+                                          _ic_blocks_only_when_blocked))
         if workload.constant_weight:
             knobs.append(BoolKnob("pack_w"))
             constraints.append(Constraint("weight packing needs a channel block",
@@ -462,6 +497,9 @@ def cpu_space(workload: CpuWorkload) -> Space:
             ChoiceKnob("parallel", _parallel_choices(workload, 2)),
         ]
         knobs += _conv_reduction_knobs(workload)
+        if any(k.name == "tile_ic" for k in knobs):
+            constraints.append(Constraint("input-channel blocks only with the blocked order",
+                                          _ic_blocks_only_when_blocked))
         if workload.constant_weight and sorted(workload.weight_layout) == sorted("OIHW"):
             knobs.append(BoolKnob("pack_w"))
             constraints.append(Constraint("weight packing needs a channel block",
@@ -503,7 +541,10 @@ def _conv_reduction_knobs(workload: CpuWorkload) -> list[Knob]:
     knobs: list[Knob] = []
     dims = workload.dims
     if dims["reduce_loops"] >= 3 and dims["taps"] > 1:
-        knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c"]))
+        blocked = dims["ic"] >= 4
+        knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c", *(["blocked"] if blocked else [])]))
+        if blocked:
+            knobs.append(TileKnob("tile_ic", dims["ic"], 2, max(2, dims["ic"] // 2)))
     if dims["kw"] > 1:
         knobs.append(BoolKnob("unroll_kw"))
     if workload.has_pad:
@@ -563,14 +604,15 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         mr = _closest_factor(space.knob("tile_m"), mr)  # type: ignore[arg-type]
         ku = 4 if k >= 8 else 1
         values.update(tile_m=_split_value(m, 1, mr), tile_n=_split_value(n, 1, bn), tile_k=_split_value(k, ku),
-                      order="nm", parallel=parallel, pack_b=True)
+                      order="nm", parallel=parallel, pack_b=True, k_block=0)
     elif family == "conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
         fc = max(1, min(dims["c"], 8, workload.accumulator_budget // vector_registers(vx, lanes)))
         fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
         values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
                       tile_w=_split_value(dims["w"], vx), order="hc", parallel=parallel, reduce_order="c_hw",
-                      unroll_kw=False, pad="root", pack_w=fc > 1, row_vector=False)
+                      tile_ic=_split_value(dims["ic"], 1), unroll_kw=False, pad="root", pack_w=fc > 1,
+                      row_vector=False)
         if workload.pointwise and dims["w"] < lanes:
             rows = max(r for r in range(1, dims["h"] + 1)
                        if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
@@ -589,7 +631,8 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
         values.update(tile_w=_split_value(dims["w"], tw), tile_c=_split_value(c, bc),
                       order="ch" if family == "conv2d_nchw_cl" else "hc", parallel=parallel, reduce_order="c_hw",
-                      unroll_kw=False, pad="root", pack_w=bc > 1 and (c > bc or family == "conv2d_nchw_cl"))
+                      tile_ic=_split_value(dims["ic"], 1), unroll_kw=False, pad="root",
+                      pack_w=bc > 1 and (c > bc or family == "conv2d_nchw_cl"))
     elif family == "depthwise_conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
         rows = max(1, min(dims["h"], 4, workload.accumulator_budget // vector_registers(vx, lanes)))
@@ -732,6 +775,10 @@ def _template_matmul(sch: Any, prim: Any, config: Config, target: Any) -> None:
         col = leaves[-1]
     rows = _split_levels(sch, out, row, tile_m)
     cols = _split_levels(sch, out, col, tile_n)
+    k_block = int(config.get("k_block", 0))  # type: ignore[arg-type]
+    if k_block:
+        _matmul_k_blocked(sch, out, acc, batch, rows, cols, int(tile_k[-1]), k_block, config, target)
+        return
     outer_pair = [cols[0], rows[0]] if config["order"] == "nm" else [rows[0], cols[0]]
     row_mid, col_mid = rows[1:-1], cols[1:-1]
     middle = [*col_mid, *row_mid] if config["order"] == "nm" else [*row_mid, *col_mid]
@@ -767,6 +814,33 @@ def _template_matmul(sch: Any, prim: Any, config: Config, target: Any) -> None:
     sch.vectorize(acc, spatial[-1])
 
 
+def _matmul_k_blocked(sch: Any, out: str, acc: str, batch: str | None, rows: list[str], cols: list[str], ku: int,
+                      k_block: int, config: Config, target: Any) -> None:
+    """K blocked around the row tiles: a whole column panel (every row, `bn` columns) accumulates in a scratch
+    buffer while the reduction advances `k_block` at a time; within a block each register tile of rows reads the
+    panel's `k_block x bn` slice of the weights from L1 (GotoBLAS' loop order). Column panels are the parallel
+    loop."""
+    ro, ri = rows[0], rows[-1]
+    co, ci = cols[0], cols[-1]
+    sch.reorder(out, co, ro, ri, ci)
+    head = sch.fuse(out, batch, co) if batch is not None else co
+    if int(config["parallel"]) == 1 and target.num_cores > 1:  # type: ignore[arg-type]
+        sch.parallel(out, head)
+    sch.vectorize(out, ci)
+    sch.compute_at(acc, out, head)
+    *batch_loops, i, j, k = sch.leaves(acc)
+    io, ii = sch.split(acc, i, factor=_inner(config, "tile_m"))
+    ko, kin = sch.split(acc, k, factor=k_block)
+    inner = list(sch.split(acc, kin, factor=ku)) if ku > 1 else [kin]
+    sch.reorder(acc, ko, *batch_loops, io, *inner, ii, j)
+    if ku > 1:
+        sch.unroll(acc, inner[-1])
+    for b in batch_loops:
+        sch.unroll(acc, b)
+    sch.unroll(acc, ii)
+    sch.vectorize(acc, j)
+
+
 def _prepare_conv(sch: Any, anchor: Any, config: Config, target: Any) -> str:
     """Accumulator tile; the padded input computed once at the root (or inlined into the reads); the rest
     inlined."""
@@ -783,12 +857,17 @@ def _prepare_conv(sch: Any, anchor: Any, config: Config, target: Any) -> str:
 
 
 def _order_reduction(sch: Any, acc: str, spatial: Sequence[str], reduce: Sequence[str], config: Config) -> None:
-    """Reduction loops outside the tile's spatial loops, input channels first (`c_hw`) or last (`hw_c`); the
-    kernel-column loop unrolled with `unroll_kw`."""
+    """Reduction loops outside the tile's spatial loops: input channels first (`c_hw`), last (`hw_c`), or blocked
+    around the kernel taps (`blocked`: channel blocks, taps, channels of a block); the kernel-column loop unrolled
+    with `unroll_kw`."""
     reduce = list(reduce)
     kw = reduce[-1] if reduce else None  # the kernel-column loop (last in compute order)
-    if config.get("reduce_order") == "hw_c" and len(reduce) >= 3:
+    order = config.get("reduce_order")
+    if order == "hw_c" and len(reduce) >= 3:
         reduce = [*reduce[1:], reduce[0]]
+    elif order == "blocked" and len(reduce) >= 3:
+        outer, inner = sch.split(acc, reduce[0], factor=_inner(config, "tile_ic"))
+        reduce = [outer, *reduce[1:], inner]
     sch.reorder(acc, *reduce, *spatial)
     if config.get("unroll_kw") and kw is not None:
         sch.unroll(acc, kw)

@@ -257,7 +257,7 @@ def @main(%x: Tensor[(1024, 1024), float32], %w: Tensor[(1024, 1024), float32]) 
     target = resolve_target("llvm -mcpu=skylake-avx512 -num-cores=2")
     (task,) = tasks_from_module(module_of(source, {"w": (1024, 1024)}), target)
     config = Config({"family": "dense", "tile_m": (128, 1, 8), "tile_n": (32, 1, 32), "tile_k": (256, 4),
-                     "order": "nm", "parallel": 2, "pack_b": True})
+                     "order": "nm", "parallel": 2, "k_block": 0, "pack_b": True})
     task.space.validate(config)
     steps = [s.to_json() for s in task.steps(config)]
     kinds = [s["kind"] for s in steps]
