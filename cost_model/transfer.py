@@ -115,6 +115,13 @@ def _expand(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) ->
         path = Path(p)
         if path.is_dir():
             out += sorted(path.glob("*.jsonl"))
+        elif not path.exists() and any(ch in str(p) for ch in "*?["):
+            # a quoted pattern (the shell did not expand it): expand it here
+            matches = sorted(Path(path.anchor or ".").glob(str(path.relative_to(path.anchor)) if path.anchor
+                                                          else str(path)))
+            if not matches:
+                raise FileNotFoundError(f"no transfer log matches {p}")
+            out += matches
         else:
             out.append(path)
     return out

@@ -290,6 +290,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--target", args.target]
     if args.tasks:
         words += ["--tasks", args.tasks]
+    if args.search != "xgb":
+        words += ["--search", args.search]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -306,7 +308,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     progress = RichProgress(console)
     try:
         result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
-                            search=args.search, seed=args.seed, timeout=args.timeout, jobs=args.jobs,
+                            search=args.search, transfer_from=args.transfer_from, seed=args.seed,
+                            timeout=args.timeout, jobs=args.jobs,
                             progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level)
     except KeyboardInterrupt:
         progress.close()
@@ -493,8 +496,13 @@ def _add_tune_parser(sub: Any) -> None:
                    "was measured")
     p.add_argument("--jobs", type=int, metavar="N", help="parallel build processes (default: one per core)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search and the task scheduler (default 0)")
-    p.add_argument("--search", choices=SEARCH_STRATEGIES, default="tpe",
-                   help="search strategy: tpe (Optuna's TPE sampler) or random (default tpe)")
+    p.add_argument("--search", choices=SEARCH_STRATEGIES, default="xgb",
+                   help="search strategy: xgb (an XGBoost cost model trained on the measurements picks what to "
+                   "measure; saved beside the log as <log>.xgb.json), tpe (Optuna's TPE sampler) or random "
+                   "(default xgb)")
+    p.add_argument("--transfer-from", nargs="+", action="extend", default=[], metavar="LOG",
+                   help="earlier tuning logs (files, folders or quoted glob patterns) whose measurements of other "
+                   "workloads, models or targets of the same kind warm the xgb cost model")
     p.add_argument("-o", "--output", metavar="FILE.rtmod", help="where to save the built model (default: beside "
                    "the log)")
     p.add_argument("--tasks", metavar="SUBSTR", help="tune only tasks whose workload contains SUBSTR (or whose key "

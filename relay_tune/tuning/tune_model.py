@@ -46,18 +46,27 @@ __all__ = [
     "tune_model",
 ]
 
-SEARCH_STRATEGIES: tuple[str, ...] = ("tpe", "random")
+SEARCH_STRATEGIES: tuple[str, ...] = ("xgb", "tpe", "random")
 """Names `make_search` (and `relay-tune --search`) accepts."""
 
 
 def make_search(search: str, *, storage: Any = None, seed: int = 0,
-                log_path: str | os.PathLike[str] | None = None) -> StrategyFactory:
+                log_path: str | os.PathLike[str] | None = None,
+                transfer_from: Sequence[str | os.PathLike[str]] = ()) -> StrategyFactory:
     """The search strategy factory a `--search` name stands for.
 
-    "tpe": Optuna's TPE sampler, one study per task in `storage` (None: in memory); "random": uniformly random
+    "xgb": an XGBoost cost model trained on the measurements (and on `transfer_from`, earlier logs of other
+    workloads) picks the configs the Optuna study measures, saved beside the log (`<log>.xgb.json`); "tpe":
+    Optuna's TPE sampler, one study per task in `storage` (None: in memory); "random": uniformly random
     unvisited configs (a baseline without Optuna). `log_path` is the tuning log (strategies that keep files beside
     it use it).
     """
+    if transfer_from and search != "xgb":
+        raise RelayTuneError("transfer from earlier logs warms the cost model: it needs the xgb search")
+    if search == "xgb":
+        from relay_tune.tuning.xgb_search import xgb_search
+
+        return xgb_search(storage, seed=seed, log_path=log_path, transfer_from=transfer_from)
     if search == "tpe":
         return optuna_search(storage=storage, sampler="tpe", seed=seed)
     if search == "random":
@@ -207,7 +216,8 @@ def tune_model(
     log_path: str | os.PathLike[str] = "logs/model.jsonl",
     *,
     storage: str | os.PathLike[str] | None = DEFAULT_STORAGE,
-    search: str = "tpe",
+    search: str = "xgb",
+    transfer_from: Sequence[str | os.PathLike[str]] = (),
     seed: int = 0,
     timeout: float | None = None,
     jobs: int | None = None,
@@ -224,7 +234,8 @@ def tune_model(
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
     storage: the Optuna storage ("default": a journal file beside the log; None: in memory; a path or URL).
-    search: a name of `SEARCH_STRATEGIES`. timeout: seconds of tuning before the run ends (the model is still
+    search: a name of `SEARCH_STRATEGIES`. transfer_from: earlier tuning logs (files, folders or glob patterns) whose
+    measurements warm the xgb cost model. timeout: seconds of tuning before the run ends (the model is still
     built). jobs: parallel build processes (default: one per core). task_filter: a substring of the task
     descriptions (or keys) to tune, or a predicate on tasks. output: where to save the built model.
     measure_latency: time the model with default and with tuned schedules. builder/runner: measurement
@@ -250,7 +261,7 @@ def tune_model(
         # every task gets its warm-up round (its default schedule measured) when the budget allows
         batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
     store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
-    strategy = make_search(search, storage=store, seed=seed, log_path=log_path)
+    strategy = make_search(search, storage=store, seed=seed, log_path=log_path, transfer_from=transfer_from)
     deadline = started + timeout if timeout is not None else None
     scheduler = DeadlineScheduler(deadline, seed=seed, early_stopping=early_stopping)
     own_builder, own_runner = builder is None, runner is None and gpu_runner is None
