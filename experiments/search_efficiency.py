@@ -6,10 +6,13 @@ transfer from other workloads).
     nohup python experiments/search_efficiency.py > search_efficiency.out 2>&1 &
 
 Workloads: dense 1024x1024x1024, a ResNet-50 3x3 conv2d (1x64x56x56, 64 filters, pad 1) and a MobileNet-v2
-depthwise 3x3 conv2d (1x144x56x56, pad 1), each with its schedule-template space (`cost_model.template_tasks`).
-Every run goes through the real tuning loop (`relay_tune.tuning.tune`: search strategy, parallel builder,
-process-isolated runner, JSON-lines log). "xgb-transfer" for a workload warms its model with the "xgb" logs of the
-other two workloads (same seed), so the xgb runs of every workload come first.
+depthwise 3x3 conv2d (1x144x56x56, pad 1). By default each is a one-operator Relay model whose weight is a
+constant, tuned as `relay-tune` tunes a model's task (`RelayTuneTask`, the schedule spaces of `search_space.cpu`);
+`--spaces template` uses the schedule-template tasks of `cost_model.template_tasks` instead. Kernels run on one
+core (`--cores`). Every run goes through the real tuning loop (`relay_tune.tuning.tune`: search strategy, parallel
+builder, process-isolated runner with the model tuner's timing settings, JSON-lines log). "xgb-transfer" for a
+workload warms its model with the "xgb" logs of the other two workloads (same seed), so the xgb runs of every
+workload come first.
 
 Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
 `<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
@@ -54,12 +57,48 @@ from relay_tune.tuning.xgb_search import xgb_search
 from search_space import Config
 
 STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
-WORKLOADS: dict[str, Callable[[int], TemplateTask]] = {
+TARGET_SHARE = 0.95
+
+RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "dense": ("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1024, 1024), float32], %w: Tensor[(1024, 1024), float32]) {
+  nn.dense(%x, %w)
+}""", (1024, 1024)),
+    "conv2d": ("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 64, 56, 56), float32], %w: Tensor[(64, 64, 3, 3), float32]) {
+  nn.conv2d(%x, %w, padding=[1, 1, 1, 1], channels=64, kernel_size=[3, 3])
+}""", (64, 64, 3, 3)),
+    "depthwise": ("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 144, 56, 56), float32], %w: Tensor[(144, 1, 3, 3), float32]) {
+  nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=144, channels=144, kernel_size=[3, 3])
+}""", (144, 1, 3, 3)),
+}
+TEMPLATE_WORKLOADS: dict[str, Callable[[int], TemplateTask]] = {
     "dense": lambda cores: TemplateTask("dense", dense_1024().shape, num_cores=cores),
     "conv2d": lambda cores: TemplateTask("conv2d", resnet50_conv3x3().shape, num_cores=cores),
     "depthwise": lambda cores: TemplateTask("depthwise_conv2d", mobilenet_depthwise().shape, num_cores=cores),
 }
-TARGET_SHARE = 0.95
+WORKLOADS = tuple(RELAY_WORKLOADS)
+
+
+def relay_task(name: str, cores: int) -> Any:
+    """The tuning task of a one-operator Relay model whose weight is a constant (as in a real model)."""
+    import numpy as np
+
+    from relay_tune.build import bind_params
+    from relay_tune.text import parse_module
+    from relay_tune.tuning.relay_task import tasks_from_module
+    from relay_tune.type_infer import infer_types
+
+    source, weight_shape = RELAY_WORKLOADS[name]
+    weight = np.random.default_rng(0).standard_normal(weight_shape).astype("float32")
+    mod = infer_types(bind_params(infer_types(parse_module(source)), {"w": weight}))
+    (task,) = tasks_from_module(mod, f"llvm -num-cores={cores}")
+    return task
+
+
+def make_task(name: str, spaces: str, cores: int) -> Any:
+    return relay_task(name, cores) if spaces == "relay" else TEMPLATE_WORKLOADS[name](cores)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,7 +232,7 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
     raise ValueError(f"unknown strategy {name!r}")
 
 
-def run_one(task: TemplateTask, workload: str, strategy: str, seed: int, args: argparse.Namespace,
+def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.Namespace,
             builder: Builder, runner: Runner, caches: dict[str, MeasurementCache]) -> RunOutcome:
     log = args.out / "logs" / workload / f"{strategy}-s{seed}.jsonl"
     if log.exists():
@@ -361,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loss", choices=("rank", "reg"), default="rank")
     parser.add_argument("--features", choices=("loopnest", "knob"), default="loopnest")
     parser.add_argument("--timeout", type=float, default=10.0, help="run timeout per kernel (s)")
+    parser.add_argument("--spaces", choices=("relay", "template"), default="relay",
+                        help="relay: Relay tasks with the model tuner's spaces; template: cost_model.template_tasks")
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.strategies = [s for s in args.strategies.split(",") if s]
@@ -372,10 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown strategy {s!r}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
     order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", STRATEGIES.index(s)))
-    tasks = {w: WORKLOADS[w](args.cores) for w in args.workloads}
-    caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}.jsonl") for w, t in tasks.items()}
-    # Fewer timing calls than the default: a bad dense config takes ~1 s per call; every config still gets a
-    # correctness check, a warm-up call and three timed repeats.
+    tasks = {w: make_task(w, args.spaces, args.cores) for w in args.workloads}
+    caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{args.spaces}.jsonl") for w, t in tasks.items()}
+    # The model tuner's timing (`tune_model.default_runner`): three timings of at least 40 ms, a warm-up call and a
+    # correctness check per config.
     runner: Runner = LocalRunner(timeout=args.timeout, number=1, repeat=3, min_repeat_ms=40.0, warmup=1)
     builder: Builder = LocalBuilder(n_parallel=args.build_jobs)
     if not args.no_cache:

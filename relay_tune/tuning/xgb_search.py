@@ -53,6 +53,9 @@ if TYPE_CHECKING:
     import optuna
 
 
+SCREEN_MIN_ROWS = 8  # measurements of a task before its knob screener is trained
+
+
 @dataclass
 class HubStats:
     """Where the model's time went (seconds), for overhead reports."""
@@ -101,6 +104,10 @@ class CostModelHub:
         feature_jobs: int = 1,
     ) -> None:
         self.featurizer = Featurizer(features, jobs=feature_jobs)
+        # Knob-feature models of each task (its own measurements only) screen large candidate pools cheaply, so
+        # that only a shortlist is lowered for the loop-nest model.
+        self.knob_featurizer = Featurizer("knob")
+        self.screeners: dict[str, XGBCostModel] = {}
         self.loss = loss
         self.seed = seed
         self.model_path = Path(model_path) if model_path is not None else None
@@ -219,6 +226,33 @@ class CostModelHub:
         self._rows_at_fit = self.measured_rows
         if self.model_path is not None:
             model.save(self.model_path)
+        if self.featurizer.kind != "knob":
+            self._fit_screeners()
+
+    def _fit_screeners(self) -> None:
+        for key, data in self.tasks.items():
+            items = list(data.measured.values())
+            if len(items) < SCREEN_MIN_ROWS or not any(t > 0 for _, t in items):
+                continue
+            start = time.perf_counter()
+            matrix, kept = self.knob_featurizer.many(data.task, [c for c, _ in items])
+            throughput = np.asarray([items[i][1] for i in kept], dtype=np.float32)
+            screener = XGBCostModel(self.knob_featurizer.schema(data.task.space), loss=self.loss, seed=self.seed,
+                                    rounds=60, params={"colsample_bytree": 1.0})
+            screener.fit(TrainingSet(matrix, throughput, (key,) * len(kept)))
+            self.screeners[key] = screener
+            self.stats.fit += time.perf_counter() - start
+
+    def screen(self, task: Any, configs: Sequence[Config]) -> tuple[list[Config], np.ndarray] | None:
+        """Knob-model scores of configs (cheap: no lowering), or None while the task has no screener."""
+        screener = self.screeners.get(task.key)
+        if screener is None:
+            return None
+        start = time.perf_counter()
+        matrix, kept = self.knob_featurizer.many(task, configs)
+        scores = screener.predict(matrix) if kept else np.zeros(0, dtype=np.float32)
+        self.stats.predict += time.perf_counter() - start
+        return [configs[i] for i in kept], scores
 
     # -- scoring -----------------------------------------------------------------------------------------------
 
@@ -245,8 +279,10 @@ class XGBSearch(OptunaSearch):
     epsilon: share of each batch drawn at random. The candidate pool of a re-plan: pool_random random configs,
     tpe_proposals configs suggested by a private TPE sampler that knows every measurement, single-knob mutations
     of the top_k measured configs, the previous plan's best `keep` entries, and `generations` rounds of mutating
-    the `population` best-scoring candidates. diversity: how much a batch prefers knob values it has not picked
-    yet over predicted score (0: the plan's top in order).
+    the `population` best-scoring candidates. Once the task has a knob screener, the whole pool and its
+    generations are scored by it, and only the best `shortlist` (plus TPE's proposals) are lowered for the
+    loop-nest model; the plan is ordered by both models together. diversity: how much a batch prefers knob values
+    it has not picked yet over predicted score (0: the plan's top in order).
     """
 
     def __init__(
@@ -263,12 +299,13 @@ class XGBSearch(OptunaSearch):
         growth: float = 0.2,
         min_new: int = 8,
         epsilon: float = 0.15,
-        pool_random: int = 24,
+        pool_random: int = 64,
         tpe_proposals: int = 16,
-        top_k: int = 6,
+        top_k: int = 8,
         keep: int = 64,
-        generations: int = 1,
-        population: int = 8,
+        generations: int = 2,
+        population: int = 16,
+        shortlist: int = 48,
         diversity: float = 1.0,
     ) -> None:
         # The study's own sampler only answers asks that find no enqueued plan entry: random is the cheap choice
@@ -293,6 +330,7 @@ class XGBSearch(OptunaSearch):
         self.generations = generations
         self.population = population
         self.diversity = diversity
+        self.shortlist = shortlist
         self._plan: list[tuple[Config, float]] = []
         self._planned = (-1, -1)  # (model version, measurements) the plan was made with
         self._trial_configs: dict[int, tuple[str, Config | None]] = {}
@@ -385,16 +423,12 @@ class XGBSearch(OptunaSearch):
             self._proposer.tell(trial, state=optuna.trial.TrialState.FAIL)
         return found
 
-    def _candidates(self, measured: dict[str, tuple[Config, float]], visited: set[str]) -> list[Config]:
+    def _candidates(self, measured: dict[str, tuple[Config, float]], visited: set[str],
+                    random_count: int) -> list[Config]:
+        """The previous plan's best, mutations of the best measured configs, then random configs."""
         space = self.task.space
         found: dict[str, Config] = {}
         for config, _ in self._plan[: self.keep]:  # the previous plan's best compete again under the new model
-            if config.key not in visited:
-                found.setdefault(config.key, config)
-        for config in self._tpe_proposals(measured, visited):
-            found.setdefault(config.key, config)
-        for _ in range(self.pool_random):
-            config = space.sample(self._rng)
             if config.key not in visited:
                 found.setdefault(config.key, config)
         best = sorted((item for item in measured.values() if item[1] > 0), key=lambda item: -item[1])[: self.top_k]
@@ -402,6 +436,10 @@ class XGBSearch(OptunaSearch):
             for mutant in self._mutations(config):
                 if mutant.key not in visited:
                     found.setdefault(mutant.key, mutant)
+        for _ in range(random_count):
+            config = space.sample(self._rng)
+            if config.key not in visited:
+                found.setdefault(config.key, config)
         return list(found.values())
 
     def _mutations(self, config: Config) -> list[Config]:
@@ -422,26 +460,66 @@ class XGBSearch(OptunaSearch):
     def _replan(self, measured: dict[str, tuple[Config, float]]) -> None:
         start = time.perf_counter()
         visited = self._visited(measured)
-        pool = self._candidates(measured, visited)
+        tpe = self._tpe_proposals(measured, visited)
+        screening = self.task.key in self.hub.screeners
+        # Without a screener (a model from transfer data or a loaded file, little of this task measured) every
+        # candidate is lowered: a smaller pool, and one generation of mutating the loop-nest model's favourites.
+        pool = self._candidates(measured, visited, self.pool_random if screening else self.pool_random // 3)
         self.hub.stats.candidates += time.perf_counter() - start
-        configs, scores = self.hub.score(self.task, pool)
+        screened = self.hub.screen(self.task, pool) if screening else None
+        if screened is None:
+            shortlist = pool
+            generations, population = min(1, self.generations), max(1, self.population // 2)
+        else:
+            ranked = self._evolve(dict(zip((c.key for c in screened[0]), zip(*screened))), visited)
+            shortlist = [c for c, _ in ranked[: self.shortlist]]
+            generations = 0
+            population = 0
+        keys = {c.key for c in shortlist}
+        shortlist += [c for c in tpe if c.key not in keys]  # TPE's ideas always reach the loop-nest model
+        configs, scores = self.hub.score(self.task, shortlist)
         scored = dict(zip((c.key for c in configs), zip(configs, scores.tolist())))
-        for _ in range(self.generations):
-            parents = sorted(scored.values(), key=lambda item: -item[1])[: self.population]
-            start = time.perf_counter()
-            children: dict[str, Config] = {}
-            for config, _ in parents:
-                for child in self._mutations(config):
-                    if child.key not in visited and child.key not in scored:
-                        children.setdefault(child.key, child)
-            self.hub.stats.candidates += time.perf_counter() - start
+        for _ in range(generations):
+            parents = sorted(scored.values(), key=lambda item: -item[1])[:population]
+            children = self._children(parents, visited, scored)
             if not children:
                 break
-            configs, scores = self.hub.score(self.task, list(children.values()))
+            configs, scores = self.hub.score(self.task, children)
             scored.update(zip((c.key for c in configs), zip(configs, scores.tolist())))
-        self._plan = sorted(scored.values(), key=lambda item: -item[1])
+        plan = list(scored.values())
+        if screened is not None and len(plan) > 1:
+            # the final order: the loop-nest model and this task's knob model, standardised and averaged
+            _, knob = self.hub.screen(self.task, [c for c, _ in plan]) or ([], np.zeros(len(plan)))
+            nest = np.asarray([s for _, s in plan], dtype=np.float64)
+            combined = _standardised(nest) + _standardised(np.asarray(knob, dtype=np.float64))
+            plan = [(c, float(v)) for (c, _), v in zip(plan, combined)]
+        self._plan = sorted(plan, key=lambda item: -item[1])
         self._planned = (self.hub.version, len(measured))
         self.hub.stats.plans += 1
+
+    def _children(self, parents: list[tuple[Config, float]], visited: set[str],
+                  known: dict[str, tuple[Config, float]]) -> list[Config]:
+        start = time.perf_counter()
+        children: dict[str, Config] = {}
+        for config, _ in parents:
+            for child in self._mutations(config):
+                if child.key not in visited and child.key not in known:
+                    children.setdefault(child.key, child)
+        self.hub.stats.candidates += time.perf_counter() - start
+        return list(children.values())
+
+    def _evolve(self, scored: dict[str, tuple[Config, float]], visited: set[str]) -> list[tuple[Config, float]]:
+        """Generations of mutating the best knob-screened candidates (scores from the cheap screener)."""
+        for _ in range(self.generations):
+            parents = sorted(scored.values(), key=lambda item: -item[1])[: self.population]
+            children = self._children(parents, visited, scored)
+            if not children:
+                break
+            screened = self.hub.screen(self.task, children)
+            if screened is None:
+                break
+            scored.update(zip((c.key for c in screened[0]), zip(*screened)))
+        return sorted(scored.values(), key=lambda item: -item[1])
 
     # -- proposing ---------------------------------------------------------------------------------------------
 
@@ -516,6 +594,11 @@ class XGBSearch(OptunaSearch):
         for measure_input, result in zip(inputs, results, strict=True):
             cost = result.mean_cost
             data[measure_input.config.key] = (measure_input.config, 1.0 / cost if result.ok and cost else 0.0)
+
+
+def _standardised(values: np.ndarray) -> np.ndarray:
+    spread = values.std()
+    return (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
 
 
 def xgb_search(
