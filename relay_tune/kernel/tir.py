@@ -16,8 +16,7 @@ node compares by value.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Union
+from enum import StrEnum
 
 # ---------------------------------------------------------------------------------------------
 # Scalar expressions
@@ -76,7 +75,7 @@ class PrimExpr:
         return binary("ge", self, other)
 
 
-ExprLike = Union[PrimExpr, int, float, bool]
+ExprLike = PrimExpr | int | float | bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +189,7 @@ class Load(PrimExpr):
 # ---------------------------------------------------------------------------------------------
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     GLOBAL = "global"  # a kernel argument or a buffer in main memory
     LOCAL = "local"  # per-thread scratch (registers / stack); CPU accumulators
     SHARED = "shared"  # GPU shared memory, visible to one thread block
@@ -233,7 +232,7 @@ class Stmt:
     __slots__ = ()
 
 
-class ForKind(str, Enum):
+class ForKind(StrEnum):
     SERIAL = "serial"
     PARALLEL = "parallel"  # iterations spread over CPU cores
     VECTORIZED = "vectorized"  # iterations become SIMD lanes
