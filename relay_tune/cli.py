@@ -292,6 +292,10 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--tasks", args.tasks]
     if args.search != "xgb":
         words += ["--search", args.search]
+    if args.storage:
+        words += ["--storage", args.storage]
+    if args.seed:
+        words += ["--seed", str(args.seed)]
     return " ".join(shlex.quote(w) for w in words)
 
 
