@@ -13,9 +13,9 @@ Two kinds, both fixed-length float32 vectors:
     is innermost and a multiple of the native width, unrolled extent, parallel extent;
   - per buffer access (the written buffer, then the reads by bytes touched): scope, stride of the innermost loop
     and of the vector loop (0 = broadcast, 1 = contiguous, else gather), bytes and 64-byte lines touched by the
-    whole nest, a *touch curve* (bytes touched by the innermost loops whose iteration count reaches 2^0, 2^3, ...,
-    2^27), and reuse (the innermost loop that does not move the access: its extent, the iterations and bytes
-    between two uses);
+    whole nest, a *touch curve* and a *reuse curve* (over the innermost loops whose iteration count reaches 2^0,
+    2^3, ..., 2^27: the bytes touched, and the uses per touched element), and reuse (the innermost loop that does
+    not move the access: its extent, the iterations and bytes between two uses);
   - a roofline estimate: for cache capacities of 4 KiB (registers), 32 KiB (L1), 1 MiB (L2) and 32 MiB (L3), the
     bytes that must move into a cache of that size (footprint of the outermost loop level that fits, times the
     iterations around it) and the arithmetic intensity (flops per such byte);
@@ -49,7 +49,7 @@ from relay_tune.kernel import tir
 from relay_tune.kernel.tir import ForKind, Scope
 from search_space import BoolKnob, ChoiceKnob, Config, IntKnob, Knob, Space, SplitKnob
 
-LOOP_NEST_SCHEMA = "loopnest-v1"
+LOOP_NEST_SCHEMA = "loopnest-v2"
 KNOB_SCHEMA_PREFIX = "knob-v1"
 
 STORE_SLOTS = 3  # heaviest stores described one by one
@@ -96,6 +96,7 @@ def _store_names(slot: int) -> list[str]:
     for b in range(BUFFER_SLOTS):
         names += [f"{prefix}b{b}.{n}" for n in _BUFFER_SCALARS]
         names += [f"{prefix}b{b}.curve{p}" for p in CURVE_POINTS]
+        names += [f"{prefix}b{b}.reuse_curve{p}" for p in CURVE_POINTS]
     names += [prefix + n for n in _ROOFLINE_SCALARS]
     for v in range(ITERVAR_SLOTS):
         names += [f"{prefix}loop{v}.{n}" for n in _ITERVAR_SCALARS]
@@ -449,7 +450,7 @@ def _store_block(info: _StoreInfo) -> list[float]:
         if slot < len(ordered):
             block += _buffer_block(ordered[slot], loops, vec, innermost, cumulative)
         else:
-            block += [0.0] * (len(_BUFFER_SCALARS) + len(CURVE_POINTS))
+            block += [0.0] * (len(_BUFFER_SCALARS) + 2 * len(CURVE_POINTS))
     block += _roofline(footprints, loops, exec_count * max(1, ops.float_ops))
     block += _itervar_block(info)
     return block
@@ -486,14 +487,17 @@ def _buffer_block(fp: _Footprints, loops: list[_Loop], vec: int | None, innermos
         float(abs(vec_stride) > 1.0) if vec_stride is not None else 0.0,
         _log(fp.bytes_at(0)), _log(fp.lines[0]), *reuse,
     ]
-    # touch curve: bytes touched by the innermost loops whose iterations reach 2^p
+    # touch and reuse curves: over the innermost loops whose iterations reach 2^p, the bytes touched, and how many
+    # times each touched element is used (iterations per distinct element)
     level = len(loops)
+    reuse_curve: list[float] = []
     for p in CURVE_POINTS:
         target = float(1 << p)
         while level > 0 and cumulative[level] < target:
             level -= 1
         block.append(_log(fp.bytes_at(level)))
-    return block
+        reuse_curve.append(_log(cumulative[level] / max(1.0, fp.elements[level]) - 1.0))
+    return block + reuse_curve
 
 
 def _traffic(footprints: list[_Footprints], loops: list[_Loop], capacity: int) -> float:

@@ -104,6 +104,9 @@ def test_dense_features_mean_what_they_say() -> None:
     assert max(gathers) == 1.0
     assert all(feature(packed, f"s0.b{b}.vec_gather") == 0.0 for b in range(1, 3))
     assert feature(packed, "all.local_bytes") == pytest.approx(np.log2(1 + 4 * 16 * 4))
+    # the accumulator tile is reused across all of K; reuse only grows as more loops are included
+    reuse = [feature(plain, f"s0.b0.reuse_curve{p}") for p in range(0, 28, 3)]
+    assert reuse[-1] >= np.log2(k) and all(a <= b + 1e-6 for a, b in zip(reuse, reuse[1:]))
 
 
 def test_parallel_and_guard_features() -> None:

@@ -245,3 +245,23 @@ def test_tasks_that_cannot_be_lowered_fall_back_to_knob_features(tmp_path: Path)
         records = run_tune(task, 48, tmp_path / "mm.jsonl", factory)
     assert any("knob features" in str(w.message) for w in caught)
     assert len({r.config_key for r in records}) == len(records) == 48
+
+
+def test_screening_bounds_the_configs_lowered_per_plan() -> None:
+    """Once a task has a knob screener, a re-plan lowers at most its shortlist and TPE's proposals."""
+    database = MemoryDatabase()
+    search = XGBSearch(CONV, database, seed=2, warmup=8, plan_size=8, shortlist=20, tpe_proposals=6)
+    lowered: list[int] = []
+    for _ in range(8):
+        before = search.hub.featurizer.computed
+        batch = search.propose(8)
+        lowered.append(search.hub.featurizer.computed - before)
+        results = [measure(CONV, c) for c in batch]
+        for config, result in zip(batch, results):
+            database.commit(TuningRecord.from_measurement(CONV.key, CONV.target, config, result))
+        search.update([MeasureInput(CONV.key, c) for c in batch], results)
+    assert CONV.key in search.hub.screeners
+    screened_rounds = lowered[3:]  # the screener exists from the second fit on
+    assert max(screened_rounds) <= 20 + 6 + 8  # shortlist + TPE proposals + the new measurements
+    assert search.hub.stats.plans >= 6
+    search.close()

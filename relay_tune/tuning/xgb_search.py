@@ -6,18 +6,23 @@
    (also other processes' trials on a shared storage), so several tuning processes on one storage all train on
    everything measured so far;
 2. retrains the cost model once the data has grown enough since the last fit (every `plan_size` new measurements
-   at most, sooner while the data set is small; adding data is cheap then, and early models matter most);
-3. after a refit, re-plans: draws a candidate pool (random configs, and single-knob mutations of the best measured
-   configs), lets the model evolve it for a few generations (mutating the best-scoring candidates again), and
-   ranks every unmeasured candidate by predicted score;
-4. proposes the top of the plan plus an `epsilon` share of random configs (exploration the model cannot ask for),
-   by enqueueing them as trials of the study and asking for them, so Optuna's claim bookkeeping guarantees that no
-   config is measured twice (a repeat is answered from the earlier result).
+   at most, sooner while the data set is small: early models matter most and train in milliseconds);
+3. re-plans whenever the model or the measurements changed. The candidate pool holds random configs, proposals
+   of a private TPE sampler fed with every measurement, single-knob mutations (one-step neighbours and random
+   jumps) of the best measured configs, and the previous plan's best; a few generations mutate the
+   best-scoring candidates again. Lowering is the expensive part of a loop-nest feature vector (milliseconds),
+   so once a task has a few measurements a cheap knob-feature model of that task screens the whole pool and its
+   generations, and only a shortlist (plus TPE's proposals) is lowered and ranked by the loop-nest model; the
+   plan is ordered by the two models' standardised scores together;
+4. proposes the head of the plan, spread over different knob values (a diversity filter, as in AutoTVM), plus an
+   `epsilon` share of random configs, by enqueueing them as trials of the study and asking for them, so Optuna's
+   claim bookkeeping guarantees that no config is measured twice (a repeat is answered from the earlier result).
 
 Until `warmup` configs are measured (and one of them ran), proposals are random, unless a transfer data set or a
 loaded model can already rank candidates. One `CostModelHub` is shared by all tasks of a tuning run: a single
-model trains on every task's measurements (one ranking group per task) plus transfer data from older logs, is
-saved beside the log after each fit (`<log>.xgb.json`), and can be reloaded.
+loop-nest model trains on every task's measurements (one ranking group per task) plus transfer data from older
+logs (whose weight fades as the run's own measurements accumulate), is saved beside the log after each fit
+(`<log>.xgb.json`), and can be reloaded.
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ class CostModelHub:
         # that only a shortlist is lowered for the loop-nest model.
         self.knob_featurizer = Featurizer("knob")
         self.screeners: dict[str, XGBCostModel] = {}
+        self._screened_rows: dict[str, int] = {}
         self.loss = loss
         self.seed = seed
         self.model_path = Path(model_path) if model_path is not None else None
@@ -234,6 +240,9 @@ class CostModelHub:
             items = list(data.measured.values())
             if len(items) < SCREEN_MIN_ROWS or not any(t > 0 for _, t in items):
                 continue
+            if self._screened_rows.get(key) == len(items):
+                continue  # nothing new for this task (other tasks' measurements triggered the fit)
+            self._screened_rows[key] = len(items)
             start = time.perf_counter()
             matrix, kept = self.knob_featurizer.many(data.task, [c for c, _ in items])
             throughput = np.asarray([items[i][1] for i in kept], dtype=np.float32)
