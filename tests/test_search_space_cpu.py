@@ -113,8 +113,9 @@ def @main(%x: Tensor[(6, 35, 5), float32]) {
 FAMILY_OF = {
     "dense": "dense", "dense_3d": "dense", "dense_unpacked": "dense", "batch_matmul": "batch_matmul",
     "conv2d_nchw": "conv2d_nchw", "conv2d_nchw_strided": "conv2d_nchw", "conv2d_pointwise": "conv2d_nchw",
-    "conv2d_nchw_cl": "conv2d_nchw_cl", "conv2d_nhwc": "conv2d_nhwc", "depthwise": "depthwise_conv2d_nchw", "pool": "reduction",
-    "softmax": "reduction", "mean": "reduction", "injective": "injective", "transpose": "injective",
+    "conv2d_nchw_cl": "conv2d_nchw_cl", "conv2d_nhwc": "conv2d_nhwc", "depthwise": "depthwise_conv2d_nchw",
+    "pool": "reduction", "softmax": "reduction", "mean": "reduction",
+    "injective": "injective", "transpose": "injective",
 }
 
 
