@@ -412,12 +412,12 @@ def _logs_summary(args: argparse.Namespace, console: Any) -> int:
     for (key, target), records in groups.items():
         valid = [r for r in records if r.ok]
         best = top_k(records, 1)
-        defaults = [r.mean_cost for r in valid if r.strategy == "default" and r.mean_cost is not None]
+        defaults = [r.cost for r in valid if r.strategy == "default" and r.cost is not None]
         errors = Counter(r.error_kind.name for r in records if r.error_kind is not None)
         gflops = best[0].gflops if best else None
         table.add_row(key[:12], records[-1].description, _short_target(target), str(len(records)), str(len(valid)),
                       ", ".join(f"{n} {k}" for k, n in errors.most_common()),
-                      _duration(min(defaults) if defaults else None), _duration(best[0].mean_cost if best else None),
+                      _duration(min(defaults) if defaults else None), _duration(best[0].cost if best else None),
                       f"{gflops:.1f}" if gflops is not None else "-")
     console.print(table)
     events = read_events(list(args.logs))
@@ -448,7 +448,7 @@ def _logs_best(args: argparse.Namespace, console: Any) -> int:
         for record in top_k(records, args.top):
             gflops = f", {record.gflops:.1f} GFLOPS" if record.gflops is not None else ""
             console.print(f"{key[:12]} {record.description} [{_short_target(target)}]: "
-                          f"{_duration(record.mean_cost)}{gflops}")
+                          f"{_duration(record.cost)}{gflops}")
             console.print(f"    {record.config.canonical_json}")
     return 0
 

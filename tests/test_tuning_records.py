@@ -101,7 +101,7 @@ def test_record_line_fields() -> None:
     assert data["costs"] == [1e-3, 1.1e-3]
     assert data["mean_cost"] == pytest.approx(1.05e-3) and data["min_cost"] == 1e-3
     assert data["error_kind"] == "OK" and data["error_no"] == 0
-    assert record.gflops == pytest.approx(1e6 / 1.05e-3 / 1e9)
+    assert record.gflops == pytest.approx(1e6 / 1e-3 / 1e9)  # ranked by the fastest repeat
 
 
 @pytest.mark.parametrize(("kind", "number"), [

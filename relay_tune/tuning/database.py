@@ -60,9 +60,9 @@ def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:
 
 
 def _mean(record: TuningRecord) -> float:
-    mean = record.mean_cost
-    assert mean is not None
-    return mean
+    cost = record.cost
+    assert cost is not None
+    return cost
 
 
 class MemoryDatabase(Database):

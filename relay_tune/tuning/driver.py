@@ -230,7 +230,7 @@ def tune(
                 inputs.append(MeasureInput(task.key, config))
                 results.append(result)
                 latency, missing = estimate()
-                cost = result.mean_cost
+                cost = result.cost
                 progress.on_trial(TrialEvent(
                     trials_done=spent, total_trials=total_trials, task_index=index,
                     task_description=task.description, config=config, result=result,
@@ -271,11 +271,11 @@ def tune(
 
 def _summarise(task: TuneTask, state: TaskProgress, records: Sequence[TuningRecord], default: Config) -> TaskSummary:
     valid = [r for r in records if r.ok]
-    best = min(valid, key=lambda r: r.mean_cost or 0.0) if valid else None
-    default_costs = [r.mean_cost for r in valid if r.config == default and r.mean_cost is not None]
+    best = min(valid, key=lambda r: r.cost or 0.0) if valid else None
+    default_costs = [r.cost for r in valid if r.config == default and r.cost is not None]
     return TaskSummary(
         key=task.key, target=task.target, description=task.description, weight=task.weight, flops=task.flops,
         trials=len(records), valid_trials=len(valid),
         errors=dict(Counter(r.error_kind.name for r in records if r.error_kind is not None)),
-        best_cost=best.mean_cost if best else None, best_config=best.config if best else None,
+        best_cost=best.cost if best else None, best_config=best.config if best else None,
         default_cost=min(default_costs) if default_costs else None, stopped=state.stopped)

@@ -64,7 +64,7 @@ def load(paths: LogSource | Sequence[LogSource]) -> pd.DataFrame:
     groups = frame.groupby(["workload_key", "target"], sort=False)
     frame["task_trial"] = groups.cumcount()
     task = [frame["workload_key"], frame["target"]]
-    valid_cost = frame["mean_cost"].where(frame["ok"].astype(bool))
+    valid_cost = frame["min_cost"].where(frame["ok"].astype(bool))
     # cummin leaves NaN on failed rows; carry the best so far across them.
     frame["best_cost_so_far"] = valid_cost.groupby(task).cummin().groupby(task).ffill()
     with np.errstate(divide="ignore"):

@@ -102,6 +102,15 @@ class MeasureResult:
         return self.error_kind is None
 
     @property
+    def cost(self) -> float | None:
+        """The cost that ranks configs: the fastest repeat.
+
+        Interference from other processes only ever slows a kernel down, so on a shared machine the
+        fastest repeat is the cleanest estimate of the kernel's own speed (the mean follows the noise).
+        """
+        return self.min_cost
+
+    @property
     def mean_cost(self) -> float | None:
         return None if self.costs is None else sum(self.costs) / len(self.costs)
 

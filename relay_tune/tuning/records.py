@@ -105,6 +105,15 @@ class TuningRecord:
         return self.config.key
 
     @property
+    def cost(self) -> float | None:
+        """The cost that ranks configs: the fastest repeat.
+
+        Interference from other processes only ever slows a kernel down, so on a shared machine the
+        fastest repeat is the cleanest estimate of the kernel's own speed (the mean follows the noise).
+        """
+        return self.min_cost
+
+    @property
     def mean_cost(self) -> float | None:
         return sum(self.costs) / len(self.costs) if self.costs else None
 
@@ -114,10 +123,10 @@ class TuningRecord:
 
     @property
     def gflops(self) -> float | None:
-        mean = self.mean_cost
-        if mean is None or mean <= 0 or self.flops <= 0:
+        cost = self.cost
+        if cost is None or cost <= 0 or self.flops <= 0:
             return None
-        return self.flops / mean / 1e9
+        return self.flops / cost / 1e9
 
     @property
     def error_number(self) -> int:

@@ -48,7 +48,7 @@ class TaskProgress:
 
     def observe(self, result: MeasureResult) -> None:
         self.trials += 1
-        cost = result.mean_cost
+        cost = result.cost
         if cost is None:
             self.consecutive_failures += 1
             self.trials_since_improvement += 1

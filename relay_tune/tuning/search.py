@@ -81,7 +81,7 @@ def measured_values(records: Sequence[Any]) -> dict[str, float]:
     """Config key -> what the sampler should be told, from the log (the best measurement per config)."""
     values: dict[str, float] = {}
     for record in records:
-        value = record.mean_cost if record.ok else FAILURE_VALUE
+        value = record.cost if record.ok else FAILURE_VALUE
         if record.config_key not in values or value < values[record.config_key]:
             values[record.config_key] = value
     return values
@@ -457,8 +457,8 @@ class OptunaSearch(SearchStrategy):
             if trial is None:
                 continue
             if result.ok:
-                assert result.mean_cost is not None
-                self.study.tell(trial, result.mean_cost)
+                assert result.cost is not None
+                self.study.tell(trial, result.cost)
             else:
                 assert result.error_kind is not None
                 trial.set_user_attr("error_kind", result.error_kind.name)
