@@ -744,8 +744,12 @@ class Featurizer:
         size = -(-len(missing) // self.jobs)
         chunks = [missing[i : i + size] for i in range(0, len(missing), size)]
         futures = [pool.submit(_compute_chunk, self.kind, task, [c.to_dict() for c in chunk]) for chunk in chunks]
+        width = self.width(task)
         for chunk, future in zip(chunks, futures):
             for config, vector in zip(chunk, future.result()):
+                if vector is not None and vector.shape != (width,):
+                    # a worker running other code (the package changed on disk since this process started)
+                    vector = _compute(self.kind, self.lowerer, task, config)
                 self._store((task.key, config.key), vector)
         self.seconds += time.perf_counter() - start
 
