@@ -9,9 +9,9 @@ alternating round by round on all cores (`--cores N` for fewer); the median roun
 (on a machine shared with other work, the best round shows what the code can do):
 
 - dense 1024x1024x1024 fp32: tuned GFLOPS against numpy's matmul (`x @ w.T`, OpenBLAS);
-- conv2d 1x64x56x56 * 64x64x3x3, padding 1 (a ResNet-50 layer): tuned against the default schedule and against
-  im2col + numpy matmul (the patch matrix is built on every call, as a framework without a direct convolution
-  would).
+- a ResNet-50 convolution (`--conv-layer`, default 1x64x56x56 * 64x64x3x3, padding 1): tuned against the
+  default schedule and against im2col + numpy matmul (the patch matrix is built on every call, as a framework
+  without a direct convolution would).
 
 Tuning wall time and trials per minute are printed with each result, and the schedule spaces' sizes first.
 """
@@ -42,10 +42,23 @@ def @main(%x: Tensor[(1024, 1024), float32], %w: Tensor[(1024, 1024), float32]) 
   nn.dense(%x, %w)
 }"""
 
-CONV = """#[version = "0.0.5"]
-def @main(%x: Tensor[(1, 64, 56, 56), float32], %w: Tensor[(64, 64, 3, 3), float32]) {
-  nn.conv2d(%x, %w, padding=[1, 1, 1, 1], channels=64, kernel_size=[3, 3])
-}"""
+# ResNet-50 convolution layers: (in channels, size, out channels, kernel, stride); padding keeps "same" size.
+CONV_LAYERS = {
+    "64x56-3x3": (64, 56, 64, 3, 1),
+    "256x56-1x1": (256, 56, 64, 1, 1),
+    "128x28-3x3": (128, 28, 128, 3, 1),
+    "256x14-3x3": (256, 14, 256, 3, 1),
+    "512x7-3x3": (512, 7, 512, 3, 1),
+}
+
+
+def conv_source(c: int, size: int, o: int, k: int, stride: int) -> str:
+    pad = k // 2
+    return f"""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {c}, {size}, {size}), float32], %w: Tensor[({o}, {c}, {k}, {k}), float32]) {{
+  nn.conv2d(%x, %w, strides=[{stride}, {stride}], padding=[{pad}, {pad}, {pad}, {pad}],
+            channels={o}, kernel_size=[{k}, {k}])
+}}"""
 
 
 def one_task(source: str, weight_shape: tuple[int, ...], target: object) -> RelayTuneTask:
@@ -104,13 +117,16 @@ def gflops_line(flops: float, costs: dict[str, float]) -> str:
     return ", ".join(f"{name} {flops / cost / 1e9:.1f} GFLOPS ({cost * 1e3:.3f} ms)" for name, cost in costs.items())
 
 
-def im2col_conv(x: np.ndarray, w: np.ndarray) -> Callable[[], np.ndarray]:
+def im2col_conv(x: np.ndarray, w: np.ndarray, stride: int = 1) -> Callable[[], np.ndarray]:
     matrix = w.reshape(w.shape[0], -1)
+    k = w.shape[2]
+    pad = k // 2
 
     def run() -> np.ndarray:
-        padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-        cols = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # n, c, h, w, kh, kw
-        patches = cols.transpose(0, 1, 4, 5, 2, 3).reshape(x.shape[1] * 9, -1)
+        padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        cols = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(2, 3))  # n, c, h, w, kh, kw
+        cols = cols[:, :, ::stride, ::stride]
+        patches = cols.transpose(0, 1, 4, 5, 2, 3).reshape(x.shape[1] * k * k, -1)
         return matrix @ patches
 
     return run
@@ -132,6 +148,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="alternating timing rounds after tuning")
     parser.add_argument("--logs", default=None, help="folder for the tuning logs (default: a temporary one)")
     parser.add_argument("--only", choices=["dense", "conv"], help="run one workload")
+    parser.add_argument("--conv-layer", choices=sorted(CONV_LAYERS), default="64x56-3x3",
+                        help="which ResNet-50 convolution to tune (default 64x56-3x3)")
     parser.add_argument("--cores", type=int, default=None, help="cores for the kernels and BLAS (default: all)")
     args = parser.parse_args()
 
@@ -148,7 +166,9 @@ def main() -> None:
     rng = np.random.default_rng(1)
 
     dense = one_task(DENSE, (1024, 1024), target)
-    conv = one_task(CONV, (64, 64, 3, 3), target)
+    c, size, o, k, stride = CONV_LAYERS[args.conv_layer]
+    conv_name = f"conv2d 1x{c}x{size}x{size} * {o}x{c}x{k}x{k} s{stride} p{k // 2}"
+    conv = one_task(conv_source(c, size, o, k, stride), (o, c, k, k), target)
     for task in (dense, conv):
         valid = task.space.count_valid(limit=200_000)
         print(f"space of {task.description}: {len(task.space.knobs)} knobs, {task.space.size():,} combinations"
@@ -177,11 +197,11 @@ def main() -> None:
 
     if args.only in (None, "conv"):
         summary, seconds = tune_task(conv, args.trials, folder / "conv.jsonl", args.search, args.seed)
-        report_tuning("conv2d 1x64x56x56 3x3", conv, summary, seconds)
+        report_tuning(conv_name, conv, summary, seconds)
         best = summary.tasks[0].best_config
-        x = rng.standard_normal((1, 64, 56, 56)).astype("float32")
-        w = rng.standard_normal((64, 64, 3, 3)).astype("float32")
-        im2col = im2col_conv(x, w)
+        x = rng.standard_normal((1, c, size, size)).astype("float32")
+        w = rng.standard_normal((o, c, k, k)).astype("float32")
+        im2col = im2col_conv(x, w, stride)
 
         def numpy_im2col() -> None:
             with threadpool_limits(limits=cores, user_api="blas"):
@@ -194,7 +214,7 @@ def main() -> None:
             over_default = costs["default"] / costs["tuned"]
             over_im2col = costs["im2col+numpy"] / costs["tuned"]
             met = over_default > 1 and over_im2col > 1
-            print(f"conv2d 1x64x56x56 * 64x64x3x3 p1 on {cores} cores, {label} of {args.rounds} rounds: "
+            print(f"{conv_name} on {cores} cores, {label} of {args.rounds} rounds: "
                   f"{gflops_line(conv.flops, costs)} -> tuned beats the default by {over_default:.2f}x and "
                   f"im2col+numpy by {over_im2col:.2f}x ({'goal met' if met else 'goal missed'})")
     print(f"logs in {folder}; load average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
