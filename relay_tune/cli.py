@@ -39,7 +39,9 @@ def _command(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Calla
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(highlight=False)
+    # Piped or captured output has no terminal width; rich would wrap tables at 80 columns, which
+    # splits every workload description over several lines. 140 columns keeps one task per line.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -318,14 +320,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
-                      f"{_resume_command(args, log)}")
+                      f"{_resume_command(args, log)}", soft_wrap=True)  # a command must stay copyable
         return EXIT_INTERRUPTED
     finally:
         progress.close()
     _print_tune_result(console, result)
     if result.interrupted:
         console.print(f"interrupted after {result.summary.trials_done} of {result.summary.total_trials} trials; "
-                      f"every measurement is in {result.log_path}. Resume with:\n  {_resume_command(args, log)}")
+                      f"every measurement is in {result.log_path}. Resume with:\n  {_resume_command(args, log)}",
+                      soft_wrap=True)
         return EXIT_INTERRUPTED
     return 0
 
