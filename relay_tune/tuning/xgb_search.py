@@ -309,7 +309,7 @@ class XGBSearch(OptunaSearch):
         min_new: int = 8,
         epsilon: float = 0.15,
         pool_random: int = 64,
-        tpe_proposals: int = 16,
+        tpe_proposals: int = 12,
         top_k: int = 8,
         keep: int = 64,
         generations: int = 2,
@@ -341,7 +341,7 @@ class XGBSearch(OptunaSearch):
         self.diversity = diversity
         self.shortlist = shortlist
         self._plan: list[tuple[Config, float]] = []
-        self._planned = (-1, -1)  # (model version, measurements) the plan was made with
+        self._planned: tuple[int, frozenset[str]] = (-1, frozenset())  # (model version, top measured) of the plan
         self._trial_configs: dict[int, tuple[str, Config | None]] = {}
         self._proposer: Any = None  # private TPE study: proposals for the pool, never measured by itself
         self._proposer_known: set[str] = set()
@@ -503,7 +503,7 @@ class XGBSearch(OptunaSearch):
             combined = _standardised(nest) + _standardised(np.asarray(knob, dtype=np.float64))
             plan = [(c, float(v)) for (c, _), v in zip(plan, combined)]
         self._plan = sorted(plan, key=lambda item: -item[1])
-        self._planned = (self.hub.version, len(measured))
+        self._planned = (self.hub.version, self._leaders(measured))
         self.hub.stats.plans += 1
 
     def _children(self, parents: list[tuple[Config, float]], visited: set[str],
@@ -536,8 +536,10 @@ class XGBSearch(OptunaSearch):
         measured = self._refresh_measurements()
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
             self.hub.fit()
-        # Re-plan after a refit, and whenever new measurements arrived: new good configs have new neighbours.
-        if self.hub.model is not None and self._planned != (self.hub.version, len(measured)):
+        # Re-plan after a refit, when a newly measured config joined the best (it has new neighbours), and when the
+        # plan runs dry.
+        if self.hub.model is not None and (self._planned != (self.hub.version, self._leaders(measured))
+                                           or len(self._plan) < 2 * n):
             self._replan(measured)
         visited = self._visited(measured)
         chosen: list[Config] = []
@@ -553,6 +555,11 @@ class XGBSearch(OptunaSearch):
             chosen.append(config)
             visited.add(config.key)
         return chosen
+
+    def _leaders(self, measured: dict[str, tuple[Config, float]]) -> frozenset[str]:
+        """Keys of the top_k measured configs: the ones whose mutations the pool holds."""
+        ranked = sorted((item for item in measured.items() if item[1][1] > 0), key=lambda item: -item[1][1])
+        return frozenset(key for key, _ in ranked[: self.top_k])
 
     def _diverse_top(self, n: int, visited: set[str]) -> list[Config]:
         """Up to n configs from the head of the plan: high predicted scores, spread over different knob values.
