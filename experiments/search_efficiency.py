@@ -340,7 +340,8 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
               f"(fit {o.model['fit_s']:.1f}, "
               f"features {o.model['features_s']:.1f} = {o.model['featurized']:.0f} x {o.model['feature_ms']:.2f} ms, "
               f"predict {o.model['predict_s']:.1f}, pool {o.model['candidates_s']:.1f}), measuring {o.measure_s:6.1f} s"
-              f" -> {share:.1%} of the time")
+              f" -> {share:.1%} of the time" + (f"; wall {o.wall_s:.1f} s, search {o.search_s / o.wall_s:.1%} of it"
+                                                  if args.no_cache and o.wall_s > 0 else ""))
     if rows:
         with (args.out / "summary.csv").open("w", newline="") as out:
             writer = csv.DictWriter(out, fieldnames=list(rows[0]))
