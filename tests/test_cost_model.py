@@ -6,6 +6,7 @@ nothing here compiles. Model tests use synthetic data with a known ordering.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import warnings
@@ -106,7 +107,7 @@ def test_dense_features_mean_what_they_say() -> None:
     assert feature(packed, "all.local_bytes") == pytest.approx(np.log2(1 + 4 * 16 * 4))
     # the accumulator tile is reused across all of K; reuse only grows as more loops are included
     reuse = [feature(plain, f"s0.b0.reuse_curve{p}") for p in range(0, 28, 3)]
-    assert reuse[-1] >= np.log2(k) and all(a <= b + 1e-6 for a, b in zip(reuse, reuse[1:]))
+    assert reuse[-1] >= np.log2(k) and all(a <= b + 1e-6 for a, b in itertools.pairwise(reuse))
 
 
 def test_parallel_and_guard_features() -> None:
