@@ -204,7 +204,7 @@ def load_transfer_data(
 
 
 def _throughput(record: TuningRecord) -> float:
-    cost = record.mean_cost
+    cost = record.cost
     return 1.0 / cost if record.ok and cost else 0.0
 
 

@@ -608,7 +608,7 @@ class XGBSearch(OptunaSearch):
         super().update(inputs, results)
         data = self.hub.tasks[self.task.key].measured
         for measure_input, result in zip(inputs, results, strict=True):
-            cost = result.mean_cost
+            cost = result.cost
             data[measure_input.config.key] = (measure_input.config, 1.0 / cost if result.ok and cost else 0.0)
 
 
