@@ -1,0 +1,60 @@
+"""experiments/search_efficiency.py end to end on its smallest workload: real builds, real timings, the shared
+measurement cache, the joint re-measurement of the leading configs, and its CSV/PNG outputs."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = REPO_ROOT / "experiments" / "search_efficiency.py"
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("search_efficiency_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    script = _load_script()
+    argv = ["--trials", "10", "--seeds", "1", "--workloads", "depthwise", "--strategies", "random,xgb",
+            "--warmup", "4", "--batch", "4", "--build-jobs", "1", "--remeasure-rounds", "1", "--out", str(tmp_path)]
+    assert script.main(argv) == 0
+    first_out = capsys.readouterr().out
+    assert "trials to reach 95%" in first_out
+    assert "re-measuring depthwise" in first_out
+
+    rows = list(csv.DictReader((tmp_path / "curves.csv").open()))
+    assert {r["strategy"] for r in rows} == {"random", "xgb"}
+    for strategy in ("random", "xgb"):
+        curve = [float(r["best_gflops"]) for r in rows if r["strategy"] == strategy]
+        assert len(curve) == 10
+        assert curve == sorted(curve) and curve[-1] > 0  # best-so-far never drops
+    summary = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert {r["strategy"] for r in summary} == {"random", "xgb"}
+    assert (tmp_path / "search_efficiency.png").stat().st_size > 0
+    cache = tmp_path / "measurements" / "depthwise-relay.jsonl"
+    measured = len(cache.read_text().splitlines())
+    assert 10 <= measured <= 20
+    remeasured = tmp_path / "measurements" / "depthwise-relay-remeasured.jsonl"
+    assert remeasured.read_text().strip()
+
+    # A second invocation is answered from the caches: nothing new is measured or re-measured, same curves.
+    assert script.main(argv) == 0
+    second_out = capsys.readouterr().out
+    assert len(cache.read_text().splitlines()) == measured
+    assert "already done" in second_out
+    rows_again = list(csv.DictReader((tmp_path / "curves.csv").open()))
+    random_rows = [r for r in rows if r["strategy"] == "random"]
+    assert [r for r in rows_again if r["strategy"] == "random"] == random_rows
