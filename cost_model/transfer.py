@@ -18,14 +18,13 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cost_model.features import Featurizer
 from cost_model.xgb_model import TrainingSet
-from relay_tune.tuning.records import LogEvent, TuningRecord, iter_log
+from relay_tune.tuning.records import LogEvent, TuningRecord, expand_log_paths, iter_log
 
 WORKLOAD_EVENT = "workload"
 TRANSFER_GROUP_PREFIX = "transfer:"
@@ -107,26 +106,6 @@ class TransferReport:
         return ", ".join(parts)
 
 
-def _expand(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
-    if isinstance(paths, str | os.PathLike):
-        paths = [paths]
-    out: list[Path] = []
-    for p in paths:
-        path = Path(p)
-        if path.is_dir():
-            out += sorted(path.glob("*.jsonl"))
-        elif not path.exists() and any(ch in str(p) for ch in "*?["):
-            # a quoted pattern (the shell did not expand it): expand it here
-            matches = sorted(Path(path.anchor or ".").glob(str(path.relative_to(path.anchor)) if path.anchor
-                                                          else str(path)))
-            if not matches:
-                raise FileNotFoundError(f"no transfer log matches {p}")
-            out += matches
-        else:
-            out.append(path)
-    return out
-
-
 def load_transfer_data(
     paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     featurizer: Featurizer,
@@ -149,7 +128,7 @@ def load_transfer_data(
     specs: dict[str, Mapping[str, Any]] = {}
     grouped: dict[tuple[str, str], dict[str, TuningRecord]] = {}
     excluded = set(exclude)
-    for path in _expand(paths):
+    for path in expand_log_paths(paths):
         if not path.exists():
             raise FileNotFoundError(f"transfer log {path} does not exist")
         for _, entry in iter_log(path):

@@ -162,3 +162,18 @@ def test_load_gives_a_tidy_frame_with_best_so_far(tmp_path: Path) -> None:
     assert list(frame["timestamp"]) == sorted(frame["timestamp"])
     empty = logs.load([])
     assert list(empty.columns) == logs.COLUMNS and len(empty) == 0
+
+
+def test_load_reads_folders_and_glob_patterns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    LogWriter(folder / "one.jsonl").write([record("a", 1.0, 1)])
+    LogWriter(folder / "two.jsonl").write([record("b", 2.0, 1), record("b", 3.0, 2)])
+    (folder / "notes.txt").write_text("not a log\n")
+    assert len(logs.load(folder)) == 3
+    assert len(logs.load(str(folder / "*.jsonl"))) == 3
+    assert len(logs.load([folder / "one.jsonl", str(folder / "t*.jsonl")])) == 3
+    monkeypatch.chdir(tmp_path)
+    assert len(logs.load("logs/*.jsonl")) == 3  # a relative pattern
+    with pytest.raises(FileNotFoundError, match="no tuning log matches"):
+        logs.load(str(folder / "missing-*.jsonl"))

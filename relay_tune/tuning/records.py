@@ -390,15 +390,38 @@ def read_events(sources: LogSource | Sequence[LogSource]) -> list[LogEvent]:
     return [e for source in _as_sources(sources) for _, e in iter_log(source) if isinstance(e, LogEvent)]
 
 
+def expand_log_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Log files named by paths, folders (their `*.jsonl`) and glob patterns the shell did not expand."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    out: list[Path] = []
+    for item in paths:
+        path = Path(item)
+        if path.is_dir():
+            out += sorted(path.glob("*.jsonl"))
+        elif not path.exists() and any(ch in str(item) for ch in "*?["):
+            pattern = str(path.relative_to(path.anchor)) if path.anchor else str(path)
+            matches = sorted(Path(path.anchor or ".").glob(pattern))
+            if not matches:
+                raise FileNotFoundError(f"no tuning log matches {os.fspath(item)}")
+            out += matches
+        else:
+            out.append(path)
+    return out
+
+
 def _as_sources(sources: LogSource | Sequence[LogSource]) -> list[LogSource]:
-    if isinstance(sources, str | os.PathLike) or hasattr(sources, "read"):
+    if hasattr(sources, "read"):
         return [sources]  # type: ignore[list-item]
+    if isinstance(sources, str | os.PathLike):
+        return list(expand_log_paths(sources))
     items = list(sources)  # type: ignore[arg-type]
     if items and all(isinstance(item, TuningRecord | LogEvent)
                      or (isinstance(item, str) and (item.lstrip().startswith("{") or not item.strip()))
                      for item in items):
         return [items]  # one source made of JSON lines or records, not a list of paths
-    return items
+    return [path for item in items
+            for path in (expand_log_paths(item) if isinstance(item, str | os.PathLike) else [item])]
 
 
 class LogTail:
