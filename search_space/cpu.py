@@ -637,8 +637,10 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
         rows = max(1, min(dims["h"], 4, workload.accumulator_budget // vector_registers(vx, lanes)))
         rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+        # Padding read in place (masked vector loads at the borders) beats a padded copy on every MobileNet v2
+        # depthwise layer: 1.2-12x on one core.
         values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx), parallel=parallel,
-                      unroll_kw=False, pad="root")
+                      unroll_kw=False, pad="inline")
     elif family == "reduction":
         mode = workload.extras["mode"]
         wanted = min(dims["last"], 2 * lanes) if mode == "tiles" else lanes

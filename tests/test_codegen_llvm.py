@@ -474,6 +474,79 @@ def test_uniform_condition_inside_vector_loop_branches() -> None:
     np.testing.assert_allclose(got, np.where(np.arange(rows)[:, None] < 3, x + 1, x - 1))
 
 
+def _padding_kernel(rows: int, cols: int, before: int, after: int, bound_cols: bool) -> PrimFunc:
+    """out = x zero-padded on both axes, written as lowering writes a padding stage: a Select whose reads are
+    clamped into the buffer. With `bound_cols` False the condition does not bound the column index, so the
+    column clamp is not redundant and must stay."""
+    x = Buffer("x", (rows, cols))
+    out_rows, out_cols = rows + before + after, cols + before + after
+    out = Buffer("out", (out_rows, out_cols))
+    r, w = LoopVar("r"), LoopVar("w")
+    conds = [r >= before, r < before + rows]
+    if bound_cols:
+        conds += [w >= before, w < before + cols]
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = tir.BinaryOp("and", cond, c)
+    row = tir.minimum(tir.maximum(r - before, 0), rows - 1)
+    col = tir.minimum(tir.maximum(w - before, 0), cols - 1)
+    value = Select(cond, x[row, col] * 2.0, tir.FloatImm(0.0, "float32"))
+    return PrimFunc("pad2d", (x, out), For(r, out_rows, For(w, out_cols, Store(out, (r, w), value), VEC)))
+
+
+@pytest.mark.parametrize(("rows", "cols", "before", "after"), [(5, 56, 1, 1), (3, 17, 2, 3), (4, 1, 1, 0)])
+def test_padding_select_reads_with_masked_vector_loads(rows: int, cols: int, before: int, after: int) -> None:
+    func = _padding_kernel(rows, cols, before, after, bound_cols=True)
+    x = random_array((rows, cols), "float32")
+    got = np.full((rows + before + after, cols + before + after), np.nan, np.float32)
+    run(func, x, got)  # x ends where its last row ends: an unmasked read past it could fault
+    np.testing.assert_array_equal(got, np.pad(x * 2, ((before, after), (before, after))))
+    ir_text = emit_llvm_ir([func], SERIAL_HOST)
+    assert "llvm.masked.load" in ir_text
+    assert "llvm.masked.gather" not in ir_text
+
+
+def test_clamp_the_condition_does_not_imply_is_kept() -> None:
+    rows, cols = 4, 9
+    func = _padding_kernel(rows, cols, 1, 1, bound_cols=False)
+    x = random_array((rows, cols), "float32")
+    got = np.zeros((rows + 2, cols + 2), np.float32)
+    run(func, x, got)
+    clamped = x[:, np.clip(np.arange(cols + 2) - 1, 0, cols - 1)]  # columns repeat the edge values
+    np.testing.assert_array_equal(got, np.pad(clamped * 2, ((1, 1), (0, 0))))
+
+
+@pytest.mark.parametrize("stride", [2, 3, 4])
+@pytest.mark.parametrize("n", [16, 29])
+def test_strided_loads_read_a_span_and_shuffle(stride: int, n: int) -> None:
+    """out[i] = a[stride * i] (+ a tail guarded by a lane mask): no gather, and the input ends exactly at the last
+    element read, so a load that touched the elements after it could fault."""
+    lanes = 8
+    a, out = Buffer("a", ((n - 1) * stride + 1,)), Buffer("out", (n,))
+    vo, vi = LoopVar("vo"), LoopVar("vi")
+    index = vo * lanes + vi
+    body = tir.IfThenElse(index < n, Store(out, (index,), a[index * stride] + 1.0))
+    func = PrimFunc("strided", (a, out), For(vo, -(-n // lanes), For(vi, lanes, body, VEC)))
+    x = random_array(((n - 1) * stride + 1,), "float32")
+    got = np.zeros(n, np.float32)
+    run(func, x, got)
+    np.testing.assert_array_equal(got, x[::stride] + 1)
+    ir_text = emit_llvm_ir([func], SERIAL_HOST)
+    assert "llvm.masked.gather" not in ir_text and "shufflevector" in ir_text
+
+
+def test_strip_implied_clamps_uses_the_condition() -> None:
+    w = LoopVar("w")
+    extents = {w: 58}
+    x = Buffer("x", (56,))
+    clamped = x[tir.minimum(tir.maximum(w - 1, 0), 55)]
+    facts = affine.guard_facts(tir.BinaryOp("and", w >= 1, w < 57), extents)
+    assert affine.strip_implied_clamps(clamped, facts, extents) == x[w - 1]
+    only_low = affine.guard_facts(w >= 1, extents)  # w - 1 <= 55 is not implied: the min stays
+    assert affine.strip_implied_clamps(clamped, only_low, extents) == x[tir.minimum(w - 1, 55)]
+    assert affine.strip_implied_clamps(clamped, [], extents) is clamped
+
+
 def test_4d_transpose_with_gathers_and_fused_lanes() -> None:
     shape = (2, 3, 5, 7)
     src = Buffer("src", shape)

@@ -187,3 +187,102 @@ def lane_stride(
         elif not isinstance(atom, tir.LoopVar) and contains_var(atom, var):
             return None
     return stride
+
+
+_FACT_OPS = ("ge", "gt", "le", "lt", "eq")
+
+
+def guard_facts(cond: tir.PrimExpr, extents: Mapping[tir.LoopVar, int]) -> list[AffineForm]:
+    """Integer facts `form >= 0` that hold wherever `cond` is true (its conjuncts that compare integers)."""
+    facts: list[AffineForm] = []
+    stack = [cond]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, tir.BinaryOp):
+            continue
+        if node.op == "and":
+            stack += [node.a, node.b]
+            continue
+        if node.op not in _FACT_OPS or not (_is_int(node.a.dtype) and _is_int(node.b.dtype)):
+            continue
+        a, b = affine_form(node.a, extents), affine_form(node.b, extents)
+        a_minus_b, b_minus_a = a.plus(b, -1), b.plus(a, -1)
+        if node.op == "ge":
+            facts.append(a_minus_b)
+        elif node.op == "gt":
+            facts.append(a_minus_b.plus(AffineForm({}, 1), -1))
+        elif node.op == "le":
+            facts.append(b_minus_a)
+        elif node.op == "lt":
+            facts.append(b_minus_a.plus(AffineForm({}, 1), -1))
+        else:
+            facts += [a_minus_b, b_minus_a]
+    return facts
+
+
+def _implied_nonnegative(form: AffineForm, facts: Sequence[AffineForm], extents: Mapping[tir.LoopVar, int]) -> bool:
+    span = bounds(form, extents)
+    if span is not None and span[0] >= 0:
+        return True
+    for fact in facts:
+        gap = form.plus(fact, -1)  # form = fact + gap >= gap
+        if gap.is_constant and gap.const >= 0:
+            return True
+    return False
+
+
+def strip_implied_clamps(
+    expr: tir.PrimExpr, facts: Sequence[AffineForm], extents: Mapping[tir.LoopVar, int]
+) -> tir.PrimExpr:
+    """`expr` with every index clamp `max(e, lo)` / `min(e, hi)` inside load indices removed where `facts` prove
+    it changes nothing (e >= lo, e <= hi).
+
+    Lowering clamps the indices of reads in a branch of a `Select` (both branches may be evaluated), e.g. the
+    `x[min(max(w - 1, 0), 55)]` of a padding stage. Inside a vector loop such an index defeats the contiguous
+    access check and becomes a gather; under the branch's own condition (`1 <= w < 57`) the clamp is the
+    identity, so the code generator reads `x[w - 1]` with a masked vector load instead.
+    """
+    if not facts:
+        return expr
+
+    def index(node: tir.PrimExpr) -> tir.PrimExpr:
+        if isinstance(node, tir.BinaryOp) and node.op in ("max", "min"):
+            inner = index(node.a)
+            bound = affine_form(node.b, extents)
+            if bound.is_constant:
+                value = affine_form(inner, extents)
+                if node.op == "max":
+                    needed = value.plus(bound, -1)  # e - lo >= 0
+                else:
+                    needed = bound.plus(value, -1)  # hi - e >= 0
+                if _implied_nonnegative(needed, facts, extents):
+                    return inner
+            return node if inner is node.a else tir.BinaryOp(node.op, inner, node.b, node.dtype)
+        return node
+
+    def visit(node: tir.PrimExpr) -> tir.PrimExpr:
+        if isinstance(node, tir.Load):
+            indices = tuple(index(i) for i in node.indices)
+            if all(new is old for new, old in zip(indices, node.indices)):
+                return node
+            return tir.Load(node.buffer, indices, node.dtype)
+        if isinstance(node, tir.BinaryOp):
+            a, b = visit(node.a), visit(node.b)
+            return node if (a is node.a and b is node.b) else tir.BinaryOp(node.op, a, b, node.dtype)
+        if isinstance(node, tir.Cast):
+            value = visit(node.value)
+            return node if value is node.value else tir.Cast(node.dtype, value)
+        if isinstance(node, tir.Not):
+            value = visit(node.a)
+            return node if value is node.a else tir.Not(value)
+        if isinstance(node, tir.Call):
+            args = tuple(visit(a) for a in node.args)
+            return node if all(n is o for n, o in zip(args, node.args)) else tir.Call(node.name, args, node.dtype)
+        if isinstance(node, tir.Select):
+            parts = (visit(node.cond), visit(node.true_value), visit(node.false_value))
+            if all(new is old for new, old in zip(parts, (node.cond, node.true_value, node.false_value))):
+                return node
+            return tir.Select(*parts)
+        return node
+
+    return visit(expr)

@@ -242,6 +242,10 @@ class FunctionContext:
 class LLVMCodegenBase:
     """Lowers PrimFuncs into an llvmlite module. Subclasses provide the target-specific hooks."""
 
+    # Loads whose lanes are this many elements apart or fewer (a stride-2 convolution or pooling window) read the
+    # covering contiguous span and pick every stride-th element, instead of gathering lane by lane; 0 turns it off.
+    max_strided_load = 4
+
     def __init__(self, module: ir.Module, options: CodegenOptions | None = None) -> None:
         self.module = module
         self.options = options or CodegenOptions()
@@ -611,6 +615,9 @@ class LLVMCodegenBase:
             node, expanded = stack.pop()
             if id(node) in memo:
                 continue
+            if not expanded and isinstance(node, tir.Select) and self.ctx.vector is not None:
+                memo[id(node)] = (node, self.lower_vector_select(node))
+                continue
             if not expanded and not isinstance(node, tir.Load):
                 stack.append((node, True))
                 stack.extend((child, False) for child in affine.operands(node) if id(child) not in memo)
@@ -663,13 +670,7 @@ class LLVMCodegenBase:
             return self.logical_not(self.as_condition(self.value_of(node.a), node.a.dtype))
         if isinstance(node, tir.Select):
             cond = self.as_condition(self.value_of(node.cond), node.cond.dtype)
-            t = self.cast(self.value_of(node.true_value), node.true_value.dtype, node.dtype)
-            f = self.cast(self.value_of(node.false_value), node.false_value.dtype, node.dtype)
-            lanes = max(lanes_of(cond), lanes_of(t), lanes_of(f))
-            t, f = self.broadcast(t, lanes), self.broadcast(f, lanes)
-            if lanes_of(cond) not in (1, lanes):  # pragma: no cover - lanes are uniform within a chunk
-                raise CompileError("select condition and values have different vector widths")
-            return self.builder.select(cond, t, f)
+            return self.select(node, cond, self.value_of(node.true_value), self.value_of(node.false_value))
         if isinstance(node, tir.Cast):
             return self.cast(self.value_of(node.value), node.value.dtype, node.dtype)
         if isinstance(node, tir.Call):
@@ -677,6 +678,40 @@ class LLVMCodegenBase:
         if isinstance(node, tir.Load):
             return self.lower_load(node)
         raise CompileError(f"cannot compile expression of type {type(node).__name__}")
+
+    def select(self, node: tir.Select, cond: ir.Value, t: ir.Value, f: ir.Value) -> ir.Value:
+        t = self.cast(t, node.true_value.dtype, node.dtype)
+        f = self.cast(f, node.false_value.dtype, node.dtype)
+        lanes = max(lanes_of(cond), lanes_of(t), lanes_of(f))
+        t, f = self.broadcast(t, lanes), self.broadcast(f, lanes)
+        if lanes_of(cond) not in (1, lanes):  # pragma: no cover - lanes are uniform within a chunk
+            raise CompileError("select condition and values have different vector widths")
+        return self.builder.select(cond, t, f)
+
+    def lower_vector_select(self, node: tir.Select) -> ir.Value:
+        """A `Select` inside a vector loop. When the condition differs between lanes and the true branch reads
+        through index clamps that the condition makes redundant (a padding stage's `x[min(max(w - 1, 0), 55)]`
+        under `1 <= w < 57`), the branch is read without the clamps, under the condition as a mask: a masked
+        contiguous load instead of a gather, and no lane outside the condition touches memory."""
+        ctx = self.ctx
+        cond = self.as_condition(self.eval(node.cond), node.cond.dtype)
+        true_value: tir.PrimExpr = node.true_value
+        if lanes_of(cond) > 1:
+            facts = affine.guard_facts(node.cond, ctx.extents)
+            true_value = affine.strip_implied_clamps(node.true_value, facts, ctx.extents)
+        if true_value is node.true_value:
+            t = self.eval(true_value)
+        else:
+            # Values loaded under the narrowed mask are zero in the other lanes: keep them out of the memo that
+            # the rest of the statement shares.
+            saved = ctx.mask, ctx.memo, ctx.memo_lane0
+            ctx.mask = cond if ctx.mask is None else ctx.builder.and_(ctx.mask, cond)
+            ctx.memo, ctx.memo_lane0 = dict(ctx.memo), dict(ctx.memo_lane0)
+            try:
+                t = self.eval(true_value)
+            finally:
+                ctx.mask, ctx.memo, ctx.memo_lane0 = saved
+        return self.select(node, cond, t, self.eval(node.false_value))
 
     def constant(self, dtype: str, value: float | int, lanes: int = 1) -> ir.Constant:
         info = dtype_info(dtype)
@@ -872,6 +907,9 @@ class LLVMCodegenBase:
                 value = b.load(vector_pointer, align=align)
             else:
                 value = self._masked_load(vector_pointer, ctx.mask, align)
+        elif stride is not None and 1 < stride <= self.max_strided_load and vec.lanes * stride <= 128:
+            address = b.gep(pointer, [self.eval_lane0(node.indices, buf)])
+            value = self._strided_load(address, stride, vec.lanes, memory_type(buf.dtype), ctx.mask, align)
         else:
             offsets = self.broadcast(self.offset(node.indices, buf), vec.lanes)
             value = self._gather(self.lane_pointers(pointer, offsets), ctx.mask, align)
@@ -898,6 +936,24 @@ class LLVMCodegenBase:
         fn = self.declare(name, vtype, [vector_pointer.type, I32, mask.type, vtype])
         zero = ir.Constant(vtype, None)
         return self.builder.call(fn, [vector_pointer, ir.Constant(I32, align), mask, zero])
+
+    def _strided_load(self, address: ir.Value, stride: int, lanes: int, element: ir.Type, mask: ir.Value | None,
+                      align: int) -> ir.Value:
+        """Lanes `address[0], address[stride], ...`: one masked load of the span they cover, then a shuffle. Only
+        the picked elements are enabled in the load's mask, so nothing past the last lane's element is touched."""
+        b = self.builder
+        span = lanes * stride
+        wide = ir.VectorType(element, span)
+        if mask is None:
+            wide_mask: ir.Value = ir.Constant(ir.VectorType(I1, span), [int(j % stride == 0) for j in range(span)])
+        else:
+            # lane i of `mask` enables element i * stride of the span; the elements in between stay off
+            off = ir.Constant(ir.VectorType(I1, lanes), [0] * lanes)
+            picks = [(j // stride) if j % stride == 0 else lanes for j in range(span)]
+            wide_mask = b.shuffle_vector(mask, off, ir.Constant(ir.VectorType(I32, span), picks))
+        loaded = self._masked_load(b.bitcast(address, wide.as_pointer()), wide_mask, align)
+        picks = ir.Constant(ir.VectorType(I32, lanes), [i * stride for i in range(lanes)])
+        return b.shuffle_vector(loaded, ir.Constant(wide, ir.Undefined), picks)
 
     def _masked_store(self, value: ir.Value, pointer: ir.Value, mask: ir.Value, align: int) -> None:
         if lanes_of(value) == 1:

@@ -289,13 +289,17 @@ def _conv_weight(anchor: Stage, channel_axis: int) -> te.Tensor | None:
     return None
 
 
-def _prepare_conv(sch: Schedule, anchor: Stage, target: Target) -> str:
-    """Accumulator tile for the convolution; padding computed once at the root; the rest inlined."""
+def _prepare_conv(sch: Schedule, anchor: Stage, target: Target, inline_pad: bool = False) -> str:
+    """Accumulator tile for the convolution; padding computed once at the root (or read in place with
+    `inline_pad`); the rest inlined."""
     pads = _producers_tagged(sch, anchor, "pad")
     acc = _cache_accumulator(sch, anchor)
     _inline_cheap(sch, keep={acc, *(p.name for p in pads)})
     for pad in pads:
-        _flat_loops(sch, pad, target)
+        if inline_pad:
+            sch.compute_inline(pad.name)
+        else:
+            _flat_loops(sch, pad, target)
     return acc
 
 
@@ -433,7 +437,9 @@ def _schedule_depthwise_nchw(sch: Schedule, prim: PrimitiveCompute, anchor: Stag
     _, _, height, width = anchor.shape
     vx = _vector_width(width, lanes)
     rows = max(1, min(height, 4, REGISTER_BUDGET // _vector_pieces(vx, lanes)))
-    acc = _prepare_conv(sch, anchor, target)
+    # Each input element feeds only 9 multiply-adds: a padded copy costs about as much as the convolution, while
+    # reading the padding in place costs a mask at the borders.
+    acc = _prepare_conv(sch, anchor, target, inline_pad=True)
     n, c, h, w = sch.leaves(out.name)
     ho, hi = sch.split(out.name, h, factor=rows)
     wo, wi = sch.split(out.name, w, factor=vx)
