@@ -224,7 +224,9 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
         return random_search(seed=seed)
     if name == "tpe":
         return optuna_search(storage=None, sampler="tpe", seed=seed)
-    xgb_options = {"plan_size": options.plan_size, "epsilon": options.epsilon, "warmup": options.warmup}
+    # Only the options given on the command line: otherwise the strategy runs with relay-tune's own defaults.
+    xgb_options = {name: getattr(options, name) for name in ("plan_size", "epsilon", "warmup")
+                   if getattr(options, name) is not None}
     if name == "xgb":
         return xgb_search(None, seed=seed, log_path=log, loss=options.loss, features=options.features,
                           **xgb_options)
@@ -479,9 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--build-jobs", type=int, default=2, help="parallel builds")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/search_efficiency"))
     parser.add_argument("--no-cache", action="store_true", help="measure every config for real")
-    parser.add_argument("--plan-size", type=int, default=32)
-    parser.add_argument("--epsilon", type=float, default=0.15)
-    parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--plan-size", type=int, help="xgb: most new measurements between fits (default: relay-tune's)")
+    parser.add_argument("--epsilon", type=float, help="xgb: share of random configs per batch (default: relay-tune's)")
+    parser.add_argument("--warmup", type=int, help="xgb: measurements before the first fit (default: relay-tune's)")
     parser.add_argument("--loss", choices=("rank", "reg"), default="rank")
     parser.add_argument("--features", choices=("loopnest", "knob"), default="loopnest")
     parser.add_argument("--timeout", type=float, default=10.0, help="run timeout per kernel (s)")

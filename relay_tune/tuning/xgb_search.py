@@ -91,7 +91,9 @@ class CostModelHub:
     folders) whose measurements warm the model. model_path: where the model is saved after each fit (None: not
     saved). initial_model: a saved model to rank with until the first fit (its schema and target must match).
     feature_jobs: worker processes that lower candidates in parallel (they idle otherwise: the builder's workers
-    wait while the search plans).
+    wait while the search plans). fit_threads: XGBoost threads for training and ranking (default 1: its OpenMP threads
+    spin-wait for each other, so when another process holds one of the cores a 2-thread fit of 300 rows took 3-5 s
+    instead of 0.13 s on one thread; at these data sizes one thread is fast enough).
     """
 
     def __init__(
@@ -107,8 +109,10 @@ class CostModelHub:
         transfer_half_life: float = 64.0,
         rounds: int | None = None,
         feature_jobs: int = 1,
+        fit_threads: int = 1,
     ) -> None:
         self.featurizer = Featurizer(features, jobs=feature_jobs)
+        self.fit_threads = fit_threads
         # Knob-feature models of each task (its own measurements only) screen large candidate pools cheaply, so
         # that only a shortlist is lowered for the loop-nest model.
         self.knob_featurizer = Featurizer("knob")
@@ -222,7 +226,8 @@ class CostModelHub:
         task = next(iter(self.tasks.values())).task if self.tasks else None
         schema = self.schema(task) if task is not None else self.featurizer.schema()
         kwargs: dict[str, Any] = {} if self.rounds is None else {"rounds": self.rounds}
-        model = XGBCostModel(schema, loss=self.loss, target=self.target, seed=self.seed, **kwargs)
+        model = XGBCostModel(schema, loss=self.loss, target=self.target, seed=self.seed, nthread=self.fit_threads,
+                             **kwargs)
         start = time.perf_counter()
         model.fit(data)
         self.stats.fit += time.perf_counter() - start
@@ -247,7 +252,7 @@ class CostModelHub:
             matrix, kept = self.knob_featurizer.many(data.task, [c for c, _ in items])
             throughput = np.asarray([items[i][1] for i in kept], dtype=np.float32)
             screener = XGBCostModel(self.knob_featurizer.schema(data.task.space), loss=self.loss, seed=self.seed,
-                                    rounds=60, params={"colsample_bytree": 1.0})
+                                    rounds=60, params={"colsample_bytree": 1.0}, nthread=self.fit_threads)
             screener.fit(TrainingSet(matrix, throughput, (key,) * len(kept)))
             self.screeners[key] = screener
             self.stats.fit += time.perf_counter() - start
