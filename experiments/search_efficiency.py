@@ -17,7 +17,10 @@ workload come first.
 Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
 `<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
 from it. Every strategy therefore sees the same noise for the same config, and the full experiment costs far less
-than 18,000 measurements. `--no-cache` measures everything for real (use it to time a single run).
+than 18,000 measurements. `--no-cache` measures everything for real (use it to time a single run). At the end the
+configs within `--remeasure-share` of the best are timed again together, in interleaved rounds, and the curves are
+rebuilt from those values (see `remeasure_leaders`): on a shared machine the same kernel can time 10-20% apart an
+hour later, and the 95% bar should not be set by whichever config happened to be timed in a quiet minute.
 
 Outputs in `--out` (default experiments/results/search_efficiency): `curves.csv` (best GFLOPS after each trial of
 each run), `summary.csv`, `search_efficiency.png` (median best GFLOPS vs trials, band = min..max over seeds), and
@@ -458,6 +461,9 @@ def plot(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
             x = np.arange(1, length + 1)
             line = ax.plot(x, np.median(matrix, axis=0), label=strategy)[0]
             ax.fill_between(x, matrix.min(axis=0), matrix.max(axis=0), color=line.get_color(), alpha=0.15)
+        best = max((max(o.best_curve, default=0.0) for o in outcomes if o.workload == workload), default=0.0)
+        ax.axhline(TARGET_SHARE * best, color="gray", linestyle="--", linewidth=0.8,
+                   label=f"{TARGET_SHARE:.0%} of the best")
         ax.set_title(workload)
         ax.set_xlabel("trials")
         ax.set_ylabel("best GFLOPS so far")
