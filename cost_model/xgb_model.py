@@ -148,6 +148,17 @@ class XGBCostModel:
 
     def fit(self, data: TrainingSet) -> XGBCostModel:
         """Train from scratch on `data` (needs at least two rows)."""
+        self.booster = None
+        return self._train(data, self.rounds)
+
+    def update(self, data: TrainingSet, rounds: int = 20) -> XGBCostModel:
+        """Incremental training: `rounds` more trees fitted to what the current trees get wrong on `data` (the
+        old rows plus the new ones), a fraction of the cost of a fit from scratch. A model never trained is fitted."""
+        if self.booster is None:
+            return self.fit(data)
+        return self._train(data, rounds)
+
+    def _train(self, data: TrainingSet, rounds: int) -> XGBCostModel:
         import xgboost as xgb
 
         if len(data) < 2:
@@ -167,7 +178,7 @@ class XGBCostModel:
                 matrix.set_weight(np.asarray(per_group, dtype=np.float32))  # ranking weights are per group
             else:
                 matrix.set_weight(np.asarray([per_group[q] for q in qid], dtype=np.float32))
-        self.booster = xgb.train(self._xgb_params(), matrix, num_boost_round=self.rounds)
+        self.booster = xgb.train(self._xgb_params(), matrix, num_boost_round=rounds, xgb_model=self.booster)
         self.width = features.shape[1]
         self.fits += 1
         self.trained_rows = len(data)

@@ -108,6 +108,8 @@ WORKLOADS = [
     conv("conv2d 1x512x7x7 3x3 -> 512", 512, 7, 512, 3, pad=1),
     conv("conv2d 1x3x224x224 7x7 s2 -> 64", 3, 224, 64, 7, stride=2, pad=3),
     conv("depthwise 1x144x56x56 3x3", 144, 56, 144, 3, pad=1, groups=144),
+    conv("depthwise 1x144x56x56 3x3 s2", 144, 56, 144, 3, stride=2, pad=1, groups=144),
+    conv("depthwise 1x960x7x7 3x3", 960, 7, 960, 3, pad=1, groups=960),
 ]
 
 

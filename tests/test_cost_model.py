@@ -218,6 +218,22 @@ def test_model_trained_on_synthetic_data_ranks_correctly(loss: str) -> None:
     assert np.mean(scores[~ok] < np.median(scores)) > 0.7
 
 
+def test_incremental_update_extends_the_trees_and_learns_new_rows() -> None:
+    first, _ = synthetic(60, groups=1, seed=3)
+    more, _ = synthetic(240, groups=1, seed=4)
+    test, quality = synthetic(300, groups=1, seed=5)
+    model = XGBCostModel("synthetic", rounds=40).fit(first)
+    trees = model.booster.num_boosted_rounds()
+    before = spearman(model.predict(test.features), quality)
+    model.update(TrainingSet.concat([first, more]), rounds=20)
+    assert model.booster.num_boosted_rounds() == trees + 20
+    assert spearman(model.predict(test.features), quality) > before  # the new rows taught it something
+    model.fit(first)  # a fit starts from scratch again
+    assert model.booster.num_boosted_rounds() == trees
+    fresh = XGBCostModel("synthetic", rounds=40).update(first)  # nothing to extend yet: a full fit
+    np.testing.assert_array_equal(fresh.predict(test.features), model.predict(test.features))
+
+
 def test_labels_are_normalised_per_workload_and_failures_are_worst() -> None:
     data = TrainingSet(np.zeros((5, 2), np.float32), np.array([2.0, 4.0, 0.0, 100.0, 50.0], np.float32),
                        ("a", "a", "a", "b", "b"))

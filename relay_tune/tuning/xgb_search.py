@@ -93,7 +93,8 @@ class CostModelHub:
     feature_jobs: worker processes that lower candidates in parallel (they idle otherwise: the builder's workers
     wait while the search plans). fit_threads: XGBoost threads for training and ranking (default 1: its OpenMP threads
     spin-wait for each other, so when another process holds one of the cores a 2-thread fit of 300 rows took 3-5 s
-    instead of 0.13 s on one thread; at these data sizes one thread is fast enough).
+    instead of 0.13 s on one thread; at these data sizes one thread is fast enough). update_rounds: trees added by
+    an incremental update between two full fits.
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class CostModelHub:
         rounds: int | None = None,
         feature_jobs: int = 1,
         fit_threads: int = 1,
+        update_rounds: int = 20,
     ) -> None:
         self.featurizer = Featurizer(features, jobs=feature_jobs)
         self.fit_threads = fit_threads
@@ -133,6 +135,9 @@ class CostModelHub:
         self._transfer_loaded = False
         self.stats = HubStats()
         self._rows_at_fit = 0
+        self._rows_at_full_fit = 0
+        self._full_fit_due = True
+        self.update_rounds = update_rounds
         self.target = ""
 
     # -- registration ------------------------------------------------------------------------------------------
@@ -185,6 +190,7 @@ class CostModelHub:
         if self.model is None or self._rows_at_fit == 0:
             return True
         new = rows - self._rows_at_fit
+        self._full_fit_due = rows - self._rows_at_full_fit >= plan_size
         return new >= min(plan_size, max(min_new, math.ceil(growth * self._rows_at_fit)))
 
     def fit(self) -> None:
@@ -225,11 +231,21 @@ class CostModelHub:
             return
         task = next(iter(self.tasks.values())).task if self.tasks else None
         schema = self.schema(task) if task is not None else self.featurizer.schema()
-        kwargs: dict[str, Any] = {} if self.rounds is None else {"rounds": self.rounds}
-        model = XGBCostModel(schema, loss=self.loss, target=self.target, seed=self.seed, nthread=self.fit_threads,
-                             **kwargs)
         start = time.perf_counter()
-        model.fit(data)
+        full = not (self.model is not None and not self._full_fit_due and self.model.width == data.features.shape[1]
+                    and self.model.feature_schema == schema)
+        if not full:
+            assert self.model is not None
+            # Between full fits (every `plan_size` new measurements) the trees are only extended: a few rounds on
+            # all the data now, instead of a model from scratch.
+            model = self.model.update(data, rounds=self.update_rounds)
+        else:
+            kwargs: dict[str, Any] = {} if self.rounds is None else {"rounds": self.rounds}
+            model = XGBCostModel(schema, loss=self.loss, target=self.target, seed=self.seed, nthread=self.fit_threads,
+                                 **kwargs)
+            model.fit(data)
+            self._rows_at_full_fit = self.measured_rows
+            self._full_fit_due = False
         self.stats.fit += time.perf_counter() - start
         self.stats.fits += 1
         self.model = model
@@ -238,9 +254,9 @@ class CostModelHub:
         if self.model_path is not None:
             model.save(self.model_path)
         if self.featurizer.kind != "knob":
-            self._fit_screeners()
+            self._fit_screeners(full)
 
-    def _fit_screeners(self) -> None:
+    def _fit_screeners(self, full: bool = True) -> None:
         for key, data in self.tasks.items():
             items = list(data.measured.values())
             if len(items) < SCREEN_MIN_ROWS or not any(t > 0 for _, t in items):
@@ -251,9 +267,14 @@ class CostModelHub:
             start = time.perf_counter()
             matrix, kept = self.knob_featurizer.many(data.task, [c for c, _ in items])
             throughput = np.asarray([items[i][1] for i in kept], dtype=np.float32)
-            screener = XGBCostModel(self.knob_featurizer.schema(data.task.space), loss=self.loss, seed=self.seed,
-                                    rounds=60, params={"colsample_bytree": 1.0}, nthread=self.fit_threads)
-            screener.fit(TrainingSet(matrix, throughput, (key,) * len(kept)))
+            rows = TrainingSet(matrix, throughput, (key,) * len(kept))
+            screener = self.screeners.get(key)
+            if screener is not None and not full:
+                screener.update(rows, rounds=max(1, self.update_rounds // 2))  # as the main model: extend
+            else:
+                screener = XGBCostModel(self.knob_featurizer.schema(data.task.space), loss=self.loss, seed=self.seed,
+                                        rounds=60, params={"colsample_bytree": 1.0}, nthread=self.fit_threads)
+                screener.fit(rows)
             self.screeners[key] = screener
             self.stats.fit += time.perf_counter() - start
 
