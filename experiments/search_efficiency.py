@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,16 +254,12 @@ def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.N
                    batch_size=args.batch, seed=seed, measure_default=False)
     wall = time.monotonic() - start
     records = [r for r in read_records(log) if r.workload_key == task.key]
-    best = 0.0
-    curve: list[float] = []
     measure_s = 0.0
     cache = caches.get(task.key)
     trials: list[tuple[Config, float]] = []
     for record in records:
         gflops = record.gflops or 0.0
         trials.append((record.config, gflops))
-        best = max(best, gflops)
-        curve.append(best)
         if cache is not None and record.config_key in cache.entries:
             stored = cache.entries[record.config_key]
             measure_s += stored.build_s / max(1, args.build_jobs) + stored.run_s
@@ -275,6 +272,7 @@ def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.N
         model = {"fit_s": stats.fit, "features_s": stats.features, "predict_s": stats.predict,
                  "candidates_s": stats.candidates, "fits": stats.fits, "featurized": stats.featurized,
                  "feature_ms": hub.featurizer.mean_ms}
+    curve = best_so_far(g for _, g in trials)
     return RunOutcome(workload, strategy, seed, curve, summary.seconds.get("search", 0.0), wall, measure_s, model,
                       trials, list(curve))
 
@@ -342,12 +340,12 @@ def remeasure_leaders(outcomes: list[RunOutcome], tasks: dict[str, Any], args: a
         for config in shown:
             print(f"  {values[config.key]:7.1f} GFLOPS (first measured {first[config.key][1]:.1f}): {config}")
         for o in runs:
-            best_so_far = 0.0
-            curve = []
-            for config, gflops in o.trials:
-                best_so_far = max(best_so_far, values.get(config.key, gflops))
-                curve.append(best_so_far)
-            o.best_curve = curve
+            o.best_curve = best_so_far(values.get(config.key, gflops) for config, gflops in o.trials)
+
+
+def best_so_far(gflops: Iterable[float]) -> list[float]:
+    """The best value after each trial."""
+    return list(itertools.accumulate(gflops, max))
 
 
 def trials_to_reach(curve: Sequence[float], threshold: float) -> int | None:
@@ -385,6 +383,7 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
         if not runs:
             continue
         best = max(max(o.best_curve, default=0.0) for o in runs)
+        first_best = max(max(o.first_curve or o.best_curve, default=0.0) for o in runs)
         cells = []
         for strategy in args.strategies:
             mine = [o for o in runs if o.strategy == strategy]
@@ -394,7 +393,6 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
             if mine:
                 needed[(workload, strategy)] = statistics.median(
                     [v if v is not None else math.inf for v in reach])
-                first_best = max(max(o.first_curve or o.best_curve, default=0.0) for o in runs)
                 first_reach = [trials_to_reach(o.first_curve or o.best_curve, TARGET_SHARE * first_best) for o in mine]
                 rows.append({"workload": workload, "strategy": strategy, "best_gflops_any": f"{best:.2f}",
                              "median_trials_to_95pct": needed[(workload, strategy)],

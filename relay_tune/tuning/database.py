@@ -53,13 +53,13 @@ def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:
         if not record.ok:
             continue
         held = fastest.get(record.config_key)
-        if held is None or _mean(record) < _mean(held):
+        if held is None or _cost(record) < _cost(held):
             fastest[record.config_key] = record
-    ranked = sorted(fastest.values(), key=lambda r: (_mean(r), r.timestamp))
+    ranked = sorted(fastest.values(), key=lambda r: (_cost(r), r.timestamp))
     return ranked[:k]
 
 
-def _mean(record: TuningRecord) -> float:
+def _cost(record: TuningRecord) -> float:
     cost = record.cost
     assert cost is not None
     return cost

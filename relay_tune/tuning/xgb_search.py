@@ -136,7 +136,6 @@ class CostModelHub:
         self.stats = HubStats()
         self._rows_at_fit = 0
         self._rows_at_full_fit = 0
-        self._full_fit_due = True
         self.update_rounds = update_rounds
         self.target = ""
 
@@ -190,11 +189,12 @@ class CostModelHub:
         if self.model is None or self._rows_at_fit == 0:
             return True
         new = rows - self._rows_at_fit
-        self._full_fit_due = rows - self._rows_at_full_fit >= plan_size
         return new >= min(plan_size, max(min_new, math.ceil(growth * self._rows_at_fit)))
 
-    def fit(self) -> None:
-        self._fit()
+    def fit(self, full_every: int | None = None) -> None:
+        """Train on everything measured: from scratch once `full_every` measurements arrived since the last fit from
+        scratch (always when None), else by extending the current trees."""
+        self._fit(full_every)
 
     def _training_set(self) -> TrainingSet | None:
         parts: list[TrainingSet] = []
@@ -225,27 +225,27 @@ class CostModelHub:
         data = TrainingSet.concat(parts)
         return TrainingSet(data.features, data.throughput, data.groups, weights or None)
 
-    def _fit(self) -> None:
+    def _fit(self, full_every: int | None = None) -> None:
         data = self._training_set()
         if data is None or len(data) < 2:
             return
         task = next(iter(self.tasks.values())).task if self.tasks else None
         schema = self.schema(task) if task is not None else self.featurizer.schema()
         start = time.perf_counter()
-        full = not (self.model is not None and not self._full_fit_due and self.model.width == data.features.shape[1]
-                    and self.model.feature_schema == schema)
-        if not full:
-            assert self.model is not None
+        model = self.model
+        full = (model is None or full_every is None or self._rows_at_full_fit == 0
+                or self.measured_rows - self._rows_at_full_fit >= full_every
+                or model.width != data.features.shape[1] or model.feature_schema != schema)
+        if model is not None and not full:
             # Between full fits (every `plan_size` new measurements) the trees are only extended: a few rounds on
             # all the data now, instead of a model from scratch.
-            model = self.model.update(data, rounds=self.update_rounds)
+            model.update(data, rounds=self.update_rounds)
         else:
             kwargs: dict[str, Any] = {} if self.rounds is None else {"rounds": self.rounds}
             model = XGBCostModel(schema, loss=self.loss, target=self.target, seed=self.seed, nthread=self.fit_threads,
                                  **kwargs)
             model.fit(data)
             self._rows_at_full_fit = self.measured_rows
-            self._full_fit_due = False
         self.stats.fit += time.perf_counter() - start
         self.stats.fits += 1
         self.model = model
@@ -561,7 +561,7 @@ class XGBSearch(OptunaSearch):
     def _choose(self, n: int) -> list[Config]:
         measured = self._refresh_measurements()
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
-            self.hub.fit()
+            self.hub.fit(full_every=self.plan_size)
         # Re-plan after a refit, when a newly measured config joined the best (it has new neighbours), and when the
         # plan runs dry.
         if self.hub.model is not None and (self._planned != (self.hub.version, self._leaders(measured))
