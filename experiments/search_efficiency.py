@@ -12,7 +12,9 @@ constant, tuned as `relay-tune` tunes a model's task (`RelayTuneTask`, the sched
 core (`--cores`). Every run goes through the real tuning loop (`relay_tune.tuning.tune`: search strategy, parallel
 builder, process-isolated runner with the model tuner's timing settings, JSON-lines log). "xgb-transfer" for a
 workload warms its model with the "xgb" logs of the other two workloads (same seed), so the xgb runs of every
-workload come first.
+workload come first. As in `relay-tune`, every run measures the task's default schedule first, whatever the strategy
+(`--no-default` turns that off). `--strategies ...,xgb-random-warmup` adds an ablation: xgb whose batches before the
+first fit are all random instead of mostly single-knob mutations of the best known config.
 
 Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
 `<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
@@ -61,6 +63,7 @@ from relay_tune.tuning.xgb_search import xgb_search
 from search_space import Config
 
 STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
+ABLATIONS = ("xgb-random-warmup",)  # selectable with --strategies, not run by default
 TARGET_SHARE = 0.95
 
 RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -234,6 +237,9 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
     if name == "xgb":
         return xgb_search(None, seed=seed, log_path=log, loss=options.loss, features=options.features,
                           **xgb_options)
+    if name == "xgb-random-warmup":  # ablation: no local search around the default before the first fit
+        return xgb_search(None, seed=seed, log_path=log, loss=options.loss, features=options.features,
+                          **{"cold_local": 0.0, **xgb_options})
     if name == "xgb-transfer":
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, **xgb_options)
@@ -251,7 +257,7 @@ def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.N
     factory = strategy_factory(strategy, seed, log, transfer, args)
     start = time.monotonic()
     summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
-                   batch_size=args.batch, seed=seed, measure_default=False)
+                   batch_size=args.batch, seed=seed, measure_default=not args.no_default)
     wall = time.monotonic() - start
     records = [r for r in read_records(log) if r.workload_key == task.key]
     measure_s = 0.0
@@ -423,7 +429,7 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
         if not o.model:
             continue
         share = o.search_s / (o.search_s + o.measure_s) if o.search_s + o.measure_s > 0 else 0.0
-        print(f"  {o.workload:<10} {o.strategy:<13} seed {o.seed}: search {o.search_s:6.1f} s "
+        print(f"  {o.workload:<10} {o.strategy:<17} seed {o.seed}: search {o.search_s:6.1f} s "
               f"(fit {o.model['fit_s']:.1f}, "
               f"features {o.model['features_s']:.1f} = {o.model['featurized']:.0f} x {o.model['feature_ms']:.2f} ms, "
               f"predict {o.model['predict_s']:.1f}, pool {o.model['candidates_s']:.1f}), measuring {o.measure_s:6.1f} s"
@@ -479,12 +485,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: dense,conv2d,depthwise")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {','.join(STRATEGIES)}")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated: {','.join(STRATEGIES)} (ablation: {','.join(ABLATIONS)})")
     parser.add_argument("--batch", type=int, default=8, help="configs proposed and measured per round")
     parser.add_argument("--cores", type=int, default=1, help="cores the kernels may use (1: single-core kernels)")
     parser.add_argument("--build-jobs", type=int, default=2, help="parallel builds")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/search_efficiency"))
     parser.add_argument("--no-cache", action="store_true", help="measure every config for real")
+    parser.add_argument("--no-default", action="store_true",
+                        help="do not measure the task's default schedule first (relay-tune does, for every strategy)")
     parser.add_argument("--plan-size", type=int, help="xgb: most new measurements between fits (default: relay-tune's)")
     parser.add_argument("--epsilon", type=float, help="xgb: share of random configs per batch (default: relay-tune's)")
     parser.add_argument("--warmup", type=int, help="xgb: measurements before the first fit (default: relay-tune's)")
@@ -503,10 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if w not in WORKLOADS:
             parser.error(f"unknown workload {w!r}")
     for s in args.strategies:
-        if s not in STRATEGIES:
+        if s not in STRATEGIES + ABLATIONS:
             parser.error(f"unknown strategy {s!r}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
-    order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", STRATEGIES.index(s)))
+    order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", (STRATEGIES + ABLATIONS).index(s)))
     tasks = {w: make_task(w, args.spaces, args.cores) for w in args.workloads}
     caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{args.spaces}.jsonl") for w, t in tasks.items()}
     # The model tuner's timing (`tune_model.default_runner`): three timings of at least 40 ms, a warm-up call and a
@@ -529,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for workload in args.workloads:
                     outcome = run_one(tasks[workload], workload, strategy, seed, args, builder, runner, caches)
                     outcomes.append(outcome)
-                    print(f"[{time.monotonic() - started:7.0f} s] {workload:<10} {strategy:<13} seed {seed}: best "
+                    print(f"[{time.monotonic() - started:7.0f} s] {workload:<10} {strategy:<17} seed {seed}: best "
                           f"{outcome.best_curve[-1] if outcome.best_curve else 0:.1f} GFLOPS, search "
                           f"{outcome.search_s:.1f} s, wall {outcome.wall_s:.1f} s", flush=True)
         if args.remeasure_share > 0:

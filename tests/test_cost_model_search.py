@@ -265,3 +265,42 @@ def test_screening_bounds_the_configs_lowered_per_plan() -> None:
     assert max(screened_rounds) <= 20 + 6 + 8  # shortlist + TPE proposals + the new measurements
     assert search.hub.stats.plans >= 6
     search.close()
+
+
+def _knobs_changed(a: Config, b: Config, task: TemplateTask) -> int:
+    return sum(1 for name in task.space.names if a[name] != b[name])
+
+
+def test_before_a_model_exists_batches_explore_around_the_best_known_config() -> None:
+    """No model yet: a `cold_local` share of each batch mutates the default (before any measurement), then the best
+    measured config; the rest is random, so the first training data stays diverse."""
+    database = MemoryDatabase()
+    search = XGBSearch(CONV, database, seed=3, warmup=16, plan_size=16, cold_local=0.75, **FAST)
+    default = CONV.default_config()
+    search.prioritize([default])
+    first = search.propose(8)
+    assert first[0] == default and len({c.key for c in first}) == 8
+    local = [c for c in first[1:] if _knobs_changed(c, default, CONV) == 1]
+    assert len(local) >= round(0.75 * 7), "most of the first batch should be single-knob mutations of the default"
+    results = [measure(CONV, c) for c in first]
+    for config, result in zip(first, results):
+        database.commit(TuningRecord.from_measurement(CONV.key, CONV.target, config, result))
+    search.update([MeasureInput(CONV.key, c) for c in first], results)
+    best = min((c for c, r in zip(first, results) if r.ok), key=lambda c: synthetic_cost(CONV, c) or math.inf)
+    second = search.propose(8)
+    assert search.hub.model is None  # still warming up
+    assert sum(1 for c in second if _knobs_changed(c, best, CONV) == 1) >= round(0.75 * 8)
+    assert not {c.key for c in second} & {c.key for c in first}
+    search.close()
+
+
+def test_cold_local_zero_keeps_the_warmup_random() -> None:
+    database = MemoryDatabase()
+    search = XGBSearch(CONV, database, seed=3, warmup=16, cold_local=0.0, **FAST)
+    default = CONV.default_config()
+    search.prioritize([default])
+    first = search.propose(8)
+    # 7 random configs of a space with thousands of points: single-knob neighbours of the default would be a fluke
+    assert first[0] == default
+    assert sum(1 for c in first[1:] if _knobs_changed(c, default, CONV) == 1) <= 2
+    search.close()

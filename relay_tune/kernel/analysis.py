@@ -41,19 +41,20 @@ def is_int_dtype(dtype: str) -> bool:
 def fold(root: PrimExpr, visit: Callable[[PrimExpr, list[Any]], R]) -> R:
     """`visit(node, results_of_children)` bottom-up over the expression, each node object once."""
     results: dict[int, Any] = {}
-    stack: list[tuple[PrimExpr, bool]] = [(root, False)]
+    # (node, its children once expanded): each node's children are listed once
+    stack: list[tuple[PrimExpr, tuple[PrimExpr, ...] | None]] = [(root, None)]
     while stack:
-        node, expanded = stack.pop()
-        key = id(node)
-        if expanded:
-            results[key] = visit(node, [results[id(c)] for c in te.expr_children(node)])
+        node, children = stack.pop()
+        if children is not None:
+            results[id(node)] = visit(node, [results[id(c)] for c in children])
             continue
-        if key in results:
+        if id(node) in results:
             continue
-        stack.append((node, True))
-        for child in te.expr_children(node):
+        children = te.expr_children(node)
+        stack.append((node, children))
+        for child in children:
             if id(child) not in results:
-                stack.append((child, False))
+                stack.append((child, None))
     return results[id(root)]
 
 

@@ -22,6 +22,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import ExprLike, PrimExpr
@@ -413,6 +414,14 @@ def fma(a: ExprLike, b: ExprLike, c: ExprLike) -> PrimExpr:
 
 def expr_children(node: PrimExpr) -> tuple[PrimExpr, ...]:
     """Sub-expressions of a scalar expression node (tensor-expression and loop-nest nodes alike)."""
+    # Lowering and feature extraction walk millions of nodes: exact types go through one dict lookup.
+    children = _CHILDREN_BY_TYPE.get(type(node))
+    if children is not None:
+        return children(node)
+    return _children_of_subclass(node)
+
+
+def _children_of_subclass(node: PrimExpr) -> tuple[PrimExpr, ...]:
     if isinstance(node, tir.BinaryOp):
         return (node.a, node.b)
     if isinstance(node, tir.Select):
@@ -428,6 +437,22 @@ def expr_children(node: PrimExpr) -> tuple[PrimExpr, ...]:
     if isinstance(node, Reduce):
         return (node.source, node.init)
     return ()
+
+
+_CHILDREN_BY_TYPE: dict[type, Callable[[Any], tuple[PrimExpr, ...]]] = {
+    tir.BinaryOp: lambda n: (n.a, n.b),
+    tir.Select: lambda n: (n.cond, n.true_value, n.false_value),
+    tir.Cast: lambda n: (n.value,),
+    tir.Not: lambda n: (n.a,),
+    tir.Call: lambda n: n.args,
+    tir.Load: lambda n: n.indices,
+    tir.IntImm: lambda n: (),
+    tir.FloatImm: lambda n: (),
+    tir.LoopVar: lambda n: (),
+    IterVar: lambda n: (),
+    TensorRead: lambda n: n.indices,
+    Reduce: lambda n: (n.source, n.init),
+}
 
 
 def iter_exprs(root: PrimExpr) -> Iterator[PrimExpr]:

@@ -18,11 +18,15 @@
    `epsilon` share of random configs, by enqueueing them as trials of the study and asking for them, so Optuna's
    claim bookkeeping guarantees that no config is measured twice (a repeat is answered from the earlier result).
 
-Until `warmup` configs are measured (and one of them ran), proposals are random, unless a transfer data set or a
-loaded model can already rank candidates. One `CostModelHub` is shared by all tasks of a tuning run: a single
-loop-nest model trains on every task's measurements (one ranking group per task) plus transfer data from older
-logs (whose weight fades as the run's own measurements accumulate), is saved beside the log after each fit
-(`<log>.xgb.json`), and can be reloaded.
+Until `warmup` configs are measured (and one of them ran), there is no model to rank with (unless a transfer data
+set or a loaded model can already rank candidates): a `cold_local` share of each batch then explores single-knob
+mutations of the best config measured so far (before any measurement: of the configs given to `prioritize`, the
+task's hand-written default schedule in a tuning run), the rest is random. The default is usually within 10-20% of
+the best and good configs cluster around it; the random part keeps the model's first training data diverse.
+
+One `CostModelHub` is shared by all tasks of a tuning run: a single loop-nest model trains on every task's
+measurements (one ranking group per task) plus transfer data from older logs (whose weight fades as the run's own
+measurements accumulate), is saved beside the log after each fit (`<log>.xgb.json`), and can be reloaded.
 """
 
 from __future__ import annotations
@@ -317,7 +321,8 @@ class XGBSearch(OptunaSearch):
     the `population` best-scoring candidates. Once the task has a knob screener, the whole pool and its
     generations are scored by it, and only the best `shortlist` (plus TPE's proposals) are lowered for the
     loop-nest model; the plan is ordered by both models together. diversity: how much a batch prefers knob values
-    it has not picked yet over predicted score (0: the plan's top in order).
+    it has not picked yet over predicted score (0: the plan's top in order). cold_local: share of each batch
+    that mutates the best known config while there is no model yet (0: random until the first fit).
     """
 
     def __init__(
@@ -335,13 +340,14 @@ class XGBSearch(OptunaSearch):
         min_new: int = 8,
         epsilon: float = 0.15,
         pool_random: int = 64,
-        tpe_proposals: int = 12,
+        tpe_proposals: int = 6,
         top_k: int = 8,
         keep: int = 64,
         generations: int = 2,
         population: int = 16,
-        shortlist: int = 48,
+        shortlist: int = 32,
         diversity: float = 1.0,
+        cold_local: float = 0.75,
     ) -> None:
         # The study's own sampler only answers asks that find no enqueued plan entry: random is the cheap choice
         # (TPE would re-fit its density estimators on every ask, for a proposal that is then thrown away).
@@ -366,6 +372,8 @@ class XGBSearch(OptunaSearch):
         self.population = population
         self.diversity = diversity
         self.shortlist = shortlist
+        self.cold_local = cold_local
+        self._anchors: list[Config] = []  # prioritized configs: where the search starts before any measurement
         self._plan: list[tuple[Config, float]] = []
         self._planned: tuple[int, frozenset[str]] = (-1, frozenset())  # (model version, top measured) of the plan
         self._trial_configs: dict[int, tuple[str, Config | None]] = {}
@@ -558,6 +566,24 @@ class XGBSearch(OptunaSearch):
 
     # -- proposing ---------------------------------------------------------------------------------------------
 
+    def prioritize(self, configs: Sequence[Config]) -> None:
+        super().prioritize(configs)
+        self._anchors.extend(c for c in configs if self.task.space.is_valid(c))
+
+    def _cold_local(self, measured: dict[str, tuple[Config, float]], visited: set[str], n: int) -> list[Config]:
+        """Up to n unvisited single-knob mutations of the best measured config (or of the prioritized configs while
+        none has run): one-step neighbours first, in random order, then random jumps of one knob."""
+        ran = [item for item in measured.values() if item[1] > 0]
+        anchors = [max(ran, key=lambda item: item[1])[0]] if ran else self._anchors
+        chosen: dict[str, Config] = {}
+        for anchor in anchors:
+            for mutant in self.task.space.neighbors(anchor, self._rng) + self._mutations(anchor):
+                if len(chosen) >= n:
+                    return list(chosen.values())
+                if mutant.key not in visited:
+                    chosen.setdefault(mutant.key, mutant)
+        return list(chosen.values())
+
     def _choose(self, n: int) -> list[Config]:
         measured = self._refresh_measurements()
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
@@ -572,7 +598,10 @@ class XGBSearch(OptunaSearch):
         explore = 0 if self.hub.model is None else round(self.epsilon * n)
         if self.hub.model is not None and explore == 0 and n >= 4 and self.epsilon > 0:
             explore = 1
-        chosen += self._diverse_top(n - explore, visited)
+        if self.hub.model is None:
+            chosen += self._cold_local(measured, visited, round(self.cold_local * n))
+        else:
+            chosen += self._diverse_top(n - explore, visited)
         visited.update(c.key for c in chosen)
         while len(chosen) < n:
             config = _unvisited_random(self.task, visited, self._rng)
