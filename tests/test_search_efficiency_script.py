@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from relay_tune.tuning import read_records
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "experiments" / "search_efficiency.py"
@@ -29,7 +32,7 @@ def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: py
     pytest.importorskip("matplotlib")
     script = _load_script()
     argv = ["--trials", "10", "--seeds", "1", "--workloads", "depthwise", "--strategies", "random,xgb",
-            "--warmup", "4", "--batch", "4", "--build-jobs", "1", "--remeasure-rounds", "1", "--out", str(tmp_path)]
+            "--warmup", "4", "--batch", "4", "--build-jobs", "1", "--remeasure-rounds", "2", "--out", str(tmp_path)]
     assert script.main(argv) == 0
     first_out = capsys.readouterr().out
     assert "trials to reach 95%" in first_out
@@ -48,7 +51,16 @@ def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: py
     measured = len(cache.read_text().splitlines())
     assert 10 <= measured <= 20
     remeasured = tmp_path / "measurements" / "depthwise-relay-remeasured.jsonl"
-    assert remeasured.read_text().strip()
+    entries = [json.loads(line) for line in remeasured.read_text().splitlines()]
+    assert entries
+    for entry in entries:  # the value is the median of the rounds' timings (here 2: their mean)
+        assert len(entry["rounds"]) == 2
+        assert entry["gflops"] == pytest.approx(sum(entry["rounds"]) / 2)
+    # as relay-tune does, every run measures the task's default schedule first, whatever its strategy
+    task = script.relay_task("depthwise", 1)
+    for strategy in ("random", "xgb"):
+        records = read_records(tmp_path / "logs" / "depthwise" / f"{strategy}-s0.jsonl")
+        assert records[0].config == task.default_config()
 
     # A second invocation is answered from the caches: nothing new is measured or re-measured, same curves.
     assert script.main(argv) == 0
