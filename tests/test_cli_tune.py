@@ -157,8 +157,11 @@ def start_tuner(model_file: Path, log: Path, trials: int) -> subprocess.Popen[st
     cmd = [sys.executable, "-m", "relay_tune", str(model_file), "--trials", str(trials), "--log", str(log),
            "--search", "tpe"]
     env = {**os.environ, "COLUMNS": "400"}
+    # A shell without job control starts background jobs with SIGINT ignored, and an ignored signal stays ignored
+    # across exec (Python then installs no KeyboardInterrupt handler): give the tuner Ctrl-C as a terminal would.
     return subprocess.Popen(cmd, cwd=model_file.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_records(log: Path, count: int, process: subprocess.Popen[str], timeout: float = 180.0) -> None:
