@@ -418,6 +418,16 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
         print(f"{workload:<10} {best:>11.1f}  " + "  ".join(f"{c:>18}" for c in cells))
     if any(o.first_curve and o.first_curve != o.best_curve for o in outcomes):
         print("(leading configs re-measured together; summary.csv also has the table as first measured)")
+    for share in args.also_share:
+        print()
+        print(f"trials to reach {share:.0%} of the best (a stricter bar, within the timing noise of the plateau)")
+        for workload in args.workloads:
+            runs = [o for o in outcomes if o.workload == workload]
+            if runs:
+                best = max(max(o.best_curve, default=0.0) for o in runs)
+                cells = [_fmt_trials([trials_to_reach(o.best_curve, share * best) for o in runs if o.strategy == s],
+                                     args.trials) for s in args.strategies]
+                print(f"{workload:<10} {best:>11.1f}  " + "  ".join(f"{c:>18}" for c in cells))
     print()
     print("median final best GFLOPS")
     for workload in args.workloads:
@@ -506,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=10.0, help="run timeout per kernel (s)")
     parser.add_argument("--remeasure-share", type=float, default=0.8,
                         help="re-measure, together, every config within this share of the best (0: off)")
+    parser.add_argument("--also-share", type=float, nargs="*", default=[0.98],
+                        help="also print trials to reach these shares of the best (default: 0.98)")
     parser.add_argument("--remeasure-rounds", type=int, default=5, help="interleaved rounds of the re-measurement")
     parser.add_argument("--spaces", choices=("relay", "template"), default="relay",
                         help="relay: Relay tasks with the model tuner's spaces; template: cost_model.template_tasks")
