@@ -295,8 +295,8 @@ def remeasure_leaders(outcomes: list[RunOutcome], tasks: dict[str, Any], args: a
     timing. Not the fastest over all rounds: on a shared 2-core machine a single-threaded kernel also runs *faster*
     than usual while the other core idles (a higher turbo clock), and the fastest of three rounds let one config
     of the dense plateau time 185 GFLOPS once and 164-167 in five later rounds, setting a bar nothing else reached.
-    Results are
-    kept in `<out>/measurements/<workload>-<spaces>-remeasured.jsonl`; a rerun only times configs not there yet.
+    Results are kept in `<out>/measurements/<workload>-<spaces>-remeasured.jsonl`; a rerun only times configs not
+    there yet.
     Configs below the share keep their first measurement: they cannot reach the bar unless the best drops by more
     than the margin, which is checked.
     """
@@ -365,6 +365,16 @@ def trials_to_reach(curve: Sequence[float], threshold: float) -> int | None:
     return None
 
 
+def _reach_line(workload: str, runs: list[RunOutcome], strategies: Sequence[str], share: float, cap: int) -> str:
+    """One table row: per strategy the median trials its runs needed to reach `share` of the best of all runs."""
+    best = max(max(o.best_curve, default=0.0) for o in runs)
+    cells = []
+    for strategy in strategies:
+        reach = [trials_to_reach(o.best_curve, share * best) for o in runs if o.strategy == strategy]
+        cells.append(_fmt_trials(reach, cap) if reach else "-")
+    return f"{workload:<10} {best:>11.1f}  " + "  ".join(f"{c:>18}" for c in cells)
+
+
 def _fmt_trials(values: list[int | None], cap: int) -> str:
     """Median trials over seeds; runs that never got there count as above the budget."""
     filled = [v if v is not None else math.inf for v in values]
@@ -387,25 +397,22 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
     print(f"trials to reach {TARGET_SHARE:.0%} of the best config found by any strategy (median over seeds)")
     header = f"{'workload':<10} {'best GFLOPS':>11}  " + "  ".join(f"{s:>18}" for s in args.strategies)
     print(header)
-    needed: dict[tuple[str, str], float] = {}
     for workload in args.workloads:
         runs = [o for o in outcomes if o.workload == workload]
         if not runs:
             continue
         best = max(max(o.best_curve, default=0.0) for o in runs)
         first_best = max(max(o.first_curve or o.best_curve, default=0.0) for o in runs)
-        cells = []
+        print(_reach_line(workload, runs, args.strategies, TARGET_SHARE, args.trials))
         for strategy in args.strategies:
             mine = [o for o in runs if o.strategy == strategy]
             reach = [trials_to_reach(o.best_curve, TARGET_SHARE * best) for o in mine]
             final = [o.best_curve[-1] if o.best_curve else 0.0 for o in mine]
-            cells.append(_fmt_trials(reach, args.trials) if mine else "-")
             if mine:
-                needed[(workload, strategy)] = statistics.median(
-                    [v if v is not None else math.inf for v in reach])
+                median_trials = statistics.median([v if v is not None else math.inf for v in reach])
                 first_reach = [trials_to_reach(o.first_curve or o.best_curve, TARGET_SHARE * first_best) for o in mine]
                 rows.append({"workload": workload, "strategy": strategy, "best_gflops_any": f"{best:.2f}",
-                             "median_trials_to_95pct": needed[(workload, strategy)],
+                             "median_trials_to_95pct": median_trials,
                              "trials_per_seed": " ".join(str(v) if v else "-" for v in reach),
                              "missed_seeds": sum(1 for v in reach if v is None),
                              "first_measured_best_gflops_any": f"{first_best:.2f}",
@@ -415,7 +422,6 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
                              "median_search_s": f"{statistics.median(o.search_s for o in mine):.2f}",
                              "median_wall_s": f"{statistics.median(o.wall_s for o in mine):.2f}",
                              "median_measure_s": f"{statistics.median(o.measure_s for o in mine):.2f}"})
-        print(f"{workload:<10} {best:>11.1f}  " + "  ".join(f"{c:>18}" for c in cells))
     if any(o.first_curve and o.first_curve != o.best_curve for o in outcomes):
         print("(leading configs re-measured together; summary.csv also has the table as first measured)")
     for share in args.also_share:
@@ -424,10 +430,7 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
         for workload in args.workloads:
             runs = [o for o in outcomes if o.workload == workload]
             if runs:
-                best = max(max(o.best_curve, default=0.0) for o in runs)
-                cells = [_fmt_trials([trials_to_reach(o.best_curve, share * best) for o in runs if o.strategy == s],
-                                     args.trials) for s in args.strategies]
-                print(f"{workload:<10} {best:>11.1f}  " + "  ".join(f"{c:>18}" for c in cells))
+                print(_reach_line(workload, runs, args.strategies, share, args.trials))
     print()
     print("median final best GFLOPS")
     for workload in args.workloads:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from relay_tune.kernel import tir
+from relay_tune.kernel.analysis import fold, with_children
 
 
 @dataclass
@@ -260,29 +261,12 @@ def strip_implied_clamps(
             return node if inner is node.a else tir.BinaryOp(node.op, inner, node.b, node.dtype)
         return node
 
-    def visit(node: tir.PrimExpr) -> tir.PrimExpr:
+    def visit(node: tir.PrimExpr, kids: list[tir.PrimExpr]) -> tir.PrimExpr:
+        node = with_children(node, kids)
         if isinstance(node, tir.Load):
             indices = tuple(index(i) for i in node.indices)
-            if all(new is old for new, old in zip(indices, node.indices)):
-                return node
-            return tir.Load(node.buffer, indices, node.dtype)
-        if isinstance(node, tir.BinaryOp):
-            a, b = visit(node.a), visit(node.b)
-            return node if (a is node.a and b is node.b) else tir.BinaryOp(node.op, a, b, node.dtype)
-        if isinstance(node, tir.Cast):
-            value = visit(node.value)
-            return node if value is node.value else tir.Cast(node.dtype, value)
-        if isinstance(node, tir.Not):
-            value = visit(node.a)
-            return node if value is node.a else tir.Not(value)
-        if isinstance(node, tir.Call):
-            args = tuple(visit(a) for a in node.args)
-            return node if all(n is o for n, o in zip(args, node.args)) else tir.Call(node.name, args, node.dtype)
-        if isinstance(node, tir.Select):
-            parts = (visit(node.cond), visit(node.true_value), visit(node.false_value))
-            if all(new is old for new, old in zip(parts, (node.cond, node.true_value, node.false_value))):
-                return node
-            return tir.Select(*parts)
+            if any(new is not old for new, old in zip(indices, node.indices)):
+                return tir.Load(node.buffer, indices, node.dtype)
         return node
 
-    return visit(expr)
+    return fold(expr, visit)

@@ -414,28 +414,21 @@ def fma(a: ExprLike, b: ExprLike, c: ExprLike) -> PrimExpr:
 
 def expr_children(node: PrimExpr) -> tuple[PrimExpr, ...]:
     """Sub-expressions of a scalar expression node (tensor-expression and loop-nest nodes alike)."""
-    # Lowering and feature extraction walk millions of nodes: exact types go through one dict lookup.
+    # Lowering and feature extraction walk millions of nodes: one dict lookup by exact type.
     children = _CHILDREN_BY_TYPE.get(type(node))
-    if children is not None:
-        return children(node)
-    return _children_of_subclass(node)
+    if children is None:
+        children = _children_of_subclass(type(node))
+    return children(node)
 
 
-def _children_of_subclass(node: PrimExpr) -> tuple[PrimExpr, ...]:
-    if isinstance(node, tir.BinaryOp):
-        return (node.a, node.b)
-    if isinstance(node, tir.Select):
-        return (node.cond, node.true_value, node.false_value)
-    if isinstance(node, (tir.Cast,)):
-        return (node.value,)
-    if isinstance(node, tir.Not):
-        return (node.a,)
-    if isinstance(node, tir.Call):
-        return node.args
-    if isinstance(node, (tir.Load, TensorRead)):
-        return node.indices
-    if isinstance(node, Reduce):
-        return (node.source, node.init)
+def _children_of_subclass(cls: type) -> Callable[[Any], tuple[PrimExpr, ...]]:
+    """The entry of the nearest registered base class (a leaf if none), remembered for `cls`."""
+    children = next((_CHILDREN_BY_TYPE[base] for base in cls.__mro__ if base in _CHILDREN_BY_TYPE), _no_children)
+    _CHILDREN_BY_TYPE[cls] = children
+    return children
+
+
+def _no_children(node: Any) -> tuple[PrimExpr, ...]:
     return ()
 
 
@@ -446,10 +439,9 @@ _CHILDREN_BY_TYPE: dict[type, Callable[[Any], tuple[PrimExpr, ...]]] = {
     tir.Not: lambda n: (n.a,),
     tir.Call: lambda n: n.args,
     tir.Load: lambda n: n.indices,
-    tir.IntImm: lambda n: (),
-    tir.FloatImm: lambda n: (),
-    tir.LoopVar: lambda n: (),
-    IterVar: lambda n: (),
+    tir.IntImm: _no_children,
+    tir.FloatImm: _no_children,
+    tir.LoopVar: _no_children,
     TensorRead: lambda n: n.indices,
     Reduce: lambda n: (n.source, n.init),
 }

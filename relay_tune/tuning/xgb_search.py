@@ -485,13 +485,14 @@ class XGBSearch(OptunaSearch):
                 found.setdefault(config.key, config)
         return list(found.values())
 
-    def _mutations(self, config: Config) -> list[Config]:
-        """Single-knob changes of `config`: every one-step neighbour, and one random value per knob (a jump, so a
-        tile size two candidates away is reachable without passing through a worse one)."""
+    def _mutations(self, config: Config, shuffled: bool = False) -> list[Config]:
+        """Single-knob changes of `config`: every one-step neighbour (in random order when `shuffled`), and one
+        random value per knob (a jump, so a tile size two candidates away is reachable without passing through a
+        worse one)."""
         space = self.task.space
         if not space.is_valid(config):
             return []
-        found = space.neighbors(config)
+        found = space.neighbors(config, self._rng if shuffled else None)
         for knob in space.knobs:
             value = knob.sample(self._rng)
             if value != config[knob.name]:
@@ -577,7 +578,7 @@ class XGBSearch(OptunaSearch):
         anchors = [max(ran, key=lambda item: item[1])[0]] if ran else self._anchors
         chosen: dict[str, Config] = {}
         for anchor in anchors:
-            for mutant in self.task.space.neighbors(anchor, self._rng) + self._mutations(anchor):
+            for mutant in self._mutations(anchor, shuffled=True):
                 if len(chosen) >= n:
                     return list(chosen.values())
                 if mutant.key not in visited:
