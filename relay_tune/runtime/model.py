@@ -31,7 +31,6 @@ The saved file is a zip archive: `manifest.json` (format version, target, graph 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -47,6 +46,7 @@ from typing import Any, Union
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.runtime.executor import NativeExecutor
 from relay_tune.runtime.kernel import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
 from relay_tune.target import Target
@@ -291,6 +291,11 @@ class TaskProfile:
     seconds: float
     share: float  # of the summed kernel time of a run
 
+    @property
+    def per_call(self) -> float:
+        """Seconds per call: what a tuning log records for one run of the task's kernel."""
+        return self.seconds / max(1, self.calls)
+
 
 @dataclass(frozen=True)
 class MemoryReport:
@@ -323,15 +328,6 @@ class MemoryReport:
 # ---------------------------------------------------------------------------------------------------------------------
 # The compiled model
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Prepared:
-    """Per-model executor state: argument lists with constant and arena addresses filled in."""
-
-    calls: list[tuple[Any, list[int]]]
-    patches: list[tuple[list[int], int, int]]  # (argument list, position, storage) for input/output storages
-    call_tasks: list[int]
 
 
 class CompiledModel:
@@ -367,7 +363,7 @@ class CompiledModel:
         self._arena = aligned_empty(max(plan.memory.arena_bytes, DEFAULT_ALIGNMENT), "uint8", DEFAULT_ALIGNMENT)
         self._staging: dict[int, np.ndarray] = {}
         self._bound_inputs: list[np.ndarray] = []
-        self._prepared = self._prepare()
+        self._executor = self._prepare()
 
     # -- set-up ---------------------------------------------------------------------------------------------------
     def _validate(self) -> None:
@@ -398,17 +394,11 @@ class CompiledModel:
             if storage.kind != "input" or storage.nbytes != plan.values[info.value].nbytes:
                 raise ModelFormatError(f"input {info.name!r} is not bound to its own input storage")
 
-    def _prepare(self) -> _Prepared:
+    def _prepare(self) -> NativeExecutor:
+        """Check every call against its kernel's parameters, then generate the executor over the slot table
+        (one slot per storage: a value lives at offset 0 of its storage) and fill the slots that never change."""
         plan = self.plan
-        fixed: dict[int, int] = {}
-        arena_base = self._arena.ctypes.data
-        for index, storage in enumerate(plan.storages):
-            if storage.kind == "constant":
-                fixed[index] = self._constants[storage.index].ctypes.data
-            elif storage.kind == "arena":
-                fixed[index] = arena_base + plan.memory.offsets[storage.index]
-        calls: list[tuple[Any, list[int]]] = []
-        patches: list[tuple[list[int], int, int]] = []
+        calls: list[tuple[str, list[int]]] = []
         for call in plan.calls:
             kernel = self._kernels.get(call.kernel)
             if kernel is None:
@@ -426,18 +416,16 @@ class CompiledModel:
                             f"kernel {call.kernel}, parameter {param.name}: the plan passes a {value.dtype}"
                             f"{list(value.shape)} tensor where {param.dtype}{list(param.shape)} is expected"
                         )
-            args: list[int] = []
-            for position, value_id in enumerate(call.args):
-                storage = plan.values[value_id].storage
-                if storage in fixed:
-                    args.append(fixed[storage])
-                else:
-                    args.append(0)
-                    patches.append((args, position, storage))
-            # A prototype of our own: calling it skips the per-call checks `Kernel.raw` makes.
-            fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(args)))(kernel.address)
-            calls.append((fn, args))
-        return _Prepared(calls, patches, [c.task for c in plan.calls])
+            calls.append((call.kernel, [plan.values[v].storage for v in call.args]))
+        addresses = {name: kernel.address for name, kernel in self._kernels.items()}
+        executor = NativeExecutor(calls, len(plan.storages), addresses, self._libraries)
+        arena_base = self._arena.ctypes.data
+        for index, storage in enumerate(plan.storages):
+            if storage.kind == "constant":
+                executor.slots[index] = self._constants[storage.index].ctypes.data
+            elif storage.kind == "arena":
+                executor.slots[index] = arena_base + plan.memory.offsets[storage.index]
+        return executor
 
     # -- running --------------------------------------------------------------------------------------------------
     @property
@@ -453,14 +441,18 @@ class CompiledModel:
 
     def run(self, *args: Any, **kwargs: Any) -> np.ndarray | tuple[Any, ...]:
         """Run the model on inputs given positionally (parameter order) and/or by name; returns fresh arrays."""
-        arrays = self._check_inputs(args, kwargs)
+        return self._run_checked(self._check_inputs(args, kwargs))
+
+    __call__ = run
+
+    def _run_checked(self, arrays: Sequence[np.ndarray]) -> np.ndarray | tuple[Any, ...]:
+        """One inference on checked inputs: fresh outputs, one call into the executor. `benchmark` times exactly
+        this, so what it reports is what `run` costs (less the input checks, done once there)."""
         with self._lock:
             outputs = self._new_outputs()
             self._bind(arrays, outputs)
-            self._execute()
+            self._executor.run()
             return self._collect(outputs)
-
-    __call__ = run
 
     def _check_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         names = self._input_names
@@ -499,12 +491,9 @@ class CompiledModel:
             addresses[storage] = address
         for storage, buffer in outputs.items():
             addresses[storage] = buffer.ctypes.data
-        for args, position, storage in self._prepared.patches:
-            args[position] = addresses[storage]
-
-    def _execute(self) -> None:
-        for fn, args in self._prepared.calls:
-            fn(*args)
+        slots = self._executor.slots
+        for storage, address in addresses.items():
+            slots[storage] = address
 
     def _collect(self, outputs: Mapping[int, np.ndarray]) -> np.ndarray | tuple[Any, ...]:
         handed_out: set[int] = set()
@@ -556,51 +545,56 @@ class CompiledModel:
     def benchmark(
         self, repeat: int = 10, number: int = 1, inputs: Mapping[str, Any] | None = None, warmup: int = 1
     ) -> LatencyStats:
-        """Whole-model latency: `repeat` timings, each the mean of `number` back-to-back runs (inputs bound once)."""
+        """Whole-model latency: `repeat` timings, each the mean of `number` back-to-back inferences.
+
+        Every inference is what `run` does after checking its inputs (fresh outputs, one call into the executor),
+        so the figure is the latency a caller of `run` sees."""
         if repeat < 1 or number < 1 or warmup < 0:
             raise RelayTuneError("benchmark needs repeat >= 1, number >= 1 and warmup >= 0")
         arrays = self._check_inputs((), inputs if inputs is not None else self.random_inputs())
+        once = self._run_checked
+        for _ in range(warmup):
+            once(arrays)
         costs: list[float] = []
-        with self._lock:
-            outputs = self._new_outputs()
-            self._bind(arrays, outputs)
-            for _ in range(warmup):
-                self._execute()
-            clock = time.perf_counter
-            for _ in range(repeat):
-                start = clock()
-                for _ in range(number):
-                    self._execute()
-                costs.append((clock() - start) / number)
+        clock = time.perf_counter
+        for _ in range(repeat):
+            start = clock()
+            for _ in range(number):
+                once(arrays)
+            costs.append((clock() - start) / number)
         return LatencyStats(tuple(costs), number)
 
-    def profile(self, repeat: int = 5, inputs: Mapping[str, Any] | None = None) -> list[TaskProfile]:
-        """Time per task in one run (summed over the task's calls; median over `repeat` runs), slowest first."""
+    def profile_calls(self, repeat: int = 5, inputs: Mapping[str, Any] | None = None) -> list[float]:
+        """Seconds each kernel call takes inside a model run (the plan's call order), median over `repeat` runs.
+
+        The times come from timestamps the executor takes between its calls, in generated code: they are the
+        kernels' times in the model, with their real neighbours in cache, and they add up to the run."""
         if repeat < 1:
             raise RelayTuneError("profile needs repeat >= 1")
         arrays = self._check_inputs((), inputs if inputs is not None else self.random_inputs())
-        calls = self._prepared.calls
-        tasks = self._prepared.call_tasks
-        per_run: list[dict[int, float]] = []
+        runs: list[list[float]] = []
         with self._lock:
             outputs = self._new_outputs()  # held until the profiled runs are over: the kernels write into it
             self._bind(arrays, outputs)
-            self._execute()  # warm-up
-            clock = time.perf_counter
+            self._executor.run()  # warm-up
             for _ in range(repeat):
-                spent: dict[int, float] = {}
-                for (fn, args), task in zip(calls, tasks):
-                    start = clock()
-                    fn(*args)
-                    spent[task] = spent.get(task, 0.0) + clock() - start
-                per_run.append(spent)
+                runs.append(self._executor.run_profiled())
+        return [statistics.median(run[i] for run in runs) for i in range(len(self.plan.calls))]
+
+    def profile(self, repeat: int = 5, inputs: Mapping[str, Any] | None = None) -> list[TaskProfile]:
+        """Time per task in one model run (summed over the task's calls; median over `repeat` runs), slowest first.
+
+        See `profile_calls`: these are in-graph times, comparable with the times a tuning log records for the
+        same kernels (`TaskProfile.per_call`)."""
+        per_call = self.profile_calls(repeat, inputs)
+        spent: dict[int, float] = {}
         counts: dict[int, int] = {}
-        for task in tasks:
-            counts[task] = counts.get(task, 0) + 1
-        medians = {task: statistics.median(run[task] for run in per_run) for task in counts}
-        total = sum(medians.values()) or 1.0
+        for call, seconds in zip(self.plan.calls, per_call):
+            spent[call.task] = spent.get(call.task, 0.0) + seconds
+            counts[call.task] = counts.get(call.task, 0) + 1
+        total = sum(spent.values()) or 1.0
         rows: list[TaskProfile] = []
-        for task, seconds in medians.items():
+        for task, seconds in spent.items():
             if task == PACKING_TASK:
                 key, description, tuned = "", "weight packing", False
             else:
