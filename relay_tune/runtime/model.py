@@ -19,10 +19,11 @@ The graph plan (`GraphPlan`) is plain data:
   of another: the reshape is an alias, not a copy;
 - *calls*: kernel invocations in topological order, each naming the values passed as the kernel's parameters.
 
-Running binds the input and output addresses into prepared argument lists and calls each kernel through
-ctypes (which releases the GIL; the kernels spread their own work over the cores). Arena and constant
-addresses are taken once, when the model is loaded. Runs are serialised by a lock because they share the
-arena.
+Running writes the input and output addresses into the slot table of the model's native executor
+(`relay_tune.runtime.executor`: generated code that calls every kernel in order) and makes one ctypes call
+(which releases the GIL; the kernels spread their own work over the cores). Arena and constant addresses are
+filled in once, when the model is loaded, and the executor is generated then from the plan. Runs are
+serialised by a lock because they share the arena.
 
 The saved file is a zip archive: `manifest.json` (format version, target, graph plan, kernel signatures),
 `kernels/<i>.o` (relocatable object code, JIT-linked on load without recompiling) and `constants/<i>.npy`
@@ -471,29 +472,26 @@ class CompiledModel:
         return [_check_input(name, given[name], spec) for name, spec in zip(names, self._input_values)]
 
     def _new_outputs(self) -> dict[int, np.ndarray]:
-        return {
-            s: aligned_empty(max(self.plan.storages[s].nbytes, 1), "uint8", DEFAULT_ALIGNMENT)
-            for s in self._output_storages
-        }
+        return {s: aligned_empty(max(self.plan.storages[s].nbytes, 1), "uint8", DEFAULT_ALIGNMENT)
+                for s in self._output_storages}
 
     def _bind(self, arrays: Sequence[np.ndarray], outputs: Mapping[int, np.ndarray]) -> None:
-        addresses: dict[int, int] = {}
+        """Write the input and output addresses into the executor's slots (data addresses through
+        `__array_interface__`: `ndarray.ctypes.data` costs microseconds a call)."""
+        slots = self._executor.slots
         self._bound_inputs = list(arrays)  # keeps the arrays alive while their addresses are in use
         for position, (array, storage) in enumerate(zip(arrays, self._input_storage)):
-            address = array.ctypes.data
+            address = array.__array_interface__["data"][0]
             if address % DEFAULT_ALIGNMENT or not array.flags.c_contiguous:
                 # Kernels may assume aligned, dense parameters: copy into an aligned buffer kept for reuse.
                 staging = self._staging.get(position)
                 if staging is None:
                     staging = self._staging[position] = aligned_empty(array.shape, array.dtype)
                 np.copyto(staging, array)
-                address = staging.ctypes.data
-            addresses[storage] = address
-        for storage, buffer in outputs.items():
-            addresses[storage] = buffer.ctypes.data
-        slots = self._executor.slots
-        for storage, address in addresses.items():
+                address = staging.__array_interface__["data"][0]
             slots[storage] = address
+        for storage, buffer in outputs.items():
+            slots[storage] = buffer.__array_interface__["data"][0]
 
     def _collect(self, outputs: Mapping[int, np.ndarray]) -> np.ndarray | tuple[Any, ...]:
         handed_out: set[int] = set()
