@@ -1,0 +1,198 @@
+"""Whole networks from ONNX: relay-tune against onnxruntime, same machine, same threads, same run.
+
+    python experiments/bench_onnx_e2e.py [--models resnet50,mobilenet_v2,...] [--threads 2] [--rounds 7]
+                                         [--log logs/resnet50.jsonl ...] [--csv experiments/results/onnx_e2e.csv]
+
+The networks (`experiments/onnx_zoo.py`, built with onnx.helper, random weights at a trained network's scale):
+ResNet-50 v1, MobileNet v2, SqueezeNet 1.1, a ShuffleNet v2-style net, DenseNet-121, VGG-16, an Inception-style
+net and one BERT-base encoder layer (sequence 128). For each network:
+
+1. onnxruntime runs it (`intra_op_num_threads=T`, sequential execution, all graph optimisations);
+2. relay-tune imports it, builds it with default schedules (and, with `--log`, a second time from the best records
+   of those tuning logs), and every build's output is checked against onnxruntime's (and, with `--interpreter`,
+   the reference interpreter's);
+3. the engines are timed in interleaved rounds (each round: every engine `--per-round` inferences), and the
+   table reports medians over all timed inferences and the ratio to onnxruntime (below 1: relay-tune is faster).
+
+Columns: `default` is `CompiledModel.run` (the native executor); `py loop` runs the same build's kernels from a
+Python loop of ctypes calls over the same buffers, as models ran before the native executor, for comparison in
+the same run; `tuned` appears with `--log`. A CSV with one row per network goes to `--csv`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
+
+from onnx_zoo import ZOO  # noqa: E402
+
+
+def ort_session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def python_loop(model: Any, inputs: dict[str, np.ndarray]) -> Callable[[], None]:
+    """One inference as models ran before the native executor: bind the buffers, then one ctypes call per kernel
+    from Python (the same kernels, slots and arena as `model.run`)."""
+    arrays = model._check_inputs((), inputs)
+    outputs = model._new_outputs()
+    model._bind(arrays, outputs)
+    slots = model._executor.slots
+    calls = []
+    for call in model.plan.calls:
+        address = model._kernels[call.kernel].address
+        fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(call.args))(address)
+        calls.append((fn, [slots[model.plan.values[v].storage] for v in call.args]))
+
+    def run() -> None:
+        model._bind(arrays, outputs)
+        for fn, args in calls:
+            fn(*args)
+
+    run.keep = (arrays, outputs)  # type: ignore[attr-defined]  # the buffers the addresses point into
+    return run
+
+
+def matches(name: str, got: np.ndarray, want: np.ndarray, rtol: float) -> tuple[bool, float]:
+    """Close relative to the output's own scale (deep nets reorder float sums; logits can be large)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        print(f"  {name}: shape {got.shape}, onnxruntime {want.shape}")
+        return False, math.inf
+    scale = max(float(np.abs(want).max()), 1e-6)
+    error = float(np.abs(got - want).max()) / scale
+    return error <= rtol, error
+
+
+def first_output(result: Any) -> np.ndarray:
+    while isinstance(result, tuple | list):
+        result = result[0]
+    return np.asarray(result)
+
+
+def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import relay_tune
+    from relay_tune.frontend import from_onnx
+    from relay_tune.target import Target
+
+    onnx_model = ZOO[name]()
+    row: dict[str, Any] = {"model": name}
+    mod, _ = from_onnx(onnx_model)
+    shape = tuple(d.dim_value for d in onnx_model.graph.input[0].type.tensor_type.shape.dim)
+    x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
+    session = ort_session(onnx_model, args.threads)
+    want = session.run(None, {"input": x})[0]
+    target = Target.host(num_cores=args.threads)
+
+    runners: dict[str, Callable[[], Any]] = {"onnxruntime": lambda: session.run(None, {"input": x})}
+    builds = [("default", None)] + ([("tuned", args.log)] if args.log else [])
+    ok = True
+    for label, logs in builds:
+        start = time.perf_counter()
+        compiled = relay_tune.build(mod, target=target, logs=logs)
+        row[f"{label}_build_s"] = round(time.perf_counter() - start, 2)
+        good, error = matches(label, first_output(compiled.run(input=x)), want, args.rtol)
+        row[f"{label}_error"] = f"{error:.2e}"
+        ok = ok and good
+        runners[label] = (lambda m: lambda: m.run(input=x))(compiled)
+        if label == "default":
+            runners["py loop"] = python_loop(compiled, {"input": x})
+            row["kernel_calls"] = compiled.num_kernel_calls
+    if args.interpreter:
+        from relay_tune.interpreter import Interpreter
+
+        good, error = matches("interpreter", first_output(Interpreter(mod).run({"input": x})), want, args.rtol)
+        row["interpreter_error"] = f"{error:.2e}"
+        ok = ok and good
+    row["matches"] = ok
+
+    samples: dict[str, list[float]] = {label: [] for label in runners}
+    for fn in runners.values():  # warm-up: first-touch page faults, thread pools, caches
+        for _ in range(2):
+            fn()
+    for _ in range(args.rounds):
+        for label, fn in runners.items():
+            for _ in range(args.per_round):
+                start = time.perf_counter()
+                fn()
+                samples[label].append(time.perf_counter() - start)
+    base = statistics.median(samples["onnxruntime"])
+    for label, values in samples.items():
+        row[f"{label}_ms"] = round(statistics.median(values) * 1e3, 3)
+        if label != "onnxruntime":
+            row[f"{label}_ratio"] = round(statistics.median(values) / base, 3)
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(ZOO), help=f"comma-separated subset of {', '.join(ZOO)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument("--per-round", type=int, default=3, help="inferences per engine per round")
+    parser.add_argument("--log", action="append", default=[], help="tuning log(s) for the tuned build")
+    parser.add_argument("--rtol", type=float, default=1e-3, help="largest error relative to the output's scale")
+    parser.add_argument("--interpreter", action="store_true", help="also check the reference interpreter (slow)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--csv", type=Path, default=REPO_ROOT / "experiments" / "results" / "onnx_e2e.csv")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ZOO)}")
+    for path in args.log:
+        if not os.path.isfile(path):
+            parser.error(f"tuning log {path}: no such file")
+
+    print(f"threads {args.threads}; {args.rounds} rounds x {args.per_round} inferences per engine, interleaved; "
+          f"load average {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} usable cores")
+    labels = ["default", "py loop"] + (["tuned"] if args.log else [])
+    header = f"{'model':<15} {'calls':>5} {'ort ms':>8} " + " ".join(f"{lb + ' ms':>11} {'ratio':>6}" for lb in labels)
+    print(header + "  match")
+    rows = []
+    for name in names:
+        row = bench_model(name, args)
+        rows.append(row)
+        cells = " ".join(f"{row[lb + '_ms']:>11.2f} {row[lb + '_ratio']:>6.2f}" for lb in labels)
+        print(f"{name:<15} {row['kernel_calls']:>5} {row['onnxruntime_ms']:>8.2f} {cells}  "
+              f"{'yes' if row['matches'] else 'NO'} ({row['default_error']})", flush=True)
+    for label in labels:
+        ratios = [r[f"{label}_ratio"] for r in rows]
+        print(f"geometric mean ratio, {label}: {math.exp(statistics.fmean(math.log(v) for v in ratios)):.3f}")
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    fields = sorted({k for r in rows for k in r}, key=lambda k: (k != "model", k))
+    with open(args.csv, "w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {args.csv}")
+    if os.getloadavg()[0] > len(os.sched_getaffinity(0)):
+        print("note: the load average exceeds the usable cores: other processes competed for the CPUs")
+    return 0 if all(r["matches"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
