@@ -4,7 +4,7 @@ from relay_tune.errors import ParseError, RelayTuneError, RelayTypeError
 
 __version__ = "0.1.0"
 
-__all__ = ["ParseError", "RelayTuneError", "RelayTypeError", "__version__", "build"]
+__all__ = ["ParseError", "RelayTuneError", "RelayTypeError", "__version__", "bind_params", "build"]
 
 
 def __getattr__(name: str) -> object:
@@ -15,4 +15,8 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module("relay_tune.build")
+    if name == "bind_params":  # `relay_tune.bind_params(mod, {"weight": array})`: inputs become constants
+        from relay_tune.build import bind_params
+
+        return bind_params
     raise AttributeError(f"module 'relay_tune' has no attribute {name!r}")

@@ -81,8 +81,8 @@ from relay_tune.runtime.model import (
 from relay_tune.target import Target
 
 __all__ = [
-    "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "resolve_target", "steps_from_config",
-    "task_lookup",
+    "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "read_params", "resolve_target",
+    "steps_from_config", "task_lookup",
 ]
 
 ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
@@ -648,7 +648,10 @@ def default_jobs() -> int:
 
 
 def bind_params(mod: IRModule, params: Mapping[str, Any], entry: str = "main") -> IRModule:
-    """Replace entry-function parameters named in `params` by constants (weights become foldable and packable)."""
+    """Replace entry-function parameters named in `params` by constants (weights become foldable and packable).
+
+    A weight that is an input is packed into the layout its kernel's schedule reads by a packing kernel on every
+    run; bound as a constant, it is packed once, at build time, and the packing kernel disappears."""
     if not params:
         return mod
     func = mod[entry]
@@ -674,6 +677,20 @@ def bind_params(mod: IRModule, params: Mapping[str, Any], entry: str = "main") -
     new_params = tuple(p for p in func.params if p not in mapping)
     new_func = Function(new_params, body, func.ret_type, func.attrs, func.type_params)
     return mod.with_function(entry, new_func)
+
+
+def read_params(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Values for entry-function inputs from an `.npz` file, keyed by input name (read without pickling), for
+    `bind_params` (`relay-tune ... --params weights.npz`)."""
+    import zipfile
+
+    if not os.path.isfile(path):
+        raise RelayTuneError(f"params file {os.fspath(path)}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: np.asarray(archive[name]) for name in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise RelayTuneError(f"params file {os.fspath(path)}: not a readable .npz archive ({err})") from None
 
 
 def build(

@@ -49,8 +49,9 @@ def _console() -> Any:
 # -------------------------------------------------------------------------------------------------
 
 
-def load_model(path: str, consts: str | None = None, seed: int = 0) -> Any:
-    """Parse a model file (Relay text, or ONNX by extension) and type-check it."""
+def load_model(path: str, consts: str | None = None, seed: int = 0, params: str | None = None) -> Any:
+    """Parse a model file (Relay text, or ONNX by extension) and type-check it; `params`: an .npz of values for
+    inputs, bound as constants."""
     from relay_tune.type_infer import infer_types
 
     p = Path(path)
@@ -64,6 +65,10 @@ def load_model(path: str, consts: str | None = None, seed: int = 0) -> Any:
         from relay_tune.text import load_module
 
         mod = load_module(p, consts=consts, seed=seed)
+    if params:
+        from relay_tune.build import bind_params, read_params
+
+        mod = bind_params(infer_types(mod), read_params(params))
     return infer_types(mod)
 
 
@@ -75,7 +80,7 @@ def load_model(path: str, consts: str | None = None, seed: int = 0) -> Any:
 @_command("check")
 def cmd_check(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    mod = load_model(args.model, args.consts)
+    mod = load_model(args.model, args.consts, params=args.params)
     elapsed = time.perf_counter() - start
     if args.fused:
         from relay_tune.passes import optimize
@@ -128,7 +133,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
 
-    mod = optimize(load_model(args.model, args.consts), opt_level=args.opt_level)
+    mod = optimize(load_model(args.model, args.consts, params=args.params), opt_level=args.opt_level)
     tasks = extract_tasks(mod)
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
@@ -188,7 +193,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from relay_tune.build import BuildWarning, build
 
     console = _console()
-    mod = load_model(args.model, args.consts)
+    mod = load_model(args.model, args.consts, params=args.params)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BuildWarning)
         model = build(mod, target=args.target, logs=args.log or None, opt_level=args.opt_level, jobs=args.jobs,
@@ -298,6 +303,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--storage", args.storage]
     if args.seed:
         words += ["--seed", str(args.seed)]
+    if args.params:
+        words += ["--params", args.params]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -310,7 +317,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
-    mod = load_model(args.model, args.consts)
+    mod = load_model(args.model, args.consts, params=args.params)
     progress = RichProgress(console)
     try:
         result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
@@ -553,6 +560,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "Default: the file beside the model with the same stem, if any",
     )
     p.add_argument("--opt-level", type=int, default=3, choices=range(4), help="graph optimisation level (default 3)")
+    p.add_argument("--params", metavar="FILE.npz", help="values for model inputs (by input name) to bind as "
+                   "constants: weights given this way are packed once, at build time")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,76 @@
+"""Weights passed as inputs, bound as constants: packed once at build time (Python API and `--params`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import relay_tune
+from relay_tune.cli import main
+from relay_tune.errors import RelayTuneError
+from relay_tune.interpreter import evaluate
+from relay_tune.runtime.model import PACKING_TASK, load
+from relay_tune.text import parse_module
+
+DENSE = """#[version = "0.0.5"]
+def @main(%x: Tensor[(4, 64), float32], %w: Tensor[(32, 64), float32], %b: Tensor[(32), float32]) {
+  %0 = nn.dense(%x, %w);
+  %1 = nn.bias_add(%0, %b);
+  nn.relu(%1)
+}
+"""
+
+
+def weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    return {"w": (0.1 * rng.standard_normal((32, 64))).astype("float32"),
+            "b": rng.standard_normal(32).astype("float32")}
+
+
+def test_bound_weights_are_packed_at_build_time_not_per_run() -> None:
+    mod = parse_module(DENSE)
+    as_inputs = relay_tune.build(mod)
+    assert any(c.task == PACKING_TASK for c in as_inputs.plan.calls), "the default dense schedule packs its weight"
+    bound = relay_tune.build(relay_tune.bind_params(mod, weights()))
+    assert bound.input_names == ["x"]
+    assert not any(c.task == PACKING_TASK for c in bound.plan.calls)  # packed once, into a constant
+    assert bound.num_kernel_calls < as_inputs.num_kernel_calls
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype("float32")
+    want = np.asarray(evaluate(mod, {"x": x, **weights()}))
+    np.testing.assert_allclose(bound.run(x), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(as_inputs.run(x, **weights()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_cli_params_file_binds_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_path = tmp_path / "dense.relay"
+    model_path.write_text(DENSE)
+    params = tmp_path / "weights.npz"
+    np.savez(params, **weights())
+    out = tmp_path / "dense.rtmod"
+    assert main(["build", str(model_path), "--params", str(params), "-o", str(out)]) == 0
+    model = load(out)
+    assert model.input_names == ["x"]
+    x = np.ones((4, 64), "float32")
+    want = np.asarray(evaluate(parse_module(DENSE), {"x": x, **weights()}))
+    np.testing.assert_allclose(model.run(x), want, rtol=1e-5, atol=1e-5)
+    capsys.readouterr()
+
+    np.savez(tmp_path / "wrong.npz", weight=weights()["w"])
+    assert main(["build", str(model_path), "--params", str(tmp_path / "wrong.npz"), "-o", str(out)]) == 1
+    assert "unknown input(s) 'weight'" in capsys.readouterr().err
+    assert main(["build", str(model_path), "--params", str(tmp_path / "missing.npz"), "-o", str(out)]) == 1
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    assert main(["tasks", str(model_path), "--params", str(tmp_path / "bad.npz")]) == 1
+    assert "not a readable .npz" in capsys.readouterr().err
+
+
+def test_read_params_refuses_pickled_arrays(tmp_path: Path) -> None:
+    from relay_tune.build import read_params
+
+    path = tmp_path / "objects.npz"
+    np.savez(path, w=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(RelayTuneError, match="not a readable"):
+        read_params(path)
