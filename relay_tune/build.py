@@ -168,6 +168,8 @@ def task_lookup(logs: Any) -> TaskLookup | None:
     """The lookup `build` uses for `logs`: None, a `ScheduleLookup` function, or tuning-log path(s)."""
     if logs is None:
         return None
+    if isinstance(logs, _SpecLookup):
+        return logs.fn
     if callable(logs):
         hook: ScheduleLookup = logs
         return lambda spec, target: hook(spec.key, target)
@@ -703,6 +705,7 @@ def build(
     jobs: int | None = None,
     require_tuned: bool = False,
     threading_runtime: str = "auto",
+    check_tuned: bool = False,
 ) -> CompiledModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see the module docstring).
 
@@ -712,7 +715,14 @@ def build(
     jobs: compile processes (default: one per core, at most 4, for models of 8 kernels or more; 1 compiles in this
         process).
     require_tuned: raise instead of warning when a task has no tuning record.
+    check_tuned: also build the model with default schedules, time every task in both models where it runs (the
+        executor's in-graph profile), and keep a tuned record only where its kernel is faster in the graph than
+        the default's; the result is never slower end to end than the default build (CPU targets; see
+        `check_tuned_records`). Costs a second build and a few model runs.
     """
+    if check_tuned and logs is not None:
+        return check_tuned_records(mod, target, params, logs, opt_level, jobs=jobs, require_tuned=require_tuned,
+                                   threading_runtime=threading_runtime)
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
     from relay_tune.type_infer import infer_types
@@ -794,6 +804,94 @@ def build(
         "lower_seconds": {t.key: t.lower_seconds for t in task_list},
     }
     return CompiledModel(plan, objects, constants, resolved, info, threading_runtime, libraries=libraries)
+
+
+def check_tuned_records(
+    mod: IRModule | Function,
+    target: str | Target | None,
+    params: Mapping[str, Any] | None,
+    logs: Any,
+    opt_level: int = 3,
+    rounds: int = 5,
+    **options: Any,
+) -> CompiledModel:
+    """`build(..., check_tuned=True)`: the tuned build, less the records that are slower in the graph.
+
+    A record is measured alone by the tuner; in the model its kernel runs between others, with other data in cache
+    and the thread team in another state. So the tuned and the default model are both built and profiled in
+    interleaved rounds (`CompiledModel.profile_calls`: times taken in generated code between kernel calls); a task
+    whose tuned kernel is not faster in the graph than its default one falls back to the default schedule, and the
+    model is rebuilt without those records. Last, the result is timed end to end against the default build, in
+    interleaved rounds, and the default build is returned if it is faster. `build_info["tuned_check"]` says what
+    was compared and decided.
+    """
+    tuned = build(mod, target, params, logs, opt_level, **options)
+    if resolve_target(target).kind != "llvm" or not any(t.tuned for t in tuned.plan.tasks):
+        return tuned  # GPU models have no in-graph profile to compare with
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BuildWarning)  # the default build has no records, by design
+        default = build(mod, target, params, None, opt_level, **{k: v for k, v in options.items()
+                                                                   if k != "require_tuned"})
+    inputs = tuned.random_inputs(seed=0)
+    in_tuned, in_default = _task_seconds((tuned, default), inputs, rounds)
+    slower = {t.key for t in tuned.plan.tasks
+              if t.tuned and t.key in in_default and in_tuned.get(t.key, 0.0) > in_default[t.key]}
+    check: dict[str, Any] = {
+        "tasks": {t.key: {"tuned_s": in_tuned.get(t.key), "default_s": in_default.get(t.key)}
+                  for t in tuned.plan.tasks if t.tuned},
+        "rejected": sorted(slower),
+    }
+    result = tuned
+    if slower:
+        lookup = task_lookup(logs)
+        assert lookup is not None
+
+        def without_slower(spec: Any, target: Target) -> Sequence[Any] | None:
+            return None if spec.key in slower else lookup(spec, target)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BuildWarning)
+            result = build(mod, target, params, _SpecLookup(without_slower), opt_level, **options)
+    # End to end: tuned <= default, measured here rather than assumed from the per-task sums.
+    mine, theirs = _interleaved_latency((result, default), inputs, rounds)
+    check.update(tuned_e2e_s=mine, default_e2e_s=theirs, kept_default=mine > theirs)
+    chosen = default if mine > theirs else result
+    chosen.build_info["tuned_check"] = check
+    return chosen
+
+
+class _SpecLookup:
+    """A lookup that takes the task spec itself (`TaskLookup`), passed through `task_lookup` unchanged."""
+
+    def __init__(self, fn: TaskLookup) -> None:
+        self.fn = fn
+
+
+def _task_seconds(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[dict[str, float]]:
+    """Per model, per task key: seconds the task's calls take in one run, median over interleaved rounds."""
+    import statistics
+
+    per_round: list[list[dict[str, float]]] = [[] for _ in models]
+    for _ in range(rounds):
+        for model, rows in zip(models, per_round):
+            spent: dict[str, float] = {}
+            for call, seconds in zip(model.plan.calls, model.profile_calls(repeat=1, inputs=inputs)):
+                if call.task >= 0:  # packing calls belong to no task; the end-to-end check covers them
+                    key = model.plan.tasks[call.task].key
+                    spent[key] = spent.get(key, 0.0) + seconds
+            rows.append(spent)
+    return [{key: statistics.median(r[key] for r in rows) for key in rows[0]} for rows in per_round]
+
+
+def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[float]:
+    """Per model, median seconds per inference over interleaved rounds of `benchmark` (which warms up first)."""
+    import statistics
+
+    costs: list[list[float]] = [[] for _ in models]
+    for _ in range(rounds):
+        for model, mine in zip(models, costs):
+            mine.extend(model.benchmark(repeat=3, inputs=inputs).costs)
+    return [statistics.median(c) for c in costs]
 
 
 def _lower_one(

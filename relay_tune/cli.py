@@ -197,7 +197,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BuildWarning)
         model = build(mod, target=args.target, logs=args.log or None, opt_level=args.opt_level, jobs=args.jobs,
-                      require_tuned=args.require_tuned)
+                      require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned)
     path = model.save(args.output)
     table = Table(title=f"kernels of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -218,6 +218,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"{t['total_s']:.2f} s: passes {t['passes_s']:.2f} s, lowering {t['lower_s']:.2f} s, "
         f"LLVM {t['llvm_s']:.2f} s, load {t['load_s']:.2f} s"
     )
+    check = model.build_info.get("tuned_check")
+    if check and (check["rejected"] or check["kept_default"]):
+        console.print(f"in-graph check: {len(check['rejected'])} tuned record(s) slower in the model than the "
+                      "default schedule were not used"
+                      + ("; the default build was faster end to end and is the one saved" if check["kept_default"]
+                         else ""))
     console.print(f"memory: {model.memory_report()}")
     console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for target {model.target.mcpu or 'llvm'} "
                   f"({model.target.num_cores} cores)")
@@ -604,6 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tuning log to take the best schedules from (repeatable)")
     p.add_argument("--jobs", type=int, default=None, help="compile processes (default: one per core, at most 4)")
     p.add_argument("--require-tuned", action="store_true", help="fail when a task has no tuning record")
+    p.add_argument("--no-check-tuned", action="store_true", help="use every tuning record without timing it in the "
+                   "model against the default schedule (by default a record slower in the model is not used)")
 
     p = sub.add_parser("run", help="run a compiled model (.rtmod) and time it",
                        description="Load a compiled model, run it on inputs from an .npz file (random inputs by "

@@ -74,3 +74,41 @@ def test_read_params_refuses_pickled_arrays(tmp_path: Path) -> None:
     np.savez(path, w=np.array([{"a": 1}], dtype=object))
     with pytest.raises(RelayTuneError, match="not a readable"):
         read_params(path)
+
+
+SLOW_DENSE = """#[version = "0.0.5"]
+def @main(%x: Tensor[(32, 256), float32], %w: Tensor[(256, 256), float32]) {
+  %0 = nn.dense(%x, %w);
+  %1 = nn.relu(%0);
+  %2 = reshape(%1, newshape=[32, 16, 16]);
+  sum(%2, axis=[2])
+}
+"""
+
+
+def test_a_record_slower_in_the_graph_than_the_default_is_not_used() -> None:
+    mod = parse_module(SLOW_DENSE)
+    w = (0.1 * np.random.default_rng(4).standard_normal((256, 256))).astype("float32")
+    dense_keys: list[str] = []
+
+    def lookup(key: str, _target: object) -> list[object] | None:
+        # A "record" for every task: no schedule at all (serial, unvectorised loops), far slower than the default
+        # for the dense layer.
+        dense_keys.append(key)
+        return []
+
+    naive = relay_tune.build(mod, params={"w": w}, logs=lookup)
+    assert all(t.tuned for t in naive.plan.tasks if t.kernel)
+    checked = relay_tune.build(mod, params={"w": w}, logs=lookup, check_tuned=True)
+    report = checked.build_info["tuned_check"]
+    dense = next(t for t in checked.plan.tasks if "dense" in t.description)
+    assert dense.key in report["rejected"]  # its naive kernel lost in the graph
+    assert not dense.tuned  # so the model runs the default dense kernel
+    timing = report["tasks"][dense.key]
+    assert timing["tuned_s"] > timing["default_s"] > 0
+    assert report["tuned_e2e_s"] > 0 and report["default_e2e_s"] > 0
+    x = np.random.default_rng(1).standard_normal((32, 256)).astype("float32")
+    want = np.asarray(evaluate(mod, {"x": x, "w": w}))
+    np.testing.assert_allclose(checked.run(x), want, rtol=1e-4, atol=1e-4)
+    # without logs there is nothing to check: a plain build
+    assert "tuned_check" not in relay_tune.build(mod, params={"w": w}, check_tuned=True).build_info

@@ -295,7 +295,8 @@ def tune_model(
     lookup = best_steps_lookup(tasks, logs) if logs else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
-        model = build(mod, target=resolved, logs=lookup, opt_level=opt_level)
+        # A record slower in the model than the default schedule is not used (CPU targets; see build).
+        model = build(mod, target=resolved, logs=lookup, opt_level=opt_level, check_tuned=True)
     if measure_latency:
         after = _median_latency(model)
     if output is not None and hasattr(model, "save"):
