@@ -269,7 +269,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         stats = model.benchmark(repeat=args.repeat, number=args.number, inputs=inputs)
         console.print(f"latency: median {stats.median * 1e3:.3f} ms, min {stats.min * 1e3:.3f} ms "
                       f"({args.repeat} x {args.number} runs)")
-    if args.profile:
+    if args.profile and args.log:
+        from relay_tune.runtime.profile import compare_with_logs
+
+        console.print("  in model  per call   logged  ratio  (per call: in the model; logged: best record)")
+        for entry in compare_with_logs(model, args.log, max(1, min(args.repeat, 20)), inputs)[:args.profile]:
+            row = entry.profile
+            logged = f"{_duration(entry.logged):>9} {entry.ratio:5.2f}x" if entry.ratio else f"{'-':>9} {'':>6}"
+            console.print(f"  {_duration(row.seconds):>9} {_duration(row.per_call):>9} {logged}  x{row.calls:<3} "
+                          f"{'tuned  ' if row.tuned else 'default'} {row.description}")
+    elif args.profile:
         for row in model.profile(repeat=max(1, min(args.repeat, 20)), inputs=inputs)[:args.profile]:
             console.print(f"  {row.seconds * 1e3:9.3f} ms {row.share:6.1%}  x{row.calls:<3} "
                           f"{'tuned  ' if row.tuned else 'default'} {row.description}")
@@ -622,7 +631,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=10, help="timed runs (default 10; 0: no timing)")
     p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default 1)")
     p.add_argument("--profile", type=int, nargs="?", const=10, default=0, metavar="N",
-                   help="also print the N slowest kernels (default 10)")
+                   help="also print the N slowest kernels (default 10): their time in the model")
+    p.add_argument("--log", action="append", default=[], metavar="FILE.jsonl",
+                   help="with --profile: show each kernel's best time in these tuning logs beside its time per call "
+                   "in the model (repeatable)")
     p.add_argument("--output", metavar="FILE.npz", help="write the outputs to an .npz file")
     _add_tune_parser(sub)
     return parser
