@@ -11,7 +11,8 @@ net and one BERT-base encoder layer (sequence 128). For each network:
 2. relay-tune imports it, builds it with default schedules (and, with `--log`, a second time from the best records
    of those tuning logs), and every build's output is checked against onnxruntime's (and, with `--interpreter`,
    the reference interpreter's);
-3. the engines are timed in interleaved rounds (each round: every engine `--per-round` inferences), and the
+3. the engines are timed in interleaved rounds (each round: every engine one untimed, then `--per-round` timed
+   inferences), and the
    table reports medians over all timed inferences and the ratio to onnxruntime (below 1: relay-tune is faster).
 
 Columns: `default` is `CompiledModel.run` (the native executor); `py loop` runs the same build's kernels from a
@@ -135,6 +136,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             fn()
     for _ in range(args.rounds):
         for label, fn in runners.items():
+            # One untimed inference first: the other engine's thread pool may still be spinning on the cores, and
+            # each engine's first run after the other meets caches the other filled.
+            fn()
             for _ in range(args.per_round):
                 start = time.perf_counter()
                 fn()
