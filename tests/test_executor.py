@@ -127,3 +127,19 @@ def test_two_models_with_the_same_kernel_names_run_side_by_side() -> None:
     got = other.run(**inputs)
     np.testing.assert_allclose(got[1], 1 / (1 + np.exp(-got[0])), rtol=1e-5)
     np.testing.assert_allclose(small.run(x), want)
+
+
+def test_the_executor_runs_parallel_kernels_on_the_fallback_thread_team() -> None:
+    # Without libgomp, parallel regions call back into Python from generated code that ctypes entered with the
+    # GIL released: the callbacks take it again.
+    from relay_tune.runtime.kernel import python_thread_team
+
+    mod = parse_module(chain_text((16, 64, 64), 6))
+    model = relay_tune.build(mod, target="llvm -num-cores=2", opt_level=0, threading_runtime="python")
+    x = np.random.default_rng(2).standard_normal((16, 64, 64)).astype("float32")
+    want = np.asarray(Interpreter(mod).run({"x": x}))
+    team = python_thread_team()
+    before = team.regions
+    np.testing.assert_allclose(model.run(x), want, rtol=1e-6, atol=1e-6)
+    assert team.regions - before == 6  # every kernel ran as a parallel region of the fallback team
+    assert len(model.profile_calls(repeat=1)) == 6
