@@ -110,5 +110,8 @@ def test_a_record_slower_in_the_graph_than_the_default_is_not_used() -> None:
     x = np.random.default_rng(1).standard_normal((32, 256)).astype("float32")
     want = np.asarray(evaluate(mod, {"x": x, "w": w}))
     np.testing.assert_allclose(checked.run(x), want, rtol=1e-4, atol=1e-4)
+    # require_tuned concerns the records found, not the ones the check then leaves out
+    strict = relay_tune.build(mod, params={"w": w}, logs=lookup, check_tuned=True, require_tuned=True)
+    np.testing.assert_allclose(strict.run(x), want, rtol=1e-4, atol=1e-4)
     # without logs there is nothing to check: a plain build
     assert "tuned_check" not in relay_tune.build(mod, params={"w": w}, check_tuned=True).build_info
