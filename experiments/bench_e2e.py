@@ -1,5 +1,7 @@
 """End-to-end latency: a model compiled by relay-tune against onnxruntime, same machine, same thread count.
 
+(For the set of well-known networks built in-process, see `bench_onnx_e2e.py`; this script takes any ONNX file.)
+
     python experiments/bench_e2e.py MODEL.onnx [--log logs/model.jsonl ...] [--threads N] [--repeat 50]
     python experiments/bench_e2e.py --example small_cnn            # no download: built with onnx.helper
 
@@ -213,9 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in timings:
         print(f"{t.name:<12} {t.setup_s:>8.2f} {t.median_ms:>10.3f} {t.min_ms:>8.3f} {len(t.samples_ms):>6}")
     if hasattr(compiled, "benchmark"):
-        # The executor alone (inputs bound once, no argument checks or output allocation), for reference.
+        # CompiledModel.benchmark: what run() does less the input checks, for reference (it should agree).
         stats = compiled.benchmark(repeat=max(args.repeat, 10), number=1, inputs=inputs)
-        print(f"{'(kernels)':<12} {'':>8} {stats.median * 1e3:>10.3f} {stats.min * 1e3:>8.3f} {len(stats.costs):>6}")
+        print(f"{'(benchmark)':<12} {'':>8} {stats.median * 1e3:>10.3f} {stats.min * 1e3:>8.3f} {len(stats.costs):>6}")
     ratio = timings[1].median_ms / timings[0].median_ms
     best_ratio = timings[1].min_ms / timings[0].min_ms
     print(f"\nrelay-tune / onnxruntime (median latency): {ratio:.2f}x "
