@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from relay_tune.frontend.params import params_path, save_params
 from relay_tune.ir import IRModule
 from relay_tune.passes import optimize
 from relay_tune.testing import zoo
@@ -26,6 +25,16 @@ from relay_tune.type_infer import infer_types
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_DIR = REPO_ROOT.parent / "shared" / "relay_corpus"
 HAVE_CORPUS = CORPUS_DIR.is_dir()
+
+# A bare expression of our own (the corpus has one too), written for the tests;
+# it computes (x + y) * (z + w) and its gradient: lets, tuples and projections, four parameters.
+INLINE_EXPRESSION = """fn (%x: Tensor[(1), float32], %y: Tensor[(1), float32], %z: Tensor[(1), float32],
+    %w: Tensor[(1), float32]) {
+  let %sum = (add(%x, %y), add(%z, %w));
+  let %value = multiply(%sum.0, %sum.1);
+  (%value, (%sum.1, %sum.1, %sum.0, %sum.0))
+}
+"""
 
 ZOO_PREFIX = "zoo_"
 # every zoo model at its small size, and one fused program (primitive functions, as a compiler dump has them)
@@ -67,10 +76,10 @@ def zoo_module(file_name: str) -> IRModule:
 def write_zoo_files(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ZOO_FILES:
-        path = folder / name
+        path = zoo.write(zoo_module(name), folder / name)
         constants: list[np.ndarray] = []
+        # the same text with type comments, as compiler dumps have them
         path.write_text(print_module(zoo_module(name), show_types=True, constants_out=constants))
-        save_params(params_path(path), constants)
         entries = [{"dtype": str(c.dtype), "shape": list(c.shape)} for c in constants]
         sidecar_path(path).write_text(json.dumps({"relay.Constant": entries}))
     return folder

@@ -15,6 +15,7 @@ from model_sources import (
     CORPUS_EXPRESSIONS,
     CORPUS_MODULES,
     FUSED_ZOO_MODEL,
+    INLINE_EXPRESSION,
     ZOO_FILES,
     ZOO_PREFIX,
     in_corpus,
@@ -35,14 +36,6 @@ from relay_tune.text import (
 )
 from relay_tune.text.loader import sidecar_path
 
-# A bare expression of our own (the corpus has one too): lets, tuples and projections, four parameters.
-INLINE_EXPRESSION = """fn (%x: Tensor[(1), float32], %y: Tensor[(1), float32], %z: Tensor[(1), float32],
-    %w: Tensor[(1), float32]) {
-  let %sum = (add(%x, %y), add(%z, %w));
-  let %value = multiply(%sum.0, %sum.1);
-  (%value, (%sum.1, %sum.1, %sum.0, %sum.0))
-}
-"""
 # Loading these synthesises hundreds of megabytes of random weights; the cheap-constant round trip covers them.
 SLOW_TO_LOAD = {"tvm_menagerie_gpt2.relay"}
 FUSED_ZOO_FILE = f"{ZOO_PREFIX}{FUSED_ZOO_MODEL}_fused.relay"

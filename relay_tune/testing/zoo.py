@@ -80,7 +80,7 @@ class _Builder:
     # --- layers ---------------------------------------------------------------------------------
     def conv(
         self, x: Expr, in_channels: int, channels: int, kernel: int, stride: int = 1, padding: int | None = None,
-        groups: int = 1, gain: float = 2.0,
+        groups: int = 1, gain: float = 2.0, bias: bool = False,
     ) -> Expr:
         pad = kernel // 2 if padding is None else padding
         fan_in = in_channels // groups * kernel * kernel
@@ -90,7 +90,11 @@ class _Builder:
             channels=channels, kernel_size=(kernel, kernel),
         )
         # each output sums fan_in products w*x: variance fan_in * (gain/fan_in) * E[x^2]
-        return self.track(y, 0.0, gain * self.mean_square(x))
+        variance = gain * self.mean_square(x)
+        if bias:
+            y = self.call("nn.bias_add", y, self.normal((channels,), 0.05), axis=1)
+            variance += 0.05**2
+        return self.track(y, 0.0, variance)
 
     def batch_norm(self, x: Expr, channels: int, scale: float = 1.0, axis: int = 1) -> Expr:
         """Inference batch norm with statistics near what the incoming O(1) activations have."""
@@ -263,8 +267,9 @@ def mobilenet(
 
 def squeezenet(*, image: int = 224, width: int = 64, num_classes: int = 1000, batch: int = 1,
                seed: int = 0) -> IRModule:
-    """SqueezeNet 1.1 (Iandola et al. 2016): fire modules (1x1 squeeze, concatenated 1x1 and 3x3 expands), no
-    batch norm, a 1x1 convolution as classifier. `width` is the stem's channel count (64)."""
+    """SqueezeNet 1.1 (Iandola et al. 2016): fire modules (1x1 squeeze, concatenated 1x1 and 3x3 expands),
+    convolutions with biases and no batch norm, a 1x1 convolution as classifier. `width` is the stem's channel
+    count (64)."""
     b = _Builder(seed)
     data = _input("data", batch, 3, image, image)
     scale = width / 64
@@ -274,19 +279,19 @@ def squeezenet(*, image: int = 224, width: int = 64, num_classes: int = 1000, ba
 
     def fire(x: Expr, in_channels: int, squeeze: int, expand: int) -> tuple[Expr, int]:
         s, e = _scaled(squeeze, scale), _scaled(expand, scale)
-        y = b.relu(b.conv(x, in_channels, s, 1))
-        left = b.relu(b.conv(y, s, e, 1))
-        right = b.relu(b.conv(y, s, e, 3))
+        y = b.relu(b.conv(x, in_channels, s, 1, bias=True))
+        left = b.relu(b.conv(y, s, e, 1, bias=True))
+        right = b.relu(b.conv(y, s, e, 3, bias=True))
         return b.concatenate((left, right), (e, e)), 2 * e
 
-    x = pool(b.relu(b.conv(data, 3, width, 3, stride=2, padding=0)))
+    x = pool(b.relu(b.conv(data, 3, width, 3, stride=2, padding=0, bias=True)))
     channels = width
     for i, (squeeze, expand) in enumerate([(16, 64), (16, 64), (32, 128), (32, 128), (48, 192), (48, 192),
                                            (64, 256), (64, 256)]):
         x, channels = fire(x, channels, squeeze, expand)
         if i in (1, 3):
             x = pool(x)
-    x = b.relu(b.conv(x, channels, num_classes, 1))
+    x = b.relu(b.conv(x, channels, num_classes, 1, bias=True))
     return b.module([data], b.call("nn.batch_flatten", b.call("nn.global_avg_pool2d", x)))
 
 
