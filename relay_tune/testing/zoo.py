@@ -8,9 +8,10 @@ build them, `write(mod, path)` saves one as Relay text with a parameter file bes
 Parameters are random but at the scale of a trained network, so that activations stay O(1) through any depth and a
 comparison against the reference interpreter means something (a network whose activations vanish compares zeros
 with zeros; one whose activations explode compares rounding noise): weights are He-initialised (variance 2/fan_in
-in front of a ReLU, 1/fan_in elsewhere), batch-norm statistics are close to the mean 0 and variance 1 those
-weights produce, and the last batch norm of a residual branch has a small scale (as trained residual networks
-do), so that the sum of a deep stack of residual blocks grows slowly.
+in front of a ReLU, 1/fan_in elsewhere); the running mean and variance of every batch norm are those of the values
+that reach it (estimated while the model is built, by propagating the mean and variance of N(0, 1) inputs layer by
+layer), so each batch norm really normalises, as in a trained network; and the last batch norm of a residual branch
+has a small scale (as trained residual networks have), so that a deep stack of residual blocks grows slowly.
 
 The modules are built with the IR constructors directly (`Call`, `Var`, `Constant`, ...), type-checked with
 `infer_types`, and print to Relay text that parses back to the same module.
@@ -97,7 +98,8 @@ class _Builder:
         return self.track(y, 0.0, variance)
 
     def batch_norm(self, x: Expr, channels: int, scale: float = 1.0, axis: int = 1) -> Expr:
-        """Inference batch norm with statistics near what the incoming O(1) activations have."""
+        """Inference batch norm whose running statistics are near the estimated moments of `x`, and whose output
+        has variance about `scale`^2."""
         mu, sigma2 = self.moments(x)
         gamma = self.uniform((channels,), 0.8 * scale, 1.2 * scale)
         beta = self.normal((channels,), 0.1)
