@@ -16,6 +16,7 @@ from model_sources import (
     CORPUS_MODULES,
     FUSED_ZOO_MODEL,
     INLINE_EXPRESSION,
+    ZOO_FILES,
     ZOO_PREFIX,
     in_corpus,
     module_files,
@@ -203,7 +204,7 @@ WHOLE_MODELS = [
 SMALL_MODULES = [n for n in CORPUS_MODULES if n not in WHOLE_MODELS and n != "tvm_menagerie_gpt2.relay"]
 
 
-@pytest.mark.parametrize("name", [*in_corpus(*WHOLE_MODELS), *SMALL_MODULES, *module_files()[len(CORPUS_MODULES):]])
+@pytest.mark.parametrize("name", [*in_corpus(*WHOLE_MODELS), *SMALL_MODULES, *ZOO_FILES])
 def test_interpreter_runs_program(program: Callable[[str], Path], name: str) -> None:
     run_program(program(name))
 
