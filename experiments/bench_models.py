@@ -1,7 +1,8 @@
-"""Whole-model builds of corpus models: compile time, latency, memory plan, save/load.
+"""Whole-model builds of corpus and zoo models: compile time, latency, memory plan, save/load.
 
     python experiments/bench_models.py                          # MNIST, MobileNet v2, GPT-2 MLP extract, ResNet-50
     python experiments/bench_models.py --models mnist resnet50 --repeat 30 --cores 1
+    python experiments/bench_models.py --models zoo:resnet18 zoo:bert_layer   # zoo models at their real size
 
 For each model: `relay_tune.build` with default schedules (or the best records of --log files) and its time split
 (graph passes, lowering, LLVM, loading); the largest difference from the reference interpreter on random inputs;
@@ -9,7 +10,8 @@ whole-model latency (median and min over --repeat runs, after a warm-up); peak i
 arena against one buffer per intermediate tensor (and the live-set lower bound); then a save/load round trip: file
 size, load time (no recompilation: loading links the saved object code) and whether outputs stay identical.
 
-The corpus lives beside the checkout (../shared/relay_corpus); --corpus points elsewhere. Other processes on the
+The corpus lives beside the checkout (../shared/relay_corpus); --corpus points elsewhere; without it the default
+is the zoo's MobileNet v2, BERT layer and ResNet-50 (`relay_tune.testing.zoo`). Other processes on the
 machine disturb multi-core timings (parallel kernels wait for every core); --cores 1 is steadier.
 """
 
@@ -24,8 +26,10 @@ import numpy as np
 
 import relay_tune
 from relay_tune.interpreter import evaluate
+from relay_tune.ir import IRModule
 from relay_tune.runtime.model import load
 from relay_tune.target import Target
+from relay_tune.testing import zoo
 from relay_tune.text import load_module
 from relay_tune.type_infer import infer_types
 
@@ -48,8 +52,8 @@ def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f}"
 
 
-def bench(name: str, path: Path, target: Target, repeat: int, logs: list[str], jobs: int | None) -> dict[str, str]:
-    mod = infer_types(load_module(path))
+def bench(name: str, mod: IRModule, target: Target, repeat: int, logs: list[str], jobs: int | None
+          ) -> dict[str, str]:
     start = time.perf_counter()
     model = relay_tune.build(mod, target=target, logs=logs or None, jobs=jobs)
     build_s = time.perf_counter() - start
@@ -90,7 +94,9 @@ def bench(name: str, path: Path, target: Target, repeat: int, logs: list[str], j
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    zoo_names = [f"zoo:{n}" for n in zoo.MODELS]
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS) + zoo_names, default=None,
+                        help="corpus models, or zoo:NAME for a zoo model at its real size")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per model (default 20)")
     parser.add_argument("--cores", type=int, default=None, help="cores kernels may use (default: all available)")
@@ -101,12 +107,18 @@ def main() -> int:
     target = Target.host(args.cores)
     print(f"target: {target.mcpu}, {target.num_cores} core(s); "
           + ("tuned from " + ", ".join(args.log) if args.log else "default schedules"))
+    if args.models is None:
+        args.models = list(MODELS) if args.corpus.is_dir() else ["zoo:mobilenet_v2", "zoo:bert_layer", "zoo:resnet50"]
     rows = []
     for name in args.models:
-        path = args.corpus / f"{MODELS[name]}.relay"
-        if not path.is_file():
-            raise SystemExit(f"{path} not found (use --corpus)")
-        rows.append(bench(name, path, target, args.repeat, args.log, args.jobs))
+        if name.startswith("zoo:"):
+            mod = zoo.full(name.removeprefix("zoo:"))
+        else:
+            path = args.corpus / f"{MODELS[name]}.relay"
+            if not path.is_file():
+                raise SystemExit(f"{path} not found (use --corpus, or zoo models: {', '.join(zoo_names)})")
+            mod = infer_types(load_module(path))
+        rows.append(bench(name, mod, target, args.repeat, args.log, args.jobs))
         print(" | ".join(f"{k}: {v}" for k, v in rows[-1].items()), flush=True)
 
     columns = list(rows[0])

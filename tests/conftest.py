@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from model_sources import CORPUS_DIR, REPO_ROOT, program_path, write_zoo_files
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# The conformance corpus lives beside the checkout and is never copied into the repository.
-CORPUS_DIR = REPO_ROOT.parent / "shared" / "relay_corpus"
+__all__ = ["CORPUS_DIR", "REPO_ROOT"]
+
+
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small zoo models written as Relay files (see `model_sources`)."""
+    return write_zoo_files(tmp_path_factory.mktemp("zoo"))
+
+
+@pytest.fixture(scope="session")
+def program(zoo_dir: Path) -> Callable[[str], Path]:
+    """`program(name)`: the path of a zoo file (`zoo_*.relay`) or of a corpus file."""
+    return lambda name: program_path(name, zoo_dir)
 
 
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
+    """The corpus folder itself, for a test that can only mean the corpus. Such a test skips in a clone of the
+    project alone; prefer parametrising over `model_sources.module_files()` with the `program` fixture."""
     if not CORPUS_DIR.is_dir():
         pytest.skip(f"Relay corpus not found at {CORPUS_DIR}")
     return CORPUS_DIR

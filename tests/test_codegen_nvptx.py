@@ -1,5 +1,5 @@
 """NVPTX code generation: launch planning, thread bindings, shared memory, math, every operator through the
-default GPU schedules, the corpus models, the GPU search spaces, and ptxas acceptance (skipped without ptxas).
+default GPU schedules, the zoo models, the GPU search spaces, and ptxas acceptance (skipped without ptxas).
 
 Without a GPU, kernels are checked for GPU semantics on the emulated device (threads as coroutines that meet at
 barriers, per-thread local and per-block shared memory), against the reference interpreter."""
@@ -603,21 +603,19 @@ def test_sampled_gpu_configs_build_and_run() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# corpus models: every fused function compiles to PTX that ptxas accepts
+# zoo models at their real size: every fused function compiles to PTX that ptxas accepts
 # ---------------------------------------------------------------------------------------------------
 
-CORPUS_MODELS = ["tvm_menagerie_resnet50", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2_extract"]
+ZOO_MODELS = ["resnet50", "mobilenet_v2", "bert_layer"]
 
 
-@pytest.mark.parametrize("stem", CORPUS_MODELS)
-def test_corpus_model_compiles_to_ptx(corpus_dir: object, stem: str) -> None:
-    from pathlib import Path
-
+@pytest.mark.parametrize("name", ZOO_MODELS)
+def test_zoo_model_compiles_to_ptx(name: str) -> None:
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.text import load_module
+    from relay_tune.testing import zoo
 
-    mod = infer_types(load_module(Path(str(corpus_dir)) / f"{stem}.relay"))
+    mod = zoo.full(name)
     fused = optimize(mod)
     funcs = []
     for i, spec in enumerate(extract_tasks(fused)):

@@ -14,22 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from relay_tune.errors import RelayTuneError, RelayTypeError, UnsupportedError  # noqa: E402
-from relay_tune.frontend import from_onnx, load_params, params_path, save_params  # noqa: E402
-from relay_tune.frontend.onnx import OnnxModelError, UnsupportedOperatorsError, supported_ops  # noqa: E402
-from relay_tune.frontend.params import ParamsFileError  # noqa: E402
-from relay_tune.interpreter import evaluate  # noqa: E402
-from relay_tune.ir import Call, Constant, post_order  # noqa: E402
-from relay_tune.ir.types import ANY, TensorType  # noqa: E402
-from relay_tune.op.registry import get_op  # noqa: E402
-from relay_tune.text import load_module, print_module  # noqa: E402
+from relay_tune.errors import RelayTuneError, RelayTypeError, UnsupportedError
+from relay_tune.frontend import from_onnx, load_params, params_path, save_params
+from relay_tune.frontend.onnx import OnnxModelError, UnsupportedOperatorsError, supported_ops
+from relay_tune.frontend.params import ParamsFileError
+from relay_tune.interpreter import evaluate
+from relay_tune.ir import Call, Constant, post_order
+from relay_tune.ir.types import ANY, TensorType
+from relay_tune.op.registry import get_op
+from relay_tune.text import load_module, print_module
 
 RNG = np.random.default_rng(1234)
 
@@ -486,10 +484,6 @@ def test_small_cnn_matches_onnxruntime() -> None:
 
 def test_bench_e2e_runs_on_the_example_model(capsys: pytest.CaptureFixture[str]) -> None:
     """The end-to-end benchmark script: compiled example CNN vs onnxruntime, outputs compared (exit 0)."""
-    import relay_tune
-
-    if getattr(relay_tune, "build", None) is None:
-        pytest.skip("relay_tune.build is not available")
     bench = _experiments_module("bench_e2e")
     code = bench.main(["--example", "small_cnn", "--repeat", "2", "--warmup", "0", "--min-time", "0",
                        "--threads", "1"])

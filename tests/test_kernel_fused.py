@@ -1,7 +1,7 @@
 """Fused primitive functions built into kernels (compute -> default schedule -> LLVM) agree with the interpreter.
 
 Groups come from FuseOps on small programs (conv2d + bias + relu, residual adds, dense + bias and softmax,
-reshape/transpose chains, tuple results) and from the Relay corpus. Also: the kernel API (`lower_primitive`
+reshape/transpose chains, tuple results) and from the model zoo. Also: the kernel API (`lower_primitive`
 with replayed or custom steps, packing of weights), no intermediate buffers inside a group, code
 generation properties the default schedules rely on, compile time, and errors.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,7 +41,7 @@ from relay_tune.kernel.schedule import Schedule, ScheduleError
 from relay_tune.op.registry import get_op
 from relay_tune.passes import FuseOps, PassConfig, extract_tasks, optimize
 from relay_tune.target import Target
-from relay_tune.text.loader import load_module
+from relay_tune.testing import zoo
 from relay_tune.type_infer import infer_types
 
 RNG = np.random.default_rng(3)
@@ -357,22 +356,23 @@ def test_untyped_functions_are_rejected() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# the corpus
+# whole models of the zoo
 # ------------------------------------------------------------------------------------------------
 
 
-def check_model_tasks(path: Path) -> int:
-    tasks = extract_tasks(optimize(load_module(path), opt_level=3))
+def check_model_tasks(mod: IRModule) -> int:
+    tasks = extract_tasks(optimize(mod, opt_level=3))
     for task in tasks:
         check_function(task.func, rtol=1e-3, atol=1e-3)
     return len(tasks)
 
 
-def test_every_mnist_task_matches_the_interpreter(corpus_dir: Path) -> None:
-    assert check_model_tasks(corpus_dir / "tvm_menagerie_mnist.relay") >= 5
+@pytest.mark.parametrize("model", ["squeezenet1_1", "lstm", "bert_layer"])
+def test_every_small_model_task_matches_the_interpreter(model: str) -> None:
+    assert check_model_tasks(zoo.small(model)) >= 8
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tvm_menagerie_resnet50", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2"])
-def test_every_model_task_matches_the_interpreter(corpus_dir: Path, model: str) -> None:
-    assert check_model_tasks(corpus_dir / f"{model}.relay") > 20
+@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v2", "bert_layer"])
+def test_every_model_task_matches_the_interpreter(model: str) -> None:
+    assert check_model_tasks(zoo.full(model)) >= 10

@@ -16,15 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relay_tune.codegen.llvm import build_llvm
 from relay_tune.kernel import analysis, te, tir
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import LayoutTransform, Schedule, ScheduleError, Split, step_from_json
 from relay_tune.kernel.tir_eval import evaluate
-
-try:
-    from relay_tune.codegen.llvm import build_llvm
-except ImportError:  # the CPU back end is optional for these tests
-    build_llvm = None
 
 RNG = np.random.default_rng(1)
 M, N, K = 37, 53, 29
@@ -49,7 +45,7 @@ def check(func: tir.PrimFunc, inputs: Sequence[np.ndarray], expected: Sequence[n
     evaluate(func, *inputs, *outs)
     for got, want in zip(outs, expected):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    if compiled and build_llvm is not None:
+    if compiled:
         outs = [np.zeros(p.shape, p.dtype) for p in func.params[len(inputs):]]
         build_llvm([func]).get(func.name)(*inputs, *outs)
         for got, want in zip(outs, expected):
@@ -775,17 +771,13 @@ def test_lowering_a_resnet50_conv2d_schedule_is_fast() -> None:
 # compiled code (needs the LLVM CPU back end)
 # ------------------------------------------------------------------------------------------------
 
-needs_llvm = pytest.mark.skipif(build_llvm is None, reason="LLVM CPU back end not available")
-
-
-@needs_llvm
 @pytest.mark.slow
 def test_dense_1024_reaches_numpy_speed(capsys: pytest.CaptureFixture[str]) -> None:
     """The dense schedule built only from schedule primitives, compiled, against numpy (OpenBLAS) on
     the same machine and thread count. Prints the GFLOPS of both."""
-    from relay_tune.runtime.kernel import time_kernel
+    import threadpoolctl
 
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from relay_tune.runtime.kernel import time_kernel
     size = 1024
     a, w, _, c, _ = dense_bias_relu(size, size, size)
     flop = 2.0 * size**3

@@ -2,9 +2,8 @@
 
 Folders `pytorch-converted`, `pytorch-operator` and `simple` under `onnx/backend/test/data` each hold
 one directory per model: `model.onnx` plus `test_data_set_*/{input,output}_*.pb` (inputs and the
-reference outputs). Every model is imported and run by the reference interpreter (and, when
-`relay_tune.build` is available, by the compiled model too: see the slow test) and compared with
-the reference outputs.
+reference outputs). Every model is imported and run by the reference interpreter (and by the
+compiled model too: see the slow test) and compared with the reference outputs.
 
 A model counts as
 - "passed" when every data set matches,
@@ -26,15 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
-onnx = pytest.importorskip("onnx")
-
-from onnx import numpy_helper  # noqa: E402
-
-from relay_tune.frontend import from_onnx  # noqa: E402
-from relay_tune.frontend.onnx import UnsupportedOperatorsError  # noqa: E402
-from relay_tune.interpreter import evaluate  # noqa: E402
+from relay_tune.frontend import from_onnx
+from relay_tune.frontend.onnx import UnsupportedOperatorsError
+from relay_tune.interpreter import evaluate
 
 DATA_DIR = Path(onnx.__file__).resolve().parent / "backend" / "test" / "data"
 FOLDERS = ("pytorch-converted", "pytorch-operator", "simple")
@@ -132,8 +129,8 @@ def run_folder(folder: str, runner: Runner) -> SuiteResult:
 
 
 def _require_data() -> None:
-    if not DATA_DIR.is_dir():
-        pytest.skip(f"the onnx package has no backend test data at {DATA_DIR}")
+    # the onnx wheel ships its backend test data; a build of onnx without it cannot run this suite
+    assert DATA_DIR.is_dir(), f"the onnx package has no backend test data at {DATA_DIR}"
 
 
 @pytest.fixture(scope="module")
@@ -174,17 +171,13 @@ def test_unsupported_models_are_only_those_with_out_of_scope_operators(
 
 
 # --------------------------------------------------------------------------------------------
-# compiled models (when relay_tune.build exists)
+# compiled models
 # --------------------------------------------------------------------------------------------
 
 
-def compiled_runner() -> Runner | None:
-    """A runner compiling each module for the host CPU with default schedules, or None if unavailable."""
-    import relay_tune
-
-    build = getattr(relay_tune, "build", None)
-    if build is None:
-        return None
+def compiled_runner() -> Runner:
+    """A runner compiling each module for the host CPU with default schedules."""
+    from relay_tune import build
 
     def run(mod: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         # The imported module embeds its weights, so no params are bound at build time.
@@ -199,8 +192,6 @@ def test_backend_suite_through_compiled_models(
     interpreter_results: dict[str, SuiteResult], capsys: pytest.CaptureFixture[str]
 ) -> None:
     runner = compiled_runner()
-    if runner is None:
-        pytest.skip("relay_tune.build is not available")
     reports = []
     for folder in FOLDERS:
         result = run_folder(folder, runner)

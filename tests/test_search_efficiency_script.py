@@ -29,7 +29,6 @@ def _load_script() -> ModuleType:
 
 @pytest.mark.slow
 def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
     script = _load_script()
     argv = ["--trials", "10", "--seeds", "1", "--workloads", "depthwise", "--strategies", "random,xgb",
             "--warmup", "4", "--batch", "4", "--build-jobs", "1", "--remeasure-rounds", "2", "--out", str(tmp_path)]

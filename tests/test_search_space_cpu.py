@@ -5,7 +5,7 @@ are compiled and checked against the interpreter. Also: which family a workload 
 configs before anything is built, the default config standing for the built-in default schedule, packing of
 constant weights only, the dense 1024^3 space holding the reference kernel's structure, artifacts that pass the
 runner's own check, pickling to build workers, the build's decoder of logged configs, short target names in logs,
-and a table of space sizes for corpus models (`pytest -s` shows it).
+and a table of space sizes for zoo models (`pytest -s` shows it).
 """
 
 from __future__ import annotations
@@ -407,11 +407,11 @@ def test_target_log_names_are_short_and_stable() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["tvm_menagerie_mnist", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2_extract"])
-def test_space_size_table(corpus_dir: Any, model: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from relay_tune.cli import load_model
+@pytest.mark.parametrize("model", ["inception_block", "lstm", "bert_layer"])  # conv2d, dense, batch_matmul
+def test_space_size_table(model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from relay_tune.testing import zoo
 
-    tasks = tasks_from_module(load_model(str(corpus_dir / f"{model}.relay")), HOST)
+    tasks = tasks_from_module(zoo.full(model), HOST)
     table = format_space_table([(t.description, t.family, t.space) for t in tasks])
     with capsys.disabled():
         print(f"\nschedule spaces of {model} ({HOST.log_name}):\n{table}")

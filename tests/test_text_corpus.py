@@ -1,16 +1,30 @@
-"""Every program of the Relay corpus parses, and printing then re-parsing gives the same program."""
+"""Every program of the Relay corpus (when it is beside the checkout) and of the model zoo parses, and printing
+then re-parsing gives the same program."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from model_sources import (
+    CORPUS_EXPRESSIONS,
+    CORPUS_MODULES,
+    FUSED_ZOO_MODEL,
+    INLINE_EXPRESSION,
+    ZOO_FILES,
+    ZOO_PREFIX,
+    in_corpus,
+    module_files,
+    zoo_module,
+)
 
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, TensorType, post_order, structural_equal
+from relay_tune.testing import zoo
 from relay_tune.text import (
     load_constants_sidecar,
     load_module,
@@ -22,35 +36,9 @@ from relay_tune.text import (
 )
 from relay_tune.text.loader import sidecar_path
 
-MODULE_FILES = [
-    "tvm_aot_fused_nchwc.relay",
-    "tvm_aot_int8_conv.relay",
-    "tvm_autoquant_bias_conv.relay",
-    "tvm_autoquant_two_conv.relay",
-    "tvm_composite_partition.relay",
-    "tvm_dfpattern_nhwc_conv.relay",
-    "tvm_dfpattern_partitioned.relay",
-    "tvm_dyn_any_dims.relay",
-    "tvm_eta_expand_fn_type.relay",
-    "tvm_lower_te_primitive.relay",
-    "tvm_menagerie_batch_norm_extract.relay",
-    "tvm_menagerie_gpt2.relay",
-    "tvm_menagerie_gpt2_16_for_cutlass_extract.relay",
-    "tvm_menagerie_gpt2_extract.relay",
-    "tvm_menagerie_mnist.relay",
-    "tvm_menagerie_mobilenet.relay",
-    "tvm_menagerie_resnet50.relay",
-    "tvm_menagerie_resnet50_16.relay",
-    "tvm_menagerie_resnext50_32x4d.relay",
-    "tvm_op_level1_take_slice.relay",
-    "tvm_target_hooks_infix.relay",
-    "tvm_type_infer_polymorphic.relay",
-]
-EXPRESSION_FILES = ["tvm_expr_grad_let_tuple.relay"]
-# Files deliberately not covered, with the reason. Every corpus file is currently in scope.
-OUT_OF_SCOPE: dict[str, str] = {}
 # Loading these synthesises hundreds of megabytes of random weights; the cheap-constant round trip covers them.
 SLOW_TO_LOAD = {"tvm_menagerie_gpt2.relay"}
+FUSED_ZOO_FILE = f"{ZOO_PREFIX}{FUSED_ZOO_MODEL}_fused.relay"
 
 
 def cheap_constants(relay_file: Path) -> list[np.ndarray] | None:
@@ -62,14 +50,9 @@ def cheap_constants(relay_file: Path) -> list[np.ndarray] | None:
     return [np.broadcast_to(np.array(0.5).astype(e["dtype"]), tuple(e["shape"])) for e in entries]
 
 
-def test_every_corpus_file_is_covered(corpus_dir: Path) -> None:
-    present = {p.name for p in corpus_dir.glob("*.relay")}
-    assert present == set(MODULE_FILES) | set(EXPRESSION_FILES) | set(OUT_OF_SCOPE)
-
-
-@pytest.mark.parametrize("name", MODULE_FILES)
-def test_module_round_trip(corpus_dir: Path, name: str) -> None:
-    path = corpus_dir / name
+@pytest.mark.parametrize("name", module_files())
+def test_module_round_trip(program: Callable[[str], Path], name: str) -> None:
+    path = program(name)
     constants = cheap_constants(path)
     mod = parse_module(path.read_text(), str(path), constants)
     assert isinstance(mod, IRModule) and "main" in mod
@@ -80,9 +63,9 @@ def test_module_round_trip(corpus_dir: Path, name: str) -> None:
     assert print_module(again, constants_out=[]) == text
 
 
-@pytest.mark.parametrize("name", EXPRESSION_FILES)
-def test_expression_round_trip(corpus_dir: Path, name: str) -> None:
-    expr = parse_expr((corpus_dir / name).read_text(), name)
+@pytest.mark.parametrize("name", [*CORPUS_EXPRESSIONS, "inline"])
+def test_expression_round_trip(program: Callable[[str], Path], name: str) -> None:
+    expr = parse_expr(INLINE_EXPRESSION if name == "inline" else program(name).read_text(), name)
     assert isinstance(expr, Function) and len(expr.params) == 4
     text = print_expr(expr)
     assert structural_equal(parse_expr(text), expr, map_free_vars=True)
@@ -93,13 +76,13 @@ def test_expression_round_trip(corpus_dir: Path, name: str) -> None:
     "name",
     [
         pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_LOAD else n
-        for n in MODULE_FILES
+        for n in CORPUS_MODULES
         if n.startswith("tvm_menagerie")
-    ],
+    ] + ZOO_FILES,
 )
-def test_load_module_synthesises_sidecar_constants(corpus_dir: Path, name: str) -> None:
-    path = corpus_dir / name
-    mod = load_module(path, seed=7)
+def test_load_module_synthesises_sidecar_constants(program: Callable[[str], Path], name: str) -> None:
+    path = program(name)
+    mod = load_module(path, consts=sidecar_path(path), seed=7)
     expected = json.loads(sidecar_path(path).read_text())["relay.Constant"]
     constants = [n for n in all_nodes(mod) if isinstance(n, Constant) and n.data.ndim > 0]
     found = {(c.data.shape, str(c.data.dtype)) for c in constants}
@@ -110,42 +93,88 @@ def test_load_module_synthesises_sidecar_constants(corpus_dir: Path, name: str) 
     assert print_module(mod) == print_module(parse_module(path.read_text(), str(path), cheap_constants(path)))
 
 
-def test_fused_dump_annotations(corpus_dir: Path) -> None:
-    path = corpus_dir / "tvm_aot_fused_nchwc.relay"
+@pytest.mark.parametrize("name", ZOO_FILES)
+def test_zoo_file_loads_back_exactly(program: Callable[[str], Path], name: str) -> None:
+    """With its parameter file beside it, a printed zoo model loads back as the very module that was printed."""
+    assert load_module(program(name)) == zoo_module(name)
+
+
+@pytest.mark.parametrize("name", [*in_corpus("tvm_aot_fused_nchwc.relay"), FUSED_ZOO_FILE])
+def test_fused_dump_annotations(program: Callable[[str], Path], name: str) -> None:
+    path = program(name)
     text = path.read_text()
-    mod, annotations = parse_module_with_annotations(text, str(path))
-    assert mod == parse_module(text, str(path))
-    assert len(annotations) == text.count("/* ty=") == 8
+    constants = cheap_constants(path)
+    mod, annotations = parse_module_with_annotations(text, str(path), constants)
+    assert mod == parse_module(text, str(path), constants)
+    assert len(annotations) == text.count("/* ty=") > 0
+    final_call, final_type = annotations[-1]
+    assert final_call is mod["main"].body and final_type == mod["main"].ret_type
+    if name.startswith(ZOO_PREFIX):
+        # every operator call sits in a primitive function, and every call of an operator has its type comment
+        primitives = [n for n in all_nodes(mod) if isinstance(n, Function) and n.is_primitive]
+        operator_calls = [n for n in all_nodes(mod) if isinstance(n, Call) and n.op_name is not None]
+        assert primitives and all(any(e is c for e, _ in annotations) for c in operator_calls)
+        return
+    assert len(annotations) == 8
     for expr, ty in annotations:
         assert isinstance(expr, Call) and isinstance(ty, TensorType) and ty.dtype == "float32"
-    final_call, final_type = annotations[-1]
-    assert final_call is mod["main"].body and final_type == TensorType((1, 4, 4, 4), "float32")
+    assert final_type == TensorType((1, 4, 4, 4), "float32")
     conv = [e for e, _ in annotations if isinstance(e, Call) and e.op_name == "nn.contrib_conv2d_NCHWc"]
     assert len(conv) == 1 and conv[0].attrs["data_layout"] == "NCHW4c"
 
 
-def test_function_attributes_from_dumps(corpus_dir: Path) -> None:
-    fused = parse_module((corpus_dir / "tvm_aot_fused_nchwc.relay").read_text())
+# Function attributes on a global function and on a function literal, written for this test.
+ATTRIBUTES_PROGRAM = """#[version = "0.0.5"]
+def @offloaded(%a: Tensor[(4), float32], %b: Tensor[(4), float32], Compiler="example_codegen", Inline=1,
+    global_symbol="offloaded_0") -> Tensor[(4), float32] {
+  %0 = fn (%p: Tensor[(4), float32], Composite="example.negate") { negative(%p) };
+  %0(subtract(%a, %b))
+}
+def @main(%x: Tensor[(4), float32], %y: Tensor[(4), float32]) -> Tensor[(4), float32] {
+  multiply(@offloaded(%x, %y), 2f)
+}
+"""
+
+
+@pytest.mark.parametrize("source", (["corpus"] if in_corpus("tvm_target_hooks_infix.relay") else []) + ["inline"])
+def test_function_attributes_from_dumps(program: Callable[[str], Path], source: str) -> None:
+    if source == "inline":
+        mod = parse_module(ATTRIBUTES_PROGRAM)
+        offloaded = mod["offloaded"]
+        assert dict(offloaded.attrs) == {"Compiler": "example_codegen", "Inline": 1, "global_symbol": "offloaded_0"}
+        inner = next(n for n in post_order(offloaded.body) if isinstance(n, Function))
+        assert dict(inner.attrs) == {"Composite": "example.negate"}
+        assert parse_module(print_module(mod)) == mod
+        return
+    fused = parse_module(program("tvm_aot_fused_nchwc.relay").read_text())
     assert dict(fused["main"].attrs) == {"src_layout": "OIHW", "dst_layout": "OIHW4i4o"}
-    hooks = parse_module((corpus_dir / "tvm_target_hooks_infix.relay").read_text())
+    hooks = parse_module(program("tvm_target_hooks_infix.relay").read_text())
     target = hooks["replace_add_with_subtract"]
     assert target.attrs["Compiler"] == "example_target_hook" and target.attrs["Inline"] == 1
     body = hooks["main"].body
     assert isinstance(body, Call) and body.op_name == "multiply"
 
 
-def test_resnet50_parses_well_under_a_second(corpus_dir: Path) -> None:
-    path = corpus_dir / "tvm_menagerie_resnet50.relay"
-    constants = load_constants_sidecar(sidecar_path(path))
-    text = path.read_text()
+@pytest.mark.parametrize("name", [*in_corpus("tvm_menagerie_resnet50.relay"), "zoo:resnet50"])
+def test_resnet50_parses_well_under_a_second(program: Callable[[str], Path], name: str) -> None:
+    """A whole ResNet-50 (the corpus's, or the zoo's at full size printed to text) parses in well under a second."""
+    if name.startswith("zoo:"):
+        constants: list[np.ndarray] = []
+        text = print_module(zoo.full("resnet50"), constants_out=constants)
+    else:
+        path = program(name)
+        constants = load_constants_sidecar(sidecar_path(path))
+        text = path.read_text()
     start = time.perf_counter()
-    mod = parse_module(text, str(path), constants)
+    mod = parse_module(text, name, constants)
     elapsed = time.perf_counter() - start
-    print(f"parse tvm_menagerie_resnet50.relay with {len(constants)} constants: {elapsed * 1000:.1f} ms")
+    print(f"parse {name} with {len(constants)} constants: {elapsed * 1000:.1f} ms")
     assert elapsed < 1.0
     calls = [n for n in all_nodes(mod) if isinstance(n, Call)]
     operator_uses = re.findall(r"(?<![@\w.])[a-z_][a-z0-9_.]*\(", text)
-    assert len(calls) == len(operator_uses) == 175
+    # the corpus's ResNet-50 v2 has 175 operator calls; the zoo's v1 176 (53 convolutions
+    # with a batch norm each, 49 ReLUs, 16 adds, 5 more in the stem and the classifier)
+    assert len(calls) == len(operator_uses) == (175 if name.startswith("tvm") else 176)
 
 
 def all_nodes(mod: IRModule) -> list[Expr]:

@@ -1,8 +1,8 @@
 """Fuzzing the text front end: whatever the input, the only error is a ParseError.
 
-Inputs are corpus programs with random edits (characters and tokens deleted, inserted, replaced,
-slices duplicated, the file truncated), random token soup, and random bytes. When a mutated
-program still parses, printing it and parsing the text again must work too.
+Inputs are programs of the corpus (when it is beside the checkout) and of the model zoo with random edits
+(characters and tokens deleted, inserted, replaced, slices duplicated, the file truncated), random token soup, and
+random bytes. When a mutated program still parses, printing it and parsing the text again must work too.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from model_sources import CORPUS_DIR, INLINE_EXPRESSION, in_corpus
 
 from relay_tune.errors import ParseError
 from relay_tune.ir import Expr, free_vars, structural_equal
+from relay_tune.testing import zoo
 from relay_tune.text import load_module, parse_expr, parse_module, parse_module_bytes, print_expr, print_module
 
 HEADER = '#[version = "0.0.5"]\n'
 # Small and medium corpus files: cheap enough to parse hundreds of times.
-FUZZ_FILES = [
+FUZZ_FILES = in_corpus(
     "tvm_aot_fused_nchwc.relay",
     "tvm_aot_int8_conv.relay",
     "tvm_autoquant_bias_conv.relay",
@@ -35,7 +37,14 @@ FUZZ_FILES = [
     "tvm_op_level1_take_slice.relay",
     "tvm_target_hooks_infix.relay",
     "tvm_type_infer_polymorphic.relay",
-]
+)
+# Zoo models printed with their types, and an expression of our own: what is fuzzed in a clone alone.
+ZOO_TEXTS = {
+    f"zoo_{name}": print_module(zoo.small(name), show_types=True, constants_out=[])
+    for name in ["lstm", "dcgan", "inception_block", "densenet_block", "bert_layer", "squeezenet1_1"]
+}
+ZOO_TEXTS["inline_expression"] = INLINE_EXPRESSION
+EXPRESSION_SOURCES = {"tvm_expr_grad_let_tuple.relay", "inline_expression"}
 # Every meta[relay.Constant][i] in those files resolves; shapes do not matter to the parser.
 CONSTANTS = [np.zeros((1,), "float32")] * 300
 TOKENS = [
@@ -107,15 +116,19 @@ def check_expr_text(text: str) -> None:
 
 
 def check_text(name: str, text: str) -> None:
-    if name.startswith("tvm_expr"):
+    if name in EXPRESSION_SOURCES:
         check_expr_text(text)
     else:
         check_module_text(text)
 
 
-def fuzz_corpus(corpus_dir: Path, data: st.DataObject) -> None:
-    name = data.draw(st.sampled_from(FUZZ_FILES), label="file")
-    text = data.draw(mutations((corpus_dir / name).read_text()), label="mutated")
+def source_text(name: str) -> str:
+    return ZOO_TEXTS[name] if name in ZOO_TEXTS else (CORPUS_DIR / name).read_text()
+
+
+def fuzz_programs(data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from([*FUZZ_FILES, *ZOO_TEXTS]), label="file")
+    text = data.draw(mutations(source_text(name)), label="mutated")
     check_text(name, text)
 
 
@@ -144,8 +157,8 @@ def fuzz_bytes(data: st.DataObject, folder: Path) -> None:
 # ---------------------------------------------------------------------- fast runs (a few seconds)
 @FAST
 @given(data=st.data())
-def test_mutated_corpus_programs(corpus_dir: Path, data: st.DataObject) -> None:
-    fuzz_corpus(corpus_dir, data)
+def test_mutated_programs(data: st.DataObject) -> None:
+    fuzz_programs(data)
 
 
 @FAST
@@ -160,9 +173,11 @@ def test_random_bytes(tmp_path_factory: pytest.TempPathFactory, data: st.DataObj
     fuzz_bytes(data, tmp_path_factory.getbasetemp())
 
 
-@pytest.mark.parametrize("name", ["tvm_lower_te_primitive.relay", "tvm_expr_grad_let_tuple.relay"])
-def test_every_truncation(corpus_dir: Path, name: str) -> None:
-    text = (corpus_dir / name).read_text()
+@pytest.mark.parametrize(
+    "name", [*in_corpus("tvm_lower_te_primitive.relay", "tvm_expr_grad_let_tuple.relay"), "inline_expression"]
+)
+def test_every_truncation(name: str) -> None:
+    text = source_text(name)
     for end in range(len(text) + 1):
         check_text(name, text[:end])
     as_bytes = text.encode()
@@ -183,8 +198,8 @@ def test_module_from_mutation_still_round_trips() -> None:
 @pytest.mark.slow
 @SLOW
 @given(data=st.data())
-def test_mutated_corpus_programs_long(corpus_dir: Path, data: st.DataObject) -> None:
-    fuzz_corpus(corpus_dir, data)
+def test_mutated_programs_long(data: st.DataObject) -> None:
+    fuzz_programs(data)
 
 
 @pytest.mark.slow

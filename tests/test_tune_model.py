@@ -20,6 +20,7 @@ from relay_tune.build import resolve_target, task_lookup
 from relay_tune.cli import load_model
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
+from relay_tune.testing import zoo
 from relay_tune.tuning import LocalRunner, ProgressCallback, TrialEvent, apply_best, read_events, read_records
 from relay_tune.tuning.relay_task import tasks_from_module
 from relay_tune.tuning.tune_model import SEARCH_STRATEGIES, default_log_path, make_search, tune_model
@@ -64,10 +65,10 @@ def example() -> Any:
 
 
 @pytest.mark.slow
-def test_mnist_tuned_with_a_small_budget(corpus_dir: Path, tmp_path: Path) -> None:
-    mod = load_model(str(corpus_dir / "tvm_menagerie_mnist.relay"))
-    log = tmp_path / "mnist.jsonl"
-    result = tune_model(mod, "llvm", 28, log, runner=fast_runner(), batch_size=4, output=tmp_path / "mnist.rtmod")
+def test_inception_block_tuned_with_a_small_budget(tmp_path: Path) -> None:
+    mod = zoo.small("inception_block")
+    log = tmp_path / "inception.jsonl"
+    result = tune_model(mod, "llvm", 28, log, runner=fast_runner(), batch_size=4, output=tmp_path / "inception.rtmod")
     assert not result.interrupted and not result.timed_out
     assert result.summary.trials_done == 28 == len(read_records(log))
     assert {r.target for r in read_records(log)} == {HOST.log_name}
@@ -75,7 +76,7 @@ def test_mnist_tuned_with_a_small_budget(corpus_dir: Path, tmp_path: Path) -> No
     check_build_uses_best_records(result, mod)
     check_against_interpreter(result.model, mod)
     assert result.latency_before and result.latency_after and result.model_path and result.model_path.is_file()
-    assert (tmp_path / "mnist.optuna.journal").is_file()  # the embedded Optuna storage beside the log
+    assert (tmp_path / "inception.optuna.journal").is_file()  # the embedded Optuna storage beside the log
 
 
 def test_budget_counts_what_the_log_holds(example: Any, tmp_path: Path) -> None:
@@ -158,8 +159,8 @@ def test_cuda_target_without_a_gpu_fails_clearly(example: Any, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_resnet50_with_a_tiny_budget_per_task(corpus_dir: Path, tmp_path: Path) -> None:
-    mod = load_model(str(corpus_dir / "tvm_menagerie_resnet50.relay"))
+def test_resnet50_with_a_tiny_budget_per_task(tmp_path: Path) -> None:
+    mod = zoo.full("resnet50")
     tasks = tasks_from_module(mod, HOST)
     log = tmp_path / "resnet50.jsonl"
     result = tune_model(mod, "llvm", 2 * len(tasks), log, runner=fast_runner(), batch_size=2)

@@ -216,13 +216,12 @@ def test_missing_symbol_is_a_load_error(runner: LocalRunner, shared_library: byt
 
 
 def test_runs_loop_nest_kernels_from_the_llvm_code_generator(runner: LocalRunner) -> None:
-    codegen = pytest.importorskip("relay_tune.codegen.llvm")
-    kernels = pytest.importorskip("relay_tune.codegen.reference_kernels")
-    target_module = pytest.importorskip("relay_tune.target")
-    if not hasattr(codegen, "compile_object") or not hasattr(kernels, "packed_matmul"):
-        pytest.skip("the LLVM code generator does not expose compile_object/packed_matmul")
+    from relay_tune.codegen import llvm as codegen
+    from relay_tune.codegen import reference_kernels as kernels
+    from relay_tune.target import Target
+
     func = kernels.packed_matmul(32, 64, 16, mr=8, nr=32, k_unroll=4, name="pm")
-    code = codegen.compile_object([func], target_module.Target.host())
+    code = codegen.compile_object([func], Target.host())
     specs = [TensorSpec(tuple(p.shape), p.dtype) for p in func.params]
     artifact = BuildArtifact(code, "elf-object", "pm", (
         KernelArg(specs[0], "input", 0), KernelArg(specs[1], "input", 1), KernelArg(specs[2], "output", 0),

@@ -1,0 +1,90 @@
+"""Where tests get whole Relay programs: the project's model zoo always, the conformance corpus beside the
+checkout (`../shared/relay_corpus`, never copied into the repository) when it is there.
+
+Tests parametrised over `module_files()` run over every corpus program when the corpus exists and over the zoo
+models printed to Relay text in any case, so a clone of the project alone runs every test. A zoo file is written
+the way corpus files are: `.relay` text with `/* ty=... */` comments, a `.consts.json` sidecar with the shapes and
+dtypes of its constants, and (which the corpus lacks) a `.params.npz` with their real values, which `load_module`
+prefers over the sidecar.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from relay_tune.ir import IRModule
+from relay_tune.passes import optimize
+from relay_tune.testing import zoo
+from relay_tune.text import print_module
+from relay_tune.text.loader import sidecar_path
+from relay_tune.type_infer import infer_types
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CORPUS_DIR = REPO_ROOT.parent / "shared" / "relay_corpus"
+HAVE_CORPUS = CORPUS_DIR.is_dir()
+
+# A bare expression of our own (the corpus has one too), written for the tests;
+# it computes (x + y) * (z + w) and its gradient: lets, tuples and projections, four parameters.
+INLINE_EXPRESSION = """fn (%x: Tensor[(1), float32], %y: Tensor[(1), float32], %z: Tensor[(1), float32],
+    %w: Tensor[(1), float32]) {
+  let %sum = (add(%x, %y), add(%z, %w));
+  let %value = multiply(%sum.0, %sum.1);
+  (%value, (%sum.1, %sum.1, %sum.0, %sum.0))
+}
+"""
+
+ZOO_PREFIX = "zoo_"
+# every zoo model at its small size, and one fused program (primitive functions, as a compiler dump has them)
+FUSED_ZOO_MODEL = "resnet18"
+ZOO_FILES = [f"{ZOO_PREFIX}{name}.relay" for name in zoo.MODELS] + [f"{ZOO_PREFIX}{FUSED_ZOO_MODEL}_fused.relay"]
+
+
+def _corpus_files() -> tuple[list[str], list[str]]:
+    """(modules, bare expressions) of the corpus, by file name; a module file defines `def @...`."""
+    if not HAVE_CORPUS:
+        return [], []
+    modules, expressions = [], []
+    for path in sorted(CORPUS_DIR.glob("*.relay")):
+        (modules if "def @" in path.read_text() else expressions).append(path.name)
+    return modules, expressions
+
+
+CORPUS_MODULES, CORPUS_EXPRESSIONS = _corpus_files()
+
+
+def module_files() -> list[str]:
+    """Every whole-module program: the corpus's (when present) and the zoo's."""
+    return CORPUS_MODULES + ZOO_FILES
+
+
+def in_corpus(*names: str) -> list[str]:
+    """Those of `names` that the corpus has: all of them beside a full checkout, none in a clone alone."""
+    return [n for n in names if n in CORPUS_MODULES or n in CORPUS_EXPRESSIONS]
+
+
+def zoo_module(file_name: str) -> IRModule:
+    """The typed module a zoo file holds (`zoo_resnet18.relay`, `zoo_resnet18_fused.relay`)."""
+    stem = file_name.removeprefix(ZOO_PREFIX).removesuffix(".relay")
+    fused = stem.endswith("_fused")
+    mod = zoo.small(stem.removesuffix("_fused"))
+    return infer_types(optimize(mod, opt_level=3)) if fused else mod
+
+
+def write_zoo_files(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ZOO_FILES:
+        path = zoo.write(zoo_module(name), folder / name)
+        constants: list[np.ndarray] = []
+        # the same text with type comments, as compiler dumps have them
+        path.write_text(print_module(zoo_module(name), show_types=True, constants_out=constants))
+        entries = [{"dtype": str(c.dtype), "shape": list(c.shape)} for c in constants]
+        sidecar_path(path).write_text(json.dumps({"relay.Constant": entries}))
+    return folder
+
+
+def program_path(name: str, zoo_dir: Path) -> Path:
+    """The file of a program named in a parametrisation: a zoo file in `zoo_dir`, else a corpus file."""
+    return (zoo_dir if name.startswith(ZOO_PREFIX) else CORPUS_DIR) / name
