@@ -264,9 +264,13 @@ def _return_to_pool(study: Any, trial: Any) -> None:
 
 def fail_stale_claims(study: Any) -> None:
     """Fail the RUNNING trials of `study` whose heartbeat is older than the grace period (and re-enqueue them)."""
+    import warnings
+
     import optuna
 
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
 
 
 class Heartbeats:
