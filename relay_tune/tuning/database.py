@@ -29,8 +29,9 @@ class Database(ABC):
     """
 
     @abstractmethod
-    def commit(self, record: TuningRecord) -> None:
-        """Store one record (durably, for persistent databases)."""
+    def commit(self, record: TuningRecord) -> bool | None:
+        """Store one record (durably, for persistent databases). False: a shared database refused it (another
+        worker recorded that config, or this worker's claim on it was given away)."""
 
     @abstractmethod
     def records(self, task_key: str, target: str) -> list[TuningRecord]:

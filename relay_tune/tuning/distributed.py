@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import socket
@@ -340,7 +341,8 @@ class PostgresDatabase(Database):
         self.url = url
         self.engine = engine_for(url)
         self.mirror = LogWriter(mirror) if mirror is not None else None
-        self.duplicates = 0  # measurements of this process refused because the config had a record already
+        self.refused: dict[str, int] = {}  # why measurements of this process were not recorded -> how many
+        self._studies: dict[TaskTarget, str] = {}
         self._memory = MemoryDatabase()
         self._seen: set[int] = set()
         self._max_id = 0
@@ -350,24 +352,58 @@ class PostgresDatabase(Database):
 
     # -- writing ---------------------------------------------------------------------------------------------
 
-    def commit(self, record: TuningRecord) -> None:
+    def register_study(self, task_key: str, target: str, study_name: str) -> None:
+        """Records of this task are measured under claims in this Optuna study (see `commit`)."""
+        self._studies[(task_key, target)] = study_name
+
+    def commit(self, record: TuningRecord) -> bool:
+        """Insert the record; False (and an event saying why) when it is refused.
+
+        A record of a task with a registered study is only accepted while this worker's claim on the config is
+        still RUNNING, checked and locked (`FOR UPDATE`) in the insert's transaction: a worker whose claim was
+        failed as stale (it stalled past the grace period) and whose config went back to the pool must not
+        record it too, or the budget would be overspent. Whoever fails the claim later waits for this
+        transaction and then finds the record. A config recorded already is refused by the unique key.
+        """
         import sqlalchemy
 
+        from relay_tune.tuning.search import worker_identity
+
+        study = self._studies.get((record.workload_key, record.target))
         with self.engine.begin() as connection:
-            row = connection.execute(sqlalchemy.text(
-                "INSERT INTO relay_tune_records (workload_key, target, config_key, record, worker) "
-                "VALUES (:w, :t, :c, :r, :k) ON CONFLICT (workload_key, target, config_key) DO NOTHING "
-                "RETURNING id"),
-                {"w": record.workload_key, "t": record.target, "c": record.config_key, "r": record.to_json(),
-                 "k": worker_name()}).first()
+            if study is not None:
+                claim = connection.execute(sqlalchemy.text(
+                    "SELECT t.trial_id FROM trials t JOIN studies s ON s.study_id = t.study_id "
+                    "JOIN trial_user_attributes c ON c.trial_id = t.trial_id AND c.key = 'config_key' "
+                    "JOIN trial_user_attributes w ON w.trial_id = t.trial_id AND w.key = 'worker' "
+                    "WHERE s.study_name = :s AND t.state = 'RUNNING' AND c.value_json = :c AND w.value_json = :w "
+                    "FOR UPDATE OF t"),
+                    {"s": study, "c": json.dumps(record.config_key), "w": json.dumps(worker_identity())}).first()
+                if claim is None:
+                    refused = "claim_lost"
+            row = None
+            if study is None or claim is not None:
+                refused = "duplicate_measurement"
+                row = connection.execute(sqlalchemy.text(
+                    "INSERT INTO relay_tune_records (workload_key, target, config_key, record, worker) "
+                    "VALUES (:w, :t, :c, :r, :k) ON CONFLICT (workload_key, target, config_key) DO NOTHING "
+                    "RETURNING id"),
+                    {"w": record.workload_key, "t": record.target, "c": record.config_key, "r": record.to_json(),
+                     "k": worker_name()}).first()
         if row is None:
-            self.duplicates += 1
-            self.log_event(LogEvent("duplicate_measurement", record.session, data={
+            self.refused[refused] = self.refused.get(refused, 0) + 1
+            self.log_event(LogEvent(refused, record.session, data={
                 "workload_key": record.workload_key, "target": record.target, "config_key": record.config_key,
                 "worker": worker_name()}))
-            return
+            return False
         if self.mirror is not None:
             self.mirror.write_one(record)
+        return True
+
+    @property
+    def duplicates(self) -> int:
+        """Measurements of this process refused because their config had a record already."""
+        return self.refused.get("duplicate_measurement", 0)
 
     def log_event(self, event: LogEvent) -> None:
         import sqlalchemy

@@ -246,13 +246,16 @@ def tune(
                 seconds["run"] += time.monotonic() - tick
                 result = MeasureResult.combine(build_result, run_result)
                 tick = time.monotonic()
-                database.commit(TuningRecord.from_measurement(
+                # A shared database may refuse a record (its claim was given away as stale meanwhile): then the
+                # measurement does not count against the budget; the search still learns from it.
+                accepted = database.commit(TuningRecord.from_measurement(
                     task.key, task.target, config, result, description=task.description, flops=task.flops,
                     trial=state.trials, strategy="default" if config == defaults[index] else search.name,
                     session=session))
                 seconds["storage"] += time.monotonic() - tick
-                spent += 1
-                measured_now += 1
+                if accepted is not False:
+                    spent += 1
+                    measured_now += 1
                 state.observe(result)
                 inputs.append(MeasureInput(task.key, config))
                 results.append(result)

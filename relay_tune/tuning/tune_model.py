@@ -70,6 +70,10 @@ def make_search(search: str, *, storage: Any = None, seed: int = 0,
     if search == "tpe":
         return optuna_search(storage=storage, sampler="tpe", seed=seed)
     if search == "random":
+        from relay_tune.tuning.distributed import is_database_url
+
+        if is_database_url(storage):  # claims on a shared database go through an Optuna study
+            return optuna_search(storage=storage, sampler="random", seed=seed)
         return random_search(seed=seed)
     raise RelayTuneError(f"unknown search strategy {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}")
 
