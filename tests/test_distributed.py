@@ -393,7 +393,7 @@ def test_four_workers_two_killed_and_restarted(pg_url: str, model_file: Path, tm
     mod = load_model(str(model_file))
     every = PostgresDatabase(pg_url).all_records()
     tasks = [t for t in tasks_from_module(mod, "llvm") if any(r.workload_key == t.key and r.ok for r in every)]
-    assert len(tasks) == 2
+    assert len(tasks) >= 2
     lookup = best_steps_lookup(tasks, database=PostgresDatabase(pg_url))
     used: dict[str, object] = {}
 
@@ -405,6 +405,6 @@ def test_four_workers_two_killed_and_restarted(pg_url: str, model_file: Path, tm
     for task in tasks:
         best = top_k([r for r in every if r.workload_key == task.key], 1)[0]
         assert used[task.key] == list(task.steps(best.config))
-    assert sum(t.tuned for t in model.plan.tasks) == 2
+    assert sum(t.tuned for t in model.plan.tasks) == len(tasks)
     for out in outputs.values():
         assert "tuning results" in out and "end-to-end latency" in out
