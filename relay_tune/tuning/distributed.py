@@ -490,28 +490,34 @@ class PostgresDatabase(Database):
         return advisory_lock(self.url, "relay-tune:budget:" + hashlib.sha256("\n".join(names).encode()).hexdigest())
 
     def in_flight(self, tasks: Sequence[Any]) -> int:
-        """Claims of these tasks being measured by any worker (stale claims are failed first)."""
+        """Claims of these tasks being measured by any worker (stale claims are failed first).
+
+        The claims are read before the records: a claim finished in between has its record committed before
+        it was told, so the records read afterwards hold it, and no claim is missed (one recorded in between
+        may count twice, which only makes the budget cautious for a round). The caller reads its record count
+        after this call for the same reason.
+        """
         import optuna
 
         from relay_tune.tuning.search import default_study_name
 
         storage = rdb_storage(self.url)
         running = optuna.trial.TrialState.RUNNING
-        count = 0
+        claims: set[tuple[str, str, str]] = set()
         for task in tasks:
             name = default_study_name(task)
             try:
                 study_id = storage.get_study_id_from_name(name)
             except KeyError:
                 continue  # nobody tuned this task yet
-            study = _study(storage, name)
-            fail_stale_claims(study)
-            recorded = {r.config_key for r in self._memory.records(task.key, task.target)}
+            fail_stale_claims(_study(storage, name))
             for trial in storage.get_all_trials(study_id, deepcopy=False, states=(running,)):
                 key = trial.user_attrs.get("config_key")
-                if isinstance(key, str) and key not in recorded:
-                    count += 1
-        return count
+                if isinstance(key, str):
+                    claims.add((task.key, task.target, key))
+        self._refresh()
+        recorded = {(k, t): {r.config_key for r in self._memory.records(k, t)} for k, t, _ in claims}
+        return sum(1 for k, t, key in claims if key not in recorded[(k, t)])
 
 
 _STUDIES: dict[tuple[int, str], Any] = {}

@@ -192,15 +192,37 @@ def tune(
 
     try:
         while True:
+            # Re-count from the log: other processes tuning into the same log (or database) share the budget.
+            tick = time.monotonic()
+            recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
+            seconds["storage"] += time.monotonic() - tick
+            if recorded >= total_trials or (not database.shared_budget and max(spent, recorded) >= total_trials):
+                break
+            index = scheduler.next_task(states)
+            if index is None:
+                break
+            task, state = tasks[index], states[index]
+            search = strategies[index]
+            if search is None:
+                search = strategies[index] = strategy(task, database)
+                if measure_default:
+                    search.prioritize([defaults[index]])
+            want = batch_size
+            allowance = scheduler.allowance(state)
+            if allowance is not None:
+                want = min(want, allowance)
+            tick = time.monotonic()
+            search.prepare(want)  # the expensive part of proposing (a cost model's ranking), outside any lock
+            seconds["search"] += time.monotonic() - tick
             waiting = False
+            configs: list[Config] = []
             tick = time.monotonic()
             # Counting the budget and claiming the round's configs is one step for all workers of a shared
             # database (a no-op lock for a local log).
             with database.round_lock(tasks):
-                # Re-count from the log: other processes tuning into the same log share the budget.
-                recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
                 if database.shared_budget:
-                    in_flight = database.in_flight(tasks)
+                    in_flight = database.in_flight(tasks)  # claims first, then records: see `in_flight`
+                    recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
                     spent = recorded + in_flight
                     if recorded >= total_trials:
                         break
@@ -208,25 +230,11 @@ def tune(
                     waiting = spent >= total_trials
                 else:
                     spent = max(spent, recorded)
-                    if spent >= total_trials:
-                        break
                 seconds["storage"] += time.monotonic() - tick
-                if not waiting:
-                    index = scheduler.next_task(states)
-                    if index is None:
-                        break
-                    task, state = tasks[index], states[index]
-                    search = strategies[index]
-                    if search is None:
-                        search = strategies[index] = strategy(task, database)
-                        if measure_default:
-                            search.prioritize([defaults[index]])
-                    want = min(batch_size, total_trials - spent)
-                    allowance = scheduler.allowance(state)
-                    if allowance is not None:
-                        want = min(want, allowance)
+                want = min(want, total_trials - spent)
+                if not waiting and want > 0:
                     tick = time.monotonic()
-                    configs = search.propose(want) if want > 0 else []
+                    configs = search.propose(want)
                     seconds["search"] += time.monotonic() - tick
             if waiting:
                 time.sleep(wait_poll_s)

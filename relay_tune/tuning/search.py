@@ -70,6 +70,10 @@ class SearchStrategy(ABC):
     def prioritize(self, configs: Sequence[Config]) -> None:  # noqa: B027 - optional hook
         """Propose these configs (e.g. the default schedule, good schedules from elsewhere) before any others."""
 
+    def prepare(self, n: int) -> None:  # noqa: B027 - optional hook
+        """Do the expensive part of the next `propose(n)` (fitting, ranking) now. The driver calls it before it
+        takes the lock that workers sharing a database claim their configs under, so `propose` holds it briefly."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Give up proposals that were never measured (e.g. after an interrupt)."""
 

@@ -75,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4, help="trials per round (default 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--host-lock", action="store_true", help="measure in turn with other workers on this host")
+    parser.add_argument("--start-at", type=float, metavar="EPOCH",
+                        help="after setting up, wait until this time.time() (workers that start together)")
     args = parser.parse_args(argv)
     tasks = small_tasks()
     database = PostgresDatabase(args.storage, mirror=args.log) if is_database_url(args.storage) else None
@@ -82,11 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.host_lock:
         runner = HostLockedRunner(runner)
     strategy = make_search(args.search, storage=args.storage, seed=args.seed, log_path=args.log)
+    if args.start_at is not None:
+        time.sleep(max(0.0, args.start_at - time.time()))
     started = time.monotonic()
     summary = tune(tasks, args.trials, args.log, builder=SimulatedBuilder(), runner=runner, strategy=strategy,
                    batch_size=args.batch, seed=args.seed, database=database, wait_poll_s=0.2)
     print(json.dumps({"pid": os.getpid(), "measured": summary.trials_this_session, "seconds": summary.seconds,
-                      "wall_s": time.monotonic() - started,
+                      "wall_s": time.monotonic() - started, "ended_at": time.time(),
                       "duplicates": getattr(database, "duplicates", 0)}), flush=True)
     return 0
 
