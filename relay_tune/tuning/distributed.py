@@ -263,12 +263,26 @@ def _return_to_pool(study: Any, trial: Any) -> None:
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
 
+_LAST_STALE_CHECK: dict[tuple[int, int], float] = {}
+
+
 def fail_stale_claims(study: Any) -> None:
-    """Fail the RUNNING trials of `study` whose heartbeat is older than the grace period (and re-enqueue them)."""
+    """Fail the RUNNING trials of `study` whose heartbeat is older than the grace period (and re-enqueue them).
+
+    At most once per heartbeat interval per study and process: a claim cannot go stale faster than that, and the
+    check runs under the claim locks, where every query makes other workers wait.
+    """
     import warnings
 
     import optuna
 
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    key = (id(storage), study._study_id)
+    now = time.monotonic()
+    if interval and now - _LAST_STALE_CHECK.get(key, -1e9) < interval:
+        return
+    _LAST_STALE_CHECK[key] = now
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
@@ -343,6 +357,7 @@ class PostgresDatabase(Database):
         self.mirror = LogWriter(mirror) if mirror is not None else None
         self.refused: dict[str, int] = {}  # why measurements of this process were not recorded -> how many
         self._studies: dict[TaskTarget, str] = {}
+        self._study_ids: dict[str, int] = {}  # Optuna study name -> id (ids never change)
         self._memory = MemoryDatabase()
         self._seen: set[int] = set()
         self._max_id = 0
@@ -506,10 +521,12 @@ class PostgresDatabase(Database):
         claims: set[tuple[str, str, str]] = set()
         for task in tasks:
             name = default_study_name(task)
-            try:
-                study_id = storage.get_study_id_from_name(name)
-            except KeyError:
-                continue  # nobody tuned this task yet
+            study_id = self._study_ids.get(name)
+            if study_id is None:
+                try:
+                    study_id = self._study_ids[name] = storage.get_study_id_from_name(name)
+                except KeyError:
+                    continue  # nobody tuned this task yet
             fail_stale_claims(_study(storage, name))
             for trial in storage.get_all_trials(study_id, deepcopy=False, states=(running,)):
                 key = trial.user_attrs.get("config_key")
