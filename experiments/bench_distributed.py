@@ -10,8 +10,10 @@ the numbers show what the machinery costs, not what kernels cost. The budget is 
 number of workers; workers set up (imports, connections) before a common start time, so start-up is not counted.
 
 Reported per worker count: trials/s, the ideal (workers / trial seconds), their ratio, and per trial the time a
-worker spent outside measuring: `storage` (the budget lock, counting records and claims, inserting the record)
-and `search` (asking, checking and claiming configs, telling results; Optuna's storage calls included). The
+worker spent outside measuring: `storage` (waiting for the budget lock, counting records and claims, inserting
+the record) and `search` (ranking, asking, checking and claiming configs, telling results; Optuna's storage calls
+included), and how long a round holds the budget lock (all workers of a model take turns there, so 1 / that
+time bounds the rounds per second of the whole study). The
 database is a throwaway cluster this script starts (PostgreSQL's initdb/pg_ctl must be installed; as root it runs
 them as the `postgres` user), or `--admin-url` of an existing server. Results also go to
 experiments/results/bench_distributed.json.
@@ -108,6 +110,8 @@ def run_workers(url: str, workers: int, per_worker: int, trial_s: float, search:
     with psycopg.connect(url) as connection:
         recorded, distinct = connection.execute(
             "SELECT count(*), count(DISTINCT (workload_key, target, config_key)) FROM relay_tune_records").fetchone()
+    held = sum(r["seconds"].get("round_lock_held", 0.0) for r in reports)
+    rounds = sum(r["seconds"].get("rounds", 0.0) for r in reports)
     storage = sum(r["seconds"].get("storage", 0.0) for r in reports)
     search_s = sum(r["seconds"].get("search", 0.0) for r in reports)
     return {"workers": workers, "trial_s": trial_s, "budget": budget, "measured": measured, "recorded": recorded,
@@ -116,6 +120,7 @@ def run_workers(url: str, workers: int, per_worker: int, trial_s: float, search:
             "efficiency": (recorded / wall) / (workers / trial_s),
             "storage_ms_per_trial": 1e3 * storage / max(1, measured),
             "search_ms_per_trial": 1e3 * search_s / max(1, measured),
+            "lock_held_ms_per_round": 1e3 * held / max(1.0, rounds),
             "median_worker_trials": statistics.median(r["measured"] for r in reports)}
 
 
@@ -146,16 +151,18 @@ def main() -> None:
                       f"{row['duplicates']} refused duplicates) in {row['wall_s']:.1f} s = "
                       f"{row['trials_per_s']:.2f} trials/s of ideal {row['ideal_per_s']:.1f} "
                       f"({row['efficiency']:.2f}x); per trial: storage {row['storage_ms_per_trial']:.0f} ms, "
-                      f"search {row['search_ms_per_trial']:.0f} ms", flush=True)
+                      f"search {row['search_ms_per_trial']:.0f} ms; budget lock held "
+                      f"{row['lock_held_ms_per_round']:.0f} ms per round", flush=True)
         finally:
             if cluster is not None:
                 cluster.__exit__(None, None, None)
-    print("\n| workers | trials | wall (s) | trials/s | ideal | ratio | storage ms/trial | search ms/trial |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| workers | trials | wall (s) | trials/s | ideal | ratio | storage ms/trial | search ms/trial "
+          "| lock held ms/round |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['workers']} | {r['recorded']} | {r['wall_s']:.1f} | {r['trials_per_s']:.2f} | "
               f"{r['ideal_per_s']:.1f} | {r['efficiency']:.2f} | {r['storage_ms_per_trial']:.0f} | "
-              f"{r['search_ms_per_trial']:.0f} |")
+              f"{r['search_ms_per_trial']:.0f} | {r['lock_held_ms_per_round']:.0f} |")
     out = ROOT / "experiments" / "results" / "bench_distributed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))

@@ -220,6 +220,7 @@ def tune(
             # Counting the budget and claiming the round's configs is one step for all workers of a shared
             # database (a no-op lock for a local log).
             with database.round_lock(tasks):
+                held = time.monotonic()
                 if database.shared_budget:
                     in_flight = database.in_flight(tasks)  # claims first, then records: see `in_flight`
                     recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
@@ -236,6 +237,9 @@ def tune(
                     tick = time.monotonic()
                     configs = search.propose(want)
                     seconds["search"] += time.monotonic() - tick
+                if database.shared_budget:  # what other workers wait for: the capacity of one shared budget
+                    seconds["round_lock_held"] += time.monotonic() - held
+                    seconds["rounds"] += 1
             if waiting:
                 time.sleep(wait_poll_s)
                 continue
