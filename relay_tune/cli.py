@@ -13,7 +13,9 @@ User mistakes (bad files, parse and type errors, bad options) end with one clear
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -194,10 +196,19 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     console = _console()
     mod = load_model(args.model, args.consts, params=args.params)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", BuildWarning)
-        model = build(mod, target=args.target, logs=args.log or None, opt_level=args.opt_level, jobs=args.jobs,
-                      require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned)
+    logs = list(args.log)
+    with contextlib.ExitStack() as stack:
+        if args.storage:  # the global best of a study on a database: its records, exported for this build
+            from relay_tune.tuning.distributed import export_records
+
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="relay-tune-build-"))
+            exported = Path(folder) / "storage.jsonl"
+            export_records(args.storage, exported)
+            logs.append(str(exported))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", BuildWarning)
+            model = build(mod, target=args.target, logs=logs or None, opt_level=args.opt_level, jobs=args.jobs,
+                          require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned)
     path = model.save(args.output)
     table = Table(title=f"kernels of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -399,9 +410,21 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from relay_tune.tuning.records import LogWarning
 
     console = _console()
+    if args.action not in _LOG_ACTIONS:  # `relay-tune logs LOG...` means `logs summary LOG...`
+        args.logs.insert(0, args.action)
+        args.action = "summary"
+    if not args.logs and not args.storage:
+        raise RelayTuneError(f"logs {args.action} needs tuning logs (LOG.jsonl ...) or --storage URL")
     for path in args.logs:
         if not Path(path).is_file():
             raise RelayTuneError(f"{path}: no such file")
+    if args.storage:
+        from relay_tune.tuning.study_logs import STORAGE_ACTIONS
+
+        if args.action not in STORAGE_ACTIONS:
+            raise RelayTuneError(f"logs {args.action} works on log files; export the database first: "
+                                 "relay-tune logs export --storage URL -o all.jsonl")
+        return STORAGE_ACTIONS[args.action](args, console)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LogWarning)
         code = _LOG_ACTIONS[args.action](args, console)
@@ -429,7 +452,8 @@ def _logs_summary(args: argparse.Namespace, console: Any) -> int:
     from relay_tune.tuning.records import read_events
 
     groups = _log_groups(args.logs)
-    table = Table(title=f"{sum(len(r) for r in groups.values())} records in {', '.join(args.logs)}", show_edge=False)
+    label = getattr(args, "label", None) or ", ".join(args.logs)
+    table = Table(title=f"{sum(len(r) for r in groups.values())} records in {label}", show_edge=False)
     for col, justify in (("key", "left"), ("workload", "left"), ("target", "left"), ("records", "right"),
                          ("valid", "right"), ("errors", "left"), ("default", "right"), ("best", "right"),
                          ("GFLOPS", "right")):
@@ -498,8 +522,14 @@ def _logs_merge(args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
+def _logs_other(args: argparse.Namespace, console: Any) -> int:
+    from relay_tune.tuning.study_logs import LOG_ACTIONS
+
+    return LOG_ACTIONS[args.action](args, console)
+
+
 _LOG_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
-    "summary": _logs_summary, "best": _logs_best, "merge": _logs_merge,
+    "summary": _logs_summary, "best": _logs_best, "merge": _logs_merge, "export": _logs_other, "plot": _logs_other,
 }
 
 
@@ -537,12 +567,17 @@ def _add_tune_parser(sub: Any) -> None:
     p.add_argument("--tasks", metavar="SUBSTR", help="tune only tasks whose workload contains SUBSTR (or whose key "
                    "starts with it)")
 
-    p = sub.add_parser("logs", help="summarise, pick the best of, or merge tuning logs",
-                       description="Work with JSON-lines tuning logs. summary: one row per workload and target. "
+    p = sub.add_parser("logs", help="summarise, pick the best of, merge, export or plot tuning logs",
+                       description="Work with JSON-lines tuning logs, or with the records of a tuning database "
+                       "(--storage postgresql://...). summary (the default): one row per workload and target. "
                        "best: the fastest records (written to -o as a log, or printed). merge: several logs into "
-                       "one (-o), keeping every record or only the best per workload and target (--best).")
-    p.add_argument("action", choices=sorted(_LOG_ACTIONS), help="what to do")
-    p.add_argument("logs", nargs="+", metavar="LOG", help="tuning logs (.jsonl)")
+                       "one (-o), keeping every record or only the best per workload and target (--best). export: "
+                       "every record of --storage to a log (-o). plot: best-so-far per task and the estimated "
+                       "end-to-end latency over time, as an image (-o curves.png).")
+    p.add_argument("action", nargs="?", default="summary", metavar="ACTION",
+                   help=f"what to do: {', '.join(sorted(_LOG_ACTIONS))} (default summary)")
+    p.add_argument("logs", nargs="*", metavar="LOG", help="tuning logs (.jsonl)")
+    p.add_argument("--storage", metavar="URL", help="a tuning database (postgresql://USER@HOST/DB) instead of logs")
     p.add_argument("-o", "--output", metavar="OUT.jsonl", help="log to write (best, merge); never one of the inputs")
     p.add_argument("--best", action="store_true", help="merge: keep only the best record per workload and target")
     p.add_argument("--top", type=int, default=1, help="best: records per workload and target (default 1)")
@@ -621,6 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-tuned", action="store_true", help="fail when a task has no tuning record")
     p.add_argument("--no-check-tuned", action="store_true", help="use every tuning record without timing it in the "
                    "model against the default schedule (by default a record slower in the model is not used)")
+    p.add_argument("--storage", metavar="URL", help="also take the best schedules from the records of a tuning "
+                   "database (postgresql://USER@HOST/DB): the global best of every worker")
 
     p = sub.add_parser("run", help="run a compiled model (.rtmod) and time it",
                        description="Load a compiled model, run it on inputs from an .npz file (random inputs by "

@@ -7,11 +7,13 @@ logs are merged, the fastest valid record per (workload key, target) wins, which
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from relay_tune.tuning.records import LogEntry, LogEvent, LogTail, LogWriter, TuningRecord
 from search_space import Config
@@ -27,8 +29,9 @@ class Database(ABC):
     """
 
     @abstractmethod
-    def commit(self, record: TuningRecord) -> None:
-        """Store one record (durably, for persistent databases)."""
+    def commit(self, record: TuningRecord) -> bool | None:
+        """Store one record (durably, for persistent databases). False: a shared database refused it (another
+        worker recorded that config, or this worker's claim on it was given away)."""
 
     @abstractmethod
     def records(self, task_key: str, target: str) -> list[TuningRecord]:
@@ -44,6 +47,22 @@ class Database(ABC):
     def keys(self) -> list[TaskTarget]:
         """Every (workload key, target) that has records."""
         raise NotImplementedError(f"{type(self).__name__} cannot list its workloads")
+
+    # A database shared by workers on several machines counts one budget for all of them: the driver holds
+    # `round_lock` while it counts records plus `in_flight` claims and asks for the round's configs.
+
+    def round_lock(self, tasks: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
+        """Held by the driver from counting the budget to claiming a round's configs (default: no lock)."""
+        return contextlib.nullcontext()
+
+    def in_flight(self, tasks: Sequence[Any]) -> int:
+        """Configs of these tasks claimed by other workers and not yet recorded (default: none are visible)."""
+        return 0
+
+    @property
+    def shared_budget(self) -> bool:
+        """True when `in_flight` sees every worker's claims, so the budget can be counted exactly."""
+        return False
 
 
 def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:

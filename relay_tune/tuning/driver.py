@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.tuning.database import JsonLinesDatabase
+from relay_tune.tuning.database import Database, JsonLinesDatabase
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
 from relay_tune.tuning.records import LogEvent, TuningRecord, host_cpu_name
@@ -119,12 +119,17 @@ def tune(
     seed: int = 0,
     measure_default: bool = True,
     fsync: bool = False,
+    database: Database | None = None,
+    wait_poll_s: float = 1.0,
 ) -> TuneSummary:
     """Tune `tasks` with a global budget of `total_trials` measurements, logging to `log_path`.
 
     storage: Optuna storage for the default search ("default": a journal file beside the log; None: in memory;
     or a path / URL). Ignored when `strategy` is given. builder/runner: default `LocalBuilder()`/`LocalRunner()`
     (created and closed here; ones passed in are left open for reuse). scheduler: default `GradientScheduler`.
+    database: where records go (default: the JSON-lines log at `log_path`); a database shared by several
+    machines (`relay_tune.tuning.distributed.PostgresDatabase`) makes `total_trials` one budget for all of them.
+    wait_poll_s: how often a worker whose share is claimed re-checks the claims of others still in flight.
     """
     tasks = list(tasks)
     if total_trials < 0 or batch_size < 1:
@@ -137,7 +142,8 @@ def tune(
 
     started = time.monotonic()
     log_path = Path(log_path)
-    database = JsonLinesDatabase(log_path, fsync=fsync)
+    if database is None:
+        database = JsonLinesDatabase(log_path, fsync=fsync)
     if strategy is None:
         store = default_storage_path(log_path) if storage == DEFAULT_STORAGE else storage
         strategy = optuna_search(storage=store, seed=seed)
@@ -186,9 +192,11 @@ def tune(
 
     try:
         while True:
-            # Re-count from the log: other processes tuning into the same log share the budget.
-            spent = max(spent, sum(len(database.records(t.key, t.target)) for t in tasks))
-            if spent >= total_trials:
+            # Re-count from the log: other processes tuning into the same log (or database) share the budget.
+            tick = time.monotonic()
+            recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
+            seconds["storage"] += time.monotonic() - tick
+            if recorded >= total_trials or (not database.shared_budget and max(spent, recorded) >= total_trials):
                 break
             index = scheduler.next_task(states)
             if index is None:
@@ -199,13 +207,42 @@ def tune(
                 search = strategies[index] = strategy(task, database)
                 if measure_default:
                     search.prioritize([defaults[index]])
-            want = min(batch_size, total_trials - spent)
+            want = batch_size
             allowance = scheduler.allowance(state)
             if allowance is not None:
                 want = min(want, allowance)
             tick = time.monotonic()
-            configs = search.propose(want) if want > 0 else []
+            search.prepare(want)  # the expensive part of proposing (a cost model's ranking), outside any lock
             seconds["search"] += time.monotonic() - tick
+            waiting = False
+            configs: list[Config] = []
+            tick = time.monotonic()
+            # Counting the budget and claiming the round's configs is one step for all workers of a shared
+            # database (a no-op lock for a local log).
+            with database.round_lock(tasks):
+                held = time.monotonic()
+                if database.shared_budget:
+                    in_flight = database.in_flight(tasks)  # claims first, then records: see `in_flight`
+                    recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
+                    spent = recorded + in_flight
+                    if recorded >= total_trials:
+                        break
+                    # The rest of the budget is claimed by other workers: wait, in case one of them dies.
+                    waiting = spent >= total_trials
+                else:
+                    spent = max(spent, recorded)
+                seconds["storage"] += time.monotonic() - tick
+                want = min(want, total_trials - spent)
+                if not waiting and want > 0:
+                    tick = time.monotonic()
+                    configs = search.propose(want)
+                    seconds["search"] += time.monotonic() - tick
+                if database.shared_budget:  # what other workers wait for: the capacity of one shared budget
+                    seconds["round_lock_held"] += time.monotonic() - held
+                    seconds["rounds"] += 1
+            if waiting:
+                time.sleep(wait_poll_s)
+                continue
             if not configs:
                 stop(index, "no unmeasured config left in the search space")
                 continue
@@ -220,12 +257,17 @@ def tune(
                 run_result = runner.run(task, build_result.artifact) if build_result.artifact is not None else None
                 seconds["run"] += time.monotonic() - tick
                 result = MeasureResult.combine(build_result, run_result)
-                database.commit(TuningRecord.from_measurement(
+                tick = time.monotonic()
+                # A shared database may refuse a record (its claim was given away as stale meanwhile): then the
+                # measurement does not count against the budget; the search still learns from it.
+                accepted = database.commit(TuningRecord.from_measurement(
                     task.key, task.target, config, result, description=task.description, flops=task.flops,
                     trial=state.trials, strategy="default" if config == defaults[index] else search.name,
                     session=session))
-                spent += 1
-                measured_now += 1
+                seconds["storage"] += time.monotonic() - tick
+                if accepted is not False:
+                    spent += 1
+                    measured_now += 1
                 state.observe(result)
                 inputs.append(MeasureInput(task.key, config))
                 results.append(result)

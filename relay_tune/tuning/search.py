@@ -9,9 +9,10 @@ Rules the strategies keep:
 - A config is never measured twice. Before a proposal is handed out it is checked against the tuning log (also
   records written by other processes) and the study's trials (also other processes' trials in flight); a repeat
   is answered from the earlier result without measuring. Processes sharing a journal take turns (a file lock)
-  to ask for and claim configs, so a claim is always seen by the next asker; on other shared storages two
-  processes that claim the same config at the same moment both publish their claim and re-check, and the lower
-  trial number keeps it (a rare duplicate remains possible there).
+  to ask for and claim configs, so a claim is always seen by the next asker; on PostgreSQL they take turns the
+  same way through an advisory lock, and claims carry heartbeats (`relay_tune.tuning.distributed`); on other
+  shared storages two processes that claim the same config at the same moment both publish their claim and
+  re-check, and the lower trial number keeps it (a rare duplicate remains possible there).
 - Failures teach the sampler: a failed measurement is told as a worst value (`FAILURE_VALUE`), which puts it in
   TPE's "bad" group; configs the space's constraints reject are told the same and never measured or counted.
 - Resuming rebuilds the study: records in the log that the study does not know are added as finished trials, and
@@ -69,6 +70,10 @@ class SearchStrategy(ABC):
 
     def prioritize(self, configs: Sequence[Config]) -> None:  # noqa: B027 - optional hook
         """Propose these configs (e.g. the default schedule, good schedules from elsewhere) before any others."""
+
+    def prepare(self, n: int) -> None:  # noqa: B027 - optional hook
+        """Do the expensive part of the next `propose(n)` (fitting, ranking) now. The driver calls it before it
+        takes the lock that workers sharing a database claim their configs under, so `propose` holds it briefly."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Give up proposals that were never measured (e.g. after an interrupt)."""
@@ -214,7 +219,11 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
         return None  # Optuna's in-memory storage: nothing written, nothing shared
     journal = journal_path(storage)
     if journal is None:
-        return os.fspath(storage)  # an RDB URL (sqlite:///, postgresql://, ...): Optuna opens and caches it
+        from relay_tune.tuning import distributed
+
+        if distributed.is_database_url(storage):
+            return distributed.rdb_storage(os.fspath(storage))  # PostgreSQL: heartbeats on claims
+        return os.fspath(storage)  # another RDB URL (sqlite:///, mysql://, ...): Optuna opens and caches it
     path = str(journal)
     if path not in _STORAGES:
         from optuna.storages import JournalStorage
@@ -292,14 +301,23 @@ class OptunaSearch(SearchStrategy):
         # "never measured twice" exact; other shared storages fall back to the lowest-trial-number rule.
         journal = journal_path(storage)
         self._claim_lock = Path(f"{journal}.claims.lock") if journal is not None else None
+        # PostgreSQL: the same exact claim step under an advisory lock, and heartbeats on claims being measured.
+        from relay_tune.tuning import distributed
+
+        self._database_url = os.fspath(storage) if distributed.is_database_url(storage) else None
         self._worker = worker_identity()
+        opened = open_storage(storage)
+        self._heartbeats = distributed.heartbeats_for(opened) if opened is not None else None
         self.study = optuna.create_study(
-            storage=open_storage(storage),
+            storage=opened,
             sampler=make_sampler(sampler, self._seed, n_startup_trials),
             study_name=study_name or default_study_name(task),
             direction="minimize",
             load_if_exists=True,
         )
+        register = getattr(database, "register_study", None)
+        if register is not None:  # a shared database accepts a record only under this study's live claim
+            register(task.key, task.target, self.study.study_name)
         self._distributions = task.space.distributions()
         self._pending: dict[str, optuna.trial.Trial] = {}
         self._close_stale_trials()
@@ -371,6 +389,13 @@ class OptunaSearch(SearchStrategy):
 
     @contextlib.contextmanager
     def _claiming(self) -> Iterator[None]:
+        if self._database_url is not None:
+            from relay_tune.tuning import distributed
+
+            with distributed.advisory_lock(self._database_url, f"relay-tune:claims:{self.study.study_name}"):
+                distributed.fail_stale_claims(self.study)  # a dead worker's claims come back to the pool
+                yield
+            return
         if self._claim_lock is None:
             yield
             return
@@ -427,11 +452,13 @@ class OptunaSearch(SearchStrategy):
                 continue
             trial.set_user_attr("config_key", key)
             trial.set_user_attr("worker", self._worker)
+            if self._heartbeats is not None:
+                self._heartbeats.hold(trial._trial_id)
             claims[key] = _Claim(trial.number, None)
             proposals.append((trial, config))
             misses = 0
         asked = len(proposals)
-        if self._shared and self._claim_lock is None and proposals:
+        if self._shared and self._claim_lock is None and self._database_url is None and proposals:
             proposals = self._keep_first_claims(proposals)
         for trial, config in proposals:
             self._pending[config.key] = trial
@@ -456,17 +483,25 @@ class OptunaSearch(SearchStrategy):
             trial = self._pending.pop(measure_input.config.key, None)
             if trial is None:
                 continue
+            # skip_if_finished: a claim whose heartbeat went stale (a stalled process) was failed by another worker
             if result.ok:
                 assert result.cost is not None
-                self.study.tell(trial, result.cost)
+                self.study.tell(trial, result.cost, skip_if_finished=True)
             else:
                 assert result.error_kind is not None
-                trial.set_user_attr("error_kind", result.error_kind.name)
-                self.study.tell(trial, FAILURE_VALUE)
+                with contextlib.suppress(self._optuna.exceptions.UpdateFinishedTrialError):
+                    trial.set_user_attr("error_kind", result.error_kind.name)
+                self.study.tell(trial, FAILURE_VALUE, skip_if_finished=True)
+            self._release(trial)
+
+    def _release(self, trial: Any) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.release(trial._trial_id)
 
     def close(self) -> None:
         for trial in self._pending.values():
             self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self._release(trial)
         self._pending.clear()
 
 

@@ -70,6 +70,10 @@ def make_search(search: str, *, storage: Any = None, seed: int = 0,
     if search == "tpe":
         return optuna_search(storage=storage, sampler="tpe", seed=seed)
     if search == "random":
+        from relay_tune.tuning.distributed import is_database_url
+
+        if is_database_url(storage):  # claims on a shared database go through an Optuna study
+            return optuna_search(storage=storage, sampler="random", seed=seed)
         return random_search(seed=seed)
     raise RelayTuneError(f"unknown search strategy {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}")
 
@@ -199,7 +203,15 @@ def default_runner() -> Runner:
 
 
 def _median_latency(model: Any, seconds: float = 1.0) -> float:
-    """Median seconds per inference, timing about `seconds` in all."""
+    """Median seconds per inference, timing about `seconds` in all (in turn with other tuning processes' timings
+    on this machine)."""
+    from relay_tune.tuning.hostlock import measurement_lock
+
+    with measurement_lock():
+        return _timed_latency(model, seconds)
+
+
+def _timed_latency(model: Any, seconds: float) -> float:
     stats = model.benchmark(repeat=3, number=1)
     costs = stats.costs if hasattr(stats, "costs") else stats
     once = max(min(costs), 1e-6)
@@ -261,15 +273,25 @@ def tune_model(
         # every task gets its warm-up round (its default schedule measured) when the budget allows
         batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
     store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
+    database = None
+    from relay_tune.tuning import distributed
+
+    if distributed.is_database_url(store):
+        # Many machines, one study: the records live in the database, the local log mirrors this worker's.
+        database = distributed.PostgresDatabase(os.fspath(store), mirror=log_path)  # type: ignore[arg-type]
     strategy = make_search(search, storage=store, seed=seed, log_path=log_path, transfer_from=transfer_from)
     deadline = started + timeout if timeout is not None else None
     scheduler = DeadlineScheduler(deadline, seed=seed, early_stopping=early_stopping)
     own_builder, own_runner = builder is None, runner is None and gpu_runner is None
     builder = builder or LocalBuilder(n_parallel=jobs)
     runner = runner or gpu_runner or default_runner()
+    from relay_tune.tuning.hostlock import HostLockedRunner
+
+    # Other tuning processes on this machine measure in turn with this one (builds still overlap).
+    measuring = runner if isinstance(runner, HostLockedRunner) else HostLockedRunner(runner)
     try:
-        summary = tune(tasks, total_trials, log_path, builder=builder, runner=runner, strategy=strategy,
-                       scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed)
+        summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
+                       scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed, database=database)
     finally:
         if own_builder:
             builder.close()
@@ -292,7 +314,10 @@ def tune_model(
 
     from relay_tune.build import BuildWarning
 
-    lookup = best_steps_lookup(tasks, logs) if logs else None
+    if database is not None:
+        lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
+    else:
+        lookup = best_steps_lookup(tasks, logs) if logs else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
         # A record slower in the model than the default schedule is not used (CPU targets; see build).
@@ -306,13 +331,15 @@ def tune_model(
                                                       "build_and_measure": time.monotonic() - tuned_at})
 
 
-def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str]]) -> Callable[[str, Any],
-                                                                                                  list[Any] | None]:
+def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str]] = (), *,
+                      database: Any = None) -> Callable[[str, Any], list[Any] | None]:
     """A `relay_tune.build` schedule lookup: for each task, the steps of its fastest valid record that is a point of
-    the task's current space (records written under an older space are passed over, not fatal)."""
+    the task's current space (records written under an older space are passed over, not fatal). The records come
+    from `logs`, or from `database` (a `relay_tune.tuning.Database`, e.g. the PostgreSQL one) when given."""
     from relay_tune.tuning.database import JsonLinesDatabase
 
-    database = JsonLinesDatabase([Path(p) for p in logs])
+    if database is None:
+        database = JsonLinesDatabase([Path(p) for p in logs])
     by_key = {task.key: task for task in tasks}
 
     def lookup(key: str, target: Any) -> list[Any] | None:

@@ -379,6 +379,7 @@ class XGBSearch(OptunaSearch):
         self._trial_configs: dict[int, tuple[str, Config | None]] = {}
         self._proposer: Any = None  # private TPE study: proposals for the pool, never measured by itself
         self._proposer_known: set[str] = set()
+        self._prepared = False  # `prepare` brought the plan up to date for the next proposal
         self._describe_workload()
 
     def _describe_workload(self) -> None:
@@ -585,8 +586,11 @@ class XGBSearch(OptunaSearch):
                     chosen.setdefault(mutant.key, mutant)
         return list(chosen.values())
 
-    def _choose(self, n: int) -> list[Config]:
-        measured = self._refresh_measurements()
+    def prepare(self, n: int) -> None:
+        self._update_plan(self._refresh_measurements(), n)
+        self._prepared = True
+
+    def _update_plan(self, measured: dict[str, tuple[Config, float]], n: int) -> None:
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
             self.hub.fit(full_every=self.plan_size)
         # Re-plan after a refit, when a newly measured config joined the best (it has new neighbours), and when the
@@ -594,6 +598,14 @@ class XGBSearch(OptunaSearch):
         if self.hub.model is not None and (self._planned != (self.hub.version, self._leaders(measured))
                                            or len(self._plan) < 2 * n):
             self._replan(measured)
+
+    def _choose(self, n: int) -> list[Config]:
+        measured = self._refresh_measurements()
+        if not self._prepared or len(self._plan) < n:
+            # After `prepare` the plan stands for this round, even if other workers' results arrived meanwhile:
+            # re-ranking here would happen under the claim lock, where other workers wait.
+            self._update_plan(measured, n)
+        self._prepared = False
         visited = self._visited(measured)
         chosen: list[Config] = []
         explore = 0 if self.hub.model is None else round(self.epsilon * n)

@@ -1,0 +1,587 @@
+"""Tuning on many machines: one PostgreSQL database holds the Optuna studies and the tuning records.
+
+    relay-tune model.relay --trials 2000 --storage postgresql://tuner@db-host/tuning     # on every host
+
+Every worker opens the same database. What each piece does:
+
+- Records. `PostgresDatabase` keeps every `TuningRecord` in the table `relay_tune_records`, unique per
+  (workload key, target, config key): a config is recorded once, whoever measured it, and a second insert of the
+  same config is refused by the database itself (and logged as a `duplicate_measurement` event). A worker's own
+  JSON-lines log is a mirror of what it measured. Reads are incremental (see `_refresh`).
+- Claims. A trial being measured is a RUNNING trial of the task's Optuna study with a `config_key` attribute. Each
+  study's claim step (ask, check, claim) runs under a PostgreSQL advisory lock, so a claim is always seen by the
+  next asker anywhere: a config is never handed to two workers.
+- One budget. The driver counts records plus claims in flight of the model's tasks under a second advisory lock
+  (`round_lock`) and only then asks the search for that round's configs, so all workers together measure exactly
+  `--trials` configs. A worker whose share is done but whose colleagues still hold claims waits for them: should
+  one of them die, its claims come back to the pool and this worker measures them.
+- Crashes. Claims carry Optuna heartbeats (`RDBStorage(heartbeat_interval, grace_period)`), recorded by a
+  background thread of the claiming process while the batch is built and timed. A worker killed with SIGKILL, or a
+  host that disappears, stops beating; after the grace period the next worker to look fails those trials
+  (`optuna.storages.fail_stale_trials`) and enqueues their configs again, so nothing is lost. A zombie that
+  wakes up after its claim was given away finds its record refused: nothing is recorded twice.
+
+Only the driver (psycopg 3, `pip install 'relay-tune[distributed]'`) is needed on the workers; the database
+server is any PostgreSQL (12 or newer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from relay_tune.errors import RelayTuneError
+from relay_tune.tuning.database import Database, MemoryDatabase, TaskTarget
+from relay_tune.tuning.records import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "DistributedError",
+    "PostgresDatabase",
+    "advisory_lock",
+    "is_database_url",
+    "rdb_storage",
+    "sqlalchemy_url",
+]
+
+# A claim's heartbeat is recorded every DEFAULT_HEARTBEAT_INTERVAL seconds; a claim whose last beat is older than
+# the grace period belongs to a dead worker. The grace period must exceed the longest pause of the beating thread
+# (a busy host, a long garbage collection), or a live claim is given away (harmless, the zombie's record is
+# refused, but a measurement is wasted).
+DEFAULT_HEARTBEAT_INTERVAL = 5
+DEFAULT_GRACE_PERIOD = 30
+# Rows committed this long after their insert statement began would be missed by the incremental read.
+_VISIBILITY_WINDOW_S = 10.0
+
+_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
+_URL = re.compile(r"^(?P<scheme>[a-z0-9+]+)://(?P<rest>.*)$", re.IGNORECASE)
+
+
+class DistributedError(RelayTuneError):
+    """The database cannot be used: no driver installed, unreachable server, wrong credentials."""
+
+
+def is_database_url(storage: object) -> bool:
+    """True for a PostgreSQL URL (postgresql://, postgres://, postgresql+psycopg://)."""
+    if not isinstance(storage, str):
+        return False
+    match = _URL.match(storage)
+    return bool(match) and match.group("scheme").lower() in _SCHEMES  # type: ignore[union-attr]
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for messages)."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy URL for `url` on the psycopg 3 driver; a clear error when that driver is not installed.
+
+    SQLAlchemy reads a bare postgresql:// as psycopg2, which relay-tune does not use.
+    """
+    match = _URL.match(url)
+    if not match or match.group("scheme").lower() not in _SCHEMES:
+        raise DistributedError(f"not a PostgreSQL URL: {redact(url)}")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise DistributedError(
+            "a postgresql:// storage needs the PostgreSQL driver psycopg 3, which is not installed; "
+            "install it with: pip install 'relay-tune[distributed]'") from None
+    return "postgresql+psycopg://" + match.group("rest")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Connections, schema, locks
+# ---------------------------------------------------------------------------------------------------------------
+
+_ENGINES: dict[str, Any] = {}
+_LOCK_CONNECTIONS: dict[str, Any] = {}
+_LOCK_DEPTH: dict[tuple[str, int], int] = {}
+_MUTEX = threading.RLock()
+
+
+def _connection_error(url: str, err: Exception) -> DistributedError:
+    first = str(getattr(err, "orig", err)).strip().splitlines()
+    return DistributedError(f"cannot use the database {redact(url)}: {first[0] if first else type(err).__name__}")
+
+
+def engine_for(url: str) -> Any:
+    """One SQLAlchemy engine per URL and process (records, events, locks)."""
+    import sqlalchemy
+
+    sa_url = sqlalchemy_url(url)
+    with _MUTEX:
+        if sa_url not in _ENGINES:
+            engine = sqlalchemy.create_engine(sa_url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+            try:
+                with engine.connect() as connection:
+                    connection.execute(sqlalchemy.text("SELECT 1"))
+            except sqlalchemy.exc.SQLAlchemyError as err:
+                raise _connection_error(url, err) from None
+            _ENGINES[sa_url] = engine
+        return _ENGINES[sa_url]
+
+
+def _lock_key(name: str) -> int:
+    """A signed 64-bit advisory lock key for a name."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little", signed=True)
+
+
+@contextlib.contextmanager
+def advisory_lock(url: str, name: str) -> Iterator[None]:
+    """Hold PostgreSQL's session advisory lock `name` (re-entrant within this process).
+
+    The lock lives on one dedicated connection per process, so the server releases it when the process dies,
+    whatever killed it.
+    """
+    import sqlalchemy
+
+    engine = engine_for(url)
+    key = _lock_key(name)
+    with _MUTEX:
+        connection = _LOCK_CONNECTIONS.get(url)
+        if connection is None or connection.closed:
+            connection = _LOCK_CONNECTIONS[url] = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        depth = _LOCK_DEPTH.get((url, key), 0)
+        if depth == 0:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        _LOCK_DEPTH[(url, key)] = depth + 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[(url, key)] -= 1
+            if _LOCK_DEPTH[(url, key)] == 0:
+                del _LOCK_DEPTH[(url, key)]
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS relay_tune_records (
+        id BIGSERIAL PRIMARY KEY,
+        workload_key TEXT NOT NULL,
+        target TEXT NOT NULL,
+        config_key TEXT NOT NULL,
+        record TEXT NOT NULL,
+        worker TEXT NOT NULL DEFAULT '',
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (workload_key, target, config_key))""",
+    "CREATE INDEX IF NOT EXISTS relay_tune_records_created ON relay_tune_records (created_at)",
+    """CREATE TABLE IF NOT EXISTS relay_tune_events (
+        id BIGSERIAL PRIMARY KEY,
+        session TEXT NOT NULL,
+        event TEXT NOT NULL,
+        entry TEXT NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+)
+_SCHEMA_READY: set[str] = set()
+
+
+def ensure_schema(url: str) -> None:
+    """Create relay-tune's tables and Optuna's (once per database; concurrent first workers take turns)."""
+    import sqlalchemy
+
+    if url in _SCHEMA_READY:
+        return
+    engine = engine_for(url)
+    with advisory_lock(url, "relay-tune:schema"):
+        with engine.begin() as connection:
+            for statement in _SCHEMA:
+                connection.execute(sqlalchemy.text(statement))
+        # Optuna creates its tables on first use; doing it under the lock avoids two first workers racing on
+        # CREATE TABLE.
+        _rdb(url, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_GRACE_PERIOD)
+    _SCHEMA_READY.add(url)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Optuna storage with heartbeats
+# ---------------------------------------------------------------------------------------------------------------
+
+_STORAGES: dict[tuple[str, int, int], Any] = {}
+
+
+def _heartbeat_settings() -> tuple[int, int]:
+    """Heartbeat interval and grace period in seconds; RELAY_TUNE_HEARTBEAT="INTERVAL,GRACE" overrides them."""
+    text = os.environ.get("RELAY_TUNE_HEARTBEAT", "")
+    if not text:
+        return DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_GRACE_PERIOD
+    try:
+        interval, grace = (int(part) for part in text.split(","))
+    except ValueError:
+        raise DistributedError(f"RELAY_TUNE_HEARTBEAT must be 'INTERVAL,GRACE' in whole seconds, got {text!r}") \
+            from None
+    if interval < 1 or grace <= interval:
+        raise DistributedError("RELAY_TUNE_HEARTBEAT: need INTERVAL >= 1 and GRACE > INTERVAL")
+    return interval, grace
+
+
+def _rdb(url: str, interval: int, grace: int) -> Any:
+    import optuna
+    import sqlalchemy
+
+    key = (url, interval, grace)
+    with _MUTEX:
+        if key not in _STORAGES:
+            import warnings
+
+            # relay-tune beats the heartbeats itself (`Heartbeats`) for its ask/tell loop.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                try:
+                    rdb = optuna.storages.RDBStorage(
+                        sqlalchemy_url(url), engine_kwargs={"pool_pre_ping": True, "pool_size": 2},
+                        heartbeat_interval=interval, grace_period=grace,
+                        heartbeat_stale_trial_callback=_return_to_pool)
+                except sqlalchemy.exc.SQLAlchemyError as err:
+                    raise _connection_error(url, err) from None
+            # The cached wrapper keeps finished trials in memory and re-reads only the unfinished ones.
+            _STORAGES[key] = optuna.storages.get_storage(rdb)
+        return _STORAGES[key]
+
+
+def rdb_storage(url: str) -> Any:
+    """The Optuna storage of a PostgreSQL URL, with heartbeats (one per process and URL)."""
+    ensure_schema(url)
+    return _rdb(url, *_heartbeat_settings())
+
+
+def _return_to_pool(study: Any, trial: Any) -> None:
+    """A claim of a dead worker was failed: enqueue its config again, so the next ask measures it."""
+    if "config_key" in trial.user_attrs and trial.params:
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+
+_LAST_STALE_CHECK: dict[tuple[int, int], float] = {}
+
+
+def fail_stale_claims(study: Any) -> None:
+    """Fail the RUNNING trials of `study` whose heartbeat is older than the grace period (and re-enqueue them).
+
+    At most once per heartbeat interval per study and process: a claim cannot go stale faster than that, and the
+    check runs under the claim locks, where every query makes other workers wait.
+    """
+    import warnings
+
+    import optuna
+
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    key = (id(storage), study._study_id)
+    now = time.monotonic()
+    if interval and now - _LAST_STALE_CHECK.get(key, -1e9) < interval:
+        return
+    _LAST_STALE_CHECK[key] = now
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+class Heartbeats:
+    """A daemon thread recording the heartbeat of every trial this process holds, every `interval` seconds."""
+
+    def __init__(self, storage: Any, interval: float) -> None:
+        self.storage = storage
+        self.interval = interval
+        self._trials: set[int] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, trial_id: int) -> None:
+        self.storage.record_heartbeat(trial_id)  # at once: a claim without a beat is never considered stale
+        with self._lock:
+            self._trials.add(trial_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._beat, name="relay-tune-heartbeat", daemon=True)
+                self._thread.start()
+
+    def release(self, trial_id: int) -> None:
+        with self._lock:
+            self._trials.discard(trial_id)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            with self._lock:
+                held = sorted(self._trials)
+            for trial_id in held:
+                with contextlib.suppress(Exception):  # a finished trial or a lost connection: try again next time
+                    self.storage.record_heartbeat(trial_id)
+
+
+_HEARTBEATS: dict[int, Heartbeats] = {}
+
+
+def heartbeats_for(storage: Any) -> Heartbeats | None:
+    """The process's heartbeat thread for `storage` (None when the storage has no heartbeat)."""
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+        return None
+    with _MUTEX:
+        if id(storage) not in _HEARTBEATS:
+            _HEARTBEATS[id(storage)] = Heartbeats(storage, float(storage.get_heartbeat_interval() or 1))
+        return _HEARTBEATS[id(storage)]
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records in the database
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class PostgresDatabase(Database):
+    """Tuning records and log events in PostgreSQL (see the module docstring); `mirror`: this worker's JSONL log.
+
+    Reads keep an in-memory index that each query tops up with the rows committed since the last one.
+    """
+
+    def __init__(self, url: str, mirror: str | os.PathLike[str] | None = None) -> None:
+        ensure_schema(url)
+        self.url = url
+        self.engine = engine_for(url)
+        self.mirror = LogWriter(mirror) if mirror is not None else None
+        self.refused: dict[str, int] = {}  # why measurements of this process were not recorded -> how many
+        self._studies: dict[TaskTarget, str] = {}
+        self._study_ids: dict[str, int] = {}  # Optuna study name -> id (ids never change)
+        self._memory = MemoryDatabase()
+        self._seen: set[int] = set()
+        self._max_id = 0
+        self._since: Any = None  # database time of the previous read, minus the visibility window
+        self._events_read = 0
+        self._events: list[LogEvent] = []
+
+    # -- writing ---------------------------------------------------------------------------------------------
+
+    def register_study(self, task_key: str, target: str, study_name: str) -> None:
+        """Records of this task are measured under claims in this Optuna study (see `commit`)."""
+        self._studies[(task_key, target)] = study_name
+
+    def commit(self, record: TuningRecord) -> bool:
+        """Insert the record; False (and an event saying why) when it is refused.
+
+        A record of a task with a registered study is only accepted while this worker's claim on the config is
+        still RUNNING, checked and locked (`FOR UPDATE`) in the insert's transaction: a worker whose claim was
+        failed as stale (it stalled past the grace period) and whose config went back to the pool must not
+        record it too, or the budget would be overspent. Whoever fails the claim later waits for this
+        transaction and then finds the record. A config recorded already is refused by the unique key.
+        """
+        import sqlalchemy
+
+        from relay_tune.tuning.search import worker_identity
+
+        study = self._studies.get((record.workload_key, record.target))
+        with self.engine.begin() as connection:
+            if study is not None:
+                claim = connection.execute(sqlalchemy.text(
+                    "SELECT t.trial_id FROM trials t JOIN studies s ON s.study_id = t.study_id "
+                    "JOIN trial_user_attributes c ON c.trial_id = t.trial_id AND c.key = 'config_key' "
+                    "JOIN trial_user_attributes w ON w.trial_id = t.trial_id AND w.key = 'worker' "
+                    "WHERE s.study_name = :s AND t.state = 'RUNNING' AND c.value_json = :c AND w.value_json = :w "
+                    "FOR UPDATE OF t"),
+                    {"s": study, "c": json.dumps(record.config_key), "w": json.dumps(worker_identity())}).first()
+                if claim is None:
+                    refused = "claim_lost"
+            row = None
+            if study is None or claim is not None:
+                refused = "duplicate_measurement"
+                row = connection.execute(sqlalchemy.text(
+                    "INSERT INTO relay_tune_records (workload_key, target, config_key, record, worker) "
+                    "VALUES (:w, :t, :c, :r, :k) ON CONFLICT (workload_key, target, config_key) DO NOTHING "
+                    "RETURNING id"),
+                    {"w": record.workload_key, "t": record.target, "c": record.config_key, "r": record.to_json(),
+                     "k": worker_name()}).first()
+        if row is None:
+            self.refused[refused] = self.refused.get(refused, 0) + 1
+            self.log_event(LogEvent(refused, record.session, data={
+                "workload_key": record.workload_key, "target": record.target, "config_key": record.config_key,
+                "worker": worker_name()}))
+            return False
+        if self.mirror is not None:
+            self.mirror.write_one(record)
+        return True
+
+    @property
+    def duplicates(self) -> int:
+        """Measurements of this process refused because their config had a record already."""
+        return self.refused.get("duplicate_measurement", 0)
+
+    def log_event(self, event: LogEvent) -> None:
+        import sqlalchemy
+
+        with self.engine.begin() as connection:
+            connection.execute(sqlalchemy.text(
+                "INSERT INTO relay_tune_events (session, event, entry) VALUES (:s, :e, :j)"),
+                {"s": event.session, "e": event.event, "j": event.to_json()})
+        if self.mirror is not None:
+            self.mirror.write_one(event)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Add the rows committed since the last read.
+
+        Ids come from a sequence, and a row with a smaller id can commit after one with a larger id, so "id >
+        the largest seen" alone could miss it for good. Each read therefore also re-reads the rows inserted in
+        the last few seconds before the previous read (by the database clock) and skips those already seen.
+        """
+        import sqlalchemy
+
+        with self.engine.connect() as connection:
+            if self._since is None:
+                query = sqlalchemy.text("SELECT id, record, clock_timestamp() FROM relay_tune_records ORDER BY id")
+                rows = connection.execute(query).all()
+            else:
+                query = sqlalchemy.text(
+                    "SELECT id, record, clock_timestamp() FROM relay_tune_records "
+                    "WHERE id > :m OR created_at >= :s ORDER BY id")
+                rows = connection.execute(query, {"m": self._max_id, "s": self._since}).all()
+            now = rows[-1][2] if rows else connection.execute(sqlalchemy.text("SELECT clock_timestamp()")).scalar()
+        import datetime
+
+        self._since = now - datetime.timedelta(seconds=_VISIBILITY_WINDOW_S)
+        for row_id, text, _ in rows:
+            if row_id in self._seen:
+                continue
+            self._seen.add(row_id)
+            self._max_id = max(self._max_id, row_id)
+            try:
+                entry = parse_line(text)
+            except LogFormatError:
+                continue  # written by a newer relay-tune: not ours to read
+            if isinstance(entry, TuningRecord):
+                self._memory.commit(entry)
+
+    def records(self, task_key: str, target: str) -> list[TuningRecord]:
+        self._refresh()
+        return self._memory.records(task_key, target)
+
+    def all_records(self) -> list[TuningRecord]:
+        """Every record, in commit order of this reader."""
+        self._refresh()
+        return [r for key in self._memory.keys() for r in self._memory.records(*key)]
+
+    def keys(self) -> list[TaskTarget]:
+        self._refresh()
+        return self._memory.keys()
+
+    @property
+    def events(self) -> list[LogEvent]:
+        import sqlalchemy
+
+        with self.engine.connect() as connection:
+            rows = connection.execute(sqlalchemy.text(
+                "SELECT id, entry FROM relay_tune_events WHERE id > :m ORDER BY id"), {"m": self._events_read}).all()
+        for row_id, text in rows:
+            self._events_read = max(self._events_read, row_id)
+            with contextlib.suppress(LogFormatError):
+                entry: LogEntry = parse_line(text)
+                if isinstance(entry, LogEvent):
+                    self._events.append(entry)
+        return list(self._events)
+
+    # -- the shared budget -----------------------------------------------------------------------------------
+
+    @property
+    def shared_budget(self) -> bool:
+        return True
+
+    def round_lock(self, tasks: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
+        names = sorted({f"{t.key}|{t.target}" for t in tasks})
+        return advisory_lock(self.url, "relay-tune:budget:" + hashlib.sha256("\n".join(names).encode()).hexdigest())
+
+    def in_flight(self, tasks: Sequence[Any]) -> int:
+        """Claims of these tasks being measured by any worker (stale claims are failed first).
+
+        The claims are read before the records: a claim finished in between has its record committed before
+        it was told, so the records read afterwards hold it, and no claim is missed (one recorded in between
+        may count twice, which only makes the budget cautious for a round). The caller reads its record count
+        after this call for the same reason.
+        """
+        import optuna
+
+        from relay_tune.tuning.search import default_study_name
+
+        storage = rdb_storage(self.url)
+        running = optuna.trial.TrialState.RUNNING
+        claims: set[tuple[str, str, str]] = set()
+        for task in tasks:
+            name = default_study_name(task)
+            study_id = self._study_ids.get(name)
+            if study_id is None:
+                try:
+                    study_id = self._study_ids[name] = storage.get_study_id_from_name(name)
+                except KeyError:
+                    continue  # nobody tuned this task yet
+            fail_stale_claims(_study(storage, name))
+            for trial in storage.get_all_trials(study_id, deepcopy=False, states=(running,)):
+                key = trial.user_attrs.get("config_key")
+                if isinstance(key, str):
+                    claims.add((task.key, task.target, key))
+        self._refresh()
+        recorded = {(k, t): {r.config_key for r in self._memory.records(k, t)} for k, t, _ in claims}
+        return sum(1 for k, t, key in claims if key not in recorded[(k, t)])
+
+
+_STUDIES: dict[tuple[int, str], Any] = {}
+
+
+def _study(storage: Any, name: str) -> Any:
+    import optuna
+
+    key = (id(storage), name)
+    if key not in _STUDIES:
+        _STUDIES[key] = optuna.load_study(study_name=name, storage=storage)
+    return _STUDIES[key]
+
+
+def export_records(url: str, output: str | os.PathLike[str], events: bool = True) -> int:
+    """Write every record of the database (and its log events) to a JSON-lines log; returns the record count.
+
+    Lines are in time order, so the log reads like one written by a single process.
+    """
+    database = PostgresDatabase(url)
+    entries: list[LogEntry] = list(database.all_records())
+    count = len(entries)
+    if events:
+        entries += database.events
+    entries.sort(key=lambda e: e.timestamp)
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for entry in entries:
+            handle.write(entry.to_json() + "\n")
+    return count
+
+
+def study_overview(url: str) -> list[dict[str, Any]]:
+    """Per Optuna study of relay-tune in the database: name, trials by state, live workers (by heartbeat)."""
+    import optuna
+
+    storage = rdb_storage(url)
+    overview = []
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        study_id = storage.get_study_id_from_name(summary.study_name)
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        states: dict[str, int] = {}
+        workers = set()
+        for trial in trials:
+            states[trial.state.name] = states.get(trial.state.name, 0) + 1
+            if trial.state == optuna.trial.TrialState.RUNNING and "worker" in trial.user_attrs:
+                workers.add(str(trial.user_attrs["worker"]).rsplit(":", 1)[0])
+        overview.append({"study": summary.study_name, "states": states, "workers": sorted(workers)})
+    return overview
