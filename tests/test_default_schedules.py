@@ -30,6 +30,7 @@ from relay_tune.target import Target
 from relay_tune.text import load_module, parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask
 from relay_tune.type_infer import infer_types
+from search_space import Config
 from search_space.cpu import PARALLEL_MIN_WORK
 from search_space.gpu import config_to_params
 from search_space.gpu import default_config as gpu_default_config
@@ -188,3 +189,34 @@ def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> 
 
         logged, _ = lower_primitive(spec.func, CUDA, steps_of_prim(prim, config), name="kernel", prim=prim)
         assert analysis.structurally_equal(built, logged), spec.description
+
+
+def test_a_log_of_an_earlier_default_config_still_builds(tmp_path: Path) -> None:
+    """Logs record the default config like any other: one an earlier default rule chose (this bias over
+    1x3x224x224 was parallel before the rule's threshold rose) is still a point of the space and builds as logged."""
+    import json
+
+    import numpy as np
+
+    import relay_tune
+    from relay_tune.interpreter import evaluate
+
+    mod = infer_types(parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 3, 224, 224), float32], %s: Tensor[(3, 1, 1), float32]) {
+  add(multiply(%x, %s), %s)
+}"""))
+    (spec,) = extract_tasks(optimize(mod))
+    task = RelayTuneTask(spec, CPU)
+    assert task.default_config()["parallel"] == 0
+    earlier = {"family": "injective", "mode": "inner", "vector": 16, "parallel": 1}
+    record = {"v": 1, "workload_key": spec.key, "description": spec.description, "target": task.target,
+              "config": earlier, "costs": [1e-5], "error_kind": "OK", "trial": 0, "strategy": "default"}
+    log = tmp_path / "old.jsonl"
+    log.write_text(json.dumps(record) + "\n")
+    model = relay_tune.build(mod, target=CPU, logs=[str(log)])
+    assert all(t.tuned for t in model.plan.tasks)
+    # the build's decoder gives the logged (parallel) schedule, not today's default
+    assert _parallel_loops(task.lower(Config(earlier)).body) == 1
+    inputs = model.random_inputs(seed=0)
+    np.testing.assert_allclose(model.run(**inputs), np.asarray(evaluate(mod, list(inputs.values()))), rtol=1e-5,
+                               atol=1e-6)
