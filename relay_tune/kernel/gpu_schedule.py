@@ -1,10 +1,13 @@
-"""Default GPU schedules: how each operator family runs on an NVIDIA GPU, as replayable schedule steps.
+"""GPU schedule templates: how each operator family runs on an NVIDIA GPU, as replayable schedule steps.
 
-`gpu_schedule(prim, params)` schedules the tensor expressions of a fused function
-(`relay_tune.kernel.compute.primitive_compute`) with explicit parameters; `default_gpu_schedule(prim, target)`
-picks the parameters from the shapes. Both return `Step` lists (plain data, `Schedule.replay`-able), like the
-CPU defaults in `relay_tune.kernel.default_schedule`. Every schedule first inlines the element-wise and
-injective stages into their readers, so a fused epilogue (bias, activation, residual) costs no extra pass.
+`gpu_schedule(prim, params)` is the one template per family: it schedules the tensor expressions of a fused
+function (`relay_tune.kernel.compute.primitive_compute`) with explicit parameters. `default_params(prim)` is the
+rule that picks the untuned parameters from the shapes; `default_gpu_schedule(prim)` is the template at them. The
+search space (`search_space.gpu`) maps its configs onto these parameters, and its `default_config(prim)` is exactly
+`default_params(prim)` (tests/test_default_schedules.py), so the default the tuner logs is what an untuned build
+runs (`search_space.defaults`). Steps are plain data (`Schedule.replay`-able). Every schedule first inlines the
+element-wise and injective stages into their readers, so a fused epilogue (bias, activation, residual) costs no
+extra pass.
 
 Families (`family_of`):
 
