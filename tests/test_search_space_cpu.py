@@ -2,7 +2,7 @@
 
 Every family's template must give a correct kernel for every config of its space, tails included: random configs
 are compiled and checked against the interpreter. Also: which family a workload gets, constraints rejecting
-configs before anything is built, the default config standing for the built-in default schedule, packing of
+configs before anything is built, the default config being the default schedule, packing of
 constant weights only, the dense 1024^3 space holding the reference kernel's structure, artifacts that pass the
 runner's own check, pickling to build workers, the build's decoder of logged configs, short target names in logs,
 and a table of space sizes for corpus models (`pytest -s` shows it).
