@@ -6,10 +6,11 @@
 For every task of the model (on this machine, `--target`), the task's default config and the best config the log
 holds for it are built and then timed in interleaved rounds (default, best, default, best, ...) with the tuner's
 own runner (process-isolated, outputs checked against the numpy interpreter); each is valued at the median of its
-rounds, so both sides of a ratio see the same machine load. Prints per task: default ms, the log's best config's ms,
-best ms (the faster of the two: the default is a point of the space too), default / best,
-and writes the same table as CSV (a best config whose loop nest is the default's counts as the default) (`--csv`, default experiments/results/default_vs_tuned/<model>.csv). The "default"
-is whatever the code on PYTHONPATH calls the default (run it against another checkout to compare versions).
+rounds, so both sides of a ratio see the same machine load. A best config whose loop nest is the default's (a knob
+that changes nothing for this workload) counts as the default. Prints per task: default ms, the log's best
+config's ms, best ms (the faster of the two: the default is a point of the space too) and default / best, and
+writes the same table as CSV (`--csv`, default experiments/results/default_vs_tuned/<model>.csv). The "default" is
+whatever the code on PYTHONPATH calls the default (run it against another checkout to compare versions).
 """
 
 from __future__ import annotations
