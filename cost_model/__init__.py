@@ -6,7 +6,9 @@
   saved as XGBoost JSON with its feature schema and target) and `TrainingSet`.
 - `cost_model.transfer`: `load_transfer_data` re-lowers the configs of earlier tuning logs (tasks rebuilt from
   their `workload` events) into a training set of other workloads.
-- `cost_model.template_tasks`: self-contained schedule-template tasks (dense, conv2d, depthwise conv2d).
+
+Features describe the loop nests of the model tuner's own templates (`search_space.cpu`); single-operator tasks
+for benchmarks and tests are in `relay_tune.tuning.operator_tasks`.
 
 The model-guided search that uses all of this is `relay_tune.tuning.xgb_search`.
 """

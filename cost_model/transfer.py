@@ -42,19 +42,12 @@ def register_workload_kind(kind: str, factory: TaskFactory) -> None:
     _FACTORIES[kind] = factory
 
 
-def _template_task(spec: Mapping[str, Any]) -> Any:
-    from cost_model.template_tasks import TemplateTask
-
-    return TemplateTask.from_spec(dict(spec))
-
-
 def _relay_task(spec: Mapping[str, Any]) -> Any:
     from relay_tune.tuning.relay_task import RelayTuneTask
 
     return RelayTuneTask.from_workload_spec(spec)
 
 
-register_workload_kind("schedule_template", _template_task)
 register_workload_kind("relay_function", _relay_task)
 
 

@@ -1,11 +1,13 @@
-"""How fast is generated code? A hand-scheduled fp32 matmul against numpy's BLAS, plus compile times.
+"""How fast is generated code? The dense template's default kernel against numpy's BLAS, plus compile times.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python experiments/bench_codegen_dense.py [--size 1024]
 
-The kernel is `relay_tune.codegen.reference_kernels.packed_matmul`: B packed into 32-column panels, an
-8x32 register tile (16 AVX-512 accumulators), k unrolled 4x, parallel over panels. It is timed on one
-core and on all cores, alternating with numpy's matmul in the same process (threadpoolctl limits the
-BLAS threads and reports which BLAS kernel runs). Each figure is the median over rounds.
+The kernel is what relay-tune builds for an untuned `nn.dense` of two n x n matrices with a constant weight: the
+dense template of `search_space.cpu` at its default config (weight packed into column panels two vectors wide once,
+ahead of time; a register tile of up to 8 rows x 2 vectors; k unrolled 4x; parallel over the tiles when the target
+has several cores). It is timed on one core and on all cores, alternating with numpy's matmul in the same process
+(threadpoolctl limits the BLAS threads and reports which BLAS kernel runs). Each figure is the median over rounds.
+Compile times are those of the same kernel and of the default ResNet-50 3x3 convolution kernel.
 
 OpenBLAS worker threads spin for a while after each call and would steal cycles from the next
 measurement, so the script pauses between the two libraries. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in
@@ -22,10 +24,11 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from relay_tune.codegen.llvm import build_llvm, compile_object
-from relay_tune.codegen.reference_kernels import conv2d_nchwc, packed_matmul
+from relay_tune.codegen.llvm import compile_object
+from relay_tune.kernel.build import build_primitive
 from relay_tune.runtime.kernel import time_kernel
 from relay_tune.target import Target
+from relay_tune.tuning.operator_tasks import dense, resnet50_conv3x3
 
 
 def gflops(flops: float, seconds: float) -> float:
@@ -83,20 +86,28 @@ def main() -> None:
     with threadpool_limits(limits=1, user_api="blas"):
         np.matmul(a, b, out=expected)
 
-    func = packed_matmul(n, n, n)
+    # nn.dense computes x @ w.T: the weight is b transposed
+    weight = np.ascontiguousarray(b.T)
     kernels = {}
+    funcs = {}
     for threads in sorted({1, cores}):
-        kernels[threads] = build_llvm([func], host.with_cores(threads)).get(func.name)
-        kernels[threads](a, b, out)
+        target = host.with_cores(threads)
+        task = dense(n, n, n, target=str(target))
+        print(f"{threads} core(s): default config {dict(task.default_config())}")
+        compiled = build_primitive(task.func, target, task.steps(task.default_config()))
+        arguments = compiled.packing.kernel_arguments([a, weight], [out], {1: compiled.packing.pack_input(1, weight)})
+        kernels[threads] = (compiled.kernel, arguments)
+        funcs[threads] = compiled.prim_func
+        compiled.kernel(*arguments)
         error = float(np.abs(out - expected).max())
         assert error < 1e-2 * np.sqrt(n), f"generated matmul is wrong (max error {error})"
     number = max(1, int(0.2 / (flops / 100e9)))
 
     results: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.rounds):
-        for threads, kernel in kernels.items():
+        for threads, (kernel, arguments) in kernels.items():
             time.sleep(args.settle)
-            cost = statistics.median(time_kernel(kernel, [a, b, out], number=number, repeat=3))
+            cost = statistics.median(time_kernel(kernel, arguments, number=number, repeat=3))
             results.setdefault(("relay-tune", threads), []).append(cost)
             time.sleep(args.settle)
             cost = time_numpy(a, b, out, threads, number, repeat=3)
@@ -112,9 +123,10 @@ def main() -> None:
         print(f"{threads:>8} {cells[0]:>22} {cells[1]:>22}")
 
     print("\ncompile time (lower + parse + O3 + object code), median of 5:")
-    conv = conv2d_nchwc(1, 64, 56, 56, 64)
-    for label, funcs in ((f"packed_matmul {n}^3", [func]), ("conv2d_nchwc 1x64x56x56 -> 64, 3x3", [conv])):
-        total, stages = median_compile_seconds(funcs, host)
+    conv = resnet50_conv3x3(target=str(host))
+    conv_func = conv.lower(conv.default_config())
+    for label, chosen in ((f"dense {n}^3", [funcs[cores]]), ("conv2d 1x64x56x56 -> 64, 3x3", [conv_func])):
+        total, stages = median_compile_seconds(chosen, host)
         detail = ", ".join(f"{k[:-2]} {v * 1e3:.0f} ms" for k, v in stages.items())
         print(f"  {label}: {total * 1e3:.0f} ms ({detail})")
     print(f"load average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")

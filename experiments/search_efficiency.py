@@ -7,8 +7,8 @@ transfer from other workloads).
 
 Workloads: dense 1024x1024x1024, a ResNet-50 3x3 conv2d (1x64x56x56, 64 filters, pad 1) and a MobileNet-v2
 depthwise 3x3 conv2d (1x144x56x56, pad 1). By default each is a one-operator Relay model whose weight is a
-constant, tuned as `relay-tune` tunes a model's task (`RelayTuneTask`, the schedule spaces of `search_space.cpu`);
-`--spaces template` uses the schedule-template tasks of `cost_model.template_tasks` instead. Kernels run on one
+constant, tuned as `relay-tune` tunes a model's task (`RelayTuneTask`, the schedule templates and spaces of
+`search_space.cpu`). Kernels run on one
 core (`--cores`). Every run goes through the real tuning loop (`relay_tune.tuning.tune`: search strategy, parallel
 builder, process-isolated runner with the model tuner's timing settings, JSON-lines log). "xgb-transfer" for a
 workload warms its model with the "xgb" logs of the other two workloads (same seed), so the xgb runs of every
@@ -40,12 +40,11 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cost_model.template_tasks import TemplateTask, dense_1024, mobilenet_depthwise, resnet50_conv3x3
 from relay_tune.tuning import (
     BuildResult,
     ErrorKind,
@@ -80,11 +79,6 @@ def @main(%x: Tensor[(1, 144, 56, 56), float32], %w: Tensor[(144, 1, 3, 3), floa
   nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=144, channels=144, kernel_size=[3, 3])
 }""", (144, 1, 3, 3)),
 }
-TEMPLATE_WORKLOADS: dict[str, Callable[[int], TemplateTask]] = {
-    "dense": lambda cores: TemplateTask("dense", dense_1024().shape, num_cores=cores),
-    "conv2d": lambda cores: TemplateTask("conv2d", resnet50_conv3x3().shape, num_cores=cores),
-    "depthwise": lambda cores: TemplateTask("depthwise_conv2d", mobilenet_depthwise().shape, num_cores=cores),
-}
 WORKLOADS = tuple(RELAY_WORKLOADS)
 
 
@@ -104,8 +98,7 @@ def relay_task(name: str, cores: int) -> Any:
     return task
 
 
-def make_task(name: str, spaces: str, cores: int) -> Any:
-    return relay_task(name, cores) if spaces == "relay" else TEMPLATE_WORKLOADS[name](cores)
+SPACES = "relay"  # part of the measurement cache's file names (the spaces are the model tuner's)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -295,7 +288,7 @@ def remeasure_leaders(outcomes: list[RunOutcome], tasks: dict[str, Any], args: a
     timing. Not the fastest over all rounds: on a shared 2-core machine a single-threaded kernel also runs *faster*
     than usual while the other core idles (a higher turbo clock), and the fastest of three rounds let one config
     of the dense plateau time 185 GFLOPS once and 164-167 in five later rounds, setting a bar nothing else reached.
-    Results are kept in `<out>/measurements/<workload>-<spaces>-remeasured.jsonl`; a rerun only times configs not
+    Results are kept in `<out>/measurements/<workload>-relay-remeasured.jsonl`; a rerun only times configs not
     there yet.
     Configs below the share keep their first measurement: they cannot reach the bar unless the best drops by more
     than the margin, which is checked.
@@ -313,7 +306,7 @@ def remeasure_leaders(outcomes: list[RunOutcome], tasks: dict[str, Any], args: a
                 first[config.key] = (config, gflops)
         best = max(g for _, g in first.values())
         leaders = [config for config, g in first.values() if g >= args.remeasure_share * best]
-        store = args.out / "measurements" / f"{workload}-{args.spaces}-remeasured.jsonl"
+        store = args.out / "measurements" / f"{workload}-{SPACES}-remeasured.jsonl"
         values: dict[str, float] = {}
         if store.exists():
             for line in store.read_text().splitlines():
@@ -522,8 +515,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--also-share", type=float, nargs="*", default=[0.98],
                         help="also print trials to reach these shares of the best (default: 0.98)")
     parser.add_argument("--remeasure-rounds", type=int, default=5, help="interleaved rounds of the re-measurement")
-    parser.add_argument("--spaces", choices=("relay", "template"), default="relay",
-                        help="relay: Relay tasks with the model tuner's spaces; template: cost_model.template_tasks")
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.strategies = [s for s in args.strategies.split(",") if s]
@@ -535,8 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown strategy {s!r}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
     order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", (STRATEGIES + ABLATIONS).index(s)))
-    tasks = {w: make_task(w, args.spaces, args.cores) for w in args.workloads}
-    caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{args.spaces}.jsonl") for w, t in tasks.items()}
+    tasks = {w: relay_task(w, args.cores) for w in args.workloads}
+    caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{SPACES}.jsonl") for w, t in tasks.items()}
     # The model tuner's timing (`tune_model.default_runner`): three timings of at least 40 ms, a warm-up call and a
     # correctness check per config.
     runner: Runner = LocalRunner(timeout=args.timeout, number=1, repeat=3, min_repeat_ms=40.0, warmup=1)

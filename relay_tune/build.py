@@ -908,6 +908,8 @@ def _lower_one(
     tuned = steps is not None
     if steps is None and lookup is not None:
         untuned.append(f"{spec.key[:12]} {spec.description}")
+    if steps is None:
+        steps = _default_steps(spec, target)
     try:
         primfunc, bindings = lower_task(spec.func, target, steps, kernel_name)
     except RelayTuneError as err:
@@ -920,9 +922,18 @@ def _lower_one(
             stacklevel=3,
         )
         tuned = False
-        primfunc, bindings = lower_task(spec.func, target, None, kernel_name)
+        primfunc, bindings = lower_task(spec.func, target, _default_steps(spec, target), kernel_name)
     return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=tuned, kernel_name=kernel_name,  # type: ignore[arg-type]
                        lower_seconds=time.perf_counter() - begin)
+
+
+def _default_steps(spec: Any, target: Target) -> list[Any]:
+    """The default schedule of a task: its family template at the default config of its workload, weights that
+    are constants at every call site counted as constants (the same config the tuner measures and logs first)."""
+    from relay_tune.tuning.relay_task import constant_inputs
+    from search_space.defaults import default_steps
+
+    return default_steps(spec.func, target, constant_inputs(spec))
 
 
 class _CallableModule(types.ModuleType):

@@ -2,8 +2,12 @@
 
     workload = analyze(prim, target, constant_inputs)   # prim: relay_tune.kernel.compute.primitive_compute(func)
     space = cpu_space(workload)                          # knobs + constraints (invalid configs never get built)
-    config = default_config(workload)                    # the point that stands for the built-in default schedule
+    config = default_config(workload)                    # the untuned config, chosen by a rule from the shapes
     steps = config_to_steps(prim, config, target)        # replayable `Step`s for `lower_primitive`
+
+This module is the only code that schedules a CPU kernel: one template per operator family below. The default
+schedule an untuned build runs is the family's template at `default_config(workload)` (`search_space.defaults`),
+and the tuner measures and logs that same config first.
 
 A config is plain data; its `family` knob names the template. The template is deterministic: the same config gives
 the same steps in every process, which is what makes a tuning log a recipe for the build. Tiles need not divide
@@ -11,7 +15,7 @@ their loops (lowering peels or guards the tails), so every config of a space is 
 configs that cannot be fast (an accumulator tile that spills out of the vector registers) or that would describe
 the same schedule as another config (a duplicate costs a measurement).
 
-Families (`family_of`, the same dispatch as `relay_tune.kernel.default_schedule`) and their knobs:
+Families (`family_of`) and their knobs:
 
 - **dense** / **batch_matmul**: `tile_m` and `tile_n` split the output rows / columns in three levels
   (blocks, register tiles per block, register tile); the inner column factor is the vector width and, for dense,
@@ -63,6 +67,7 @@ __all__ = [
     "default_config",
     "family_of",
     "format_space_table",
+    "input_index",
     "vector_registers",
 ]
 
@@ -77,6 +82,14 @@ MAX_VECTOR = 64  # lanes of a vectorized tile axis
 MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
+
+PARALLEL_MIN_WORK = 1 << 18
+"""Below this much work (output elements times reduction size) a default kernel runs on one core: starting a
+parallel region costs more than it saves. Kernels of up to 2^18 iterations take 4-190 us on one core
+(`experiments/parallel_threshold.py`), too little to pay for waking and joining another thread. In a 1,000-trial
+ResNet-50 log the best configs of the tasks below this were serial in 4 of 5 cases (bias + activation on
+1x3x224x224 and 1x2048x7x7, global average pooling of 1x2048x7x7; not bias + activation on 1x1024x14x14); every
+convolution, and the final dense (2M), stay parallel."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,12 +189,10 @@ def _work(stage: Any) -> int:
 
 
 def _parallel_worthwhile(target: Any, work: int) -> bool:
-    from relay_tune.kernel.default_schedule import PARALLEL_MIN_WORK
-
     return target.num_cores > 1 and work >= PARALLEL_MIN_WORK
 
 
-def _input_index(tensor: Any) -> int | None:
+def input_index(tensor: Any) -> int | None:
     """The parameter number of a kernel input placeholder (`p3` -> 3, `p1.0` -> 1)."""
     name = str(tensor.name)
     if not name.startswith("p"):
@@ -191,7 +202,7 @@ def _input_index(tensor: Any) -> int | None:
 
 
 def family_of(prim: Any) -> str:
-    """The template family of a fused function (the dispatch of the default CPU schedule)."""
+    """The template family of a fused function."""
     from relay_tune.kernel.schedule import Schedule
 
     sch = Schedule(prim.outputs)
@@ -249,7 +260,7 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         m = axes[-2].extent if batched else math.prod(ax.extent for ax in axes[:-1])
         dims = {"batch": axes[0].extent if batched else 1, "m": m, "n": axes[-1].extent,
                 "k": anchor.op.reduce_axes[0].extent}
-        index = _input_index(weight) if weight is not None else None
+        index = input_index(weight) if weight is not None else None
         return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
                            constant_weight=index is not None and index in constants,
                            default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
@@ -261,7 +272,7 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         reduce_extents = [ax.extent for ax in anchor.op.reduce_axes]
         taps = math.prod(reduce_extents[-2:]) if len(reduce_extents) >= 2 else 1
         weight = _conv_weight(anchor, 3 if family in ("conv2d_nhwc", "conv2d_nchw_cl") else 1)
-        index = _input_index(weight) if weight is not None else None
+        index = input_index(weight) if weight is not None else None
         call = prim.anchor_call
         layout = str(call.attrs.get("kernel_layout", "OIHW")) if call is not None else "OIHW"
         dims = {"n": n, "c": c, "h": h, "w": w, "taps": taps, "reduce_loops": len(reduce_extents),
@@ -553,7 +564,7 @@ def _conv_reduction_knobs(workload: CpuWorkload) -> list[Knob]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Default configs: the built-in default schedule's choices, as a point of the space
+# Default configs: the rule that picks the untuned config from a workload's shapes
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -567,9 +578,9 @@ def _closest_factor(knob: SplitKnob, wanted: int) -> int:
 
 
 def default_config(workload: CpuWorkload) -> Config:
-    """The config that stands for the built-in default schedule (`relay_tune.kernel.default_schedule`), valid in
-    `cpu_space(workload)`. Its knob values mirror the default's choices; `config_to_steps` gives the default
-    schedule's own steps for it, so the tuner's baseline is exactly what an untuned build runs."""
+    """The untuned config of a workload, valid in `cpu_space(workload)`: the rule below picks each knob from the
+    shapes (register tiles as large as the vector registers allow, parallel wherever the work pays for a parallel
+    region). The default schedule is the family template at this config, and the tuner's first measurement."""
     space = cpu_space(workload)
     values = _default_values(workload, space)
     config = Config({name: values[name] for name in space.names})

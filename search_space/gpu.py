@@ -9,7 +9,7 @@ Families and knobs:
 - matmul with shared-memory staging: `tile_m` / `tile_n` split the output rows / columns into (blocks, threads,
   per-thread) with exact divisors (the schedule needs tiles that divide the output); `tile_k` is the reduction
   step staged per barrier, `vector` the width of the cooperative global loads, `unroll_k` unrolls the step.
-  Constraints: threads per block in [32, 1024]; shared memory (both operand tiles) within the architecture's
+  Constraints: threads per block in [16, 1024]; shared memory (both operand tiles) within the architecture's
   limit (227 KiB on sm_90, 48 KiB where unknown); an estimated register count (accumulators, operands and
   addressing) within 255 per thread and 64 K per block; `vector` dividing `tile_k` and the reduction length.
 - matmul without divisor tilings ("direct"): `tile_m` / `tile_n` any sizes (tails are guarded), no shared memory.
@@ -34,6 +34,7 @@ __all__ = [
     "config_to_params",
     "config_to_steps",
     "default_config",
+    "steps_of_prim",
     "estimate_registers",
     "gpu_space",
 ]
@@ -128,7 +129,9 @@ def gpu_space(prim: Any, arch: str = "sm_90") -> Space:
     if family == "matmul":
         _, m, n, k = dims
         if getattr(default_params(prim), "shared", False):  # the shapes admit divisor tilings
-            k_choices = [c for c in (4, 8, 16, 32, 64) if c <= k and k % c == 0] or [k]
+            # the default's reduction step (16 where nothing divides) is always a choice
+            k_choices = sorted({c for c in (4, 8, 16, 32, 64) if c <= k and k % c == 0}
+                               | {getattr(default_params(prim), "block_k", 16)})
             knobs: list[Knob] = [
                 ChoiceKnob("family", ["matmul"]),
                 SplitKnob("tile_m", m, levels=3, policy="factors", max_factor=64),
@@ -138,7 +141,8 @@ def gpu_space(prim: Any, arch: str = "sm_90") -> Space:
                 BoolKnob("unroll_k"),
             ]
             constraints = [
-                Constraint("threads per block in [32, 1024]", functools.partial(_threads_ok, low=32)),
+                # 16 at least: the default takes half-warp blocks where the output has no larger divisor tiling
+                Constraint("threads per block in [16, 1024]", functools.partial(_threads_ok, low=16)),
                 Constraint("tiles divide the output", functools.partial(_divides_output, m=m, n=n)),
                 Constraint("shared memory fits", functools.partial(
                     _shared_fits, limit=max_shared_bytes(arch), itemsize=_itemsize(prim))),
@@ -224,13 +228,20 @@ def default_config(prim: Any, arch: str = "sm_90") -> Config:
     return space.sample(np.random.default_rng(0))
 
 
+def steps_of_prim(prim: Any, config: Config | Any) -> list[Any]:
+    """The schedule steps of a config for a fused function's tensor expressions: the family template
+    (`relay_tune.kernel.gpu_schedule.gpu_schedule`) at the config's parameters. The only way GPU schedules are made:
+    the default schedule is this at `default_config(prim)`."""
+    from relay_tune.kernel.gpu_schedule import gpu_schedule
+
+    if not isinstance(config, Config):
+        config = Config(dict(config))
+    return gpu_schedule(prim, config_to_params(prim, config))
+
+
 def config_to_steps(func: Any, config: Config | Any, target: Any = None) -> list[Any]:
     """The schedule steps a GPU tuning config stands for, for fused function `func` (used by `relay_tune.build`
     to apply tuning logs on cuda targets)."""
     from relay_tune.kernel.compute import primitive_compute
-    from relay_tune.kernel.gpu_schedule import gpu_schedule
 
-    prim = primitive_compute(func)
-    if not isinstance(config, Config):
-        config = Config(dict(config))
-    return gpu_schedule(prim, config_to_params(prim, config))
+    return steps_of_prim(primitive_compute(func), config)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from cost_model.features import LOOP_NEST_SCHEMA
-from cost_model.template_tasks import TemplateTask
 from cost_model.transfer import WORKLOAD_EVENT
 from cost_model.xgb_model import CostModelError, XGBCostModel, model_path_for_log
 from relay_tune.tuning import (
@@ -33,15 +32,17 @@ from relay_tune.tuning import (
     tune,
 )
 from relay_tune.tuning.builder import Builder
+from relay_tune.tuning.operator_tasks import conv2d, dense
+from relay_tune.tuning.relay_task import RelayTuneTask
 from relay_tune.tuning.runner import Runner
 from relay_tune.tuning.search import random_search
 from relay_tune.tuning.testing import MatmulTask
 from relay_tune.tuning.xgb_search import CostModelHub, XGBSearch, xgb_search
 from search_space import Config
 
-DENSE = TemplateTask("dense", (64, 48, 40))
-CONV = TemplateTask("conv2d", (1, 8, 14, 14, 16, 3, 3, 1, 1))
-DW = TemplateTask("depthwise_conv2d", (1, 16, 14, 14, 3, 3, 1, 1))
+DENSE = dense(64, 48, 40)
+CONV = conv2d(1, 8, 14, 14, 16, 3, pad=1)
+DW = conv2d(1, 16, 14, 14, 16, 3, pad=1, groups=16)
 # Smaller candidate pools than the defaults keep these tests fast; the logic exercised is the same.
 FAST = {"pool_random": 32, "top_k": 4, "generations": 1, "population": 6}
 
@@ -54,20 +55,21 @@ def _log2(value: object) -> float:
 def synthetic_cost(task: object, config: Config) -> float | None:
     """Seconds a config 'takes': a smooth function of register tiling, vector width, unrolling and packing with one
     best region, plus configs that 'crash' (a corner of the space), as real spaces have."""
-    if isinstance(task, TemplateTask) and task.kind == "dense":
-        rows, cols, ku = _log2(config["tile_i"]), _log2(config["tile_j"]), _log2(config["tile_k"])
-        if rows + cols >= 9:
+    family = task.family if isinstance(task, RelayTuneTask) else ""
+    if family == "dense":
+        rows, cols, ku = _log2(config["tile_m"]), _log2(config["tile_n"]), _log2(config["tile_k"])
+        if rows + cols >= 8:
             return None
         penalty = (rows - 2) ** 2 + 0.7 * (cols - 4) ** 2 + 0.3 * (ku - 2) ** 2
-        penalty += 1.5 * (not config["pack_weight"]) + 0.5 * (not config["unroll_rows"])
-        penalty += 0.4 * (config["order"] == "j_outer") + 0.2 * _log2((config["tile_i"][1],))  # type: ignore[index]
-    elif isinstance(task, TemplateTask) and task.kind == "conv2d":
-        fi, xi, rc = _log2(config["tile_f"]), _log2(config["tile_x"]), _log2(config["tile_rc"])
-        penalty = (fi - 2) ** 2 + 0.8 * (xi - 2.8) ** 2 + 0.2 * (rc - 1) ** 2 + 0.5 * (config["pad"] != "inline")
-        penalty += 0.3 * (config["reduce_order"] != "rc_outer") + 0.2 * (not config["unroll_kw"])
-    elif isinstance(task, TemplateTask):
-        ci, xi = _log2(config["tile_c"]), _log2(config["tile_x"])
-        penalty = 0.5 * (ci - 1) ** 2 + 0.8 * (xi - 2.8) ** 2 + 1.0 * (not config["cache_accumulator"])
+        penalty += 1.5 * (not config["pack_b"]) + 0.4 * (config["order"] == "mn")
+        penalty += 0.2 * _log2((config["tile_m"][1],))  # type: ignore[index]
+    elif family in ("conv2d_nchw", "conv2d_nchw_cl"):
+        fi, xi, ic = _log2(config["tile_c"]), _log2(config["tile_w"]), _log2(config["tile_ic"])
+        penalty = (fi - 3) ** 2 + 0.8 * (xi - 2) ** 2 + 0.2 * (ic - 1) ** 2 + 0.5 * (config["pad"] != "inline")
+        penalty += 0.3 * (config["reduce_order"] != "hw_c") + 0.2 * (not config["unroll_kw"])
+    elif family:
+        hi, xi = _log2(config["tile_h"]), _log2(config["tile_w"])
+        penalty = 0.5 * (hi - 1) ** 2 + 0.8 * (xi - 2.8) ** 2 + 1.0 * (config["pad"] != "root")
     else:  # the knob-only MatmulTask
         penalty = _log2(config["tile_n"]) * 0.3 + (config["order"] == "ijk")
     return 1e-3 * (1.0 + penalty)
@@ -205,8 +207,8 @@ def trials_to_reach(records: list[TuningRecord], target_cost: float) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", [DENSE, CONV], ids=lambda t: t.kind)
-def test_xgb_needs_fewer_trials_than_random(task: TemplateTask, tmp_path: Path) -> None:
+@pytest.mark.parametrize("task", [DENSE, CONV], ids=lambda t: t.family)
+def test_xgb_needs_fewer_trials_than_random(task: RelayTuneTask, tmp_path: Path) -> None:
     """On a synthetic objective the model-guided search reaches a near-best config in far fewer trials."""
     best = 1e-3
     target = best / 0.8  # 80% of the best possible throughput
@@ -217,16 +219,16 @@ def test_xgb_needs_fewer_trials_than_random(task: TemplateTask, tmp_path: Path) 
             factory = random_search(seed=seed) if name == "random" else xgb_search(None, seed=seed, plan_size=16)
             needed[name].append(trials_to_reach(run_tune(task, 160, log, factory, seed), target))
     random_median, xgb_median = statistics.median(needed["random"]), statistics.median(needed["xgb"])
-    print(f"{task.kind}: trials to 80% of the optimum, random {needed['random']}, xgb {needed['xgb']}")
+    print(f"{task.family}: trials to 80% of the optimum, random {needed['random']}, xgb {needed['xgb']}")
     assert xgb_median < 160
     assert xgb_median <= 0.6 * random_median
 
 
 def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
     for other in (DENSE, CONV):
-        log = tmp_path / f"{other.kind}.jsonl"
+        log = tmp_path / f"{other.family}.jsonl"
         run_tune(other, 64, log, xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST))
-    factory = xgb_search(None, seed=0, transfer_from=[tmp_path / "dense.jsonl", tmp_path / "conv2d.jsonl"])
+    factory = xgb_search(None, seed=0, transfer_from=[tmp_path / "dense.jsonl", tmp_path / "conv2d_nchw_cl.jsonl"])
     search = factory(DW, MemoryDatabase())
     assert isinstance(search, XGBSearch)
     hub = search.hub
@@ -267,7 +269,7 @@ def test_screening_bounds_the_configs_lowered_per_plan() -> None:
     search.close()
 
 
-def _knobs_changed(a: Config, b: Config, task: TemplateTask) -> int:
+def _knobs_changed(a: Config, b: Config, task: RelayTuneTask) -> int:
     return sum(1 for name in task.space.names if a[name] != b[name])
 
 

@@ -36,13 +36,13 @@ from relay_tune.ir import (
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.build import build_primitive, kernel_name, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.default_schedule import default_schedule
 from relay_tune.kernel.schedule import Schedule, ScheduleError
 from relay_tune.op.registry import get_op
 from relay_tune.passes import FuseOps, PassConfig, extract_tasks, optimize
 from relay_tune.target import Target
 from relay_tune.testing import zoo
 from relay_tune.type_infer import infer_types
+from search_space.defaults import default_steps
 
 RNG = np.random.default_rng(3)
 
@@ -247,15 +247,13 @@ def test_dense_weights_are_packed_ahead() -> None:
 def test_default_steps_replay_from_json() -> None:
     func = dense_relu()
     target = Target.host()
-    steps = default_schedule(primitive_compute(func), target)
+    steps = default_steps(primitive_compute(func), target, constants=None)
     as_json = json.loads(json.dumps([s.to_json() for s in steps]))
     replayed, _ = lower_primitive(func, target, as_json, name="k")
     direct, _ = lower_primitive(func, target, name="k")
     assert analysis.structurally_equal(replayed, direct)
-    # the same steps from the function itself, or from its tuning task
-    assert default_schedule(func, target) == steps
-    (task,) = extract_tasks(infer_types(IRModule({"main": Function(func.params, Call(func, func.params))})))
-    assert default_schedule(task, target) == steps
+    # the same steps from the function itself
+    assert default_steps(func, target, constants=None) == steps
 
 
 def test_custom_steps_replace_the_default() -> None:

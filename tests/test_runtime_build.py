@@ -17,13 +17,14 @@ from relay_tune.errors import RelayTuneError, UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.default_schedule import default_schedule
 from relay_tune.kernel.schedule import Split
 from relay_tune.passes import extract_tasks, optimize
 from relay_tune.runtime.model import PACKING_TASK, CompiledModel
 from relay_tune.target import Target
 from relay_tune.text import parse_module
+from relay_tune.tuning.relay_task import constant_inputs
 from relay_tune.type_infer import infer_types
+from search_space.defaults import default_steps
 
 RNG = np.random.default_rng(3)
 
@@ -99,10 +100,16 @@ def test_params_become_constants_and_are_checked(mlp: IRModule) -> None:
 
 
 def test_weights_given_at_run_time_are_packed_by_a_kernel(mlp: IRModule) -> None:
-    model = relay_tune.build(mlp)  # the dense weights are inputs now: packed on every run
+    # The default packs only model constants (a packed input costs a copy on every run); a schedule that packs an
+    # input weight (here: the template's default as if the weights were constants) gets a packing kernel.
+    assert not any(c.task == PACKING_TASK for c in relay_tune.build(mlp).plan.calls)
+    tasks = task_keys(mlp, {})
+    host = resolve_target("llvm")
+    model = relay_tune.build(mlp, logs=lambda key, _t: [
+        s.to_json() for s in default_steps(primitive_compute(tasks[key].func), host, constants=None)])
     assert model.input_names == ["x", "w1", "b1", "w2"]
     packers = [c for c in model.plan.calls if c.task == PACKING_TASK]
-    assert packers, "the default dense schedule reads its weight packed"
+    assert packers, "the steps read the dense weights packed"
     check(model, mlp)
     assert any(r.description == "weight packing" for r in model.profile(repeat=1))
 
@@ -162,7 +169,7 @@ def test_lookup_supplies_steps_per_task(mlp: IRModule) -> None:
         # An unscheduled kernel for the first task, the default steps (as JSON) for the others.
         if key == next(iter(tasks)):
             return []
-        return [s.to_json() for s in default_schedule(primitive_compute(tasks[key].func), target)]
+        return [s.to_json() for s in default_steps(primitive_compute(tasks[key].func), target)]
 
     model = relay_tune.build(mlp, params=params, logs=lookup)
     assert sorted(asked) == sorted((k, str(host)) for k in tasks)
@@ -207,7 +214,8 @@ def test_tuning_logs_by_path(mlp: IRModule, tmp_path: Path) -> None:
     log = tmp_path / "tuning.jsonl"
     lines = []
     for key, task in tasks.items():
-        steps = [s.to_json() for s in default_schedule(primitive_compute(task.func), Target.parse(target))]
+        steps = [s.to_json() for s in default_steps(primitive_compute(task.func), Target.parse(target),
+                                                    constant_inputs(task))]
         for cost, chosen in ((2e-3, []), (1e-3, steps)):  # the faster record (default steps) must win
             lines.append(TuningRecord(key, target, Config({"steps": json.dumps(chosen)}), (cost,)).to_json())
     other_target = TuningRecord(next(iter(tasks)), "llvm -mcpu=znver4 -num-cores=7", Config({"steps": "[]"}), (1e-9,))

@@ -2,7 +2,7 @@
 
 Every family's template must give a correct kernel for every config of its space, tails included: random configs
 are compiled and checked against the interpreter. Also: which family a workload gets, constraints rejecting
-configs before anything is built, the default config standing for the built-in default schedule, packing of
+configs before anything is built, the default config being the default schedule, packing of
 constant weights only, the dense 1024^3 space holding the reference kernel's structure, artifacts that pass the
 runner's own check, pickling to build workers, the build's decoder of logged configs, short target names in logs,
 and a table of space sizes for zoo models (`pytest -s` shows it).
@@ -23,7 +23,6 @@ from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
 from relay_tune.kernel.build import build_primitive, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.default_schedule import default_schedule
 from relay_tune.kernel.schedule import LayoutTransform
 from relay_tune.target import Target
 from relay_tune.text import parse_module
@@ -40,6 +39,7 @@ from search_space.cpu import (
     format_space_table,
     vector_registers,
 )
+from search_space.defaults import default_steps
 
 HOST = resolve_target("llvm")
 ONE_CORE = resolve_target("llvm -num-cores=1")
@@ -291,13 +291,15 @@ def @main(%x: Tensor[(1024, 1024), float32], %w: Tensor[(1024, 1024), float32]) 
 
 
 @pytest.mark.parametrize("name", ["dense", "conv2d_nchw", "conv2d_nchw_cl", "depthwise", "pool", "injective"])
-def test_default_config_stands_for_the_default_schedule(name: str) -> None:
+def test_default_config_is_the_default_schedule(name: str) -> None:
     task = task_of(name)
-    default_steps = default_schedule(primitive_compute(task.func), task.target_info)
-    assert task.steps(task.default_config()) == default_steps
-    # the build's decoder agrees
+    steps = default_steps(primitive_compute(task.func), task.target_info, task.constants)
+    assert task.steps(task.default_config()) == steps
+    # the build's decoder of the logged default config agrees
     decoded = config_to_steps(task.func, task.default_config().to_dict(), task.target_info)
-    assert decoded == default_steps
+    assert decoded == steps
+    # and other configs are other schedules (the comparison can fail)
+    assert any(task.steps(task.space.sample(RNG)) != steps for _ in range(20))
 
 
 def test_decoder_turns_logged_configs_into_template_steps() -> None:

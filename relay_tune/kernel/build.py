@@ -6,7 +6,8 @@
 
 `func` is a type-checked `Function` with `Primitive=1` as FuseOps produces (any function whose body is a
 DAG of operator calls over its parameters works). `steps` / `schedule_steps` are schedule steps (or
-their JSON dicts) for the function's tensor expressions; None uses `default_schedule`.
+their JSON dicts) for the function's tensor expressions; None uses the default schedule
+(`search_space.defaults.default_steps`: the family template at its default config).
 
 Kernel arguments are flat buffers: the logical inputs (tuple parameters flattened), some of them packed
 into a blocked layout by the schedule (`transform_layout`, e.g. dense weights into column panels), then
@@ -31,7 +32,6 @@ from relay_tune.ir.traversal import post_order
 from relay_tune.ir.types import TupleType
 from relay_tune.kernel import tir
 from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
-from relay_tune.kernel.default_schedule import default_schedule
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import LayoutTransform, Schedule, Step
 from relay_tune.passes.extract_tasks import workload_key
@@ -132,11 +132,19 @@ def lower_primitive(
     """The loop-nest kernel of a primitive function and how to call it.
 
     `steps` replace the default schedule; `prim` (the function's tensor expressions, when the caller
-    already built them) saves recomputing them.
+    already built them) saves recomputing them. The default treats every input as a constant the schedule
+    may pack (a kernel called on its own packs on every call); `relay_tune.build` says which inputs are model
+    constants and passes the default steps of the model's task instead.
     """
     target = target or Target.host()
     prim = prim or primitive_compute(func)
-    chosen = default_schedule(prim, target) if steps is None else _as_steps(steps)
+    if steps is None:
+        # Schedules are made by the templates of search_space, a layer above this one; `None` is a convenience
+        # for callers (tests, benchmarks) that want the default without asking for it.
+        from search_space.defaults import default_steps
+
+        steps = default_steps(prim, target, constants=None)
+    chosen = _as_steps(steps)
     schedule = Schedule.replay(chosen, prim.outputs)
     prim_func = lower(schedule, name or kernel_name(func))
     return prim_func, _packing_info(prim, schedule, prim_func)

@@ -1,10 +1,13 @@
-"""Default GPU schedules: how each operator family runs on an NVIDIA GPU, as replayable schedule steps.
+"""GPU schedule templates: how each operator family runs on an NVIDIA GPU, as replayable schedule steps.
 
-`gpu_schedule(prim, params)` schedules the tensor expressions of a fused function
-(`relay_tune.kernel.compute.primitive_compute`) with explicit parameters; `default_gpu_schedule(prim, target)`
-picks the parameters from the shapes. Both return `Step` lists (plain data, `Schedule.replay`-able), like the
-CPU defaults in `relay_tune.kernel.default_schedule`. Every schedule first inlines the element-wise and
-injective stages into their readers, so a fused epilogue (bias, activation, residual) costs no extra pass.
+`gpu_schedule(prim, params)` is the one template per family: it schedules the tensor expressions of a fused
+function (`relay_tune.kernel.compute.primitive_compute`) with explicit parameters. `default_params(prim)` is the
+rule that picks the untuned parameters from the shapes; `default_gpu_schedule(prim)` is the template at them. The
+search space (`search_space.gpu`) maps its configs onto these parameters, and its `default_config(prim)` is exactly
+`default_params(prim)` (tests/test_default_schedules.py), so the default the tuner logs is what an untuned build
+runs (`search_space.defaults`). Steps are plain data (`Schedule.replay`-able). Every schedule first inlines the
+element-wise and injective stages into their readers, so a fused epilogue (bias, activation, residual) costs no
+extra pass.
 
 Families (`family_of`):
 
@@ -183,6 +186,11 @@ def _pick_tile(extent: int, preferred: Sequence[int]) -> int | None:
     return None
 
 
+def _fitting(extent: int, bound: int) -> int:
+    """The largest count at most `bound` that divides `extent` or is a power of two."""
+    return max(d for d in range(1, bound + 1) if extent % d == 0 or d & (d - 1) == 0)
+
+
 def default_params(prim: PrimitiveCompute, target: Target | None = None) -> ScheduleParams:
     """Shape-based parameters for `prim`'s family (valid for every shape of that family)."""
     family = family_of(prim)
@@ -202,10 +210,11 @@ def default_params(prim: PrimitiveCompute, target: Target | None = None) -> Sche
             bk = _pick_tile(k, (16, 8, 4)) or 16
             vector = 4 if bk % 4 == 0 and k % 4 == 0 else 1
             return MatmulParams(bm, bn, tm, tn, bk, vector, True, True, True)
-        # no divisor gives a useful thread block: direct variant with guarded tails
+        # no divisor gives a useful thread block: direct variant with guarded tails; a power-of-two count of
+        # column threads, so that the config is a point of the search space (`search_space.gpu`)
         tn = 4 if n >= 4 else 1
         tm = 1
-        bn = min(32, -(-n // tn)) * tn
+        bn = (1 << (min(32, -(-n // tn)).bit_length() - 1)) * tn
         bm = max(1, min(8, m, 256 // (bn // tn)))
         return MatmulParams(bm, bn, tm, tn, 16, 1, True, False, False)
     if family == "conv":
@@ -213,8 +222,9 @@ def default_params(prim: PrimitiveCompute, target: Target | None = None) -> Sche
         c, w = anchor.shape[1], anchor.shape[3]
         tile_c = 4 if c >= 16 else 1
         tile_w = 2 if w >= 8 else 1
-        threads_w = min(32, max(1, -(-w // tile_w)))
-        threads_c = max(1, min(-(-c // tile_c), 128 // threads_w, 16))
+        # thread counts that divide their axis or are powers of two: points of the search space's splits
+        threads_w = _fitting(w, min(32, max(1, -(-w // tile_w))))
+        threads_c = _fitting(c, max(1, min(-(-c // tile_c), 128 // threads_w, 16)))
         return ConvParams(tile_c, tile_w, threads_c, threads_w)
     return FlatParams(256, 1)
 

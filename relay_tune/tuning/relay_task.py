@@ -10,8 +10,9 @@ interpreter run on the primitive function itself. Weights that are model constan
 may be packed by a schedule: the build packs them once, and the runner packs them ahead of timing, like the model.
 
 `config_to_steps(func, config, target)` is how the build turns a logged config back into schedule steps (see
-`relay_tune.build.steps_from_config`). The default config stands for the built-in default schedule
-(`relay_tune.kernel.default_schedule`), so the tuner's "default" baseline is exactly what an untuned build runs.
+`relay_tune.build.steps_from_config`). Every config, the default one included, goes through its family's template
+(`search_space.cpu`); an untuned build runs the template at the same default config (`search_space.defaults`), so
+the tuner's "default" baseline, the log's record of it and what an untuned build runs are one kernel.
 """
 
 from __future__ import annotations
@@ -171,12 +172,9 @@ class RelayTuneTask:
         return outputs
 
     def steps(self, config: Config) -> list[Any]:
-        """The schedule steps of a config (the built-in default schedule for the default config)."""
-        from relay_tune.kernel.default_schedule import default_schedule
+        """The schedule steps of a config: its family's template applied to it."""
         from search_space.cpu import config_to_steps as template_steps
 
-        if config == self._default:
-            return list(default_schedule(self._prim, self.target_info))
         return template_steps(self._prim, config, self.target_info)
 
     def lower(self, config: Config) -> Any:
@@ -289,8 +287,7 @@ def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[A
     as JSON text in a `"steps"` knob (hand-pinned schedules).
     """
     from relay_tune.kernel.compute import primitive_compute
-    from relay_tune.kernel.default_schedule import default_schedule
-    from search_space.cpu import FAMILIES, analyze, cpu_space, default_config
+    from search_space.cpu import FAMILIES, analyze, cpu_space
     from search_space.cpu import config_to_steps as template_steps
 
     steps = config.get("steps")
@@ -316,13 +313,11 @@ def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[A
         raise RelayTuneError(
             f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
             "schedule space of this workload (a log written by another relay-tune version?)")
-    if config == default_config(workload):
-        return list(default_schedule(prim, target))
     return template_steps(prim, config, target)
 
 
 def _weight_params(prim: Any) -> tuple[int, ...]:
     """Every parameter number of the function (packing decides by the config; any weight may be packed)."""
-    from search_space.cpu import _input_index
+    from search_space.cpu import input_index
 
-    return tuple(i for i in (_input_index(t) for t in prim.inputs) if i is not None)
+    return tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)

@@ -1,0 +1,222 @@
+"""The default schedule is the family template at the default config, for every task of every model the tests build.
+
+What an untuned model build runs (`relay_tune.build`) and what the tuner measures and logs as the task's default
+config (`RelayTuneTask.lower(task.default_config())`) are lowered and compared loop nest by loop nest; a special
+case on either path (a hand-written default, a config that stands for something else) makes them differ. Also: no
+default kernel runs on one core where there is work enough for several, and the GPU default config is exactly the
+default rule's parameters.
+
+To cover more models, add them to `MODELS` (a name and a function returning the module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from relay_tune.build import _lower_one, is_pure_reshape, resolve_target
+from relay_tune.ir import IRModule
+from relay_tune.kernel import analysis, tir
+from relay_tune.kernel.compute import primitive_compute
+from relay_tune.kernel.gpu_schedule import default_params
+from relay_tune.kernel.schedule import Schedule
+from relay_tune.passes import optimize
+from relay_tune.passes.extract_tasks import extract_tasks
+from relay_tune.target import Target
+from relay_tune.text import load_module, parse_module
+from relay_tune.tuning.relay_task import RelayTuneTask
+from relay_tune.type_infer import infer_types
+from search_space import Config
+from search_space.cpu import PARALLEL_MIN_WORK
+from search_space.gpu import config_to_params
+from search_space.gpu import default_config as gpu_default_config
+from tests.conftest import CORPUS_DIR, REPO_ROOT
+
+# A 4-core target whatever this machine has: parallel decisions do not depend on where the tests run.
+CPU = resolve_target("llvm -num-cores=4")
+CUDA = Target.parse("cuda -arch=sm_90")
+
+_FAMILIES_SOURCE = """#[version = "0.0.5"]
+def @main(%x: Tensor[(2, 9, 24), float32], %w: Tensor[(20, 24), float32], %a: Tensor[(3, 10, 12), float32],
+          %b: Tensor[(3, 19, 12), float32], %img: Tensor[(1, 8, 20, 20), float32], %k: Tensor[(16, 8, 3, 3), float32],
+          %dw: Tensor[(8, 1, 3, 3), float32], %nhwc: Tensor[(1, 9, 9, 8), float32],
+          %kh: Tensor[(3, 3, 8, 24), float32], %g: Tensor[(8, 2, 3, 3), float32]) {
+  %0 = nn.dense(%x, %w);
+  %1 = nn.softmax(%0, axis=-1);
+  %2 = nn.batch_matmul(%a, %b, transpose_b=True);
+  %3 = nn.conv2d(%img, %k, strides=[2, 2], padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]);
+  %4 = nn.conv2d(%img, %dw, padding=[1, 1, 1, 1], groups=8, channels=8, kernel_size=[3, 3]);
+  %5 = nn.conv2d(%nhwc, %kh, padding=[1, 1, 1, 1], channels=24, kernel_size=[3, 3], data_layout="NHWC",
+                 kernel_layout="HWIO");
+  %6 = nn.conv2d(%img, %g, padding=[1, 1, 1, 1], groups=4, channels=8, kernel_size=[3, 3]);
+  %7 = nn.max_pool2d(%4, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1]);
+  %8 = nn.avg_pool2d(%6, pool_size=[2, 2], strides=[2, 2]);
+  %9 = mean(%3, axis=[1], keepdims=True);
+  %10 = sum(%2, axis=[2]);
+  %11 = transpose(%5, axes=[0, 3, 1, 2]);
+  %12 = nn.relu(nn.conv2d(%img, %k, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]));
+  (%1, %2, %7, %8, %9, %10, %11, sigmoid(%x), nn.global_avg_pool2d(%3), %12)
+}
+"""
+
+
+def _families() -> IRModule:
+    """One module with a task of every operator family: dense and batch_matmul, conv2d (strided, grouped,
+    depthwise, NHWC), pooling, reductions, softmax, injective."""
+    return parse_module(_FAMILIES_SOURCE)
+
+
+def _file(path: Path) -> Callable[[], IRModule]:
+    def load() -> IRModule:
+        if not path.is_file():
+            pytest.skip(f"{path} not found")
+        return load_module(path)
+
+    return load
+
+
+# Every model the tests build; a model zoo can be appended here.
+MODELS: dict[str, Callable[[], IRModule]] = {
+    "families": _families,
+    "small_cnn": _file(REPO_ROOT / "relay_tune" / "examples" / "small_cnn.relay"),
+    **{name: _file(CORPUS_DIR / f"{name}.relay") for name in (
+        "tvm_menagerie_mnist", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2_extract",
+        "tvm_menagerie_resnext50_32x4d", "tvm_menagerie_resnet50", "tvm_autoquant_two_conv",
+        "tvm_dfpattern_nhwc_conv")},
+}
+SLOW = {"tvm_menagerie_resnet50", "tvm_menagerie_resnext50_32x4d"}
+
+
+def _specs(name: str) -> list:
+    fused = optimize(infer_types(MODELS[name]()), opt_level=3)
+    return [s for s in extract_tasks(IRModule({"main": fused["main"]})) if not is_pure_reshape(s.func)]
+
+
+def _params() -> list:
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in MODELS]
+
+
+def _renamed(func: tir.PrimFunc) -> tir.PrimFunc:
+    return dataclasses.replace(func, name="kernel")
+
+
+def _built_default(spec: object, target: Target) -> tir.PrimFunc:
+    """The loop nest an untuned `relay_tune.build` runs for a task."""
+    lowered = _lower_one(spec, target, None, "kernel", [])
+    assert not lowered.tuned
+    return _renamed(lowered.primfunc)
+
+
+@pytest.mark.parametrize("name", _params())
+def test_default_kernel_is_the_template_at_the_default_config(name: str) -> None:
+    specs = _specs(name)
+    assert specs
+    for spec in specs:
+        task = RelayTuneTask(spec, CPU)
+        built = _built_default(spec, CPU)
+        logged = _renamed(task.lower(task.default_config()))
+        assert analysis.structurally_equal(built, logged), (
+            f"{name}: the default kernel of {spec.description} ({task.family}) is not the template at its default "
+            f"config {dict(task.default_config())}")
+
+
+def test_a_different_config_gives_a_different_nest() -> None:
+    """The comparison above can fail: every family's template moves the nest when a knob moves."""
+    families: set[str] = set()
+    for spec in _specs("families"):
+        task = RelayTuneTask(spec, CPU)
+        default = task.default_config()
+        built = _built_default(spec, CPU)
+        for knob in task.space.knobs:
+            others = [v for v in knob.values() if v != default[knob.name]]
+            changed = [default.replace(**{knob.name: v}) for v in others]
+            valid = [c for c in changed if task.space.is_valid(c)]
+            if any(not analysis.structurally_equal(built, _renamed(task.lower(c))) for c in valid):
+                families.add(task.family)
+                break
+    assert families >= {"dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "depthwise_conv2d_nchw",
+                        "conv2d_nhwc", "reduction", "injective"}
+
+
+def _parallel_loops(stmt: tir.Stmt) -> int:
+    return sum(isinstance(s, tir.For) and s.kind is tir.ForKind.PARALLEL for s in analysis.iter_stmts(stmt))
+
+
+def _work(spec: object) -> int:
+    """The largest stage's iterations (output elements times reduction size), and whether the output has an axis
+    to split over cores."""
+    prim = primitive_compute(spec.func)  # type: ignore[attr-defined]
+    sch = Schedule(prim.outputs)
+    return max(math.prod(ax.extent for ax in st.root_axes) for st in sch.stages.values() if st.op is not None)
+
+
+@pytest.mark.parametrize("name", _params())
+def test_no_default_kernel_runs_on_one_core_where_parallel_work_exists(name: str) -> None:
+    serial = []
+    for spec in _specs(name):
+        outputs = primitive_compute(spec.func).outputs
+        if _work(spec) < PARALLEL_MIN_WORK or all(math.prod(t.shape) <= 1 for t in outputs):
+            continue
+        if not _parallel_loops(_built_default(spec, CPU).body):
+            serial.append(spec.description)
+    assert not serial, f"default kernels on one core: {serial}"
+
+
+def test_resnet50_final_dense_runs_in_parallel() -> None:
+    """1x2048 by 1000x2048: a small output and a long reduction (the work counts the reduction)."""
+    mod = parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 2048), float32], %w: Tensor[(1000, 2048), float32], %b: Tensor[(1000), float32]) {
+  nn.bias_add(nn.dense(%x, %w), %b)
+}""")
+    (spec,) = extract_tasks(optimize(infer_types(mod)))
+    assert _parallel_loops(_built_default(spec, CPU).body) == 1
+    assert _parallel_loops(_built_default(spec, resolve_target("llvm -num-cores=1")).body) == 0
+
+
+@pytest.mark.parametrize("name", ["families", "small_cnn", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2_extract"])
+def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> None:
+    for spec in _specs(name):
+        prim = primitive_compute(spec.func)
+        config = gpu_default_config(prim, "sm_90")
+        assert config_to_params(prim, config) == default_params(prim), spec.description
+        built = _built_default(spec, CUDA)
+        from relay_tune.kernel.build import lower_primitive
+        from search_space.gpu import steps_of_prim
+
+        logged, _ = lower_primitive(spec.func, CUDA, steps_of_prim(prim, config), name="kernel", prim=prim)
+        assert analysis.structurally_equal(built, logged), spec.description
+
+
+def test_a_log_of_an_earlier_default_config_still_builds(tmp_path: Path) -> None:
+    """Logs record the default config like any other: one an earlier default rule chose (this bias over
+    1x3x224x224 was parallel before the rule's threshold rose) is still a point of the space and builds as logged."""
+    import json
+
+    import numpy as np
+
+    import relay_tune
+    from relay_tune.interpreter import evaluate
+
+    mod = infer_types(parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 3, 224, 224), float32], %s: Tensor[(3, 1, 1), float32]) {
+  add(multiply(%x, %s), %s)
+}"""))
+    (spec,) = extract_tasks(optimize(mod))
+    task = RelayTuneTask(spec, CPU)
+    assert task.default_config()["parallel"] == 0
+    earlier = {"family": "injective", "mode": "inner", "vector": 16, "parallel": 1}
+    record = {"v": 1, "workload_key": spec.key, "description": spec.description, "target": task.target,
+              "config": earlier, "costs": [1e-5], "error_kind": "OK", "trial": 0, "strategy": "default"}
+    log = tmp_path / "old.jsonl"
+    log.write_text(json.dumps(record) + "\n")
+    model = relay_tune.build(mod, target=CPU, logs=[str(log)])
+    assert all(t.tuned for t in model.plan.tasks)
+    # the build's decoder gives the logged (parallel) schedule, not today's default
+    assert _parallel_loops(task.lower(Config(earlier)).body) == 1
+    inputs = model.random_inputs(seed=0)
+    np.testing.assert_allclose(model.run(**inputs), np.asarray(evaluate(mod, list(inputs.values()))), rtol=1e-5,
+                               atol=1e-6)
