@@ -47,7 +47,7 @@ def small_mlp() -> tuple[IRModule, dict[str, np.ndarray], dict[str, np.ndarray]]
 @pytest.fixture
 def emulated_gpu(monkeypatch: pytest.MonkeyPatch) -> EmulatedDevice:
     device = EmulatedDevice()
-    monkeypatch.setattr(cuda_runtime, "cuda_device", lambda ordinal=0: device)
+    monkeypatch.setattr(cuda_runtime.driver, "cuda_device", lambda ordinal=0: device)
     return device
 
 
