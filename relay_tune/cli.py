@@ -383,9 +383,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LogWarning)
         code = _LOG_ACTIONS[args.action](args, console)
-    skipped = [w for w in caught if issubclass(w.category, LogWarning)]
-    if skipped:
-        console.print(f"[yellow]warning:[/yellow] skipped {len(skipped)} unreadable line(s), e.g. {skipped[0].message}")
+    for warning in caught:  # one per log, counting its unreadable lines by reason
+        if issubclass(warning.category, LogWarning):
+            from rich.markup import escape
+
+            console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False)
     return code
 
 
@@ -629,8 +631,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    from relay_tune.target import TargetError
+
     try:
         return _COMMANDS[args.command](args)
+    except TargetError as err:  # a bad --target is a usage error: exit code 2, like argparse's own
+        print(f"relay-tune: {err}", file=sys.stderr)
+        return EXIT_USAGE
     except RelayTuneError as err:
         print(f"relay-tune: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
