@@ -308,6 +308,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console = _console()
     if args.trials < 0:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
+    from relay_tune.build import resolve_target
+
+    resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
     mod = load_model(args.model, args.consts)
