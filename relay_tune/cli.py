@@ -298,6 +298,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--storage", args.storage]
     if args.seed:
         words += ["--seed", str(args.seed)]
+    if getattr(args, "no_check", False):
+        words += ["--no-check"]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -314,12 +316,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
     mod = load_model(args.model, args.consts)
+    if args.no_check:
+        console.print(f"--no-check: kernel outputs are not compared with the reference interpreter (noted in {log})",
+                      soft_wrap=True)
     progress = RichProgress(console)
     try:
         result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
                             search=args.search, transfer_from=args.transfer_from, seed=args.seed,
                             timeout=args.timeout, jobs=args.jobs,
-                            progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level)
+                            progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
+                            check=not args.no_check)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -519,6 +525,8 @@ def _add_tune_parser(sub: Any) -> None:
                    "the log)")
     p.add_argument("--tasks", metavar="SUBSTR", help="tune only tasks whose workload contains SUBSTR (or whose key "
                    "starts with it)")
+    p.add_argument("--no-check", action="store_true", help="measure kernels without comparing their outputs with "
+                   "the reference interpreter (for models it cannot run; the log records that the check was off)")
 
     p = sub.add_parser("logs", help="summarise, pick the best of, or merge tuning logs",
                        description="Work with JSON-lines tuning logs. summary: one row per workload and target. "
