@@ -742,6 +742,7 @@ def build(
     planner.call_keys = {id(site): spec.key for spec in specs for site in spec.call_sites}
     inputs, outputs = planner.run(fused["main"])
     plan, constants = planner.finish(inputs, outputs, task_infos)
+    _check_plan_fits(plan, constants)  # before LLVM compiles anything
     t_plan = time.perf_counter()
     timings["plan_s"] = t_plan - t_lower
 
@@ -777,6 +778,19 @@ def build(
         "lower_seconds": {t.key: t.lower_seconds for t in task_list},
     }
     return CompiledModel(plan, objects, constants, resolved, info, threading_runtime, libraries=libraries)
+
+
+def _check_plan_fits(plan: Any, constants: Sequence[Any]) -> None:
+    """A clear error when the memory plan (arena, constants, inputs, outputs) exceeds the memory available."""
+    from relay_tune.resources import check_memory
+
+    parts = {
+        "intermediates": int(plan.memory.arena_bytes),
+        "constants": sum(int(getattr(c, "nbytes", 0)) for c in constants),
+        "inputs": sum(int(plan.values[i.value].nbytes) for i in plan.inputs),
+        "outputs": sum(int(plan.storages[s].nbytes) for s in plan.storages_of_kind("output")),
+    }
+    check_memory(sum(parts.values()), parts, "the model's memory plan")
 
 
 def _lower_one(

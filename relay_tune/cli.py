@@ -54,8 +54,15 @@ def load_model(path: str, consts: str | None = None, seed: int = 0) -> Any:
     from relay_tune.type_infer import infer_types
 
     p = Path(path)
+    if p.is_dir():
+        raise RelayTuneError(f"{path}: is a folder, not a model file")
     if not p.is_file():
         raise RelayTuneError(f"{path}: no such file")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as err:
+        raise RelayTuneError(f"{path}: cannot be read ({err.strerror or err})") from None
     if p.suffix == ".onnx":
         from relay_tune.frontend import from_onnx
 
@@ -185,10 +192,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from relay_tune.build import BuildWarning, build
+    from relay_tune.build import BuildWarning, build, resolve_target
+    from relay_tune.resources import check_model_memory, check_writable_file
 
     console = _console()
+    resolve_target(args.target)  # before anything else: a bad target is a usage error
+    check_writable_file(args.output, "model file", append=False)
     mod = load_model(args.model, args.consts)
+    check_model_memory(mod)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BuildWarning)
         model = build(mod, target=args.target, logs=args.log or None, opt_level=args.opt_level, jobs=args.jobs,
@@ -315,7 +326,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
+    from relay_tune.resources import check_model_memory, check_writable_file
+
+    check_writable_file(log, "tuning log")  # before any measurement that could not be recorded
+    check_writable_file(output, "model file", append=False)
     mod = load_model(args.model, args.consts)
+    check_model_memory(mod)
     if args.no_check:
         console.print(f"--no-check: kernel outputs are not compared with the reference interpreter (noted in {log})",
                       soft_wrap=True)

@@ -331,8 +331,16 @@ def append_lines(path: str | os.PathLike[str], lines: Sequence[str], fsync: bool
         return
     if any("\n" in line for line in lines):
         raise ValueError("log lines must not contain newlines")
+    try:
+        _append_payload(path, "".join(line + "\n" for line in lines).encode("utf-8"), fsync)
+    except OSError as err:  # a full disk, a folder made read-only: one message naming the log, not a traceback
+        from relay_tune.resources import ResourceError
+
+        raise ResourceError(f"cannot append to the tuning log {os.fspath(path)}: {err.strerror or err}") from None
+
+
+def _append_payload(path: str | os.PathLike[str], payload: bytes, fsync: bool) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    payload = "".join(line + "\n" for line in lines).encode("utf-8")
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
