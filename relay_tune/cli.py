@@ -190,6 +190,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     import warnings
 
+    from rich.markup import escape
     from rich.table import Table
 
     from relay_tune.build import BuildWarning, build, resolve_target
@@ -200,8 +201,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     check_writable_file(args.output, "model file", append=False)
     mod = load_model(args.model, args.consts)
     check_model_memory(mod)
+    from relay_tune.tuning.records import LogWarning
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BuildWarning)
+        warnings.simplefilter("always", LogWarning)  # unreadable lines of --log files: one warning per log
         model = build(mod, target=args.target, logs=args.log or None, opt_level=args.opt_level, jobs=args.jobs,
                       require_tuned=args.require_tuned)
     path = model.save(args.output)
@@ -215,8 +219,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                       schedule)
     console.print(table)
     for warning in caught:
-        if issubclass(warning.category, BuildWarning):
-            console.print(f"[yellow]warning:[/yellow] {warning.message}")
+        if issubclass(warning.category, BuildWarning | LogWarning):
+            console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     t = model.build_info["timings"]
     info = model.build_info
     console.print(
@@ -408,11 +412,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LogWarning)
         code = _LOG_ACTIONS[args.action](args, console)
-    for warning in caught:  # one per log, counting its unreadable lines by reason
-        if issubclass(warning.category, LogWarning):
+    shown = set()
+    for warning in caught:  # one per log, counting its unreadable lines by reason (a log read twice says it once)
+        if issubclass(warning.category, LogWarning) and str(warning.message) not in shown:
+            shown.add(str(warning.message))
             from rich.markup import escape
 
-            console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False)
+            console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     return code
 
 

@@ -1333,6 +1333,8 @@ def _describe(node: onnx.NodeProto, index: int) -> str:
 def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence[int]] | None = None) -> Function:
     """The Relay function computing `model`'s graph (see the module docstring)."""
     graph = model.graph
+    if not graph.output:
+        raise OnnxModelError("the ONNX model has no graph outputs (an empty or truncated file?)")
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     _check_operators(graph, max(versions) if versions else None)  # before the opset check: name what is missing
     opset = _opset(model)
