@@ -221,6 +221,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     for warning in caught:
         if issubclass(warning.category, BuildWarning | LogWarning):
             console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
+    if model.target.kind == "cuda":
+        _print_ptx_build(console, model, path, args)
+        return 0
     t = model.build_info["timings"]
     info = model.build_info
     console.print(
@@ -241,6 +244,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from relay_tune.runtime.model import load
 
     console = _console()
+    from relay_tune.runtime.cuda.model import is_gpu_model_file
+
+    if is_gpu_model_file(args.model):  # PTX built for a CUDA target (perhaps on a machine without a GPU)
+        return _run_gpu_model(args, console)
     start = time.perf_counter()
     model = load(args.model)
     load_s = time.perf_counter() - start
@@ -278,6 +285,39 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(f"  {row.seconds * 1e3:9.3f} ms {row.share:6.1%}  x{row.calls:<3} "
                           f"{'tuned  ' if row.tuned else 'default'} {row.description}")
     return 0
+
+
+def _run_gpu_model(args: argparse.Namespace, console: Any) -> int:
+    """`relay-tune run` of a CUDA model file: on this machine's GPU, or one message saying that a GPU is needed."""
+    import numpy as np
+
+    from relay_tune.runtime.cuda.model import load_gpu_model
+
+    model = load_gpu_model(args.model)  # CudaUnavailableError (a RelayTuneError) without a GPU
+    rng = np.random.default_rng(args.seed)
+    inputs = {i.name: rng.standard_normal(model.plan.values[i.value].shape).astype(model.plan.values[i.value].dtype)
+              for i in model.plan.inputs}
+    if args.inputs:
+        with np.load(args.inputs, allow_pickle=False) as archive:
+            inputs = {name: archive[name] for name in archive.files}
+    outputs = model.run(**inputs)
+    flat = list(outputs) if isinstance(outputs, tuple) else [outputs]
+    console.print(f"loaded {args.model} on {model.device.name} ({model.device.arch})")
+    for i, out in enumerate(flat):
+        console.print(f"  output {i}: {list(np.shape(out))} {np.asarray(out).dtype}")
+    if args.repeat > 0:
+        costs = model.benchmark(repeat=args.repeat, number=args.number, inputs=inputs)
+        console.print(f"latency: median {sorted(costs)[len(costs) // 2] * 1e3:.3f} ms ({args.repeat} x {args.number})")
+    return 0
+
+
+def _print_ptx_build(console: Any, model: Any, path: Path, args: argparse.Namespace) -> None:
+    info = model.build_info
+    console.print(f"compiled {info['kernels']} GPU kernels of {info['functions']} functions to PTX for "
+                  f"{info['arch']} in {info['timings'].get('total_s', 0.0):.2f} s; ptxas: {info.get('ptxas', '-')}",
+                  soft_wrap=True)
+    console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for target {model.target}; run it on a "
+                  "machine with an NVIDIA GPU (relay-tune run)", soft_wrap=True)
 
 
 # -------------------------------------------------------------------------------------------------

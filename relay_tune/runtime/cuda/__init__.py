@@ -13,7 +13,9 @@ The package is split by responsibility:
 - `driver`: `CudaDevice`, an NVIDIA GPU through cuda-python's driver API, and `cuda_device()`;
 - `emulator`: `EmulatedDevice`, which runs the kernels' loop nests in Python with GPU semantics (barriers,
   SHARED/LOCAL scopes), so schedules are checked without a GPU;
-- `model`: `GPUModel`, a whole model from the graph plan of `relay_tune.build` in one device arena;
+- `model`: `GPUModel`, a whole model from the graph plan of `relay_tune.build` in one device arena, and
+  `PTXModel`, the same compiled on a machine without a GPU (cross-compiling): saved as one file of PTX, launch
+  plans and constants that `load_gpu_model` / `relay-tune run` runs where there is a GPU;
 - `tasks`: `GPUTask`, a tuning task per fused function building PTX for a config of `search_space.gpu`;
 - `runner`: `CudaRunner`, the GPU `relay_tune.tuning.Runner`, measuring in a worker process that owns the CUDA
   context (a kernel that faults poisons its context; the worker is replaced).
@@ -44,7 +46,15 @@ from relay_tune.runtime.cuda.driver import (
     gpu_status_line,
 )
 from relay_tune.runtime.cuda.emulator import EmulatedDevice, EmulationError
-from relay_tune.runtime.cuda.model import GPUModel, gpu_model_from_plan
+from relay_tune.runtime.cuda.model import (
+    GPUModel,
+    PTXModel,
+    gpu_model_from_plan,
+    is_gpu_model_file,
+    load_gpu_model,
+    read_gpu_model,
+    save_gpu_model,
+)
 
 __all__ = [
     "DEVICE_ALIGNMENT",
@@ -60,13 +70,18 @@ __all__ = [
     "GPUModel",
     "GPUTask",
     "LoadedModule",
+    "PTXModel",
     "cuda_available",
     "cuda_device",
     "driver_module",
     "gpu_model_from_plan",
     "gpu_status_line",
     "gpu_tasks",
+    "is_gpu_model_file",
+    "load_gpu_model",
+    "read_gpu_model",
     "run_function",
+    "save_gpu_model",
     "time_function",
 ]
 
