@@ -65,7 +65,7 @@ DEFAULT_MIX = {"text-char": 0.28, "text-token": 0.32, "registry": 0.25, "onnx": 
 # Corpus programs small enough to parse thousands of times (the large ones take a second each).
 CORPUS_MAX_BYTES = 12_000
 MEMORY_LIMIT = 3 << 30  # bytes of address space per worker
-INPUT_TIMEOUT_S = 20
+INPUT_TIMEOUT_S = 60  # generous: the campaign runs niced on a shared machine
 INTERPRET_MAX_ELEMENTS = 200_000  # run the interpreter only on programs whose tensors are this small
 
 WRITTEN_SEEDS = [
@@ -337,8 +337,10 @@ def _has_location(err: RelayTuneError) -> bool:
     return bool(re.search(r":\d+:\d+", str(err)))
 
 
-def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bool, build_now: bool) -> Outcome:
-    """Type inference -> passes -> interpreter before and after -> (build_now) LLVM build vs the interpreter."""
+def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bool, build_now: bool,
+                 deep: bool = True) -> Outcome:
+    """Type inference -> passes -> interpreter before and after -> (build_now) LLVM build vs the interpreter.
+    `deep=False` stops after type inference (the fast slice the test suite runs)."""
     from relay_tune.interpreter import evaluate
     from relay_tune.passes import optimize
     from relay_tune.type_infer import infer_types
@@ -349,6 +351,8 @@ def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bo
         if from_text and isinstance(err, RelayTypeError) and not _has_location(err):
             raise Defect("no-location", f"type error without a source location: {err}") from err
         return Outcome("rejected at types")
+    if not deep:
+        return Outcome("types")
     try:
         fused = optimize(typed)
     except RelayTuneError:
@@ -418,7 +422,7 @@ def _small(func: Any) -> bool:
     return True
 
 
-def fuzz_text(seed: Seed, text: str, rng: np.random.Generator, stats: Stats) -> Outcome:
+def fuzz_text(seed: Seed, text: str, rng: np.random.Generator, stats: Stats, deep: bool = True) -> Outcome:
     from relay_tune.text import parse_module, print_module
 
     try:
@@ -429,8 +433,8 @@ def fuzz_text(seed: Seed, text: str, rng: np.random.Generator, stats: Stats) -> 
         return Outcome("rejected at parse")
     except RelayTuneError as err:
         raise Defect("no-location", f"parser raised {type(err).__name__}, not a ParseError: {err}") from err
-    outcome = run_pipeline(mod, rng, stats, from_text=True, build_now=False)
-    if outcome.stage in ("passes", "interpret"):
+    outcome = run_pipeline(mod, rng, stats, from_text=True, build_now=False, deep=deep)
+    if outcome.stage in ("types", "passes", "interpret"):
         constants: list[np.ndarray] = []
         printed = print_module(mod, constants_out=constants)
         try:
@@ -523,13 +527,13 @@ def random_program(rng: np.random.Generator, steps: int) -> Any:
     return IRModule({"main": Function(tuple(params), body)})
 
 
-def fuzz_registry(rng: np.random.Generator, stats: Stats, build_now: bool) -> Outcome:
+def fuzz_registry(rng: np.random.Generator, stats: Stats, build_now: bool, deep: bool = True) -> Outcome:
     from relay_tune.ir import IRModule
     from relay_tune.text import parse_module, print_module
 
     mod: IRModule = random_program(rng, int(rng.integers(1, 7)))
-    outcome = run_pipeline(mod, rng, stats, from_text=False, build_now=build_now)
-    if outcome.stage in ("passes", "interpret", "build"):
+    outcome = run_pipeline(mod, rng, stats, from_text=False, build_now=build_now, deep=deep)
+    if outcome.stage in ("types", "passes", "interpret", "build"):
         constants: list[np.ndarray] = []
         printed = print_module(mod, constants_out=constants)
         try:
@@ -657,7 +661,7 @@ def random_onnx(rng: np.random.Generator) -> tuple[Any, dict[str, np.ndarray], b
 _ORT: Any = None
 
 
-def fuzz_onnx(rng: np.random.Generator, stats: Stats, scratch: Path) -> Outcome:
+def fuzz_onnx(rng: np.random.Generator, stats: Stats, scratch: Path, deep: bool = True) -> Outcome:
     from relay_tune.frontend.onnx import from_onnx
     from relay_tune.interpreter import evaluate
 
@@ -685,8 +689,8 @@ def fuzz_onnx(rng: np.random.Generator, stats: Stats, scratch: Path) -> Outcome:
         mod, _ = from_onnx(model)
     except RelayTuneError:
         return Outcome("rejected at import")
-    outcome = run_pipeline(mod, rng, stats, from_text=False, build_now=False)
-    if perturbed or outcome.stage not in ("interpret", "passes"):
+    outcome = run_pipeline(mod, rng, stats, from_text=False, build_now=False, deep=deep)
+    if not deep or perturbed or outcome.stage not in ("interpret", "passes"):
         return outcome
     global _ORT
     if _ORT is None:
@@ -745,7 +749,7 @@ def fuzz_log(rng: np.random.Generator, stats: Stats) -> Outcome:
 
 
 def fuzz_one(kind: str, index: int, base_seed: int, seeds: Sequence[Seed], stats: Stats, scratch: Path,
-             build_every: int) -> None:
+             build_every: int, deep: bool = True) -> None:
     """Run input `index` of `kind` (deterministic in base_seed and index); record its outcome in `stats`."""
     rng = np.random.default_rng([base_seed, KINDS.index(kind), index])
     reproducer: str | bytes | None = None
@@ -756,11 +760,12 @@ def fuzz_one(kind: str, index: int, base_seed: int, seeds: Sequence[Seed], stats
             seed = seeds[int(rng.integers(0, len(seeds)))]
             text = (mutate_chars if kind == "text-char" else mutate_tokens)(seed.text, rng)
             reproducer = text
-            outcome = fuzz_text(seed, text, rng, stats)
+            outcome = fuzz_text(seed, text, rng, stats, deep)
         elif kind == "registry":
-            outcome = fuzz_registry(rng, stats, build_now=build_every > 0 and index % build_every == 0)
+            outcome = fuzz_registry(rng, stats, build_now=deep and build_every > 0 and index % build_every == 0,
+                                    deep=deep)
         elif kind == "onnx":
-            outcome = fuzz_onnx(rng, stats, scratch)
+            outcome = fuzz_onnx(rng, stats, scratch, deep)
         else:
             outcome = fuzz_log(rng, stats)
         stats.by_stage[f"{kind}: {outcome.stage}"] += 1
@@ -797,8 +802,8 @@ def plan_inputs(total: int, mix: dict[str, float]) -> list[tuple[str, int]]:
     return plan
 
 
-def _worker(args: tuple[list[tuple[str, int]], int, bool, int, str]) -> Stats:
-    plan, base_seed, use_corpus, build_every, scratch = args
+def _worker(args: tuple[list[tuple[str, int]], int, bool, int, str, bool]) -> Stats:
+    plan, base_seed, use_corpus, build_every, scratch, deep = args
     if MEMORY_LIMIT:
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
@@ -812,7 +817,7 @@ def _worker(args: tuple[list[tuple[str, int]], int, bool, int, str]) -> Stats:
     for kind, index in plan:
         signal.alarm(INPUT_TIMEOUT_S)
         try:
-            fuzz_one(kind, index, base_seed, seeds, stats, folder, build_every)
+            fuzz_one(kind, index, base_seed, seeds, stats, folder, build_every, deep)
         finally:
             signal.alarm(0)
     return stats
@@ -820,8 +825,9 @@ def _worker(args: tuple[list[tuple[str, int]], int, bool, int, str]) -> Stats:
 
 def run_campaign(total: int, seed: int = 0, jobs: int = 1, mix: dict[str, float] | None = None,
                  use_corpus: bool = True, build_every: int = 40, scratch: Path | None = None,
-                 progress: Callable[[int], None] | None = None) -> Stats:
-    """Fuzz `total` inputs over `jobs` worker processes (jobs=0: in this process, no memory limit or alarm)."""
+                 progress: Callable[[int], None] | None = None, deep: bool = True) -> Stats:
+    """Fuzz `total` inputs over `jobs` worker processes (jobs=0: in this process, no memory limit or alarm).
+    `deep=False`: parse and type inference only (plus ONNX import), the fast slice of the test suite."""
     plan = plan_inputs(total, mix or DEFAULT_MIX)
     scratch = scratch or RESULTS / "scratch"
     if jobs == 0:
@@ -831,14 +837,14 @@ def run_campaign(total: int, seed: int = 0, jobs: int = 1, mix: dict[str, float]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for kind, index in plan:
-                fuzz_one(kind, index, seed, seeds, stats, scratch, build_every)
+                fuzz_one(kind, index, seed, seeds, stats, scratch, build_every, deep)
         return stats
     chunk = 500
     pieces = [plan[i:i + chunk] for i in range(0, len(plan), chunk)]
     stats = Stats()
     context = multiprocessing.get_context("spawn")
     with context.Pool(jobs, maxtasksperchild=4) as pool:
-        work = [(piece, seed, use_corpus, build_every, str(scratch / f"w{i % jobs}")) for i, piece in
+        work = [(piece, seed, use_corpus, build_every, str(scratch / f"w{i % jobs}"), deep) for i, piece in
                 enumerate(pieces)]
         for part in pool.imap_unordered(_worker, work):
             stats.merge(part)
@@ -870,6 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated input kinds")
     parser.add_argument("--build-every", type=int, default=40, help="build every Nth registry program with LLVM")
     parser.add_argument("--no-corpus", action="store_true", help="seeds from the project only")
+    parser.add_argument("--shallow", action="store_true", help="parse and type inference only (fast)")
     parser.add_argument("--out", type=Path, default=RESULTS / "campaign.json")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -886,7 +893,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {done} inputs, {time.perf_counter() - start:.0f} s", flush=True)
 
     stats = run_campaign(args.inputs, args.seed, args.jobs, mix, not args.no_corpus, args.build_every,
-                         progress=progress)
+                         progress=progress, deep=not args.shallow)
     seconds = time.perf_counter() - start
     print(report(stats, seconds))
     args.out.parent.mkdir(parents=True, exist_ok=True)

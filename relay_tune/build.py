@@ -311,7 +311,7 @@ class _Planner:
         found = self.constant_ids.get(key)
         if found is not None:
             return found
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a scalar 1-D
         storage = self.new_storage("constant", len(self.constants), array.nbytes)
         self.constants.append(array)
         value = self.new_value(array.shape, str(array.dtype), storage)

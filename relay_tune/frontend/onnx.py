@@ -1354,7 +1354,13 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
     values.update((p.name_hint, p) for p in params)
     for tensor in graph.initializer:
         relay_dtype(tensor.data_type, f"initializer {tensor.name!r}")
-        values[tensor.name] = Constant(numpy_helper.to_array(tensor))
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise UnsupportedError(f"initializer {tensor.name!r} keeps its data in an external file; load the model "
+                                   "with onnx.load(path) and pass the ModelProto")
+        try:
+            values[tensor.name] = Constant(numpy_helper.to_array(tensor))
+        except (ValueError, TypeError, AttributeError, KeyError) as err:  # data that does not fit its dims
+            raise OnnxModelError(f"initializer {tensor.name!r} is damaged ({type(err).__name__}: {err})") from None
 
     for index, proto in enumerate(graph.node):
         where = _describe(proto, index)
@@ -1381,7 +1387,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
 
     missing_outputs = [o.name for o in graph.output if o.name not in values]
     if missing_outputs:
-        raise OnnxModelError(f"graph output(s) {', '.join(missing_outputs)} are never computed")
+        raise OnnxModelError(f"graph output(s) {', '.join(map(repr, missing_outputs))} are never computed")
     results = [values[o.name] for o in graph.output]
     body = results[0] if len(results) == 1 else Tuple(tuple(results))
     return Function(tuple(params), body)
