@@ -49,6 +49,13 @@ def _console() -> Any:
 # -------------------------------------------------------------------------------------------------
 
 
+def _require_main(mod: Any, path: str) -> None:
+    """Building and tuning start at @main; a module of helpers alone is a user mistake, said in one line."""
+    if "main" not in mod:
+        names = ", ".join(f"@{name}" for name in mod) or "nothing"
+        raise RelayTuneError(f"{path}: the model has no @main function to compile (it defines {names})")
+
+
 def load_model(path: str, consts: str | None = None, seed: int = 0) -> Any:
     """Parse a model file (Relay text, or ONNX by extension) and type-check it."""
     from relay_tune.type_infer import infer_types
@@ -200,6 +207,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     resolve_target(args.target)  # before anything else: a bad target is a usage error
     check_writable_file(args.output, "model file", append=False)
     mod = load_model(args.model, args.consts)
+    _require_main(mod, args.model)
     check_model_memory(mod)
     from relay_tune.tuning.records import LogWarning
 
@@ -375,6 +383,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     check_writable_file(log, "tuning log")  # before any measurement that could not be recorded
     check_writable_file(output, "model file", append=False)
     mod = load_model(args.model, args.consts)
+    _require_main(mod, args.model)
     check_model_memory(mod)
     if args.no_check:
         console.print(f"--no-check: kernel outputs are not compared with the reference interpreter (noted in {log})",

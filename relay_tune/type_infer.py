@@ -587,7 +587,7 @@ def _check_attr_values(opdef: OpDef, attrs: Attrs) -> None:
                                  op_name=opdef.name)
 
 
-MAX_NOMINAL_ELEMENTS = 1 << 48  # elements of a tensor, counting a zero dimension as one: 1 PiB of float32
+MAX_NOMINAL_ELEMENTS = 1 << 40  # elements of a tensor, counting a zero dimension as one: 4 TiB of float32
 
 
 def _nominal_elements(shape: tuple[Any, ...]) -> int:
@@ -606,7 +606,7 @@ def _check_annotation_size(ty: Type, var: Var) -> None:
             _check_annotation_size(field_type, var)
     elif isinstance(ty, TensorType) and _nominal_elements(ty.shape) > MAX_NOMINAL_ELEMENTS:
         raise RelayTypeError(f"%{var.name_hint} is annotated {ty}: more elements than any tensor can have "
-                             f"(at most 2^48, counting empty dimensions as 1)", var.span)
+                             f"(at most 2^40, counting empty dimensions as 1)", var.span)
 
 
 def _check_result(opdef: OpDef, ty: Type) -> Type:
