@@ -358,7 +358,7 @@ def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bo
     except RelayTuneError:
         return Outcome("rejected at passes")
     if "main" not in typed:
-        return Outcome("passes")  # a module of helper functions only: nothing to run
+        return Outcome("passes")  # no @main, only other functions: nothing to run
     params = _static_tensor_params(typed["main"])
     if params is None or not _small(typed["main"]) or not _tensors_only(typed["main"].body.checked_type):
         return Outcome("passes")

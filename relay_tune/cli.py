@@ -50,7 +50,7 @@ def _console() -> Any:
 
 
 def _require_main(mod: Any, path: str) -> None:
-    """Building and tuning start at @main; a module of helpers alone is a user mistake, said in one line."""
+    """Building and tuning start at @main; a module of other functions alone is a user mistake, said in one line."""
     if "main" not in mod:
         names = ", ".join(f"@{name}" for name in mod) or "nothing"
         raise RelayTuneError(f"{path}: the model has no @main function to compile (it defines {names})")

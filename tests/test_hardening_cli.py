@@ -340,6 +340,6 @@ def test_memory_plan_check_in_build(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_model_without_main(tmp_path: Path) -> None:
-    model = write(tmp_path / "helpers.relay", "def @aux(%x: Tensor[(4), float32]) {\n  nn.relu(%x)\n}\n")
+    model = write(tmp_path / "no_main.relay", "def @aux(%x: Tensor[(4), float32]) {\n  nn.relu(%x)\n}\n")
     for command in (["build", model, "-o", tmp_path / "m.rtmod"], [model, "--trials", "1", "--log", tmp_path / "l"]):
         assert_clean_failure(relay_tune_cli(*command, cwd=tmp_path), "no @main function", "@aux")
