@@ -109,7 +109,7 @@ def resolve_target(target: str | Target | None) -> Target:
         text = (target or "llvm").strip()
         parsed = Target.parse(text)
         if parsed.kind == "cuda":  # NVIDIA GPUs: relay_tune.runtime.cuda runs the model
-            return Target("cuda", arch=parsed.arch or "sm_90")
+            return Target("cuda", arch=parsed.arch or "sm_90").validate()
         if parsed.kind != "llvm":
             raise UnsupportedError(f"relay_tune.build compiles for CPUs (llvm targets); got {parsed}")
         words = text.split()
@@ -124,7 +124,7 @@ def resolve_target(target: str | Target | None) -> Target:
         )
     if resolved.kind not in ("llvm", "cuda"):
         raise UnsupportedError(f"relay_tune.build compiles for llvm and cuda targets; got {resolved}")
-    return resolved
+    return resolved.validate()  # before LLVM sees it: an unknown CPU can abort the process inside LLVM
 
 
 def steps_from_config(func: Function, config: Mapping[str, Any], target: Target) -> list[Any]:
@@ -179,19 +179,19 @@ def task_lookup(logs: Any) -> TaskLookup | None:
     for path in paths:
         if not os.path.isfile(path):
             raise RelayTuneError(f"tuning log {os.fspath(path)}: no such file")
-    from relay_tune.tuning import apply_best
+    from relay_tune.tuning.database import best_for_target
 
-    cache: dict[str, Mapping[tuple[str, str], Any]] = {}
+    cache: dict[str, Mapping[str, Any]] = {}
 
     def lookup(spec: Any, target: Target) -> Sequence[Any] | None:
-        config = None
-        for target_text in dict.fromkeys((target.log_name, str(target))):  # logs name targets by `log_name`
-            best = cache.get(target_text)
-            if best is None:
-                best = cache[target_text] = apply_best(paths, target=target_text)
-            config = best.get((spec.key, target_text))
-            if config is not None:
-                break
+        best = cache.get(str(target))
+        if best is None:
+            # logs name targets by `log_name`; records of other targets or CPUs are left out, counted in one warning
+            best, skipped = best_for_target(paths, (target.log_name, str(target)), target.mcpu or None)
+            cache[str(target)] = best
+            if skipped is not None:
+                warnings.warn(skipped, BuildWarning, stacklevel=4)
+        config = best.get(spec.key)
         return None if config is None else steps_from_config(spec.func, config, target)
 
     return lookup
@@ -313,7 +313,7 @@ class _Planner:
         found = self.constant_ids.get(key)
         if found is not None:
             return found
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a scalar 1-D
         storage = self.new_storage("constant", len(self.constants), array.nbytes)
         self.constants.append(array)
         value = self.new_value(array.shape, str(array.dtype), storage)
@@ -769,6 +769,7 @@ def build(
     planner.call_keys = {id(site): spec.key for spec in specs for site in spec.call_sites}
     inputs, outputs = planner.run(fused["main"])
     plan, constants = planner.finish(inputs, outputs, task_infos)
+    _check_plan_fits(plan, constants)  # before LLVM compiles anything
     t_plan = time.perf_counter()
     timings["plan_s"] = t_plan - t_lower
 
@@ -893,6 +894,19 @@ def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, A
         for model, mine in zip(models, costs):
             mine.extend(model.benchmark(repeat=3, inputs=inputs).costs)
     return [statistics.median(c) for c in costs]
+
+
+def _check_plan_fits(plan: Any, constants: Sequence[Any]) -> None:
+    """A clear error when the memory plan (arena, constants, inputs, outputs) exceeds the memory available."""
+    from relay_tune.resources import check_memory
+
+    parts = {
+        "intermediates": int(plan.memory.arena_bytes),
+        "constants": sum(int(getattr(c, "nbytes", 0)) for c in constants),
+        "inputs": sum(int(plan.values[i.value].nbytes) for i in plan.inputs),
+        "outputs": sum(int(plan.storages[s].nbytes) for s in plan.storages_of_kind("output")),
+    }
+    check_memory(sum(parts.values()), parts, "the model's memory plan")
 
 
 def _lower_one(

@@ -51,14 +51,28 @@ def _console() -> Any:
 # -------------------------------------------------------------------------------------------------
 
 
+def _require_main(mod: Any, path: str) -> None:
+    """Building and tuning start at @main; a module of other functions alone is a user mistake, said in one line."""
+    if "main" not in mod:
+        names = ", ".join(f"@{name}" for name in mod) or "nothing"
+        raise RelayTuneError(f"{path}: the model has no @main function to compile (it defines {names})")
+
+
 def load_model(path: str, consts: str | None = None, seed: int = 0, params: str | None = None) -> Any:
     """Parse a model file (Relay text, or ONNX by extension) and type-check it; `params`: an .npz of values for
     inputs, bound as constants."""
     from relay_tune.type_infer import infer_types
 
     p = Path(path)
+    if p.is_dir():
+        raise RelayTuneError(f"{path}: is a folder, not a model file")
     if not p.is_file():
         raise RelayTuneError(f"{path}: no such file")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as err:
+        raise RelayTuneError(f"{path}: cannot be read ({err.strerror or err})") from None
     if p.suffix == ".onnx":
         from relay_tune.frontend import from_onnx
 
@@ -190,12 +204,20 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     import warnings
 
+    from rich.markup import escape
     from rich.table import Table
 
-    from relay_tune.build import BuildWarning, build
+    from relay_tune.build import BuildWarning, build, resolve_target
+    from relay_tune.resources import check_model_memory, check_writable_file
 
     console = _console()
+    resolve_target(args.target)  # before anything else: a bad target is a usage error
+    check_writable_file(args.output, "model file", append=False)
     mod = load_model(args.model, args.consts, params=args.params)
+    _require_main(mod, args.model)
+    check_model_memory(mod)
+    from relay_tune.tuning.records import LogWarning
+
     logs = list(args.log)
     with contextlib.ExitStack() as stack:
         if args.storage:  # the global best of a study on a database: its records, exported for this build
@@ -207,6 +229,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             logs.append(str(exported))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", BuildWarning)
+            warnings.simplefilter("always", LogWarning)  # unreadable lines of --log files: one warning per log
             model = build(mod, target=args.target, logs=logs or None, opt_level=args.opt_level, jobs=args.jobs,
                           require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned)
     path = model.save(args.output)
@@ -220,8 +243,11 @@ def cmd_build(args: argparse.Namespace) -> int:
                       schedule)
     console.print(table)
     for warning in caught:
-        if issubclass(warning.category, BuildWarning):
-            console.print(f"[yellow]warning:[/yellow] {warning.message}")
+        if issubclass(warning.category, BuildWarning | LogWarning):
+            console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
+    if model.target.kind == "cuda":
+        _print_ptx_build(console, model, path, args)
+        return 0
     t = model.build_info["timings"]
     info = model.build_info
     console.print(
@@ -248,6 +274,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from relay_tune.runtime.model import load
 
     console = _console()
+    from relay_tune.runtime.cuda.model import is_gpu_model_file
+
+    if is_gpu_model_file(args.model):  # PTX built for a CUDA target (perhaps on a machine without a GPU)
+        return _run_gpu_model(args, console)
     start = time.perf_counter()
     model = load(args.model)
     load_s = time.perf_counter() - start
@@ -296,6 +326,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_gpu_model(args: argparse.Namespace, console: Any) -> int:
+    """`relay-tune run` of a CUDA model file: on this machine's GPU, or one message saying that a GPU is needed."""
+    import numpy as np
+
+    from relay_tune.runtime.cuda.model import load_gpu_model
+
+    model = load_gpu_model(args.model)  # CudaUnavailableError (a RelayTuneError) without a GPU
+    rng = np.random.default_rng(args.seed)
+    inputs = {i.name: rng.standard_normal(model.plan.values[i.value].shape).astype(model.plan.values[i.value].dtype)
+              for i in model.plan.inputs}
+    if args.inputs:
+        with np.load(args.inputs, allow_pickle=False) as archive:
+            inputs = {name: archive[name] for name in archive.files}
+    outputs = model.run(**inputs)
+    flat = list(outputs) if isinstance(outputs, tuple) else [outputs]
+    console.print(f"loaded {args.model} on {model.device.name} ({model.device.arch})")
+    for i, out in enumerate(flat):
+        console.print(f"  output {i}: {list(np.shape(out))} {np.asarray(out).dtype}")
+    if args.repeat > 0:
+        costs = model.benchmark(repeat=args.repeat, number=args.number, inputs=inputs)
+        console.print(f"latency: median {sorted(costs)[len(costs) // 2] * 1e3:.3f} ms ({args.repeat} x {args.number})")
+    return 0
+
+
+def _print_ptx_build(console: Any, model: Any, path: Path, args: argparse.Namespace) -> None:
+    info = model.build_info
+    console.print(f"compiled {info['kernels']} GPU kernels of {info['functions']} functions to PTX for "
+                  f"{info['arch']} in {info['timings'].get('total_s', 0.0):.2f} s; ptxas: {info.get('ptxas', '-')}",
+                  soft_wrap=True)
+    console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for target {model.target}; run it on a "
+                  "machine with an NVIDIA GPU (relay-tune run)", soft_wrap=True)
+
+
 # -------------------------------------------------------------------------------------------------
 # tune (the main form: relay-tune MODEL --trials N)
 # -------------------------------------------------------------------------------------------------
@@ -331,6 +394,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--seed", str(args.seed)]
     if args.params:
         words += ["--params", args.params]
+    if getattr(args, "no_check", False):
+        words += ["--no-check"]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -341,15 +406,28 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console = _console()
     if args.trials < 0:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
+    from relay_tune.build import resolve_target
+
+    resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
+    from relay_tune.resources import check_model_memory, check_writable_file
+
+    check_writable_file(log, "tuning log")  # before any measurement that could not be recorded
+    check_writable_file(output, "model file", append=False)
     mod = load_model(args.model, args.consts, params=args.params)
+    _require_main(mod, args.model)
+    check_model_memory(mod)
+    if args.no_check:
+        console.print(f"--no-check: kernel outputs are not compared with the reference interpreter (noted in {log})",
+                      soft_wrap=True)
     progress = RichProgress(console)
     try:
         result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
                             search=args.search, transfer_from=args.transfer_from, seed=args.seed,
                             timeout=args.timeout, jobs=args.jobs,
-                            progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level)
+                            progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
+                            check=not args.no_check)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -428,9 +506,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LogWarning)
         code = _LOG_ACTIONS[args.action](args, console)
-    skipped = [w for w in caught if issubclass(w.category, LogWarning)]
-    if skipped:
-        console.print(f"[yellow]warning:[/yellow] skipped {len(skipped)} unreadable line(s), e.g. {skipped[0].message}")
+    shown = set()
+    for warning in caught:  # one per log, counting its unreadable lines by reason (a log read twice says it once)
+        if issubclass(warning.category, LogWarning) and str(warning.message) not in shown:
+            shown.add(str(warning.message))
+            from rich.markup import escape
+
+            console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     return code
 
 
@@ -566,6 +648,8 @@ def _add_tune_parser(sub: Any) -> None:
                    "the log)")
     p.add_argument("--tasks", metavar="SUBSTR", help="tune only tasks whose workload contains SUBSTR (or whose key "
                    "starts with it)")
+    p.add_argument("--no-check", action="store_true", help="measure kernels without comparing their outputs with "
+                   "the reference interpreter (for models it cannot run; the log records that the check was off)")
 
     p = sub.add_parser("logs", help="summarise, pick the best of, merge, export or plot tuning logs",
                        description="Work with JSON-lines tuning logs, or with the records of a tuning database "
@@ -695,8 +779,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    from relay_tune.target import TargetError
+
     try:
         return _COMMANDS[args.command](args)
+    except TargetError as err:  # a bad --target is a usage error: exit code 2, like argparse's own
+        print(f"relay-tune: {err}", file=sys.stderr)
+        return EXIT_USAGE
     except RelayTuneError as err:
         print(f"relay-tune: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from relay_tune.ir.span import Span
 
+SHOWN_LINE_CHARS = 160  # longest source line a ParseError prints whole
+
 
 class RelayTuneError(Exception):
     """Base class of errors caused by the user's input or environment."""
@@ -32,8 +34,15 @@ class ParseError(RelayTuneError):
         text = f"{self.source_name}:{self.line}:{self.column}: error: {self.message}"
         if self.source_line is not None:
             line = self.source_line.rstrip("\n").replace("\t", " ")
+            column = max(self.column - 1, 0)
+            if len(line) > SHOWN_LINE_CHARS:  # a minified or binary "line": show a window around the column
+                start = max(0, min(column - SHOWN_LINE_CHARS // 2, len(line) - SHOWN_LINE_CHARS))
+                shown = line[start : start + SHOWN_LINE_CHARS]
+                line = ("..." if start else "") + shown + ("..." if start + SHOWN_LINE_CHARS < len(line) else "")
+                column = column - start + (3 if start else 0)
+            line = "".join(c if c.isprintable() else "?" for c in line)  # control bytes would garble the terminal
             gutter = f"{self.line} | "
-            caret_pad = " " * (len(gutter) + max(self.column - 1, 0))
+            caret_pad = " " * (len(gutter) + column)
             text += f"\n{gutter}{line}\n{caret_pad}^"
         return text
 

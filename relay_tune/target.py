@@ -12,12 +12,17 @@ its features matter a lot (with a generic CPU, fused multiply-adds become librar
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import tempfile
+import threading
 from dataclasses import dataclass, field
 
 from relay_tune.errors import RelayTuneError
 
 TARGET_KINDS = ("llvm", "cuda")
+MAX_NUM_CORES = 1024  # far above any machine we build for; a larger value is a typo, not a machine
 
 # CPU names LLVM knows, grouped by the widest SIMD unit they imply. Used only when a target names a CPU
 # without an explicit feature list (e.g. a string typed by a user, `llvm -mcpu=skylake-avx512`).
@@ -144,6 +149,36 @@ class Target:
         cores = num_cores if num_cores is not None else len(os.sched_getaffinity(0))
         return Target(kind="llvm", mcpu=mcpu, mattr=features, num_cores=cores)
 
+    def validate(self) -> Target:
+        """`self` if LLVM (or the CUDA back end) knows its CPU, features, core count and architecture; else a
+        `TargetError` naming the valid choices. LLVM itself only warns about an unknown CPU and then may abort
+        the process (`-mcpu=bogus` on x86-64 ends in "64-bit code requested on a subtarget that doesn't support
+        it"), so nothing may reach it unchecked. The host's own CPU and features are taken as they are."""
+        if self.num_cores > MAX_NUM_CORES:
+            raise TargetError(f"-num-cores={self.num_cores} is out of range; expected 1 to {MAX_NUM_CORES} "
+                              f"(this machine has {os.cpu_count()} cores)")
+        if self.kind == "cuda":
+            from relay_tune.codegen.nvptx import KNOWN_ARCHS
+
+            if self.arch and self.arch not in KNOWN_ARCHS:
+                raise TargetError(f"unknown CUDA architecture -arch={self.arch}; expected one of "
+                                  f"{', '.join(KNOWN_ARCHS)}")
+            return self
+        host = Target.host()
+        if self.mcpu and self.mcpu != host.mcpu:
+            cpus = llvm_cpu_names()
+            if cpus and self.mcpu not in cpus:
+                raise TargetError(f"unknown CPU -mcpu={self.mcpu}{_did_you_mean(self.mcpu, cpus)}; LLVM knows "
+                                  f"{', '.join(sorted(cpus))} (or native: this machine)")
+        host_features = set(host.mattr)
+        known = llvm_cpu_features()
+        unknown = [f for f in self.mattr if known and f not in host_features and f[1:] not in known]
+        if unknown:
+            hint = _did_you_mean(unknown[0][1:], known)
+            raise TargetError(f"unknown CPU feature{'s' if len(unknown) > 1 else ''} -mattr={','.join(unknown)}"
+                              f"{hint}; LLVM knows {', '.join(sorted(known))} (each written +name or -name)")
+        return self
+
     def with_cores(self, num_cores: int) -> Target:
         """The same target restricted to `num_cores` cores (e.g. single-core measurements)."""
         return Target(self.kind, self.mcpu, self.mattr, num_cores, self.arch)
@@ -206,6 +241,64 @@ class Target:
     def llvm_features(self) -> str:
         """The feature string handed to the LLVM target machine."""
         return ",".join(self.mattr)
+
+
+_HELP_LOCK = threading.Lock()
+
+
+@functools.cache
+def _llvm_help() -> tuple[frozenset[str], frozenset[str]]:
+    """The CPU names and feature names LLVM's host target knows, from its own `-mcpu=help` listing.
+
+    llvmlite has no call that lists them, but creating a target machine for the CPU "help" makes LLVM print
+    both lists to stderr (and nothing else happens: the machine is thrown away). The listing goes to file
+    descriptor 2 from C++, so it is captured by pointing that descriptor at a temporary file for the call."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    triple = llvm.get_process_triple()
+    with _HELP_LOCK, tempfile.TemporaryFile() as capture:
+        saved = os.dup(2)
+        try:
+            os.dup2(capture.fileno(), 2)
+            llvm.Target.from_triple(triple).create_target_machine(cpu="help")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        text = capture.read().decode(errors="replace")
+    cpus: set[str] = set()
+    features: set[str] = set()
+    section: set[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("Available CPUs"):
+            section = cpus
+        elif line.startswith("Available features"):
+            section = features
+        elif section is not None:
+            match = re.match(r"^\s+(\S+)\s+- ", line)
+            if match:
+                section.add(match.group(1))
+    # An LLVM that prints no listing leaves both sets empty: validation then lets every name through rather than
+    # refusing every target.
+    return frozenset(cpus), frozenset(features)
+
+
+def llvm_cpu_names() -> frozenset[str]:
+    """CPU names valid for `-mcpu` on this machine's LLVM target (x86-64: haswell, znver4, ...)."""
+    return _llvm_help()[0]
+
+
+def llvm_cpu_features() -> frozenset[str]:
+    """Feature names valid in `-mattr` (without the +/- sign) on this machine's LLVM target."""
+    return _llvm_help()[1]
+
+
+def _did_you_mean(word: str, choices: frozenset[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(choices), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def _features_of_cpu(mcpu: str) -> frozenset[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from relay_tune.errors import RelayTuneError, RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
@@ -284,6 +285,8 @@ class _Inferencer:
             # The common case: the value is already typed, so the variable simply has its type.
             return self._record(var, self.types[id(let.value)])
         ann = var.type_annotation
+        if ann is not None:
+            _check_annotation_size(ann, var)
         return self._record(var, ann if ann is not None else self.u.fresh(var.name_hint))
 
     def type_of(self, node: Expr) -> Type:
@@ -560,17 +563,82 @@ class _Inferencer:
         return rewrite(root, fill)
 
 
+def _check_attr_values(opdef: OpDef, attrs: Attrs) -> None:
+    """Reject attribute values no operator can mean, before a relation computes with them: integers beyond int64
+    (no tensor has that many elements; the text format could not even write them back) and dtypes that are not
+    dtypes. Relations check what each value means to their operator; this is the floor under all of them."""
+    from relay_tune.op._shape import DTYPES, INT64_MAX
+
+    def ints(value: Any) -> Any:
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int):
+            yield value
+        elif isinstance(value, tuple | list):
+            for item in value:
+                yield from ints(item)
+
+    for key, value in attrs.items():
+        for number in ints(value):
+            if not -INT64_MAX - 1 <= number <= INT64_MAX:
+                raise RelayTypeError(f"attribute {key}={number} is out of the int64 range", op_name=opdef.name)
+        if key.endswith("dtype") and isinstance(value, str) and value and value not in DTYPES:
+            raise RelayTypeError(f"attribute {key}={value!r} is not a dtype (supported: {', '.join(sorted(DTYPES))})",
+                                 op_name=opdef.name)
+
+
+MAX_NOMINAL_ELEMENTS = 1 << 40  # elements of a tensor, counting a zero dimension as one: 4 TiB of float32
+
+
+def _nominal_elements(shape: tuple[Any, ...]) -> int:
+    """Elements of `shape` with zero (and unknown) dimensions counted as one: what a computation that walks one
+    dimension at a time (a window, a padding, a loop nest) may touch although the tensor itself is empty."""
+    total = 1
+    for d in shape:
+        if isinstance(d, int) and d > 1:
+            total *= d
+    return total
+
+
+def _check_annotation_size(ty: Type, var: Var) -> None:
+    if isinstance(ty, TupleType):
+        for field_type in ty.fields:
+            _check_annotation_size(field_type, var)
+    elif isinstance(ty, TensorType) and _nominal_elements(ty.shape) > MAX_NOMINAL_ELEMENTS:
+        raise RelayTypeError(f"%{var.name_hint} is annotated {ty}: more elements than any tensor can have "
+                             f"(at most 2^40, counting empty dimensions as 1)", var.span)
+
+
+def _check_result(opdef: OpDef, ty: Type) -> Type:
+    """A relation's result must be a type a tensor can have: a bounded rank and no negative dimension."""
+    from relay_tune.op._shape import check_rank
+
+    if isinstance(ty, TensorType):
+        check_rank(len(ty.shape), opdef.name)
+        bad = [d for d in ty.shape if isinstance(d, int) and d < 0]
+        if bad:
+            raise RelayTypeError(f"the result would have a negative dimension: {ty}", op_name=opdef.name)
+        if _nominal_elements(ty.shape) > MAX_NOMINAL_ELEMENTS:
+            raise RelayTypeError(f"the result {ty} would have more elements than any tensor can have",
+                                 op_name=opdef.name)
+    elif isinstance(ty, TupleType):
+        for field_type in ty.fields:
+            _check_result(opdef, field_type)
+    return ty
+
+
 def _apply_relation(opdef: OpDef, arg_types: tuple[Type, ...], attrs: Attrs, span: Span | None) -> Type:
     assert opdef.type_relation is not None
     try:
-        return opdef.type_relation(arg_types, attrs)
+        _check_attr_values(opdef, attrs)
+        return _check_result(opdef, opdef.type_relation(arg_types, attrs))
     except RelayTypeError as err:
         if err.span is not None:
             raise
         raise RelayTypeError(err.message, span, err.op_name or opdef.name) from None
     except RelayTuneError:
         raise
-    except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as err:
+    except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError, MemoryError) as err:
         # A relation tripping over malformed attributes (say, a string where ints belong): report it as
         # the user's type error rather than an internal crash.
         args = ", ".join(str(t) for t in arg_types)

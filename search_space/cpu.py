@@ -83,13 +83,13 @@ MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
 
-PARALLEL_MIN_WORK = 1 << 18
+PARALLEL_MIN_WORK = 1 << 14
 """Below this much work (output elements times reduction size) a default kernel runs on one core: starting a
-parallel region costs more than it saves. Kernels of up to 2^18 iterations take 4-190 us on one core
-(`experiments/parallel_threshold.py`), too little to pay for waking and joining another thread. In a 1,000-trial
-ResNet-50 log the best configs of the tasks below this were serial in 4 of 5 cases (bias + activation on
-1x3x224x224 and 1x2048x7x7, global average pooling of 1x2048x7x7; not bias + activation on 1x1024x14x14); every
-convolution, and the final dense (2M), stay parallel."""
+parallel region costs more than it saves. 2^14 iterations take a few microseconds on one core, about what a
+fork/join of libgomp's spinning team costs on an idle machine. Under heavy oversubscription (more runnable threads
+than cores) every parallel region waits for a descheduled worker and serial kernels win far above this line
+(`experiments/parallel_threshold.py` measures where the ratio crosses 1 on the machine at hand); the rule is
+for a machine that runs the model, not one shared with other jobs."""
 
 
 # ---------------------------------------------------------------------------------------------------------------

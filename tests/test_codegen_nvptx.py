@@ -584,8 +584,12 @@ def test_gpu_space_constraints_reject_impossible_launches() -> None:
     too_many = good.replace(tile_m=(1, 64, 4), tile_n=(4, 32, 2))  # 2048 threads
     assert not space.is_valid(too_many)
     small = Config({**good.to_dict(), "tile_k": 64})
-    big_small = gpu_space(prim, "sm_50")
-    assert big_small.is_valid(small) or True  # 48 KiB default limit still fits (64+64)*64*4 = 32 KiB
+    old_gpu = gpu_space(prim, "sm_50")
+    assert old_gpu.is_valid(small)  # (64+64) rows * 64 * 4 bytes = 32 KiB of shared memory: within sm_50's 48 KiB
+    # (1+256) rows * 64 * 4 bytes = 64.25 KiB: fits sm_90's shared memory, not sm_50's
+    wide = Config({**good.to_dict(), "tile_m": (256, 1, 1), "tile_n": (1, 32, 8), "tile_k": 64, "vector": 1})
+    assert space.is_valid(wide)
+    assert not old_gpu.is_valid(wide)
     rng = np.random.default_rng(0)
     for _ in range(20):
         config = space.sample(rng)

@@ -192,8 +192,9 @@ def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> 
 
 
 def test_a_log_of_an_earlier_default_config_still_builds(tmp_path: Path) -> None:
-    """Logs record the default config like any other: one an earlier default rule chose (this bias over
-    1x3x224x224 was parallel before the rule's threshold rose) is still a point of the space and builds as logged."""
+    """Logs record the default config like any other: one another default rule chose (here the same config with
+    the other `parallel` choice, as a rule with another threshold picks) is still a point of the space and builds
+    as logged, not as today's default."""
     import json
 
     import numpy as np
@@ -207,16 +208,17 @@ def @main(%x: Tensor[(1, 3, 224, 224), float32], %s: Tensor[(3, 1, 1), float32])
 }"""))
     (spec,) = extract_tasks(optimize(mod))
     task = RelayTuneTask(spec, CPU)
-    assert task.default_config()["parallel"] == 0
-    earlier = {"family": "injective", "mode": "inner", "vector": 16, "parallel": 1}
+    today = dict(task.default_config())
+    earlier = {**today, "parallel": 1 - today["parallel"]}
     record = {"v": 1, "workload_key": spec.key, "description": spec.description, "target": task.target,
               "config": earlier, "costs": [1e-5], "error_kind": "OK", "trial": 0, "strategy": "default"}
     log = tmp_path / "old.jsonl"
     log.write_text(json.dumps(record) + "\n")
     model = relay_tune.build(mod, target=CPU, logs=[str(log)])
     assert all(t.tuned for t in model.plan.tasks)
-    # the build's decoder gives the logged (parallel) schedule, not today's default
-    assert _parallel_loops(task.lower(Config(earlier)).body) == 1
+    # the build's decoder gives the logged schedule, not today's default
+    assert _parallel_loops(task.lower(Config(earlier)).body) == earlier["parallel"]
+    assert _parallel_loops(task.lower(Config(today)).body) == today["parallel"]
     inputs = model.random_inputs(seed=0)
     np.testing.assert_allclose(model.run(**inputs), np.asarray(evaluate(mod, list(inputs.values()))), rtol=1e-5,
                                atol=1e-6)

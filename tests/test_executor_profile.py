@@ -11,12 +11,11 @@ import pytest
 import relay_tune
 from relay_tune.build import resolve_target
 from relay_tune.cli import main
-from relay_tune.kernel.build import primitive_compute
-from relay_tune.kernel.default_schedule import default_schedule
 from relay_tune.passes import extract_tasks, optimize
 from relay_tune.runtime.profile import compare_with_logs
 from relay_tune.text import parse_module
 from relay_tune.type_infer import infer_types
+from search_space.defaults import default_steps
 
 MODEL = """#[version = "0.0.5"]
 def @main(%x: Tensor[(8, 128), float32], %w1: Tensor[(64, 128), float32], %w2: Tensor[(16, 64), float32]) {
@@ -43,7 +42,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, dict
     costs = {}
     lines = []
     for number, task in enumerate(tasks):
-        steps = [s.to_json() for s in default_schedule(primitive_compute(task.func), target)]
+        steps = [s.to_json() for s in default_steps(task.func, target)]
         costs[task.key] = 1e-5 * (number + 1)
         lines.append(TuningRecord(task.key, target.log_name, Config({"steps": json.dumps(steps)}),
                                   (costs[task.key], 2 * costs[task.key])).to_json())

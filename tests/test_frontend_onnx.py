@@ -552,8 +552,8 @@ def test_unsupported_operators_listed_once_with_counts_before_anything_else() ->
         from_onnx(model)
     assert info.value.counts == {"TopK": 2, "NonZero": 1, "com.example.FusedThing": 1}
     message = str(info.value)
-    assert "3 unsupported operator types" in message
-    assert "TopK (x2)" in message and "NonZero (x1)" in message
+    assert "3 unsupported operator types at opset 99" in message
+    assert "TopK (x2) first at node #" in message and "NonZero (x1) first at node #" in message
     assert isinstance(info.value, RelayTuneError)
 
 

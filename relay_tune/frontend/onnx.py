@@ -66,11 +66,18 @@ class OnnxModelError(RelayTuneError):
 class UnsupportedOperatorsError(UnsupportedError):
     """The model uses operator types the importer does not know; `counts` maps each to its node count."""
 
-    def __init__(self, counts: Mapping[str, int]) -> None:
+    def __init__(self, counts: Mapping[str, int], first_nodes: Mapping[str, str] | None = None,
+                 opset: int | None = None) -> None:
         self.counts = dict(counts)
-        listing = ", ".join(f"{name} (x{n})" for name, n in sorted(self.counts.items()))
+        self.first_nodes = dict(first_nodes or {})  # operator type -> the first node using it, described
+        self.opset = opset
+        listing = ", ".join(
+            f"{name} (x{n})" + (f" first at {self.first_nodes[name]}" if name in self.first_nodes else "")
+            for name, n in sorted(self.counts.items()))
         total = len(self.counts)
-        super().__init__(f"the ONNX model uses {total} unsupported operator type{'s' if total != 1 else ''}: {listing}")
+        at_opset = f" at opset {opset}" if opset is not None else ""
+        super().__init__(f"the ONNX model uses {total} unsupported operator type{'s' if total != 1 else ''}"
+                         f"{at_opset}: {listing}")
 
 
 # ================================================================================================
@@ -1270,15 +1277,20 @@ def _load(model_or_path: onnx.ModelProto | str | Path) -> onnx.ModelProto:
         raise OnnxModelError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from None
 
 
-def _check_operators(graph: onnx.GraphProto) -> None:
+def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
     unsupported: Counter[str] = Counter()
-    for node in graph.node:
+    first: dict[str, str] = {}
+    for index, node in enumerate(graph.node):
         if node.domain not in _DEFAULT_DOMAINS:
-            unsupported[f"{node.domain}.{node.op_type}"] += 1
+            name = f"{node.domain}.{node.op_type}"
         elif node.op_type not in _CONVERTERS:
-            unsupported[node.op_type] += 1
+            name = node.op_type
+        else:
+            continue
+        unsupported[name] += 1
+        first.setdefault(name, f"node #{index}" + (f" {node.name!r}" if node.name else ""))
     if unsupported:
-        raise UnsupportedOperatorsError(unsupported)
+        raise UnsupportedOperatorsError(unsupported, first, opset)
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -1321,7 +1333,10 @@ def _describe(node: onnx.NodeProto, index: int) -> str:
 def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence[int]] | None = None) -> Function:
     """The Relay function computing `model`'s graph (see the module docstring)."""
     graph = model.graph
-    _check_operators(graph)
+    if not graph.output:
+        raise OnnxModelError("the ONNX model has no graph outputs (an empty or truncated file?)")
+    versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
+    _check_operators(graph, max(versions) if versions else None)  # before the opset check: name what is missing
     opset = _opset(model)
     overrides = dict(shape_overrides or {})
     initializer_names = {t.name for t in graph.initializer}
@@ -1339,7 +1354,13 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
     values.update((p.name_hint, p) for p in params)
     for tensor in graph.initializer:
         relay_dtype(tensor.data_type, f"initializer {tensor.name!r}")
-        values[tensor.name] = Constant(numpy_helper.to_array(tensor))
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise UnsupportedError(f"initializer {tensor.name!r} keeps its data in an external file; load the model "
+                                   "with onnx.load(path) and pass the ModelProto")
+        try:
+            values[tensor.name] = Constant(numpy_helper.to_array(tensor))
+        except (ValueError, TypeError, AttributeError, KeyError) as err:  # data that does not fit its dims
+            raise OnnxModelError(f"initializer {tensor.name!r} is damaged ({type(err).__name__}: {err})") from None
 
     for index, proto in enumerate(graph.node):
         where = _describe(proto, index)
@@ -1366,7 +1387,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
 
     missing_outputs = [o.name for o in graph.output if o.name not in values]
     if missing_outputs:
-        raise OnnxModelError(f"graph output(s) {', '.join(missing_outputs)} are never computed")
+        raise OnnxModelError(f"graph output(s) {', '.join(map(repr, missing_outputs))} are never computed")
     results = [values[o.name] for o in graph.output]
     body = results[0] if len(results) == 1 else Tuple(tuple(results))
     return Function(tuple(params), body)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from relay_tune.errors import UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import ExprLike, PrimExpr
 
@@ -194,10 +195,16 @@ def compute(
     return Tensor(name, tuple(shape), body.dtype, ComputeOp(axes, body, tag))
 
 
+class TensorShapeError(UnsupportedError, ValueError):
+    """A tensor the kernel layer cannot compute: a zero-size (or non-integer) dimension. Type inference allows
+    empty tensors; code generation does not, and says so as a user-facing error."""
+
+
 def _check_shape(shape: Sequence[int], name: str) -> None:
     for s in shape:
         if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
-            raise ValueError(f"tensor {name}: shape must be positive integers, got {tuple(shape)}")
+            raise TensorShapeError(f"tensor {name}: shape must be positive integers, got {tuple(shape)} "
+                                   "(zero-size tensors cannot be compiled)")
 
 
 def _axis_names(fcompute: Callable[..., ExprLike], rank: int) -> list[str]:

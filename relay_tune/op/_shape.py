@@ -40,6 +40,18 @@ def is_int_dtype(dtype: str) -> bool:
     return dtype in INT_DTYPES
 
 
+MAX_RANK = 64  # far beyond any real tensor; a larger rank comes from an absurd attribute, not a model
+INT64_MAX = 2**63 - 1
+
+
+def check_rank(ndim: int, op_name: str | None = None) -> int:
+    """`ndim` if a tensor may have that many dimensions; else a type error (before any list that long is built)."""
+    if ndim > MAX_RANK:
+        raise RelayTypeError(f"the result would have {ndim} dimensions (at most {MAX_RANK} are supported)",
+                             op_name=op_name)
+    return ndim
+
+
 def check_dtype(dtype: Any, op_name: str | None = None, what: str = "dtype") -> str:
     """Validate a dtype string given as an attribute (e.g. `cast(x, dtype=...)`)."""
     if not isinstance(dtype, str) or dtype not in DTYPES:

@@ -74,6 +74,8 @@ def _identity_relation(op_name: str, float_only: bool) -> Relation:
         x = expect_tensor(arg_types[0], op_name)
         if float_only and not is_float_dtype(x.dtype):
             raise RelayTypeError(f"requires a floating-point tensor, got {x}", op_name=op_name)
+        if op_name == "negative" and x.dtype == "bool":  # no arithmetic negation of booleans (use logical_not)
+            raise RelayTypeError(f"requires a numeric tensor, got {x}", op_name=op_name)
         return x
 
     return relation
@@ -96,6 +98,8 @@ def _broadcast_relation(op_name: str, result_dtype: str | None) -> Relation:
         lhs = expect_tensor(arg_types[0], op_name, "left operand")
         rhs = expect_tensor(arg_types[1], op_name, "right operand")
         dtype = same_dtype((lhs, rhs), op_name)
+        if op_name == "subtract" and dtype == "bool":  # no arithmetic difference of booleans (use logical_xor)
+            raise RelayTypeError(f"requires numeric tensors, got {lhs} and {rhs}", op_name=op_name)
         return TensorType(broadcast_shapes(lhs.shape, rhs.shape, op_name=op_name), result_dtype or dtype)
 
     return relation

@@ -1079,6 +1079,13 @@ def lrn_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     size = attrs["size"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise RelayTypeError(f"size must be a positive integer, got {size!r}", op_name="nn.lrn")
+    # A window longer than twice the axis covers the whole axis at every position; anything longer is a mistake,
+    # and the reference and the kernel would loop (and pad) over all of it.
+    extent = data.shape[int(attrs["axis"]) % data.ndim]
+    limit = 2 * extent + 1 if isinstance(extent, int) else 1 << 16
+    if size > limit:
+        raise RelayTypeError(f"size={size} is longer than the window of an axis of extent {extent} "
+                             f"can be (at most {limit})", op_name="nn.lrn")
     return data
 
 

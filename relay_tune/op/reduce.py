@@ -63,6 +63,11 @@ def _reduce_relation(op_name: str) -> Callable[[Sequence[Type], Attrs], Type]:
         expect_arity(arg_types, 1, op_name)
         x = expect_tensor(arg_types[0], op_name)
         axes = reduce_axes(x.ndim, attrs["axis"], bool(attrs["exclude"]), op_name)
+        if op_name == "mean" and x.dtype == "bool":  # a mean of booleans is no boolean (cast to a number first)
+            raise RelayTypeError(f"requires a numeric tensor, got {x}", op_name=op_name)
+        if op_name in ("max", "min") and any(x.shape[a] == 0 for a in axes):
+            raise RelayTypeError(f"reduces an empty axis of {x}: {op_name} of no elements has no value",
+                                 op_name=op_name)
         if bool(attrs["keepdims"]):
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
         else:

@@ -22,6 +22,7 @@ from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType, TupleType, Type
 from relay_tune.op._shape import (
     Layout,
     as_int_tuple,
+    check_rank,
     expect_arity,
     expect_tensor,
     expect_tensor_tuple,
@@ -74,6 +75,8 @@ register_op(
 
 Array = np.ndarray
 
+
+MAX_SPLIT_SECTIONS = 1 << 16  # split parts of an axis of unknown extent
 
 def _single_tensor(arg_types: Sequence[Type], op_name: str) -> TensorType:
     expect_arity(arg_types, 1, op_name)
@@ -250,6 +253,7 @@ def _expand_dims_shape(shape: Sequence[Dim], attrs: Attrs) -> tuple[Dim, ...]:
     count = attrs["num_newaxis"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise RelayTypeError(f"num_newaxis must be a non-negative integer, got {count!r}", op_name="expand_dims")
+    check_rank(len(shape) + count, "expand_dims")  # before `[1] * count` is built
     # The new axes may go anywhere from before the first axis to after the last.
     axis = normalize_axis(attrs["axis"], len(shape) + 1, op_name="expand_dims")
     return (*shape[:axis], *([1] * count), *shape[axis:])
@@ -404,6 +408,8 @@ def split_points(extent: Dim, indices_or_sections: Any) -> list[tuple[Dim, Dim]]
                 f"indices_or_sections must be a positive number of sections, got {sections}", op_name=op
             )
         if isinstance(extent, AnyDim):
+            if sections > MAX_SPLIT_SECTIONS:  # the type would be a tuple of that many tensors
+                raise RelayTypeError(f"indices_or_sections={sections} is more parts than any axis holds", op_name=op)
             return [(ANY, ANY)] * sections
         if extent % sections != 0:
             raise RelayTypeError(f"an axis of extent {extent} cannot be split into {sections} equal parts", op_name=op)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from relay_tune.tuning.records import LogEntry, LogEvent, LogTail, LogWriter, TuningRecord
+from relay_tune.tuning.records import LogEntry, LogEvent, LogTail, LogWriter, TuningRecord, read_records
 from search_space import Config
 
 TaskTarget = tuple[str, str]  # (workload key, target string)
@@ -188,3 +188,37 @@ def apply_best(
         if best:
             chosen[(key, record_target)] = best[0].config
     return chosen
+
+
+def best_for_target(
+    paths: Sequence[str | os.PathLike[str]], targets: Sequence[str], cpu: str | None = None
+) -> tuple[dict[str, Config], str | None]:
+    """The best config per workload key among the records of the logs that a build for `targets` (the names one
+    target goes by) may use, and one sentence on the records it left out (None when it left none out).
+
+    A record is left out when it is for another target, or when it was measured on a CPU other than `cpu`, the
+    one being built for (its timings say nothing about this CPU). Unreadable lines are counted by the reader's
+    own single warning per log.
+    """
+    wanted = set(targets)
+    other_targets: dict[str, int] = {}
+    other_hosts: dict[str, int] = {}
+    usable: dict[str, list[TuningRecord]] = {}
+    for record in read_records(list(paths)):
+        if record.target not in wanted:
+            other_targets[record.target] = other_targets.get(record.target, 0) + 1
+        elif cpu and record.host_cpu and record.host_cpu not in (cpu, "unknown"):
+            other_hosts[record.host_cpu] = other_hosts.get(record.host_cpu, 0) + 1
+        else:
+            usable.setdefault(record.workload_key, []).append(record)
+    chosen = {key: best[0].config for key, records in usable.items() if (best := top_k(records, 1))}
+    parts = []
+    if other_targets:
+        names = sorted(other_targets, key=lambda t: -other_targets[t])
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        parts.append(f"{sum(other_targets.values())} of other targets ({shown})")
+    if other_hosts:
+        parts.append(f"{sum(other_hosts.values())} measured on other CPUs ({', '.join(sorted(other_hosts))})")
+    if not parts:
+        return chosen, None
+    return chosen, f"tuning logs: skipped {' and '.join(parts)}; building for {targets[0]}"

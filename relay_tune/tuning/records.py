@@ -42,7 +42,35 @@ def _package_version() -> str:
 
 
 class LogFormatError(RelayTuneError):
-    """A log line that is not a valid record or event of a known schema version."""
+    """A log line that is not a valid record or event of a known schema version.
+
+    `reason` sorts skipped lines for the one warning a reader gives: "not JSON" (a line torn by a kill, or
+    garbage), "newer schema" (written by a later relay-tune), "invalid" (JSON, but not a record or event)."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SkippedLines:
+    """Counts the unreadable lines of one log by reason, for a single warning at the end of a read."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.by_reason: dict[str, int] = {}
+        self.first: str = ""
+
+    def add(self, lineno: int, err: LogFormatError) -> None:
+        self.by_reason[err.reason] = self.by_reason.get(err.reason, 0) + 1
+        if not self.first:
+            self.first = f"{self.name}:{lineno}: {err}"
+
+    def warn(self, stacklevel: int = 3) -> None:
+        total = sum(self.by_reason.values())
+        if total:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self.by_reason.items()))
+            warnings.warn(f"{self.name}: skipped {total} unreadable log line{'s' if total > 1 else ''} ({reasons}); "
+                          f"first: {self.first}", LogWarning, stacklevel=stacklevel)
 
 
 class LogWarning(UserWarning):
@@ -229,7 +257,7 @@ class TuningRecord:
             )
         except LogFormatError:
             raise
-        except (KeyError, TypeError, ValueError, RelayTuneError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError, RecursionError, RelayTuneError) as err:
             raise LogFormatError(f"not a valid tuning record: {err}") from err
 
     @classmethod
@@ -267,7 +295,9 @@ LogEntry: TypeAlias = TuningRecord | LogEvent
 def _check_schema(data: Mapping[str, Any]) -> None:
     version = data.get("v")
     if version != SCHEMA_VERSION:
-        raise LogFormatError(f"unsupported log schema version {version!r} (this relay-tune reads v{SCHEMA_VERSION})")
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+        raise LogFormatError(f"unsupported log schema version {version!r} (this relay-tune reads v{SCHEMA_VERSION})",
+                             "newer schema" if newer else "invalid")
 
 
 def parse_line(line: str) -> LogEntry:
@@ -275,11 +305,18 @@ def parse_line(line: str) -> LogEntry:
     try:
         data = json.loads(line)
     except json.JSONDecodeError as err:
-        raise LogFormatError(f"not JSON ({err.msg} at column {err.colno})") from err
+        raise LogFormatError(f"not JSON ({err.msg} at column {err.colno})", "not JSON") from err
+    except RecursionError as err:  # "[[[[...": nesting deeper than the parser's stack
+        raise LogFormatError("not a log line (JSON nested too deeply)", "not JSON") from err
     if not isinstance(data, dict):
         raise LogFormatError("a log line must be a JSON object")
     if "event" in data:
-        return LogEvent.from_dict(data)
+        try:
+            return LogEvent.from_dict(data)
+        except LogFormatError:
+            raise
+        except (TypeError, ValueError, OverflowError) as err:
+            raise LogFormatError(f"not a valid log event: {err}") from err
     return TuningRecord.from_dict(data)
 
 
@@ -294,8 +331,16 @@ def append_lines(path: str | os.PathLike[str], lines: Sequence[str], fsync: bool
         return
     if any("\n" in line for line in lines):
         raise ValueError("log lines must not contain newlines")
+    try:
+        _append_payload(path, "".join(line + "\n" for line in lines).encode("utf-8"), fsync)
+    except OSError as err:  # a full disk, a folder made read-only: one message naming the log, not a traceback
+        from relay_tune.resources import ResourceError
+
+        raise ResourceError(f"cannot append to the tuning log {os.fspath(path)}: {err.strerror or err}") from None
+
+
+def _append_payload(path: str | os.PathLike[str], payload: bytes, fsync: bool) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    payload = "".join(line + "\n" for line in lines).encode("utf-8")
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -364,21 +409,27 @@ def _lines_of(source: LogSource) -> tuple[str, Iterator[str | LogEntry]]:
 def iter_log(source: LogSource) -> Iterator[tuple[int, LogEntry]]:
     """Yield (line number, record or event) for each readable line (or each record of an in-memory iterable).
 
-    Blank lines and `#` comments are ignored; unreadable lines (torn by a crash, garbled, unknown schema) are
-    skipped with a `LogWarning` naming the file and line, never an exception.
+    Blank lines and `#` comments are ignored; unreadable lines (torn by a crash, garbled, a newer schema) are
+    skipped, never an exception, and counted by reason in one `LogWarning` per source that names the first.
     """
     name, lines = _lines_of(source)
-    for lineno, raw in enumerate(lines, start=1):
-        if isinstance(raw, TuningRecord | LogEvent):
-            yield lineno, raw  # an in-memory record: nothing to parse
-            continue
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            yield lineno, parse_line(line)
-        except LogFormatError as err:
-            warnings.warn(f"{name}:{lineno}: skipping unreadable log line: {err}", LogWarning, stacklevel=2)
+    skipped = SkippedLines(name)
+    try:
+        for lineno, raw in enumerate(lines, start=1):
+            if isinstance(raw, TuningRecord | LogEvent):
+                yield lineno, raw  # an in-memory record: nothing to parse
+                continue
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                entry = parse_line(line)
+            except LogFormatError as err:
+                skipped.add(lineno, err)
+                continue
+            yield lineno, entry
+    finally:
+        skipped.warn()
 
 
 def read_records(sources: LogSource | Sequence[LogSource]) -> list[TuningRecord]:
@@ -442,6 +493,7 @@ class LogTail:
         chunk = data[: end + 1]
         self._offset += len(chunk)
         entries: list[LogEntry] = []
+        skipped = SkippedLines(str(self.path))
         for raw in chunk.decode("utf-8", errors="replace").splitlines():
             self._lineno += 1
             line = raw.strip()
@@ -450,6 +502,6 @@ class LogTail:
             try:
                 entries.append(parse_line(line))
             except LogFormatError as err:
-                warnings.warn(f"{self.path}:{self._lineno}: skipping unreadable log line: {err}", LogWarning,
-                              stacklevel=2)
+                skipped.add(self._lineno, err)
+        skipped.warn()
         return entries

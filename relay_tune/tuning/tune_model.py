@@ -196,10 +196,40 @@ def _cuda_target(text: str | Any) -> Any:
     return Target("cuda", arch=cuda_device().arch)
 
 
-def default_runner() -> Runner:
+def default_runner(check: bool = True) -> Runner:
     """The CPU runner `tune_model` measures with: at least 40 ms per timing (a slow kernel is timed call by call,
-    not three calls at a time), three timings per candidate, outputs checked against the reference."""
-    return LocalRunner(number=1, repeat=3, min_repeat_ms=40.0)
+    not three calls at a time), three timings per candidate, outputs checked against the reference (`check`)."""
+    return LocalRunner(number=1, repeat=3, min_repeat_ms=40.0, check_correctness=check)
+
+
+class ReferenceUnavailableError(RelayTuneError):
+    """The reference interpreter cannot compute a task's expected outputs, so measurements could not be checked."""
+
+
+def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
+    """Run each task's reference on the runner's random inputs before any tuning: a task whose outputs could not
+    be checked is an error naming the task and the reason (tune with `check=False` / `--no-check` to go on)."""
+    import warnings
+
+    from relay_tune.tuning.relay_task import ReferenceWarning
+    from relay_tune.tuning.runner import random_inputs
+
+    for task in tasks:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ReferenceWarning)
+            try:
+                expected = task.reference(random_inputs(task.input_specs(), seed))
+            except Exception as err:  # a GPU task's reference raises instead of warning
+                raise ReferenceUnavailableError(
+                    f"the reference interpreter cannot run task {task.description} ({type(err).__name__}: {err}), "
+                    "so tuned kernels could not be checked; tune with --no-check to measure without the numerical "
+                    "check") from None
+        reasons = [str(w.message) for w in caught if issubclass(w.category, ReferenceWarning)]
+        if expected is None or reasons:
+            reason = reasons[0] if reasons else f"task {task.description}: no reference outputs"
+            raise ReferenceUnavailableError(f"{reason.replace('; outputs are not checked', '')}: tuned kernels "
+                                            "could not be checked; tune with --no-check to measure without the "
+                                            "numerical check")
 
 
 def _median_latency(model: Any, seconds: float = 1.0) -> float:
@@ -242,6 +272,7 @@ def tune_model(
     batch_size: int | None = None,
     early_stopping: int | None = None,
     opt_level: int = 3,
+    check: bool = True,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
@@ -252,7 +283,9 @@ def tune_model(
     descriptions (or keys) to tune, or a predicate on tasks. output: where to save the built model.
     measure_latency: time the model with default and with tuned schedules. builder/runner: measurement
     infrastructure to use instead of the defaults (closed by the caller). batch_size: trials per round of a task
-    (default: up to 8, fewer when the budget would not give every task a round).
+    (default: up to 8, fewer when the budget would not give every task a round). check: compare every measured
+    kernel's outputs with the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the
+    interpreter cannot compute them for a task; False measures without the check and says so in the log.
     """
     from relay_tune.build import build, resolve_target
 
@@ -269,6 +302,14 @@ def tune_model(
         tasks = [t for t in tasks if keep(t)]
         if not tasks:
             raise RelayTuneError(f"no task matches {task_filter!r}")
+    if check:
+        check_references(tasks)
+    else:
+        from relay_tune.tuning.records import LogEvent, LogWriter
+
+        LogWriter(log_path).write_one(LogEvent("numerical_check_disabled", data={
+            "reason": "tuned without comparing kernel outputs with the reference interpreter (--no-check)",
+            "tasks": len(tasks)}))
     if batch_size is None:
         # every task gets its warm-up round (its default schedule measured) when the budget allows
         batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
@@ -284,7 +325,9 @@ def tune_model(
     scheduler = DeadlineScheduler(deadline, seed=seed, early_stopping=early_stopping)
     own_builder, own_runner = builder is None, runner is None and gpu_runner is None
     builder = builder or LocalBuilder(n_parallel=jobs)
-    runner = runner or gpu_runner or default_runner()
+    runner = runner or gpu_runner or default_runner(check)
+    if not check and hasattr(runner, "check_correctness"):
+        runner.check_correctness = False
     from relay_tune.tuning.hostlock import HostLockedRunner
 
     # Other tuning processes on this machine measure in turn with this one (builds still overlap).
