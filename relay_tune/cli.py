@@ -149,8 +149,18 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
 
-    mod = optimize(load_model(args.model, args.consts, params=args.params), opt_level=args.opt_level)
-    tasks = extract_tasks(mod)
+    loaded = load_model(args.model, args.consts, params=args.params)
+    if args.spaces:  # each task's template family and the size of its schedule space on --target
+        from relay_tune.build import resolve_target
+        from relay_tune.tuning.relay_task import tasks_from_module
+        from search_space.cpu import format_space_table
+
+        target = resolve_target(args.target)
+        specs = tasks_from_module(loaded, target, opt_level=args.opt_level)
+        print(f"{args.model}: {len(specs)} tasks on {target.log_name}")
+        print(format_space_table([(t.description, t.family, t.space) for t in specs]))
+        return 0
+    tasks = extract_tasks(optimize(loaded, opt_level=args.opt_level))
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -497,8 +507,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise RelayTuneError(f"{path}: no such file")
     if args.storage:
-        from relay_tune.tuning.study_logs import STORAGE_ACTIONS
+        from relay_tune.tuning.study_logs import STORAGE_ACTIONS, storage_summary
 
+        if args.action == "summary":
+            return storage_summary(args, console, _logs_summary)
         if args.action not in STORAGE_ACTIONS:
             raise RelayTuneError(f"logs {args.action} works on log files; export the database first: "
                                  "relay-tune logs export --storage URL -o all.jsonl")
@@ -717,6 +729,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", help="list the tuning tasks (distinct fused workloads) of a model",
                        description="Optimise and fuse a model, then list one tuning task per distinct workload.")
     _add_model_args(p)
+    p.add_argument("--spaces", action="store_true", help="print each task's schedule template family and the size "
+                   "of its schedule space instead")
+    p.add_argument("--target", default="llvm", help="target of the spaces (--spaces; default: this machine)")
 
     p = sub.add_parser("import", help="convert an ONNX model to Relay text plus a parameter file",
                        description="Import an ONNX model and write it as Relay text (weights as "

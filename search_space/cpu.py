@@ -41,7 +41,7 @@ Families (`family_of`) and their knobs:
 - **injective** (element-wise groups, transposes, concatenations...): `mode` (vectorize the innermost axis
   whole, split it by `vector`, or fuse every axis and split by `vector`), `vector`, `parallel`.
 
-`python -m search_space.cpu MODEL.relay ...` prints each task's family and space size.
+`relay-tune tasks MODEL --spaces` prints each task's family and space size.
 """
 
 from __future__ import annotations
@@ -1120,27 +1120,3 @@ def format_space_table(rows: Sequence[tuple[str, str, Space]]) -> str:
         lines.append(f"{family:22}  {len(space.knobs):>5}  {space.size():>12,}  "
                      f"{(f'{valid:,}' if valid is not None else '-'):>10}  {description}")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m search_space.cpu MODEL...`: the family and space size of every task of each model."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m search_space.cpu", description=main.__doc__)
-    parser.add_argument("models", nargs="+", help="Relay text (.relay) or ONNX (.onnx) models")
-    parser.add_argument("--target", default="llvm", help="target string (default: this machine)")
-    args = parser.parse_args(argv)
-    from relay_tune.build import resolve_target
-    from relay_tune.cli import load_model
-    from relay_tune.tuning.relay_task import tasks_from_module
-
-    target = resolve_target(args.target)
-    for path in args.models:
-        tasks = tasks_from_module(load_model(path), target)
-        print(f"{path}: {len(tasks)} tasks on {target.log_name}")
-        print(format_space_table([(t.description, t.family, t.space) for t in tasks]))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -141,3 +141,13 @@ def test_the_installed_command_builds_and_runs(model_file: Path, tmp_path: Path)
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "output 0: [1, 4] float32" in run.stdout
+
+
+def test_tasks_spaces_prints_each_tasks_template_family_and_space(model_file: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tasks", str(model_file), "--spaces"]) == 0
+    out = capsys.readouterr().out
+    assert "tasks on llvm" in out
+    lines = [line for line in out.splitlines()[2:] if line.strip()]
+    assert lines and all(line.split()[0].startswith(("conv2d", "dense", "reduction", "injective")) for line in lines)
+    assert any(line.split()[0].startswith("conv2d") and int(line.split()[2].replace(",", "")) > 1 for line in lines)

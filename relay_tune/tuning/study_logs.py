@@ -21,7 +21,7 @@ from typing import Any
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.records import LogEvent, TuningRecord, read_events, read_records
 
-__all__ = ["LOG_ACTIONS", "STORAGE_ACTIONS", "latency_curve", "plot_curves"]
+__all__ = ["LOG_ACTIONS", "STORAGE_ACTIONS", "latency_curve", "plot_curves", "storage_summary"]
 
 
 @contextlib.contextmanager
@@ -34,13 +34,14 @@ def _exported(url: str) -> Iterator[Path]:
         yield path
 
 
-def storage_summary(args: argparse.Namespace, console: Any) -> int:
-    from relay_tune.cli import _logs_summary
+def storage_summary(args: argparse.Namespace, console: Any, summarise: Callable[[argparse.Namespace, Any], int]) -> int:
+    """The summary of a study: `summarise` (the command line's log summary) over its exported records, then what
+    only the database knows. The summary is passed in so that this layer never imports the command line."""
     from relay_tune.tuning.distributed import redact, study_overview
 
     with _exported(args.storage) as path:
         inner = argparse.Namespace(**{**vars(args), "logs": [str(path)], "label": redact(args.storage)})
-        _logs_summary(inner, console)
+        summarise(inner, console)
         budgets = [e.data.get("total_trials") for e in read_events(path) if e.event == "session_start"]
     overview = study_overview(args.storage)
     running = sum(s["states"].get("RUNNING", 0) for s in overview)
@@ -177,5 +178,5 @@ def plot_curves(records: Sequence[TuningRecord], events: Sequence[LogEvent],
 
 
 Action = Callable[[argparse.Namespace, Any], int]
-STORAGE_ACTIONS: dict[str, Action] = {"summary": storage_summary, "export": storage_export, "plot": plot_command}
+STORAGE_ACTIONS: dict[str, Action] = {"export": storage_export, "plot": plot_command}  # and storage_summary
 LOG_ACTIONS: dict[str, Action] = {"export": export_without_storage, "plot": plot_command}
