@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,16 +29,26 @@ HEADER = '#[version = "0.0.5"]\n'
 CLI = "import sys; from relay_tune.cli import main; sys.exit(main())"
 
 
+# Root passes every file permission check; without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from the
+# bounding set before exec) it is held to the permission bits like any user, so the permission tests run as root too.
+WITHOUT_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+
+
 def relay_tune_cli(*args: str | Path, cwd: Path, memory_limit: int | None = None, prelude: str = "",
-                   timeout: float = 300) -> subprocess.CompletedProcess[str]:
+                   timeout: float = 300, unprivileged: bool = False) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    command = [sys.executable, "-c", prelude + CLI, *map(str, args)]
+    if unprivileged and WITHOUT_DAC:
+        if shutil.which("setpriv") is None:
+            pytest.fail("running as root, the permission tests need setpriv (util-linux) to drop file capabilities")
+        command = WITHOUT_DAC + command
 
     def limit() -> None:
         if memory_limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
 
-    return subprocess.run([sys.executable, "-c", prelude + CLI, *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout, preexec_fn=limit)
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                          preexec_fn=limit)
 
 
 def assert_clean_failure(result: subprocess.CompletedProcess[str], *phrases: str, code: int = 1) -> None:
@@ -210,13 +221,13 @@ def test_unwritable_log_folder(tmp_path: Path) -> None:
     assert_clean_failure(result, "for the model file")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_log_folder(tmp_path: Path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
     try:
-        result = relay_tune_cli(EXAMPLE, "--trials", "1", "--log", folder / "l.jsonl", cwd=tmp_path)
+        result = relay_tune_cli(EXAMPLE, "--trials", "1", "--log", folder / "l.jsonl", cwd=tmp_path,
+                                unprivileged=True)
         assert_clean_failure(result, "cannot write the tuning log", "Permission denied")
     finally:
         folder.chmod(0o755)
@@ -264,12 +275,12 @@ def test_full_tmpfs_before_tuning(tmp_path: Path) -> None:
         subprocess.run(["umount", str(tiny)], capture_output=True, timeout=10)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_unreadable_model(tmp_path: Path) -> None:
     model = tmp_path / "secret.relay"
     model.write_text(EXAMPLE.read_text())
     model.chmod(0)
-    assert_clean_failure(relay_tune_cli("check", model, cwd=tmp_path), "cannot be read", "Permission denied")
+    assert_clean_failure(relay_tune_cli("check", model, cwd=tmp_path, unprivileged=True), "cannot be read",
+                         "Permission denied")
 
 
 @pytest.mark.parametrize(("name", "content", "phrase"), [
