@@ -47,6 +47,14 @@ class TargetError(RelayTuneError):
     """A malformed or unsupported target string."""
 
 
+KNOWN_ARCHS = (
+    "sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86",
+    "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_101", "sm_101a", "sm_103", "sm_120",
+    "sm_120a", "sm_121",
+)
+"""CUDA architectures the NVPTX back end (`relay_tune.codegen.nvptx`) emits PTX for."""
+
+
 @dataclass(frozen=True)
 class Target:
     """What to compile for.
@@ -158,8 +166,6 @@ class Target:
             raise TargetError(f"-num-cores={self.num_cores} is out of range; expected 1 to {MAX_NUM_CORES} "
                               f"(this machine has {os.cpu_count()} cores)")
         if self.kind == "cuda":
-            from relay_tune.codegen.nvptx import KNOWN_ARCHS
-
             if self.arch and self.arch not in KNOWN_ARCHS:
                 raise TargetError(f"unknown CUDA architecture -arch={self.arch}; expected one of "
                                   f"{', '.join(KNOWN_ARCHS)}")

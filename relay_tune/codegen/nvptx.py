@@ -63,7 +63,7 @@ from relay_tune.codegen.llvm_base import (
 )
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.kernel import tir
-from relay_tune.target import Target
+from relay_tune.target import KNOWN_ARCHS, Target
 
 __all__ = [
     "DEFAULT_ARCH",
@@ -97,11 +97,6 @@ __all__ = [
 
 NVPTX_TRIPLE = "nvptx64-nvidia-cuda"
 DEFAULT_ARCH = "sm_90"
-KNOWN_ARCHS = (
-    "sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86",
-    "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_101", "sm_101a", "sm_103", "sm_120",
-    "sm_120a", "sm_121",
-)
 STATIC_SHARED_LIMIT = 48 * 1024
 """Static shared memory per block; beyond it a kernel uses dynamic shared memory (opt-in at launch)."""
 # The most shared memory one block can opt into, per architecture (CUDA programming guide, compute

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from relay_tune.ir import Expr, Function, IRModule, TensorType
 from relay_tune.ir.expr import Call
+from relay_tune.type_infer import infer_types
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,6 @@ class InferType(Pass):
     name: ClassVar[str] = "InferType"
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
-        from relay_tune.type_infer import infer_types
-
         return infer_types(mod)
 
 
@@ -127,9 +126,8 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
 
 
 def get_pass(name: str, **options: Any) -> Pass:
-    """A pass by name with its options, e.g. `get_pass("FuseOps", max_depth=8)`."""
-    import relay_tune.passes  # noqa: F401  (importing the package registers every pass)
-
+    """A pass by name with its options, e.g. `get_pass("FuseOps", max_depth=8)`. Every pass is registered by then:
+    this module is only ever imported through its package, whose `__init__` imports every pass module."""
     try:
         cls = _PASSES[name]
     except KeyError:
@@ -139,8 +137,6 @@ def get_pass(name: str, **options: Any) -> Pass:
 
 
 def registered_passes() -> list[str]:
-    import relay_tune.passes  # noqa: F401
-
     return sorted(_PASSES)
 
 
@@ -219,8 +215,6 @@ def retype(mod: IRModule, changed: bool) -> IRModule:
     """Re-run type inference after a pass built new nodes (and only then)."""
     if not changed:
         return mod
-    from relay_tune.type_infer import infer_types
-
     return infer_types(mod)
 
 
