@@ -13,6 +13,7 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.runtime.model import PACKING_TASK, load
 from relay_tune.text import parse_module
+from relay_tune.tuning.relay_task import tasks_from_module
 
 DENSE = """#[version = "0.0.5"]
 def @main(%x: Tensor[(4, 64), float32], %w: Tensor[(32, 64), float32], %b: Tensor[(32), float32]) {
@@ -32,11 +33,17 @@ def weights() -> dict[str, np.ndarray]:
 def test_bound_weights_are_packed_at_build_time_not_per_run() -> None:
     mod = parse_module(DENSE)
     as_inputs = relay_tune.build(mod)
-    assert any(c.task == PACKING_TASK for c in as_inputs.plan.calls), "the default dense schedule packs its weight"
-    bound = relay_tune.build(relay_tune.bind_params(mod, weights()))
+    # A weight given as an input is never repacked per run: its template offers no packing then.
+    assert not any(c.task == PACKING_TASK for c in as_inputs.plan.calls)
+    bound_mod = relay_tune.bind_params(mod, weights())
+    (as_input_task,) = tasks_from_module(mod, "llvm")
+    (bound_task,) = tasks_from_module(bound_mod, "llvm")
+    assert "pack_b" not in as_input_task.default_config()
+    assert bound_task.default_config()["pack_b"]  # bound, the weight is packed into panels ...
+    bound = relay_tune.build(bound_mod)
     assert bound.input_names == ["x"]
-    assert not any(c.task == PACKING_TASK for c in bound.plan.calls)  # packed once, into a constant
-    assert bound.num_kernel_calls < as_inputs.num_kernel_calls
+    assert not any(c.task == PACKING_TASK for c in bound.plan.calls)  # ... once, at build time, into a constant
+    assert bound.num_kernel_calls == as_inputs.num_kernel_calls == 1
     x = np.random.default_rng(0).standard_normal((4, 64)).astype("float32")
     want = np.asarray(evaluate(mod, {"x": x, **weights()}))
     np.testing.assert_allclose(bound.run(x), want, rtol=1e-5, atol=1e-5)
