@@ -75,6 +75,10 @@ class SearchStrategy(ABC):
         """Do the expensive part of the next `propose(n)` (fitting, ranking) now. The driver calls it before it
         takes the lock that workers sharing a database claim their configs under, so `propose` holds it briefly."""
 
+    def discard(self, configs: Sequence[Config]) -> None:  # noqa: B027 - optional hook
+        """These proposals will not be measured here: a shared database gave them to another worker (or had no
+        budget left for them)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Give up proposals that were never measured (e.g. after an interrupt)."""
 
@@ -493,6 +497,17 @@ class OptunaSearch(SearchStrategy):
                     trial.set_user_attr("error_kind", result.error_kind.name)
                 self.study.tell(trial, FAILURE_VALUE, skip_if_finished=True)
             self._release(trial)
+
+    def discard(self, configs: Sequence[Config]) -> None:
+        for config in configs:
+            trial = self._pending.pop(config.key, None)
+            if trial is None:
+                continue
+            self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self._release(trial)
+            # Not measured, so not learnt: its config goes back to the queue (its claim in the database may be a
+            # dead worker's that is not stale yet; a live worker's config is never asked twice by the study).
+            self.study.enqueue_trial(trial.params)
 
     def _release(self, trial: Any) -> None:
         if self._heartbeats is not None:
