@@ -490,7 +490,11 @@ class PostgresDatabase(Database):
 
         self.worker = worker_identity()  # host, pid and process start: a restarted worker is a new one
         self._claiming: set[TaskTarget] = set()  # tasks this worker claimed configs of
-        interval, self.grace = _heartbeat_settings()
+        interval, grace = _heartbeat_settings()
+        # A claim's database beat and its Optuna trial's heartbeat come from two threads of the same cadence; a
+        # stale claim is freed one interval after its trial counts as stale, so the worker that takes the freed
+        # budget finds that trial stale too (and Optuna's sampler gets the config back, `_return_to_pool`).
+        self.grace = grace + interval
         self._beats = ClaimBeats(self, float(interval))
 
     # -- writing ---------------------------------------------------------------------------------------------

@@ -387,6 +387,7 @@ class XGBSearch(OptunaSearch):
         self._direct = self._database_url is not None and hasattr(database, "claimed_keys")
         self._queue: list[Config] = []  # prioritized configs not proposed yet (direct claims)
         self._proposed: dict[str, Config] = {}  # proposed and not yet measured or discarded (direct claims)
+        self._own_new = 0  # this worker's measurements since its last refit (direct claims)
         self._describe_workload()
 
     def _import_log(self) -> None:
@@ -608,8 +609,15 @@ class XGBSearch(OptunaSearch):
         return list(chosen.values())
 
     def prepare(self, n: int) -> None:
-        self._update_plan(self._refresh_measurements(), n)
+        measured = self._refresh_measurements()
         self._prepared = True
+        if self._direct and self.hub.model is not None and self._own_new < self.min_new and len(self._plan) >= 2 * n:
+            # Workers sharing a database see the measurements grow W times faster than each one measures; a refit
+            # and re-plan on every growth step would make each worker's CPU per trial grow with W. Each one
+            # refits after `min_new` measurements of its own instead (on everything measured so far).
+            return
+        self._update_plan(measured, n)
+        self._own_new = 0
 
     def _update_plan(self, measured: dict[str, tuple[Config, float]], n: int) -> None:
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
@@ -726,6 +734,7 @@ class XGBSearch(OptunaSearch):
 
         from relay_tune.tuning.distributed import study_mirror
 
+        self._own_new += len(inputs)
         trials = []
         for measure_input, result in zip(inputs, results, strict=True):
             config = self._proposed.pop(measure_input.config.key, measure_input.config)
