@@ -8,18 +8,22 @@ Every worker opens the same database. What each piece does:
   (workload key, target, config key): a config is recorded once, whoever measured it, and a second insert of the
   same config is refused by the database itself (and logged as a `duplicate_measurement` event). A worker's own
   JSON-lines log is a mirror of what it measured. Reads are incremental (see `_refresh`).
-- Claims. A trial being measured is a RUNNING trial of the task's Optuna study with a `config_key` attribute. Each
-  study's claim step (ask, check, claim) runs under a PostgreSQL advisory lock, so a claim is always seen by the
-  next asker anywhere: a config is never handed to two workers.
-- One budget. The driver counts records plus claims in flight of the model's tasks under a second advisory lock
-  (`round_lock`) and only then asks the search for that round's configs, so all workers together measure exactly
+- Claims. A config being measured has a row in `relay_tune_claims` (primary key: workload, target, config), so
+  only one worker can claim it. The driver claims each round's proposals with one call of the server function
+  `relay_tune_claim` (`PostgresDatabase.claim`).
+- One budget. `relay_tune_claim` frees stale claims, counts the records plus the live claims of the model's tasks
+  and inserts only as many claims as the budget has room for, under an advisory lock that the server holds for
+  the length of that call (no worker code runs while it is held), so all workers together measure exactly
   `--trials` configs. A worker whose share is done but whose colleagues still hold claims waits for them: should
-  one of them die, its claims come back to the pool and this worker measures them.
-- Crashes. Claims carry Optuna heartbeats (`RDBStorage(heartbeat_interval, grace_period)`), recorded by a
-  background thread of the claiming process while the batch is built and timed. A worker killed with SIGKILL, or a
-  host that disappears, stops beating; after the grace period the next worker to look fails those trials
-  (`optuna.storages.fail_stale_trials`) and enqueues their configs again, so nothing is lost. A zombie that
-  wakes up after its claim was given away finds its record refused: nothing is recorded twice.
+  one of them die, its claims come back to the pool and this worker measures in their place.
+- Optuna. The xgb search claims directly and mirrors each measurement into the task's Optuna study afterwards
+  (`StudyMirror`, for optuna-dashboard). The tpe and random searches ask their study first (each study's ask,
+  check and claim under a per-study advisory lock, RUNNING trials with Optuna heartbeats), then claim as above.
+- Crashes. Claims carry heartbeats, renewed by a background thread of the claiming process while the batch is
+  built and timed (`ClaimBeats`). A worker killed with SIGKILL, or a host that disappears, stops beating; after
+  the grace period the next claim deletes its claims (Optuna's stale RUNNING trials are failed with
+  `optuna.storages.fail_stale_trials` and their configs enqueued again), so nothing is lost. A zombie that wakes
+  up after its claim was given away finds its record refused: nothing is recorded twice.
 
 Only the driver (psycopg 3, `pip install 'relay-tune[distributed]'`) is needed on the workers; the database
 server is any PostgreSQL (12 or newer).
