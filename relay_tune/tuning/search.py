@@ -11,9 +11,8 @@ Rules the strategies keep:
   is answered from the earlier result without measuring. Processes sharing a journal take turns (a file lock)
   to ask for and claim configs, so a claim is always seen by the next asker; on PostgreSQL they take turns the
   same way through an advisory lock, and the database's claims table decides (`relay_tune.tuning.distributed`);
-  on other
-  shared storages two processes that claim the same config at the same moment both publish their claim and
-  re-check, and the lower trial number keeps it (a rare duplicate remains possible there).
+  on other shared storages two processes that claim the same config at the same moment both publish their claim
+  and re-check, and the lower trial number keeps it (a rare duplicate remains possible there).
 - Failures teach the sampler: a failed measurement is told as a worst value (`FAILURE_VALUE`), which puts it in
   TPE's "bad" group; configs the space's constraints reject are told the same and never measured or counted.
 - Resuming rebuilds the study: records in the log that the study does not know are added as finished trials, and
