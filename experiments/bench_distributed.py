@@ -7,13 +7,16 @@ Each worker is a separate process running the production driver, search (`--sear
 claims, heartbeats and PostgreSQL records (`python -m relay_tune.tuning.simulated`); only the measurement is
 simulated: building returns at once and running sleeps `--trial-s` seconds (`relay_tune.tuning.simulated`), so
 the numbers show what the machinery costs, not what kernels cost. The budget is `--per-worker` trials times the
-number of workers; workers set up (imports, connections) before a common start time, so start-up is not counted.
+number of workers, at most `--max-budget`; workers set up (imports, connections) before a common start time, so
+start-up is not counted.
 
 Reported per worker count: trials/s, the ideal (workers / trial seconds), their ratio, and per trial the time a
-worker spent outside measuring: `storage` (waiting for the budget lock, counting records and claims, inserting
-the record) and `search` (ranking, asking, checking and claiming configs, telling results; Optuna's storage calls
-included), and how long a round holds the budget lock (all workers of a model take turns there, so 1 / that
-time bounds the rounds per second of the whole study). The
+worker spent outside measuring: `storage` (claiming configs within the budget, counting records, inserting
+the record) and `search` (ranking and choosing configs, mirroring results into the Optuna study; Optuna's storage
+calls included), the CPU time a worker process used per trial while tuning, how long a round's claim takes
+(`relay_tune_claim`: the server counts the budget and inserts the claims under a lock it holds for about a
+millisecond of that; the rest is the round trip), and the host's 1-minute
+load average when the run ends (the workers share this host's cores with the server and with anything else). The
 database is a throwaway cluster this script starts (PostgreSQL's initdb/pg_ctl must be installed; as root it runs
 them as the `postgres` user), or `--admin-url` of an existing server. Results also go to
 experiments/results/bench_distributed.json.
@@ -82,9 +85,9 @@ def fresh_database(admin_url: str) -> str:
     return head.rsplit("/", 1)[0] + "/" + name + (f"?{query}" if query else "")
 
 
-def run_workers(url: str, workers: int, per_worker: int, trial_s: float, search: str, batch: int,
+def run_workers(url: str, workers: int, per_worker: int, max_budget: int, trial_s: float, search: str, batch: int,
                 folder: Path) -> dict[str, float]:
-    budget = workers * per_worker
+    budget = min(workers * per_worker, max_budget)
     # Set-up (imports, connections) of many processes on a small machine takes a while: start them all, then
     # let them begin together.
     start_at = time.time() + 10.0 + 1.5 * workers
@@ -110,7 +113,7 @@ def run_workers(url: str, workers: int, per_worker: int, trial_s: float, search:
     with psycopg.connect(url) as connection:
         recorded, distinct = connection.execute(
             "SELECT count(*), count(DISTINCT (workload_key, target, config_key)) FROM relay_tune_records").fetchone()
-    held = sum(r["seconds"].get("round_lock_held", 0.0) for r in reports)
+    claim_s = sum(r["seconds"].get("claim", 0.0) for r in reports)
     rounds = sum(r["seconds"].get("rounds", 0.0) for r in reports)
     storage = sum(r["seconds"].get("storage", 0.0) for r in reports)
     search_s = sum(r["seconds"].get("search", 0.0) for r in reports)
@@ -120,7 +123,9 @@ def run_workers(url: str, workers: int, per_worker: int, trial_s: float, search:
             "efficiency": (recorded / wall) / (workers / trial_s),
             "storage_ms_per_trial": 1e3 * storage / max(1, measured),
             "search_ms_per_trial": 1e3 * search_s / max(1, measured),
-            "lock_held_ms_per_round": 1e3 * held / max(1.0, rounds),
+            "claim_ms_per_round": 1e3 * claim_s / max(1.0, rounds),
+            "cpu_ms_per_trial": 1e3 * sum(r.get("cpu_s", 0.0) for r in reports) / max(1, measured),
+            "load_avg_1min": os.getloadavg()[0],
             "median_worker_trials": statistics.median(r["measured"] for r in reports)}
 
 
@@ -128,7 +133,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--trial-s", type=float, default=1.0, help="simulated seconds per trial (default 1)")
-    parser.add_argument("--per-worker", type=int, default=20, help="budget per worker (default 20 trials)")
+    parser.add_argument("--per-worker", type=int, default=15, help="budget per worker (default 15 trials)")
+    parser.add_argument("--max-budget", type=int, default=240,
+                        help="cap on the budget (default 240: the two simulated tasks have 260 configs together)")
     parser.add_argument("--search", default="xgb", help="search strategy of the workers (default xgb)")
     parser.add_argument("--batch", type=int, default=4, help="trials per round (default 4)")
     parser.add_argument("--admin-url", help="an existing server's admin URL instead of a throwaway cluster")
@@ -144,25 +151,27 @@ def main() -> None:
         admin = cluster.__enter__() if cluster is not None else args.admin_url
         try:
             for workers in args.workers:
-                row = run_workers(fresh_database(admin), workers, args.per_worker, args.trial_s, args.search,
-                                  args.batch, Path(folder))
+                row = run_workers(fresh_database(admin), workers, args.per_worker, args.max_budget, args.trial_s,
+                                  args.search, args.batch, Path(folder))
                 rows.append(row)
                 print(f"{workers:>4} workers: {row['recorded']} recorded ({row['distinct']} distinct, "
                       f"{row['duplicates']} refused duplicates) in {row['wall_s']:.1f} s = "
                       f"{row['trials_per_s']:.2f} trials/s of ideal {row['ideal_per_s']:.1f} "
                       f"({row['efficiency']:.2f}x); per trial: storage {row['storage_ms_per_trial']:.0f} ms, "
-                      f"search {row['search_ms_per_trial']:.0f} ms; budget lock held "
-                      f"{row['lock_held_ms_per_round']:.0f} ms per round", flush=True)
+                      f"search {row['search_ms_per_trial']:.0f} ms, worker CPU {row['cpu_ms_per_trial']:.0f} ms; "
+                      f"claim {row['claim_ms_per_round']:.0f} ms per round; load average {row['load_avg_1min']:.1f}",
+                      flush=True)
         finally:
             if cluster is not None:
                 cluster.__exit__(None, None, None)
     print("\n| workers | trials | wall (s) | trials/s | ideal | ratio | storage ms/trial | search ms/trial "
-          "| lock held ms/round |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| worker CPU ms/trial | claim ms/round | load avg (1 min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['workers']} | {r['recorded']} | {r['wall_s']:.1f} | {r['trials_per_s']:.2f} | "
               f"{r['ideal_per_s']:.1f} | {r['efficiency']:.2f} | {r['storage_ms_per_trial']:.0f} | "
-              f"{r['search_ms_per_trial']:.0f} | {r['lock_held_ms_per_round']:.0f} |")
+              f"{r['search_ms_per_trial']:.0f} | {r['cpu_ms_per_trial']:.0f} | {r['claim_ms_per_round']:.0f} | "
+              f"{r['load_avg_1min']:.1f} |")
     out = ROOT / "experiments" / "results" / "bench_distributed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))

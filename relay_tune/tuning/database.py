@@ -7,7 +7,6 @@ logs are merged, the fastest valid record per (workload key, target) wins, which
 
 from __future__ import annotations
 
-import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -48,20 +47,18 @@ class Database(ABC):
         """Every (workload key, target) that has records."""
         raise NotImplementedError(f"{type(self).__name__} cannot list its workloads")
 
-    # A database shared by workers on several machines counts one budget for all of them: the driver holds
-    # `round_lock` while it counts records plus `in_flight` claims and asks for the round's configs.
+    # A database shared by workers on several machines counts one budget for all of them: the driver claims each
+    # round's configs through `claim`, which only hands out what the budget has room for.
 
-    def round_lock(self, tasks: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
-        """Held by the driver from counting the budget to claiming a round's configs (default: no lock)."""
-        return contextlib.nullcontext()
-
-    def in_flight(self, tasks: Sequence[Any]) -> int:
-        """Configs of these tasks claimed by other workers and not yet recorded (default: none are visible)."""
-        return 0
+    def claim(self, tasks: Sequence[Any], total: int, task: Any, configs: Sequence[Config]) \
+            -> tuple[list[Config], int, int]:
+        """Claim `configs` of `task` within the budget `total` of `tasks`: (claimed configs, records of `tasks`,
+        configs of `tasks` claimed and not yet recorded). Only for a `shared_budget` database."""
+        raise NotImplementedError(f"{type(self).__name__} does not share a budget")
 
     @property
     def shared_budget(self) -> bool:
-        """True when `in_flight` sees every worker's claims, so the budget can be counted exactly."""
+        """True when every worker's claims go through `claim`, so the budget is counted exactly."""
         return False
 
 

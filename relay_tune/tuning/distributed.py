@@ -8,18 +8,22 @@ Every worker opens the same database. What each piece does:
   (workload key, target, config key): a config is recorded once, whoever measured it, and a second insert of the
   same config is refused by the database itself (and logged as a `duplicate_measurement` event). A worker's own
   JSON-lines log is a mirror of what it measured. Reads are incremental (see `_refresh`).
-- Claims. A trial being measured is a RUNNING trial of the task's Optuna study with a `config_key` attribute. Each
-  study's claim step (ask, check, claim) runs under a PostgreSQL advisory lock, so a claim is always seen by the
-  next asker anywhere: a config is never handed to two workers.
-- One budget. The driver counts records plus claims in flight of the model's tasks under a second advisory lock
-  (`round_lock`) and only then asks the search for that round's configs, so all workers together measure exactly
+- Claims. A config being measured has a row in `relay_tune_claims` (primary key: workload, target, config), so
+  only one worker can claim it. The driver claims each round's proposals with one call of the server function
+  `relay_tune_claim` (`PostgresDatabase.claim`).
+- One budget. `relay_tune_claim` frees stale claims, counts the records plus the live claims of the model's tasks
+  and inserts only as many claims as the budget has room for, under an advisory lock that the server holds for
+  the length of that call (no worker code runs while it is held), so all workers together measure exactly
   `--trials` configs. A worker whose share is done but whose colleagues still hold claims waits for them: should
-  one of them die, its claims come back to the pool and this worker measures them.
-- Crashes. Claims carry Optuna heartbeats (`RDBStorage(heartbeat_interval, grace_period)`), recorded by a
-  background thread of the claiming process while the batch is built and timed. A worker killed with SIGKILL, or a
-  host that disappears, stops beating; after the grace period the next worker to look fails those trials
-  (`optuna.storages.fail_stale_trials`) and enqueues their configs again, so nothing is lost. A zombie that
-  wakes up after its claim was given away finds its record refused: nothing is recorded twice.
+  one of them die, its claims come back to the pool and this worker measures in their place.
+- Optuna. The xgb search claims directly and mirrors each measurement into the task's Optuna study afterwards
+  (`StudyMirror`, for optuna-dashboard). The tpe and random searches ask their study first (each study's ask,
+  check and claim under a per-study advisory lock, RUNNING trials with Optuna heartbeats), then claim as above.
+- Crashes. Claims carry heartbeats, renewed by a background thread of the claiming process while the batch is
+  built and timed (`ClaimBeats`). A worker killed with SIGKILL, or a host that disappears, stops beating; after
+  the grace period the next claim deletes its claims (Optuna's stale RUNNING trials are failed with
+  `optuna.storages.fail_stale_trials` and their configs enqueued again), so nothing is lost. A zombie that wakes
+  up after its claim was given away finds its record refused: nothing is recorded twice.
 
 Only the driver (psycopg 3, `pip install 'relay-tune[distributed]'`) is needed on the workers; the database
 server is any PostgreSQL (12 or newer).
@@ -177,6 +181,51 @@ _SCHEMA = (
         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         UNIQUE (workload_key, target, config_key))""",
     "CREATE INDEX IF NOT EXISTS relay_tune_records_created ON relay_tune_records (created_at)",
+    # A claim: `worker` measures this config now (done = false) or has recorded it (done = true). The primary key
+    # makes a config claimable once; a claim whose beat is older than the grace period belongs to a dead worker
+    # and is deleted by the next `relay_tune_claim`, which frees its config and its share of the budget.
+    """CREATE TABLE IF NOT EXISTS relay_tune_claims (
+        workload_key TEXT NOT NULL,
+        target TEXT NOT NULL,
+        config_key TEXT NOT NULL,
+        worker TEXT NOT NULL,
+        done BOOLEAN NOT NULL DEFAULT false,
+        beat_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        PRIMARY KEY (workload_key, target, config_key))""",
+    # Counting the budget and claiming a round's configs, in one call: the budget lock is held inside the server
+    # for the length of this function (about a millisecond), never while a worker's Python runs. Claims are
+    # counted before records in one statement (one snapshot), so a claim finishing meanwhile is never missed.
+    """CREATE OR REPLACE FUNCTION relay_tune_claim(
+        p_lock BIGINT, p_workloads TEXT[], p_targets TEXT[], p_total BIGINT, p_grace DOUBLE PRECISION,
+        p_workload TEXT, p_target TEXT, p_keys TEXT[], p_worker TEXT,
+        OUT claimed TEXT[], OUT recorded BIGINT, OUT in_flight BIGINT) LANGUAGE plpgsql AS $$
+    DECLARE
+        room BIGINT;
+        k TEXT;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(p_lock);
+        DELETE FROM relay_tune_claims c USING unnest(p_workloads, p_targets) AS x(w, t)
+            WHERE c.workload_key = x.w AND c.target = x.t AND NOT c.done
+              AND c.beat_at < clock_timestamp() - make_interval(secs => p_grace);
+        SELECT (SELECT count(*) FROM relay_tune_claims c JOIN unnest(p_workloads, p_targets) AS x(w, t)
+                    ON c.workload_key = x.w AND c.target = x.t WHERE NOT c.done),
+               (SELECT count(*) FROM relay_tune_records r JOIN unnest(p_workloads, p_targets) AS x(w, t)
+                    ON r.workload_key = x.w AND r.target = x.t)
+            INTO in_flight, recorded;
+        room := p_total - recorded - in_flight;
+        claimed := '{}';
+        FOREACH k IN ARRAY p_keys LOOP
+            EXIT WHEN room <= 0;
+            CONTINUE WHEN EXISTS (SELECT 1 FROM relay_tune_records r WHERE r.workload_key = p_workload
+                                  AND r.target = p_target AND r.config_key = k);
+            INSERT INTO relay_tune_claims (workload_key, target, config_key, worker)
+                VALUES (p_workload, p_target, k, p_worker) ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                claimed := claimed || k;
+                room := room - 1;
+            END IF;
+        END LOOP;
+    END $$""",
     """CREATE TABLE IF NOT EXISTS relay_tune_events (
         id BIGSERIAL PRIMARY KEY,
         session TEXT NOT NULL,
@@ -320,6 +369,83 @@ class Heartbeats:
                     self.storage.record_heartbeat(trial_id)
 
 
+class StudyMirror:
+    """A daemon thread adding finished trials to Optuna studies in the background (what optuna-dashboard shows).
+
+    Written with plain SQL into Optuna's tables, one transaction per batch, the way Optuna's `add_trial` writes
+    them (the study's row locked while trial numbers are counted); Optuna's own `add_trial` takes tens of ORM
+    statements per trial, which on a busy host costs more CPU than the rest of a simulated worker together.
+    """
+
+    def __init__(self, url: str) -> None:
+        import queue
+
+        self.url = url
+        self._queue: queue.Queue[tuple[int, list[MirroredTrial]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def put(self, study_id: int, trials: list[MirroredTrial]) -> None:
+        with _MUTEX:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._write, name="relay-tune-study-mirror", daemon=True)
+                self._thread.start()
+        self._queue.put((study_id, trials))
+
+    def flush(self) -> None:
+        """Wait until every trial put so far is written."""
+        self._queue.join()
+
+    def _write(self) -> None:
+        while True:
+            study_id, trials = self._queue.get()
+            try:
+                with contextlib.suppress(Exception):  # the mirror is a view: a lost write loses no record
+                    write_trials(self.url, study_id, trials)
+            finally:
+                self._queue.task_done()
+
+
+# A finished trial to mirror: {param: (Optuna's internal value, distribution JSON)}, value, user attributes.
+MirroredTrial = tuple[dict[str, tuple[float, str]], float, dict[str, Any]]
+
+
+def write_trials(url: str, study_id: int, trials: Sequence[MirroredTrial]) -> None:
+    """Add COMPLETE trials to an Optuna study on `url` in one transaction."""
+    import sqlalchemy
+
+    now = "(now() AT TIME ZONE 'UTC')"  # Optuna keeps naive UTC times
+    with engine_for(url).begin() as connection:
+        connection.execute(sqlalchemy.text("SELECT 1 FROM studies WHERE study_id = :s FOR UPDATE"), {"s": study_id})
+        for params, value, attrs in trials:
+            trial_id = connection.execute(sqlalchemy.text(
+                "INSERT INTO trials (number, study_id, state, datetime_start, datetime_complete) "
+                f"SELECT count(*), :s, 'COMPLETE', {now}, {now} FROM trials WHERE study_id = :s RETURNING trial_id"),
+                {"s": study_id}).scalar_one()
+            connection.execute(sqlalchemy.text(
+                "INSERT INTO trial_values (trial_id, objective, value, value_type) VALUES (:t, 0, :v, 'FINITE')"),
+                {"t": trial_id, "v": value})
+            if params:
+                connection.execute(sqlalchemy.text(
+                    "INSERT INTO trial_params (trial_id, param_name, param_value, distribution_json) "
+                    "VALUES (:t, :n, :v, :d)"),
+                    [{"t": trial_id, "n": name, "v": internal, "d": dist} for name, (internal, dist) in params.items()])
+            if attrs:
+                connection.execute(sqlalchemy.text(
+                    "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (:t, :k, :j)"),
+                    [{"t": trial_id, "k": key, "j": json.dumps(v)} for key, v in attrs.items()])
+
+
+_MIRROR: dict[str, StudyMirror] = {}
+
+
+def study_mirror(url: str) -> StudyMirror:
+    """The process's `StudyMirror` for a database."""
+    with _MUTEX:
+        if url not in _MIRROR:
+            _MIRROR[url] = StudyMirror(url)
+        return _MIRROR[url]
+
+
 _HEARTBEATS: dict[int, Heartbeats] = {}
 
 
@@ -364,6 +490,16 @@ class PostgresDatabase(Database):
         self._since: Any = None  # database time of the previous read, minus the visibility window
         self._events_read = 0
         self._events: list[LogEvent] = []
+        from relay_tune.tuning.search import worker_identity
+
+        self.worker = worker_identity()  # host, pid and process start: a restarted worker is a new one
+        self._claiming: set[TaskTarget] = set()  # tasks this worker claimed configs of
+        interval, grace = _heartbeat_settings()
+        # A claim's database beat and its Optuna trial's heartbeat come from two threads of the same cadence; a
+        # stale claim is freed one interval after its trial counts as stale, so the worker that takes the freed
+        # budget finds that trial stale too (and Optuna's sampler gets the config back, `_return_to_pool`).
+        self.grace = grace + interval
+        self._beats = ClaimBeats(self, float(interval))
 
     # -- writing ---------------------------------------------------------------------------------------------
 
@@ -374,37 +510,37 @@ class PostgresDatabase(Database):
     def commit(self, record: TuningRecord) -> bool:
         """Insert the record; False (and an event saying why) when it is refused.
 
-        A record of a task with a registered study is only accepted while this worker's claim on the config is
-        still RUNNING, checked and locked (`FOR UPDATE`) in the insert's transaction: a worker whose claim was
-        failed as stale (it stalled past the grace period) and whose config went back to the pool must not
-        record it too, or the budget would be overspent. Whoever fails the claim later waits for this
-        transaction and then finds the record. A config recorded already is refused by the unique key.
+        A record of a task this worker claims configs of (`claim`) is only accepted while its claim on the config
+        is still live: the claim is marked done in the insert's transaction, and that update finds nothing when the
+        claim was deleted as stale (this worker stalled past the grace period and the config went back to the
+        pool), or the budget would be overspent. The update locks the claim row, so a stale-claim sweep running
+        meanwhile waits for this transaction and then finds the claim fresh. A config recorded already is refused
+        by the unique key.
         """
         import sqlalchemy
 
-        from relay_tune.tuning.search import worker_identity
-
-        study = self._studies.get((record.workload_key, record.target))
+        claimed = (record.workload_key, record.target) in self._claiming
+        refused = "duplicate_measurement"
         with self.engine.begin() as connection:
-            if study is not None:
-                claim = connection.execute(sqlalchemy.text(
-                    "SELECT t.trial_id FROM trials t JOIN studies s ON s.study_id = t.study_id "
-                    "JOIN trial_user_attributes c ON c.trial_id = t.trial_id AND c.key = 'config_key' "
-                    "JOIN trial_user_attributes w ON w.trial_id = t.trial_id AND w.key = 'worker' "
-                    "WHERE s.study_name = :s AND t.state = 'RUNNING' AND c.value_json = :c AND w.value_json = :w "
-                    "FOR UPDATE OF t"),
-                    {"s": study, "c": json.dumps(record.config_key), "w": json.dumps(worker_identity())}).first()
-                if claim is None:
+            live = True
+            if claimed:
+                live = connection.execute(sqlalchemy.text(
+                    "UPDATE relay_tune_claims SET done = true, beat_at = clock_timestamp() WHERE workload_key = :w "
+                    "AND target = :t AND config_key = :c AND worker = :k AND NOT done RETURNING 1"),
+                    {"w": record.workload_key, "t": record.target, "c": record.config_key,
+                     "k": self.worker}).first() is not None
+                if not live:
                     refused = "claim_lost"
             row = None
-            if study is None or claim is not None:
-                refused = "duplicate_measurement"
+            if live:
                 row = connection.execute(sqlalchemy.text(
                     "INSERT INTO relay_tune_records (workload_key, target, config_key, record, worker) "
                     "VALUES (:w, :t, :c, :r, :k) ON CONFLICT (workload_key, target, config_key) DO NOTHING "
                     "RETURNING id"),
                     {"w": record.workload_key, "t": record.target, "c": record.config_key, "r": record.to_json(),
                      "k": worker_name()}).first()
+            if claimed:
+                self._beats.release((record.workload_key, record.target, record.config_key))
         if row is None:
             self.refused[refused] = self.refused.get(refused, 0) + 1
             self.log_event(LogEvent(refused, record.session, data={
@@ -500,41 +636,91 @@ class PostgresDatabase(Database):
     def shared_budget(self) -> bool:
         return True
 
-    def round_lock(self, tasks: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
-        names = sorted({f"{t.key}|{t.target}" for t in tasks})
-        return advisory_lock(self.url, "relay-tune:budget:" + hashlib.sha256("\n".join(names).encode()).hexdigest())
+    def claim(self, tasks: Sequence[Any], total: int, task: Any, configs: Sequence[Any]) -> tuple[list[Any], int, int]:
+        """Claim configs of `task` for this worker, as many as the budget `total` of `tasks` has room for.
 
-    def in_flight(self, tasks: Sequence[Any]) -> int:
-        """Claims of these tasks being measured by any worker (stale claims are failed first).
-
-        The claims are read before the records: a claim finished in between has its record committed before
-        it was told, so the records read afterwards hold it, and no claim is missed (one recorded in between
-        may count twice, which only makes the budget cautious for a round). The caller reads its record count
-        after this call for the same reason.
+        Returns the claimed configs (in the order given; those recorded or claimed by anyone else are left out),
+        then the records and the live claims of `tasks` counted just before claiming. One call of the server
+        function `relay_tune_claim`: stale claims are deleted, the budget is counted and the claims are inserted
+        under one lock that the server holds for about a millisecond.
         """
-        import optuna
+        import sqlalchemy
 
-        from relay_tune.tuning.search import default_study_name
+        names = sorted({(t.key, t.target) for t in tasks})
+        lock = _lock_key("relay-tune:budget:" + hashlib.sha256(
+            "\n".join(f"{w}|{t}" for w, t in names).encode()).hexdigest())
+        keys = [c.key for c in configs]
+        with self.engine.begin() as connection:
+            claimed, recorded, in_flight = connection.execute(sqlalchemy.text(
+                "SELECT * FROM relay_tune_claim(:l, :ws, :ts, :n, :g, :w, :t, :keys, :k)"),
+                {"l": lock, "ws": [w for w, _ in names], "ts": [t for _, t in names], "n": total,
+                 "g": float(self.grace), "w": task.key, "t": task.target, "keys": keys, "k": self.worker}).one()
+        self._claiming.add((task.key, task.target))
+        taken = set(claimed or ())
+        for key in taken:
+            self._beats.hold((task.key, task.target, key))
+        return [c for c in configs if c.key in taken], int(recorded), int(in_flight)
 
-        storage = rdb_storage(self.url)
-        running = optuna.trial.TrialState.RUNNING
-        claims: set[tuple[str, str, str]] = set()
-        for task in tasks:
-            name = default_study_name(task)
-            study_id = self._study_ids.get(name)
-            if study_id is None:
-                try:
-                    study_id = self._study_ids[name] = storage.get_study_id_from_name(name)
-                except KeyError:
-                    continue  # nobody tuned this task yet
-            fail_stale_claims(_study(storage, name))
-            for trial in storage.get_all_trials(study_id, deepcopy=False, states=(running,)):
-                key = trial.user_attrs.get("config_key")
-                if isinstance(key, str):
-                    claims.add((task.key, task.target, key))
-        self._refresh()
-        recorded = {(k, t): {r.config_key for r in self._memory.records(k, t)} for k, t, _ in claims}
-        return sum(1 for k, t, key in claims if key not in recorded[(k, t)])
+    def claimed_keys(self, task_key: str, target: str) -> set[str]:
+        """Configs of this task claimed by any worker (being measured or recorded): a search skips them."""
+        import sqlalchemy
+
+        with self.engine.connect() as connection:
+            rows = connection.execute(sqlalchemy.text(
+                "SELECT config_key FROM relay_tune_claims WHERE workload_key = :w AND target = :t"),
+                {"w": task_key, "t": target}).all()
+        return {key for (key,) in rows}
+
+    def release_claims(self) -> None:
+        """Give back this worker's claims not measured (an interrupted or finished session)."""
+        import sqlalchemy
+
+        self._beats.clear()
+        if not self._claiming:
+            return
+        with self.engine.begin() as connection:
+            connection.execute(sqlalchemy.text(
+                "DELETE FROM relay_tune_claims WHERE worker = :k AND NOT done"), {"k": self.worker})
+
+
+class ClaimBeats:
+    """A daemon thread renewing the beat of this worker's live claims every `interval` seconds (one statement)."""
+
+    def __init__(self, database: PostgresDatabase, interval: float) -> None:
+        self.database = database
+        self.interval = interval
+        self._held: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, claim: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._held.add(claim)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._beat, name="relay-tune-claim-beats", daemon=True)
+                self._thread.start()
+
+    def release(self, claim: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._held.discard(claim)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+    def _beat(self) -> None:
+        import sqlalchemy
+
+        while True:
+            time.sleep(self.interval)
+            with self._lock:
+                if not self._held:
+                    continue
+            with contextlib.suppress(Exception):  # a lost connection: try again next time
+                with self.database.engine.begin() as connection:
+                    connection.execute(sqlalchemy.text(
+                        "UPDATE relay_tune_claims SET beat_at = clock_timestamp() WHERE worker = :k AND NOT done"),
+                        {"k": self.database.worker})
 
 
 _STUDIES: dict[tuple[int, str], Any] = {}

@@ -190,6 +190,7 @@ def tune(
             "trials": states[index].trials}))
         progress.on_task_stopped(index, reason)
 
+    full = False  # a shared budget was all claimed at the last look
     try:
         while True:
             # Re-count from the log: other processes tuning into the same log (or database) share the budget.
@@ -214,35 +215,43 @@ def tune(
             tick = time.monotonic()
             search.prepare(want)  # the expensive part of proposing (a cost model's ranking), outside any lock
             seconds["search"] += time.monotonic() - tick
-            waiting = False
             configs: list[Config] = []
-            tick = time.monotonic()
-            # Counting the budget and claiming the round's configs is one step for all workers of a shared
-            # database (a no-op lock for a local log).
-            with database.round_lock(tasks):
-                held = time.monotonic()
-                if database.shared_budget:
-                    in_flight = database.in_flight(tasks)  # claims first, then records: see `in_flight`
-                    recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
-                    spent = recorded + in_flight
+            if database.shared_budget:
+                # Workers sharing a database: propose, then claim what the one budget has room for, in one call
+                # that holds the budget lock inside the server only (`Database.claim`).
+                if full:  # the last claim found the budget taken: look (cheaply) before proposing again
+                    tick = time.monotonic()
+                    _, recorded, in_flight = database.claim(tasks, total_trials, task, [])
+                    seconds["storage"] += time.monotonic() - tick
                     if recorded >= total_trials:
                         break
-                    # The rest of the budget is claimed by other workers: wait, in case one of them dies.
-                    waiting = spent >= total_trials
-                else:
-                    spent = max(spent, recorded)
+                    if recorded + in_flight >= total_trials:
+                        time.sleep(wait_poll_s)  # in case a worker holding claims dies
+                        continue
+                tick = time.monotonic()
+                proposed = search.propose(want)
+                seconds["search"] += time.monotonic() - tick
+                tick = time.monotonic()
+                configs, recorded, in_flight = database.claim(tasks, total_trials, task, proposed)
                 seconds["storage"] += time.monotonic() - tick
+                seconds["claim"] += time.monotonic() - tick
+                seconds["rounds"] += 1
+                spent = recorded + in_flight
+                full = spent + len(configs) >= total_trials
+                lost = [c for c in proposed if c not in configs]
+                if lost:
+                    search.discard(lost)
+                if recorded >= total_trials:
+                    break
+                if proposed and not configs:
+                    continue  # the budget is taken (`full`), or every proposal was claimed by another worker
+            else:
+                spent = max(spent, recorded)
                 want = min(want, total_trials - spent)
-                if not waiting and want > 0:
+                if want > 0:
                     tick = time.monotonic()
                     configs = search.propose(want)
                     seconds["search"] += time.monotonic() - tick
-                if database.shared_budget:  # what other workers wait for: the capacity of one shared budget
-                    seconds["round_lock_held"] += time.monotonic() - held
-                    seconds["rounds"] += 1
-            if waiting:
-                time.sleep(wait_poll_s)
-                continue
             if not configs:
                 stop(index, "no unmeasured config left in the search space")
                 continue
@@ -293,6 +302,9 @@ def tune(
         for search in strategies:
             if search is not None:
                 search.close()
+        release = getattr(database, "release_claims", None)
+        if release is not None:  # claims of a shared database not measured go back to the pool at once
+            release()
         if own_builder:
             builder.close()
         if own_runner:

@@ -10,9 +10,9 @@ Rules the strategies keep:
   records written by other processes) and the study's trials (also other processes' trials in flight); a repeat
   is answered from the earlier result without measuring. Processes sharing a journal take turns (a file lock)
   to ask for and claim configs, so a claim is always seen by the next asker; on PostgreSQL they take turns the
-  same way through an advisory lock, and claims carry heartbeats (`relay_tune.tuning.distributed`); on other
-  shared storages two processes that claim the same config at the same moment both publish their claim and
-  re-check, and the lower trial number keeps it (a rare duplicate remains possible there).
+  same way through an advisory lock, and the database's claims table decides (`relay_tune.tuning.distributed`);
+  on other shared storages two processes that claim the same config at the same moment both publish their claim
+  and re-check, and the lower trial number keeps it (a rare duplicate remains possible there).
 - Failures teach the sampler: a failed measurement is told as a worst value (`FAILURE_VALUE`), which puts it in
   TPE's "bad" group; configs the space's constraints reject are told the same and never measured or counted.
 - Resuming rebuilds the study: records in the log that the study does not know are added as finished trials, and
@@ -74,6 +74,10 @@ class SearchStrategy(ABC):
     def prepare(self, n: int) -> None:  # noqa: B027 - optional hook
         """Do the expensive part of the next `propose(n)` (fitting, ranking) now. The driver calls it before it
         takes the lock that workers sharing a database claim their configs under, so `propose` holds it briefly."""
+
+    def discard(self, configs: Sequence[Config]) -> None:  # noqa: B027 - optional hook
+        """These proposals will not be measured here: a shared database gave them to another worker (or had no
+        budget left for them)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Give up proposals that were never measured (e.g. after an interrupt)."""
@@ -493,6 +497,17 @@ class OptunaSearch(SearchStrategy):
                     trial.set_user_attr("error_kind", result.error_kind.name)
                 self.study.tell(trial, FAILURE_VALUE, skip_if_finished=True)
             self._release(trial)
+
+    def discard(self, configs: Sequence[Config]) -> None:
+        for config in configs:
+            trial = self._pending.pop(config.key, None)
+            if trial is None:
+                continue
+            self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self._release(trial)
+            # Not measured, so not learnt: its config goes back to the queue (its claim in the database may be a
+            # dead worker's that is not stale yet; a live worker's config is never asked twice by the study).
+            self.study.enqueue_trial(trial.params)
 
     def _release(self, trial: Any) -> None:
         if self._heartbeats is not None:

@@ -87,10 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.start_at is not None:
         time.sleep(max(0.0, args.start_at - time.time()))
     started = time.monotonic()
+    cpu = time.process_time()
     summary = tune(tasks, args.trials, args.log, builder=SimulatedBuilder(), runner=runner, strategy=strategy,
                    batch_size=args.batch, seed=args.seed, database=database, wait_poll_s=0.2)
     print(json.dumps({"pid": os.getpid(), "measured": summary.trials_this_session, "seconds": summary.seconds,
-                      "wall_s": time.monotonic() - started, "ended_at": time.time(),
+                      "wall_s": time.monotonic() - started,
+                      "cpu_s": time.process_time() - cpu, "ended_at": time.time(),
                       "duplicates": getattr(database, "duplicates", 0)}), flush=True)
     return 0
 

@@ -380,7 +380,21 @@ class XGBSearch(OptunaSearch):
         self._proposer: Any = None  # private TPE study: proposals for the pool, never measured by itself
         self._proposer_known: set[str] = set()
         self._prepared = False  # `prepare` brought the plan up to date for the next proposal
+        # On a database that claims configs itself (PostgreSQL), proposals go straight to its claims: the study
+        # is not asked, and measurements are mirrored into it afterwards (for optuna-dashboard), outside the
+        # budget's claim step. Each Optuna ask on a database costs tens of statements that all workers would wait
+        # for; a claim costs one.
+        self._direct = self._database_url is not None and hasattr(database, "claimed_keys")
+        self._queue: list[Config] = []  # prioritized configs not proposed yet (direct claims)
+        self._proposed: dict[str, Config] = {}  # proposed and not yet measured or discarded (direct claims)
+        self._own_new = 0  # this worker's measurements since its last refit (direct claims)
         self._describe_workload()
+
+    def _import_log(self) -> None:
+        # With direct claims the study mirrors the database's records as they are measured (`_mirror`);
+        # importing them as well would show some twice.
+        if not (self._database_url is not None and hasattr(self.database, "claimed_keys")):
+            super()._import_log()
 
     def _describe_workload(self) -> None:
         """Record how to rebuild this task in the log, so later runs can learn from its measurements."""
@@ -401,7 +415,9 @@ class XGBSearch(OptunaSearch):
         costs = measured_values(records)
         configs = {r.config_key: r.config for r in records}
         complete = self._optuna.trial.TrialState.COMPLETE
-        for trial in self.study.get_trials(deepcopy=False, states=(complete,)):
+        # With direct claims every measurement is a record; the study only mirrors them.
+        trials = [] if self._direct else self.study.get_trials(deepcopy=False, states=(complete,))
+        for trial in trials:
             attrs = trial.user_attrs
             key = attrs.get("config_key")
             if not isinstance(key, str) or "answered_from" in attrs or trial.value is None:
@@ -433,6 +449,9 @@ class XGBSearch(OptunaSearch):
     # -- the candidate pool ------------------------------------------------------------------------------------
 
     def _visited(self, measured: dict[str, tuple[Config, float]]) -> set[str]:
+        if self._direct:
+            claimed = self.database.claimed_keys(self.task.key, self.task.target)  # type: ignore[attr-defined]
+            return set(measured) | claimed | set(self._proposed)
         return set(measured) | set(self._claims()) | set(self._pending)
 
     def _tpe_proposals(self, measured: dict[str, tuple[Config, float]], visited: set[str]) -> list[Config]:
@@ -569,7 +588,10 @@ class XGBSearch(OptunaSearch):
     # -- proposing ---------------------------------------------------------------------------------------------
 
     def prioritize(self, configs: Sequence[Config]) -> None:
-        super().prioritize(configs)
+        if self._direct:
+            self._queue.extend(c for c in configs if self.task.space.is_valid(c))
+        else:
+            super().prioritize(configs)
         self._anchors.extend(c for c in configs if self.task.space.is_valid(c))
 
     def _cold_local(self, measured: dict[str, tuple[Config, float]], visited: set[str], n: int) -> list[Config]:
@@ -587,8 +609,15 @@ class XGBSearch(OptunaSearch):
         return list(chosen.values())
 
     def prepare(self, n: int) -> None:
-        self._update_plan(self._refresh_measurements(), n)
+        measured = self._refresh_measurements()
         self._prepared = True
+        if self._direct and self.hub.model is not None and self._own_new < self.min_new and len(self._plan) >= 2 * n:
+            # Workers sharing a database see the measurements grow W times faster than each one measures; a refit
+            # and re-plan on every growth step would make each worker's CPU per trial grow with W. Each one
+            # refits after `min_new` measurements of its own instead (on everything measured so far).
+            return
+        self._update_plan(measured, n)
+        self._own_new = 0
 
     def _update_plan(self, measured: dict[str, tuple[Config, float]], n: int) -> None:
         if self.hub.should_fit(self.warmup, self.plan_size, self.growth, self.min_new):
@@ -666,18 +695,66 @@ class XGBSearch(OptunaSearch):
     def _propose_once(self, n: int) -> tuple[list[Config], int]:
         if n <= 0:
             return [], 0
+        if self._direct:
+            measured = self._refresh_measurements()
+            visited = self._visited(measured)
+            chosen = [c for c in self._queue if c.key not in visited][:n]
+            self._queue = [c for c in self._queue if c not in chosen and c.key not in visited]
+            chosen += self._choose(n - len(chosen)) if len(chosen) < n else []
+            self._proposed.update((c.key, c) for c in chosen)
+            return chosen, len(chosen)
         with self._claiming():
             waiting = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.WAITING,))
             for config in self._choose(max(0, n - len(waiting))):
                 self.study.enqueue_trial(self.task.space.to_params(config))
             return self._propose_claimed(n)
 
+    def discard(self, configs: Sequence[Config]) -> None:
+        if not self._direct:
+            super().discard(configs)
+            return
+        for config in configs:
+            self._proposed.pop(config.key, None)
+
     def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
-        super().update(inputs, results)
+        if self._direct:
+            self._mirror(inputs, results)
+        else:
+            super().update(inputs, results)
         data = self.hub.tasks[self.task.key].measured
         for measure_input, result in zip(inputs, results, strict=True):
             cost = result.cost
             data[measure_input.config.key] = (measure_input.config, 1.0 / cost if result.ok and cost else 0.0)
+
+
+    def _mirror(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
+        """Add the round's measurements to the study as finished trials (what optuna-dashboard shows), in the
+        background: this worker measures its next round meanwhile."""
+        from optuna.distributions import distribution_to_json
+
+        from relay_tune.tuning.distributed import study_mirror
+
+        self._own_new += len(inputs)
+        trials = []
+        for measure_input, result in zip(inputs, results, strict=True):
+            config = self._proposed.pop(measure_input.config.key, measure_input.config)
+            attrs: dict[str, Any] = {"config_key": config.key, "worker": self._worker}
+            if not result.ok and result.error_kind is not None:
+                attrs["error_kind"] = result.error_kind.name
+            params = {name: (self._distributions[name].to_internal_repr(value),
+                             distribution_to_json(self._distributions[name]))
+                      for name, value in self.task.space.to_params(config).items()}
+            value = result.cost if result.ok and result.cost is not None else FAILURE_VALUE
+            trials.append((params, float(value), attrs))
+        if trials and self._database_url is not None:
+            study_mirror(self._database_url).put(self.study._study_id, trials)
+
+    def close(self) -> None:
+        super().close()
+        if self._direct and self._database_url is not None:
+            from relay_tune.tuning.distributed import study_mirror
+
+            study_mirror(self._database_url).flush()
 
 
 def _standardised(values: np.ndarray) -> np.ndarray:
