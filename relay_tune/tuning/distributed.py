@@ -315,11 +315,11 @@ def _return_to_pool(study: Any, trial: Any) -> None:
 _LAST_STALE_CHECK: dict[tuple[int, int], float] = {}
 
 
-def fail_stale_claims(study: Any) -> None:
+def fail_stale_claims(study: Any, *, throttle: bool = True) -> None:
     """Fail the RUNNING trials of `study` whose heartbeat is older than the grace period (and re-enqueue them).
 
-    At most once per heartbeat interval per study and process: a claim cannot go stale faster than that, and the
-    check runs under the claim locks, where every query makes other workers wait.
+    Throttled to once per heartbeat interval per study and process: a claim cannot go stale faster than that, and
+    the check runs under the claim locks, where every query makes other workers wait.
     """
     import warnings
 
@@ -329,7 +329,7 @@ def fail_stale_claims(study: Any) -> None:
     interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
     key = (id(storage), study._study_id)
     now = time.monotonic()
-    if interval and now - _LAST_STALE_CHECK.get(key, -1e9) < interval:
+    if throttle and interval and now - _LAST_STALE_CHECK.get(key, -1e9) < interval:
         return
     _LAST_STALE_CHECK[key] = now
     with warnings.catch_warnings():

@@ -518,6 +518,12 @@ class OptunaSearch(SearchStrategy):
             self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self._release(trial)
         self._pending.clear()
+        if self._database_url is not None:
+            from relay_tune.tuning import distributed
+
+            # The claim sweep is throttled to once per heartbeat interval; a session that ends right after taking a
+            # dead worker's freed budget would otherwise leave that worker's stale trials RUNNING in the study.
+            distributed.fail_stale_claims(self.study, throttle=False)
 
 
 def optuna_search(
