@@ -34,7 +34,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from relay_tune.errors import RelayTypeError, UnsupportedError
+from relay_tune.errors import RelayTuneError, RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
 from relay_tune.ir.expr import (
     Call,
@@ -278,7 +278,14 @@ class Interpreter:
         attrs = self._attrs.get(key)
         if attrs is None:
             attrs = self._attrs[key] = opdef.make_attrs(call.attrs)
-        result = _as_value(opdef.reference(args, attrs))
+        try:
+            result = _as_value(opdef.reference(args, attrs))
+        except MemoryError as err:
+            # A well-typed program can still need more memory than this machine has (a pooling window padded to
+            # 2^31 columns): that is the program's size, said as such, not a crash of the interpreter.
+            where = f" at {call.span}" if call.span is not None else ""
+            raise RelayTuneError(f"`{name}`{where}: the reference interpreter ran out of memory evaluating it "
+                                 f"({err})") from None
         if call.has_type():
             problem = _mismatch(result, call.checked_type)
             if problem:

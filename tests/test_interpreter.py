@@ -278,3 +278,28 @@ def test_interpreter_types_untyped_modules_itself() -> None:
     mod = IRModule({"main": Function((x,), Call(fn, (x,)))})
     out = evaluate(mod, [np.zeros(3, "float32")])
     np.testing.assert_allclose(out, np.full(3, 1 / 3), rtol=1e-6)
+
+
+def test_a_program_too_large_for_memory_is_a_clear_error() -> None:
+    """Well typed, but its padded pooling input needs 512 GiB: one RelayTuneError naming the operator."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "import numpy as np\n"
+        "from relay_tune.errors import RelayTuneError\n"
+        "from relay_tune.interpreter import evaluate\n"
+        "from relay_tune.text import parse_module\n"
+        "mod = parse_module('''#[version = \"0.0.5\"]\n"
+        "def @main(%x: Tensor[(1, 8, 6, 6), float32]) {\n"
+        "  nn.avg_pool2d(%x, pool_size=[3, 2147483648], padding=[1, 2147483648, 1, 1])\n"
+        "}''')\n"
+        "try:\n"
+        "    evaluate(mod, [np.ones((1, 8, 6, 6), 'float32')])\n"
+        "except RelayTuneError as err:\n"
+        "    print('ERROR', err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ERROR `nn.avg_pool2d`" in done.stdout and "ran out of memory" in done.stdout
