@@ -185,7 +185,7 @@ def @main(%x: Tensor[(1, 2048), float32], %w: Tensor[(1000, 2048), float32], %b:
     assert _parallel_loops(_built_default(spec, resolve_target("llvm -num-cores=1")).body) == 0
 
 
-@pytest.mark.parametrize("name", ["families", "small_cnn", "tvm_menagerie_mobilenet", "tvm_menagerie_gpt2_extract"])
+@pytest.mark.parametrize("name", ["families", "small_cnn", "zoo:mobilenet_v2", "zoo:bert_layer"])
 def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> None:
     for spec in _specs(name):
         prim = primitive_compute(spec.func)
