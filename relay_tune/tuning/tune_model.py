@@ -28,6 +28,7 @@ from typing import Any
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.builder import Builder, LocalBuilder
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
+from relay_tune.tuning.hostlock import HostLockedRunner
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
 from relay_tune.tuning.runner import LocalRunner, Runner
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress
@@ -328,8 +329,6 @@ def tune_model(
     runner = runner or gpu_runner or default_runner(check)
     if not check and hasattr(runner, "check_correctness"):
         runner.check_correctness = False
-    from relay_tune.tuning.hostlock import HostLockedRunner
-
     # Other tuning processes on this machine measure in turn with this one (builds still overlap).
     measuring = runner if isinstance(runner, HostLockedRunner) else HostLockedRunner(runner)
     try:
