@@ -42,8 +42,9 @@ def _console() -> Any:
     from rich.console import Console
 
     # Piped or captured output has no terminal width; rich would wrap tables at 80 columns, which
-    # splits every workload description over several lines. 140 columns keeps one task per line.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    # splits every workload description over several lines. 140 columns keeps one task per line. Message lines are
+    # soft-wrapped (never broken by rich): they hold file paths that a reader or a script copies whole.
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 140)
 
 
 # -------------------------------------------------------------------------------------------------
