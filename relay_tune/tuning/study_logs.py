@@ -49,10 +49,13 @@ def storage_summary(args: argparse.Namespace, console: Any, summarise: Callable[
     dead = [w for w in workers if w["stale"]]
     recent = len(workers) - len(measuring) - len(dead)
     console.print(f"{len(measuring)} worker(s) measuring now on {len({w['host'] for w in measuring})} host(s), "
-                  f"{sum(w['in_flight'] for w in measuring)} config(s) claimed; {recent} more active lately "
-                  f"(recorded within the grace period, no claim now: waiting, or finished)"
-                  + (f"; {len(dead)} dead (no heartbeat for the grace period: their claims return to the pool "
-                     f"at the next claim)" if dead else ""))
+                  f"{sum(w['in_flight'] for w in measuring)} config(s) claimed")
+    if recent:
+        console.print(f"{recent} more active lately (a record within the grace period, no claim now: waiting for "
+                      f"the last claims of others, or finished)")
+    if dead:
+        console.print(f"{len(dead)} dead (no heartbeat for the grace period: their claims return to the pool at "
+                      f"the next claim of any worker)")
     for worker in workers:
         state = "dead" if worker["stale"] else "measuring" if worker["in_flight"] else "no claim"
         console.print(f"  {worker['worker']} (host {worker['host']}): {state}, {worker['in_flight']} claimed, "
