@@ -117,8 +117,8 @@ class CostModelHub:
         fit_threads: int = 1,
         update_rounds: int = 20,
     ) -> None:
-        # XGBoost takes about a second of CPU to import: a set-up cost, paid here rather than by the first fit in
-        # the middle of the run (where it stalled a worker's round once the warm-up was measured).
+        # Importing XGBoost takes 0.3 s of CPU: a set-up cost, paid here rather than by the first fit in the middle
+        # of the run (where workers started together all paid it in the same round, on a busy host).
         import xgboost  # noqa: F401
 
         self.featurizer = Featurizer(features, jobs=feature_jobs)
