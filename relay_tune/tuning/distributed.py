@@ -798,19 +798,16 @@ def live_workers(url: str) -> list[dict[str, Any]]:
 
 
 def study_overview(url: str) -> list[dict[str, Any]]:
-    """Per Optuna study of relay-tune in the database: name, trials by state, live workers (by heartbeat)."""
+    """Per Optuna study of relay-tune in the database: name and trials by state (who is measuring what:
+    `live_workers`, from the claims, which every search makes)."""
     import optuna
 
     storage = rdb_storage(url)
     overview = []
     for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
         study_id = storage.get_study_id_from_name(summary.study_name)
-        trials = storage.get_all_trials(study_id, deepcopy=False)
         states: dict[str, int] = {}
-        workers = set()
-        for trial in trials:
+        for trial in storage.get_all_trials(study_id, deepcopy=False):
             states[trial.state.name] = states.get(trial.state.name, 0) + 1
-            if trial.state == optuna.trial.TrialState.RUNNING and "worker" in trial.user_attrs:
-                workers.add(str(trial.user_attrs["worker"]).rsplit(":", 1)[0])
-        overview.append({"study": summary.study_name, "states": states, "workers": sorted(workers)})
+        overview.append({"study": summary.study_name, "states": states})
     return overview
