@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -196,6 +197,42 @@ def test_workers_share_one_budget_exactly(pg_url: str, tmp_path: Path) -> None:
     assert max(Counter((r.workload_key, r.config_key) for r in mirrored).values()) == 1
 
 
+def test_the_last_of_the_budget_is_shared_among_the_active_workers(pg_url: str) -> None:
+    """While the budget has room for every active worker's round, a claim gets all it asks for; near the end it
+    gets its share of the room left (room / active workers, at least one), so the last configs are measured by
+    many workers at once. Active: holding a live claim, or recorded or claimed within the last two beats."""
+    import numpy as np
+
+    from relay_tune.tuning.distributed import PostgresDatabase
+    from relay_tune.tuning.simulated import simulated_tasks
+
+    tasks = simulated_tasks("small")
+    task = tasks[0]
+    rng = np.random.default_rng(0)
+    configs = list({c.key: c for c in (task.space.sample(rng) for _ in range(200))}.values())[:20]
+    database = PostgresDatabase(pg_url)
+    claimed, recorded, in_flight = database.claim(tasks, 12, task, configs[:4])
+    assert (len(claimed), recorded, in_flight) == (4, 0, 0)  # room 12, one active worker: the whole round
+    # three other workers of this model: two recorded a moment ago, one recorded long ago (not active any more)
+    _sql(pg_url, f"INSERT INTO relay_tune_claims (workload_key, target, config_key, worker, done, beat_at) VALUES "
+                 f"('{task.key}', '{task.target}', 'other-1', 'a:1:1', true, clock_timestamp()), "
+                 f"('{task.key}', '{task.target}', 'other-2', 'b:2:2', true, clock_timestamp()), "
+                 f"('{task.key}', '{task.target}', 'other-3', 'c:3:3', true, clock_timestamp() - interval '1 hour') "
+                 f"RETURNING 1")
+    claimed, recorded, in_flight = database.claim(tasks, 12, task, configs[4:8])
+    assert (len(claimed), in_flight) == (3, 4)  # room 12 - 4 = 8 among 3 active workers: 3 of the 4 asked for
+    claimed, _, in_flight = database.claim(tasks, 12, task, configs[8:12])
+    assert (len(claimed), in_flight) == (2, 7)  # room 5: 2
+    claimed, _, in_flight = database.claim(tasks, 12, task, configs[12:16])
+    assert (len(claimed), in_flight) == (1, 9)  # room 3: 1
+    claimed, _, in_flight = database.claim(tasks, 12, task, configs[16:20])
+    assert (len(claimed), in_flight) == (1, 10)  # room 2: still at least one
+    claimed, _, in_flight = database.claim(tasks, 12, task, configs[16:20])
+    assert (len(claimed), in_flight) == (1, 11)
+    assert database.claim(tasks, 12, task, configs[16:20])[0] == []  # the budget is all claimed
+    database.release_claims()
+
+
 def test_a_dead_workers_claims_return_after_the_grace_period(pg_url: str, tmp_path: Path) -> None:
     """A worker on "another host" (so no local process check can notice its death) claims a batch and is
     SIGKILLed in the middle of measuring it; only the heartbeat tells the survivor. Its claims are failed after the
@@ -212,8 +249,21 @@ def test_a_dead_workers_claims_return_after_the_grace_period(pg_url: str, tmp_pa
         except Exception:  # tables not created yet
             claimed = []
     assert claimed, doomed.communicate(timeout=5)
+    while time.monotonic() < deadline and not _sql(pg_url, "SELECT 1 FROM relay_tune_claims WHERE NOT done"):
+        time.sleep(0.1)  # the tpe search asks its study first, then claims the round in the database
+    # `logs --storage` lists it from the claims table: measuring, its round claimed
+    watched = _relay_tune("logs", "--storage", pg_url, env=env)
+    assert watched.returncode == 0, watched.stderr
+    assert "1 worker(s) measuring now on 1 host(s)" in watched.stdout, watched.stdout
+    line = re.search(r"elsewhere:(\d+):\d+ \(host elsewhere\): measuring, (\d+) claimed, 0 recorded", watched.stdout)
+    assert line and int(line.group(1)) == doomed.pid and int(line.group(2)) >= 1, watched.stdout
     doomed.send_signal(signal.SIGKILL)
     doomed.wait(timeout=30)
+    time.sleep(4.5)  # past the grace period (3 s, plus one beat interval for claims)
+    watched = _relay_tune("logs", "--storage", pg_url, env=env)
+    assert watched.returncode == 0, watched.stderr
+    assert "0 worker(s) measuring now" in watched.stdout and "1 dead" in watched.stdout, watched.stdout
+    assert re.search(r"elsewhere:\d+:\d+ \(host elsewhere\): dead, [1-9]\d* claimed", watched.stdout), watched.stdout
     survivor = _simulated_worker(pg_url, tmp_path / "survivor.jsonl", 12, 0.05, env=env)
     out, err = survivor.communicate(timeout=240)
     assert survivor.returncode == 0, err
@@ -274,9 +324,10 @@ def test_measurements_of_workers_on_one_host_never_overlap(tmp_path: Path) -> No
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _relay_tune(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _relay_tune(*args: str, timeout: float = 600, env: dict[str, str] | None = None) \
+        -> subprocess.CompletedProcess[str]:
     code = "import sys; from relay_tune.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], env=_env(), capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code, *args], env=env or _env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -284,10 +335,14 @@ def test_logs_export_plot_build_and_optuna_read_the_study(pg_url: str, model_fil
     done = _relay_tune(str(model_file), "--trials", "10", "--storage", pg_url, "--log", str(tmp_path / "w.jsonl"),
                        "--search", "tpe", "-o", str(tmp_path / "w.rtmod"))
     assert done.returncode == 0, done.stderr
-    summary = _relay_tune("logs", "--storage", pg_url)
+    # (a long grace period for the reader: the worker's last record was before its build, seconds ago)
+    summary = _relay_tune("logs", "--storage", pg_url, env=_env(RELAY_TUNE_HEARTBEAT="5,300"))
     assert summary.returncode == 0, summary.stderr
     assert "10 records in postgresql://" in summary.stdout and "dense 1x864 * 20x864" in summary.stdout
-    assert "0 trial(s) being measured now" in summary.stdout
+    assert "0 worker(s) measuring now" in summary.stdout and "0 trial(s) RUNNING" in summary.stdout
+    # the worker that just finished, from the claims table: everything it claimed is recorded
+    assert re.search(r"\(host [^)]+\): no claim, 0 claimed, 10 recorded, last heartbeat or record [0-9.]+ s ago",
+                     summary.stdout), summary.stdout
     exported = tmp_path / "all.jsonl"
     assert _relay_tune("logs", "export", "--storage", pg_url, "-o", str(exported)).returncode == 0
     records = read_records(exported)

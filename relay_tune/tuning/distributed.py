@@ -14,8 +14,10 @@ Every worker opens the same database. What each piece does:
 - One budget. `relay_tune_claim` frees stale claims, counts the records plus the live claims of the model's tasks
   and inserts only as many claims as the budget has room for, under an advisory lock that the server holds for
   the length of that call (no worker code runs while it is held), so all workers together measure exactly
-  `--trials` configs. A worker whose share is done but whose colleagues still hold claims waits for them: should
-  one of them die, its claims come back to the pool and this worker measures in their place.
+  `--trials` configs. Once the room left is smaller than the workers' rounds, a claim gets only its share of it
+  (room / active workers), so the run's tail is short. A worker whose share is done but whose colleagues still
+  hold claims waits for them: should one of them die, its claims come back to the pool and this worker measures
+  in their place. `live_workers` reads who is measuring what from the claims (`relay-tune logs --storage`).
 - Optuna. The xgb search claims directly and mirrors each measurement into the task's Optuna study afterwards
   (`StudyMirror`, for optuna-dashboard). The tpe and random searches ask their study first (each study's ask,
   check and claim under a per-study advisory lock, RUNNING trials with Optuna heartbeats), then claim as above.
@@ -195,12 +197,17 @@ _SCHEMA = (
     # Counting the budget and claiming a round's configs, in one call: the budget lock is held inside the server
     # for the length of this function (about a millisecond), never while a worker's Python runs. Claims are
     # counted before records in one statement (one snapshot), so a claim finishing meanwhile is never missed.
+    # Near the end of the budget the room left is shared out: a worker claims at most its share of it among the
+    # workers active in the last p_active seconds (holding a live claim, or having recorded or claimed within
+    # that window), so the last configs go to many workers at once instead of a few full rounds that leave the
+    # others idle. (A second overload, beside the one of earlier versions, which workers of those still call.)
     """CREATE OR REPLACE FUNCTION relay_tune_claim(
         p_lock BIGINT, p_workloads TEXT[], p_targets TEXT[], p_total BIGINT, p_grace DOUBLE PRECISION,
-        p_workload TEXT, p_target TEXT, p_keys TEXT[], p_worker TEXT,
+        p_workload TEXT, p_target TEXT, p_keys TEXT[], p_worker TEXT, p_active DOUBLE PRECISION,
         OUT claimed TEXT[], OUT recorded BIGINT, OUT in_flight BIGINT) LANGUAGE plpgsql AS $$
     DECLARE
         room BIGINT;
+        active BIGINT;
         k TEXT;
     BEGIN
         PERFORM pg_advisory_xact_lock(p_lock);
@@ -213,6 +220,14 @@ _SCHEMA = (
                     ON r.workload_key = x.w AND r.target = x.t)
             INTO in_flight, recorded;
         room := p_total - recorded - in_flight;
+        IF p_active > 0 AND room > 0 THEN
+            SELECT count(*) INTO active FROM (
+                SELECT c.worker FROM relay_tune_claims c JOIN unnest(p_workloads, p_targets) AS x(w, t)
+                    ON c.workload_key = x.w AND c.target = x.t
+                    WHERE NOT c.done OR c.beat_at >= clock_timestamp() - make_interval(secs => p_active)
+                UNION SELECT p_worker) AS workers;
+            room := least(room, greatest(1, ceil(room::numeric / active)::BIGINT));
+        END IF;
         claimed := '{}';
         FOREACH k IN ARRAY p_keys LOOP
             EXIT WHEN room <= 0;
@@ -482,8 +497,6 @@ class PostgresDatabase(Database):
         self.engine = engine_for(url)
         self.mirror = LogWriter(mirror) if mirror is not None else None
         self.refused: dict[str, int] = {}  # why measurements of this process were not recorded -> how many
-        self._studies: dict[TaskTarget, str] = {}
-        self._study_ids: dict[str, int] = {}  # Optuna study name -> id (ids never change)
         self._memory = MemoryDatabase()
         self._seen: set[int] = set()
         self._max_id = 0
@@ -499,13 +512,12 @@ class PostgresDatabase(Database):
         # stale claim is freed one interval after its trial counts as stale, so the worker that takes the freed
         # budget finds that trial stale too (and Optuna's sampler gets the config back, `_return_to_pool`).
         self.grace = grace + interval
+        # A worker counts as active (for sharing out the last of the budget, `claim`) while it holds a live claim
+        # or has claimed or recorded within two beats: a live worker records at least once per trial.
+        self.active_window = 2.0 * interval
         self._beats = ClaimBeats(self, float(interval))
 
     # -- writing ---------------------------------------------------------------------------------------------
-
-    def register_study(self, task_key: str, target: str, study_name: str) -> None:
-        """Records of this task are measured under claims in this Optuna study (see `commit`)."""
-        self._studies[(task_key, target)] = study_name
 
     def commit(self, record: TuningRecord) -> bool:
         """Insert the record; False (and an event saying why) when it is refused.
@@ -642,7 +654,9 @@ class PostgresDatabase(Database):
         Returns the claimed configs (in the order given; those recorded or claimed by anyone else are left out),
         then the records and the live claims of `tasks` counted just before claiming. One call of the server
         function `relay_tune_claim`: stale claims are deleted, the budget is counted and the claims are inserted
-        under one lock that the server holds for about a millisecond.
+        under one lock that the server holds for about a millisecond. Once the room left in the budget is smaller
+        than the active workers' rounds, this worker gets at most its share of it (room / active workers, at
+        least one), so the run's tail is short.
         """
         import sqlalchemy
 
@@ -652,9 +666,10 @@ class PostgresDatabase(Database):
         keys = [c.key for c in configs]
         with self.engine.begin() as connection:
             claimed, recorded, in_flight = connection.execute(sqlalchemy.text(
-                "SELECT * FROM relay_tune_claim(:l, :ws, :ts, :n, :g, :w, :t, :keys, :k)"),
+                "SELECT * FROM relay_tune_claim(:l, :ws, :ts, :n, :g, :w, :t, :keys, :k, :a)"),
                 {"l": lock, "ws": [w for w, _ in names], "ts": [t for _, t in names], "n": total,
-                 "g": float(self.grace), "w": task.key, "t": task.target, "keys": keys, "k": self.worker}).one()
+                 "g": float(self.grace), "w": task.key, "t": task.target, "keys": keys, "k": self.worker,
+                 "a": self.active_window}).one()
         self._claiming.add((task.key, task.target))
         taken = set(claimed or ())
         for key in taken:
@@ -754,20 +769,45 @@ def export_records(url: str, output: str | os.PathLike[str], events: bool = True
     return count
 
 
+def live_workers(url: str) -> list[dict[str, Any]]:
+    """The workers of the database that hold claims or were active within the grace period, from the claims table
+    (whatever their search): worker identity, host, configs claimed and not yet recorded (`in_flight`), configs
+    recorded under their claims, seconds since their last sign of life (a claim's heartbeat or a record), and
+    whether their claims are stale (no beat for the grace period: a dead worker, whose claims the next claim of
+    any worker frees). A worker that holds no claim and has recorded nothing for the grace period (one waiting
+    for the last claims of others) is not listed."""
+    import sqlalchemy
+
+    ensure_schema(url)
+    interval, grace = _heartbeat_settings()
+    window = float(grace + interval)  # as `PostgresDatabase.grace`
+    with engine_for(url).connect() as connection:
+        rows = connection.execute(sqlalchemy.text(
+            "SELECT worker, count(*) FILTER (WHERE NOT done), count(*) FILTER (WHERE done), "
+            "extract(epoch FROM clock_timestamp() - max(beat_at)), "
+            "extract(epoch FROM clock_timestamp() - max(beat_at) FILTER (WHERE NOT done)) "
+            "FROM relay_tune_claims GROUP BY worker "
+            "HAVING bool_or(NOT done) OR max(beat_at) >= clock_timestamp() - make_interval(secs => :g) "
+            "ORDER BY worker"), {"g": window}).all()
+    workers = []
+    for worker, in_flight, recorded, age, claim_age in rows:
+        workers.append({"worker": worker, "host": worker.split(":", 1)[0], "in_flight": int(in_flight),
+                        "recorded": int(recorded), "last_beat_s": float(age),
+                        "stale": claim_age is not None and float(claim_age) > window})
+    return workers
+
+
 def study_overview(url: str) -> list[dict[str, Any]]:
-    """Per Optuna study of relay-tune in the database: name, trials by state, live workers (by heartbeat)."""
+    """Per Optuna study of relay-tune in the database: name and trials by state (who is measuring what:
+    `live_workers`, from the claims, which every search makes)."""
     import optuna
 
     storage = rdb_storage(url)
     overview = []
     for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
         study_id = storage.get_study_id_from_name(summary.study_name)
-        trials = storage.get_all_trials(study_id, deepcopy=False)
         states: dict[str, int] = {}
-        workers = set()
-        for trial in trials:
+        for trial in storage.get_all_trials(study_id, deepcopy=False):
             states[trial.state.name] = states.get(trial.state.name, 0) + 1
-            if trial.state == optuna.trial.TrialState.RUNNING and "worker" in trial.user_attrs:
-                workers.add(str(trial.user_attrs["worker"]).rsplit(":", 1)[0])
-        overview.append({"study": summary.study_name, "states": states, "workers": sorted(workers)})
+        overview.append({"study": summary.study_name, "states": states})
     return overview

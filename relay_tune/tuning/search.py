@@ -319,9 +319,6 @@ class OptunaSearch(SearchStrategy):
             direction="minimize",
             load_if_exists=True,
         )
-        register = getattr(database, "register_study", None)
-        if register is not None:  # a shared database accepts a record only under this study's live claim
-            register(task.key, task.target, self.study.study_name)
         self._distributions = task.space.distributions()
         self._pending: dict[str, optuna.trial.Trial] = {}
         self._close_stale_trials()

@@ -19,15 +19,27 @@ from relay_tune.tuning.builder import Builder
 from relay_tune.tuning.measure import BuildResult, RunResult
 from relay_tune.tuning.runner import Runner
 from relay_tune.tuning.task import BuildArtifact, TuneTask
+from relay_tune.tuning.testing import MatmulTask, small_tasks
 from search_space import Config
 
-__all__ = ["SimulatedBuilder", "SleepRunner", "simulated_cost"]
+__all__ = ["SimulatedBuilder", "SleepRunner", "simulated_cost", "simulated_tasks"]
 
 
 def simulated_cost(config_key: str, base: float = 1e-4) -> float:
     """A deterministic pseudo cost in seconds, between `base` and 10 x `base`."""
     digest = hashlib.sha256(config_key.encode()).digest()
     return base * (1.0 + 9.0 * int.from_bytes(digest[:4], "little") / 2**32)
+
+
+def simulated_tasks(space: str = "small") -> list[MatmulTask]:
+    """The tasks a simulated worker tunes: "small", the two matmuls of `small_tasks` (260 configs together), or
+    "large", two matmuls whose sizes have many divisors (3,778 configs together), for budgets of thousands of
+    trials that must not exhaust the space (a nearly exhausted space changes what the search does)."""
+    if space == "small":
+        return small_tasks()
+    if space == "large":
+        return [MatmulTask(48, 720, 360, weight=2), MatmulTask(24, 840, 240, weight=1)]
+    raise ValueError(f"unknown simulated space {space!r}: small or large")
 
 
 class SimulatedBuilder(Builder):
@@ -53,7 +65,7 @@ class SleepRunner(Runner):
 def main(argv: Sequence[str] | None = None) -> int:
     """One simulated tuning worker: `python -m relay_tune.tuning.simulated --storage URL --trials N --log LOG`.
 
-    Tunes the two small matmul tasks of `relay_tune.tuning.testing.small_tasks` with the production driver,
+    Tunes two matmul tasks (`simulated_tasks`) with the production driver,
     search and storage, measuring by sleeping. Prints one JSON line with what this worker did.
     """
     import argparse
@@ -63,7 +75,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from relay_tune.tuning.distributed import PostgresDatabase, is_database_url
     from relay_tune.tuning.driver import tune
     from relay_tune.tuning.hostlock import HostLockedRunner
-    from relay_tune.tuning.testing import small_tasks
     from relay_tune.tuning.tune_model import make_search
 
     parser = argparse.ArgumentParser(prog="python -m relay_tune.tuning.simulated", description=main.__doc__)
@@ -74,11 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--search", default="tpe", help="xgb, tpe or random (default tpe)")
     parser.add_argument("--batch", type=int, default=4, help="trials per round (default 4)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--space", choices=("small", "large"), default="small",
+                        help="the tasks' search spaces: small (260 configs) or large (3,778; default small)")
     parser.add_argument("--host-lock", action="store_true", help="measure in turn with other workers on this host")
     parser.add_argument("--start-at", type=float, metavar="EPOCH",
                         help="after setting up, wait until this time.time() (workers that start together)")
     args = parser.parse_args(argv)
-    tasks = small_tasks()
+    tasks = simulated_tasks(args.space)
     database = PostgresDatabase(args.storage, mirror=args.log) if is_database_url(args.storage) else None
     runner: Runner = SleepRunner(args.seconds)
     if args.host_lock:

@@ -5,7 +5,8 @@
     relay-tune logs plot logs/model.jsonl -o curves.png                 # or --storage URL
 
 A database's records are read through an export to a temporary log, so the summary of a study is exactly the
-summary of its exported log; the database adds what a log cannot know: trials in flight and the live workers.
+summary of its exported log; the database adds what a log cannot know: the live workers (from the claims table:
+what each one is measuring now, what it recorded, its last heartbeat) and the Optuna studies' trial states.
 """
 
 from __future__ import annotations
@@ -37,19 +38,34 @@ def _exported(url: str) -> Iterator[Path]:
 def storage_summary(args: argparse.Namespace, console: Any, summarise: Callable[[argparse.Namespace, Any], int]) -> int:
     """The summary of a study: `summarise` (the command line's log summary) over its exported records, then what
     only the database knows. The summary is passed in so that this layer never imports the command line."""
-    from relay_tune.tuning.distributed import redact, study_overview
+    from relay_tune.tuning.distributed import live_workers, redact, study_overview
 
     with _exported(args.storage) as path:
         inner = argparse.Namespace(**{**vars(args), "logs": [str(path)], "label": redact(args.storage)})
         summarise(inner, console)
         budgets = [e.data.get("total_trials") for e in read_events(path) if e.event == "session_start"]
+    workers = live_workers(args.storage)
+    measuring = [w for w in workers if w["in_flight"] and not w["stale"]]
+    dead = [w for w in workers if w["stale"]]
+    recent = len(workers) - len(measuring) - len(dead)
+    console.print(f"{len(measuring)} worker(s) measuring now on {len({w['host'] for w in measuring})} host(s), "
+                  f"{sum(w['in_flight'] for w in measuring)} config(s) claimed")
+    if recent:
+        console.print(f"{recent} more active lately (a record within the grace period, no claim now: waiting for "
+                      f"the last claims of others, or finished)")
+    if dead:
+        console.print(f"{len(dead)} dead (no heartbeat for the grace period: their claims return to the pool at "
+                      f"the next claim of any worker)")
+    for worker in workers:
+        state = "dead" if worker["stale"] else "measuring" if worker["in_flight"] else "no claim"
+        console.print(f"  {worker['worker']} (host {worker['host']}): {state}, {worker['in_flight']} claimed, "
+                      f"{worker['recorded']} recorded, last heartbeat or record {worker['last_beat_s']:.1f} s ago",
+                      markup=False, highlight=False)
     overview = study_overview(args.storage)
     running = sum(s["states"].get("RUNNING", 0) for s in overview)
-    workers = sorted({w for s in overview for w in s["workers"]})
     failed = sum(s["states"].get("FAIL", 0) for s in overview)
     budget = f"; budget of the latest session: {budgets[-1]} trials" if budgets and budgets[-1] is not None else ""
-    console.print(f"{len(overview)} Optuna studies: {running} trial(s) being measured now by {len(workers)} "
-                  f"host(s){': ' + ', '.join(workers) if workers else ''}; {failed} failed or given up "
+    console.print(f"{len(overview)} Optuna studies: {running} trial(s) RUNNING, {failed} failed or given up "
                   f"(stale claims included){budget}")
     return 0
 

@@ -117,6 +117,10 @@ class CostModelHub:
         fit_threads: int = 1,
         update_rounds: int = 20,
     ) -> None:
+        # Importing XGBoost takes 0.3 s of CPU: a set-up cost, paid here rather than by the first fit in the middle
+        # of the run (where workers started together all paid it in the same round, on a busy host).
+        import xgboost  # noqa: F401
+
         self.featurizer = Featurizer(features, jobs=feature_jobs)
         self.fit_threads = fit_threads
         # Knob-feature models of each task (its own measurements only) screen large candidate pools cheaply, so
