@@ -46,6 +46,7 @@ from typing import Any
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.database import Database, MemoryDatabase, TaskTarget
 from relay_tune.tuning.records import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
+from relay_tune.tuning.workers import worker_identity
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -490,8 +491,6 @@ class PostgresDatabase(Database):
         self._since: Any = None  # database time of the previous read, minus the visibility window
         self._events_read = 0
         self._events: list[LogEvent] = []
-        from relay_tune.tuning.search import worker_identity
-
         self.worker = worker_identity()  # host, pid and process start: a restarted worker is a new one
         self._claiming: set[TaskTarget] = set()  # tasks this worker claimed configs of
         interval, grace = _heartbeat_settings()
