@@ -82,7 +82,7 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
 
         mod = load_module(p, consts=consts, seed=seed)
     if params:
-        from relay_tune.build import bind_params, read_params
+        from relay_tune.compiler import bind_params, read_params
 
         mod = bind_params(infer_types(mod), read_params(params))
     return infer_types(mod)
@@ -151,7 +151,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     loaded = load_model(args.model, args.consts, params=args.params)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
-        from relay_tune.build import resolve_target
+        from relay_tune.compiler import resolve_target
         from relay_tune.tuning.relay_task import tasks_from_module
         from search_space.cpu import format_space_table
 
@@ -217,7 +217,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from relay_tune.build import BuildWarning, build, resolve_target
+    from relay_tune.compiler import BuildWarning, build, resolve_target
     from relay_tune.resources import check_model_memory, check_writable_file
 
     console = _console()
@@ -416,7 +416,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console = _console()
     if args.trials < 0:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
-    from relay_tune.build import resolve_target
+    from relay_tune.compiler import resolve_target
 
     resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_tune.build import _lower_one, is_pure_reshape, resolve_target
+from relay_tune.compiler import _lower_one, is_pure_reshape, resolve_target
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.compute import primitive_compute

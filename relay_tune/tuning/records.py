@@ -30,15 +30,14 @@ from typing import IO, Any, TypeAlias
 
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.measure import OK_NUMBER, ErrorKind, MeasureResult, error_from_name, error_name
+from relay_tune.version import __version__
 from search_space import Config
 
 SCHEMA_VERSION = 1
 
 
 def _package_version() -> str:
-    import relay_tune
-
-    return relay_tune.__version__
+    return __version__
 
 
 class LogFormatError(RelayTuneError):

@@ -10,14 +10,13 @@ interpreter run on the primitive function itself. Weights that are model constan
 may be packed by a schedule: the build packs them once, and the runner packs them ahead of timing, like the model.
 
 `config_to_steps(func, config, target)` is how the build turns a logged config back into schedule steps (see
-`relay_tune.build.steps_from_config`). Every config, the default one included, goes through its family's template
+`relay_tune.compiler.steps_from_config`). Every config, the default one included, goes through its family's template
 (`search_space.cpu`); an untuned build runs the template at the same default config (`search_space.defaults`), so
 the tuner's "default" baseline, the log's record of it and what an untuned build runs are one kernel.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,10 +24,14 @@ from typing import Any
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.passes.extract_tasks import constant_inputs
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from search_space import Config, InvalidConfigError, Space
+from search_space.logged import config_steps
 
-__all__ = ["RelayTuneTask", "ReferenceWarning", "config_to_steps", "layout_steps", "tasks_from_module"]
+__all__ = [
+    "RelayTuneTask", "ReferenceWarning", "config_to_steps", "constant_inputs", "layout_steps", "tasks_from_module",
+]
 
 KERNEL_PREFIX = "tuned_"
 WORKLOAD_KIND = "relay_function"
@@ -39,7 +42,7 @@ class ReferenceWarning(UserWarning):
 
 
 def _target(target: Any) -> Any:
-    from relay_tune.build import resolve_target
+    from relay_tune.compiler import resolve_target
 
     return resolve_target(target)
 
@@ -53,17 +56,6 @@ def _retyped(func: Any) -> Any:
 
     mod = infer_types(IRModule({"main": Function(tuple(func.params), func.body, func.ret_type)}))
     return mod["main"].with_attrs(Primitive=1)
-
-
-def constant_inputs(spec: Any) -> tuple[int, ...]:
-    """Parameters of a task's function that are model constants at every call site (weights)."""
-    from relay_tune.ir import Constant
-
-    sites = list(spec.call_sites)
-    if not sites:
-        return ()
-    return tuple(i for i in range(len(spec.func.params))
-                 if all(i < len(site.args) and isinstance(site.args[i], Constant) for site in sites))
 
 
 def layout_steps(layout: Any) -> tuple[LayoutStep, ...]:
@@ -268,7 +260,7 @@ def _flatten(value: Any) -> list[Any]:
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target)` compiles into a kernel (pure
     reshapes, which the build turns into aliases, are left out), in order of first use."""
-    from relay_tune.build import is_pure_reshape
+    from relay_tune.compiler import is_pure_reshape
     from relay_tune.ir import IRModule
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
@@ -281,43 +273,6 @@ def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTu
 
 
 def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
-    """Schedule steps for fused function `func` from a logged config (the build's decoder).
-
-    Configs of the CPU schedule spaces go through their family's template; a config may instead carry its steps
-    as JSON text in a `"steps"` knob (hand-pinned schedules).
-    """
-    from relay_tune.kernel.compute import primitive_compute
-    from search_space.cpu import FAMILIES, analyze, cpu_space
-    from search_space.cpu import config_to_steps as template_steps
-
-    steps = config.get("steps")
-    if isinstance(steps, str):
-        try:
-            decoded = json.loads(steps)
-        except json.JSONDecodeError as err:
-            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
-        if isinstance(decoded, list):
-            return decoded
-    target = _target(target)
-    if config.get("family") not in FAMILIES or target.kind != "llvm":
-        raise RelayTuneError(
-            f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): it is not a "
-            "config of a CPU schedule space and carries no steps")
-    config = config if isinstance(config, Config) else Config(dict(config))
-    prim = primitive_compute(func)
-    # The space has a weight-packing knob exactly when the weight is a model constant.
-    packs = "pack_b" in config or "pack_w" in config
-    workload = analyze(prim, target, _weight_params(prim) if packs else ())
-    space = cpu_space(workload)
-    if not space.is_valid(config):
-        raise RelayTuneError(
-            f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
-            "schedule space of this workload (a log written by another relay-tune version?)")
-    return template_steps(prim, config, target)
-
-
-def _weight_params(prim: Any) -> tuple[int, ...]:
-    """Every parameter number of the function (packing decides by the config; any weight may be packed)."""
-    from search_space.cpu import input_index
-
-    return tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)
+    """Schedule steps for fused function `func` from a logged config (`search_space.logged.config_steps`, the
+    build's decoder); `target` may be a target string."""
+    return config_steps(func, config, _target(target))

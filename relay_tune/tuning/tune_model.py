@@ -103,7 +103,7 @@ def target_tag(target: Any) -> str:
 
 def default_log_path(model_path: str | os.PathLike[str], target: Any, folder: str | os.PathLike[str] = "logs") -> Path:
     """logs/<model stem>.<target tag>.jsonl (the default of `relay-tune MODEL --trials N`)."""
-    from relay_tune.build import resolve_target
+    from relay_tune.compiler import resolve_target
 
     return Path(folder) / f"{Path(model_path).stem}.{target_tag(resolve_target(target))}.jsonl"
 
@@ -288,7 +288,7 @@ def tune_model(
     kernel's outputs with the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the
     interpreter cannot compute them for a task; False measures without the check and says so in the log.
     """
-    from relay_tune.build import build, resolve_target
+    from relay_tune.compiler import build, resolve_target
 
     started = time.monotonic()
     if isinstance(target, str) and target.split() and target.split()[0] == "cuda":
@@ -354,7 +354,7 @@ def tune_model(
     logs = [log_path] if log_path.is_file() else None
     import warnings
 
-    from relay_tune.build import BuildWarning
+    from relay_tune.compiler import BuildWarning
 
     if database is not None:
         lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it

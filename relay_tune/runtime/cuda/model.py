@@ -18,6 +18,7 @@ from relay_tune.kernel import tir
 from relay_tune.runtime.cuda import driver
 from relay_tune.runtime.cuda.device import DEVICE_ALIGNMENT, DeviceBuffer, FunctionRunner, GPUDevice
 from relay_tune.runtime.cuda.emulator import EmulatedDevice
+from relay_tune.version import __version__
 
 
 class GPUModel:
@@ -227,7 +228,6 @@ def _function_from_json(data: Mapping[str, Any]) -> Any:
 def save_gpu_model(path: str | os.PathLike[str], plan: Any, module: PTXModule, constants: Sequence[np.ndarray],
                    target: Any, build_info: Mapping[str, Any]) -> Path:
     """One zip file: manifest.json (graph plan, launch plans, target), module.ptx, constants/<i>.npy."""
-    from relay_tune import __version__
 
     path = Path(path)
     manifest = {"format": GPU_FORMAT_NAME, "format_version": GPU_FORMAT_VERSION, "relay_tune_version": __version__,

@@ -1,4 +1,6 @@
-"""`relay_tune.build`: compile a whole model into a `CompiledModel`.
+"""The model compiler, `relay_tune.build`: compile a whole model into a `CompiledModel`.
+
+The package exports `build` and `bind_params` from here (`relay_tune.build(...)` is this module's `build`).
 
     import relay_tune
     model = relay_tune.build(mod, target="llvm", params={"weight": w}, logs="logs/resnet.jsonl")
@@ -31,13 +33,11 @@ and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import multiprocessing
 import os
 import re
 import sys
 import time
-import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,6 +65,7 @@ from relay_tune.ir import (
     substitute,
 )
 from relay_tune.kernel import tir
+from relay_tune.passes.extract_tasks import constant_inputs
 from relay_tune.runtime.kernel import KernelSignature
 from relay_tune.runtime.memory_plan import BufferLifetime, plan_memory
 from relay_tune.runtime.model import (
@@ -79,6 +80,8 @@ from relay_tune.runtime.model import (
     Value,
 )
 from relay_tune.target import Target
+from search_space.defaults import default_steps
+from search_space.logged import config_steps
 
 __all__ = [
     "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "read_params", "resolve_target",
@@ -128,36 +131,9 @@ def resolve_target(target: str | Target | None) -> Target:
 
 
 def steps_from_config(func: Function, config: Mapping[str, Any], target: Target) -> list[Any]:
-    """The schedule steps a tuning config stands for, for fused function `func`.
-
-    The decoder is `relay_tune.tuning.relay_task.config_to_steps(func, config, target)` when the tuning package
-    provides it (the schedule spaces know their knobs); without it, a config may carry its steps itself: a
-    `"steps"` knob holding the JSON text of a list of step dicts.
-    """
-    import importlib
-
-    if target.kind == "cuda":
-        from search_space.gpu import config_to_steps
-
-        return config_to_steps(func, config, target)
-    try:
-        decoder = getattr(importlib.import_module("relay_tune.tuning.relay_task"), "config_to_steps", None)
-    except ImportError:
-        decoder = None
-    if decoder is not None:
-        return list(decoder(func, config, target))
-    steps = config.get("steps")
-    if isinstance(steps, str):
-        try:
-            decoded = json.loads(steps)
-        except json.JSONDecodeError as err:
-            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
-        if isinstance(decoded, list):
-            return decoded
-    raise RelayTuneError(
-        f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): no schedule space "
-        "decoder is available and the config carries no steps"
-    )
+    """The schedule steps a tuning config stands for, for fused function `func`: its family's template at the
+    config (`search_space.logged.config_steps`; a CPU config may carry its steps in a `"steps"` knob)."""
+    return config_steps(func, config, target)
 
 
 TaskLookup = Callable[[Any, Target], Sequence[Any] | None]
@@ -944,17 +920,4 @@ def _lower_one(
 def _default_steps(spec: Any, target: Target) -> list[Any]:
     """The default schedule of a task: its family template at the default config of its workload, weights that
     are constants at every call site counted as constants (the same config the tuner measures and logs first)."""
-    from relay_tune.tuning.relay_task import constant_inputs
-    from search_space.defaults import default_steps
-
     return default_steps(spec.func, target, constant_inputs(spec))
-
-
-class _CallableModule(types.ModuleType):
-    """Makes `relay_tune.build(...)` work although `relay_tune.build` is also this module's name."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> CompiledModel:
-        return build(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
