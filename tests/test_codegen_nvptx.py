@@ -44,7 +44,7 @@ from relay_tune.ir import (
 from relay_tune.kernel import tir
 from relay_tune.kernel.build import lower_primitive
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.gpu_schedule import (
+from search_space.gpu_template import (
     FlatParams,
     MatmulParams,
     default_gpu_schedule,

@@ -23,7 +23,7 @@ from relay_tune.compiler import _lower_one, is_pure_reshape, resolve_target
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.gpu_schedule import default_params
+from search_space.gpu_template import default_params
 from relay_tune.kernel.schedule import Schedule
 from relay_tune.passes import optimize
 from relay_tune.passes.extract_tasks import extract_tasks

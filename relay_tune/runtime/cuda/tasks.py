@@ -89,7 +89,7 @@ class GPUTask:
         return [np.asarray(r) for r in (result if isinstance(result, tuple) else (result,))]
 
     def steps(self, config: Any) -> list[Any]:
-        from relay_tune.kernel.gpu_schedule import gpu_schedule
+        from search_space.gpu_template import gpu_schedule
         from search_space.gpu import config_to_params
 
         return gpu_schedule(self._prim, config_to_params(self._prim, config))
