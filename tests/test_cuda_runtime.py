@@ -12,7 +12,8 @@ from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
 from relay_tune.op.registry import get_op
 from relay_tune.runtime import cuda as cuda_runtime
-from relay_tune.runtime.cuda import CudaUnavailableError, EmulatedDevice, GPUModel, GPUTask, cuda_available
+from relay_tune.runtime.cuda import CudaUnavailableError, EmulatedDevice, GPUModel, cuda_available
+from relay_tune.tuning.gpu_task import GPUTask
 from relay_tune.type_infer import infer_types
 
 GPU_MISSING = cuda_available()

@@ -169,7 +169,9 @@ class TuneModelResult:
 def _tasks_for(mod: Any, target: Any, opt_level: int) -> tuple[list[Any], Runner | None]:
     """The tuning tasks of `mod` on `target`, and the runner they need (None: the default CPU runner)."""
     if target.kind == "cuda":
-        from relay_tune.runtime.cuda import CudaRunner, CudaUnavailableError, cuda_available, gpu_tasks
+        from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available
+        from relay_tune.tuning.cuda_runner import CudaRunner
+        from relay_tune.tuning.gpu_task import gpu_tasks
 
         reason = cuda_available()
         if reason is not None:

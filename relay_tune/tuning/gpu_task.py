@@ -89,8 +89,8 @@ class GPUTask:
         return [np.asarray(r) for r in (result if isinstance(result, tuple) else (result,))]
 
     def steps(self, config: Any) -> list[Any]:
-        from search_space.gpu_template import gpu_schedule
         from search_space.gpu import config_to_params
+        from search_space.gpu_template import gpu_schedule
 
         return gpu_schedule(self._prim, config_to_params(self._prim, config))
 

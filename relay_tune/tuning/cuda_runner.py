@@ -1,4 +1,5 @@
-"""`CudaRunner`: measures GPU artifacts behind the same `Runner` interface as the CPU's `LocalRunner`.
+"""`CudaRunner`: measures GPU artifacts behind the same `Runner` interface as the CPU's `LocalRunner`, on a
+device of `relay_tune.runtime.cuda`.
 
 The runner measures in a worker process that owns the CUDA context: a kernel that faults poisons its context,
 so the worker reports the error and exits, and a fresh one takes over for the next artifact.
