@@ -36,15 +36,18 @@ import concurrent.futures
 import multiprocessing
 import os
 import re
+import statistics
 import sys
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from relay_tune.codegen.llvm import compile_object
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.ir import (
     Call,
@@ -65,8 +68,16 @@ from relay_tune.ir import (
     substitute,
 )
 from relay_tune.kernel import tir
-from relay_tune.passes.extract_tasks import constant_inputs
-from relay_tune.runtime.kernel import KernelSignature
+from relay_tune.kernel.build import OUTPUT, lower_primitive
+from relay_tune.kernel.lower import lower
+from relay_tune.kernel.schedule import Schedule
+from relay_tune.passes import optimize
+from relay_tune.passes.base import dataflow_post_order
+from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks, workload_key
+from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
+from relay_tune.resources import check_memory
+from relay_tune.runtime.cuda import gpu_model_from_plan
+from relay_tune.runtime.kernel import KernelSignature, load_object
 from relay_tune.runtime.memory_plan import BufferLifetime, plan_memory
 from relay_tune.runtime.model import (
     PACKING_TASK,
@@ -78,8 +89,11 @@ from relay_tune.runtime.model import (
     Storage,
     TaskInfo,
     Value,
+    host_triple,
 )
 from relay_tune.target import Target
+from relay_tune.tuning.database import best_for_target
+from relay_tune.type_infer import infer_types
 from search_space.defaults import default_steps
 from search_space.logged import config_steps
 
@@ -155,7 +169,6 @@ def task_lookup(logs: Any) -> TaskLookup | None:
     for path in paths:
         if not os.path.isfile(path):
             raise RelayTuneError(f"tuning log {os.fspath(path)}: no such file")
-    from relay_tune.tuning.database import best_for_target
 
     cache: dict[str, Mapping[str, Any]] = {}
 
@@ -209,9 +222,6 @@ def _slug(text: str) -> str:
 
 def is_pure_reshape(func: Function) -> bool:
     """A fused group whose output is its input's elements in the same order: a view, never a copy."""
-    from relay_tune.passes.base import dataflow_post_order
-    from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
-
     if not func.attrs.get("relay.reshape_only") or len(func.params) != 1:
         return False
     calls = [n for n in dataflow_post_order(func.body) if isinstance(n, Call)]
@@ -234,8 +244,6 @@ def lower_task(
 ) -> tuple[tir.PrimFunc, tuple[ParamBinding, ...]]:
     """Lower one fused function with `steps` (None: its default schedule) into kernel `name`, and say where each
     kernel parameter comes from."""
-    from relay_tune.kernel.build import OUTPUT, lower_primitive
-
     primfunc, packing = lower_primitive(func, target, steps, name=name)
     bindings = tuple(
         ParamBinding("output", p.index) if p.role == OUTPUT
@@ -389,8 +397,6 @@ class _Planner:
         raise UnsupportedError(f"compiled models cannot evaluate a {type(node).__name__} here")
 
     def _kernel_call(self, call: Call, env: dict[int, OutputTree]) -> OutputTree:
-        from relay_tune.passes.extract_tasks import workload_key
-
         func = call.op
         assert isinstance(func, Function)
         key = self.call_keys.get(id(call)) or workload_key(func)
@@ -449,9 +455,6 @@ class _Planner:
         return value
 
     def _packer(self, lt: Any, layout_key: str) -> tir.PrimFunc:
-        from relay_tune.kernel.lower import lower
-        from relay_tune.kernel.schedule import Schedule
-
         name = f"pack_{len(self.packers)}_{_slug(lt.src_layout + '_' + lt.dst_layout)}"
         for existing in self.packers.values():
             if dict(existing.attrs).get("packing") == layout_key:
@@ -569,8 +572,6 @@ def _constant_leaf(call_args: Sequence[Expr], leaf_index: int) -> Constant | Non
 
 
 def _compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes, dict[str, float]]:
-    from relay_tune.codegen.llvm import compile_object
-
     timings: dict[str, float] = {}
     obj = compile_object(funcs, target, timings=timings)
     return obj, timings
@@ -660,8 +661,6 @@ def bind_params(mod: IRModule, params: Mapping[str, Any], entry: str = "main") -
 def read_params(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Values for entry-function inputs from an `.npz` file, keyed by input name (read without pickling), for
     `bind_params` (`relay-tune ... --params weights.npz`)."""
-    import zipfile
-
     if not os.path.isfile(path):
         raise RelayTuneError(f"params file {os.fspath(path)}: no such file")
     try:
@@ -699,9 +698,6 @@ def build(
     if check_tuned and logs is not None:
         return check_tuned_records(mod, target, params, logs, opt_level, jobs=jobs, require_tuned=require_tuned,
                                    threading_runtime=threading_runtime)
-    from relay_tune.passes import optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.type_infer import infer_types
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -753,8 +749,6 @@ def build(
     funcs = [t.primfunc for t in task_list if not t.alias and t.kernel_name in called]
     funcs += [f for f in planner.packers.values() if f.name in called]
     if resolved.kind == "cuda":
-        from relay_tune.runtime.cuda import gpu_model_from_plan
-
         return gpu_model_from_plan(plan, funcs, constants, resolved, timings, start)  # type: ignore[return-value]
     if jobs is None:
         # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
@@ -762,9 +756,6 @@ def build(
     chunks = _compile_all(funcs, resolved, jobs) if funcs else []
     t_compile = time.perf_counter()
     timings["llvm_s"] = t_compile - t_plan
-
-    from relay_tune.runtime.kernel import load_object
-    from relay_tune.runtime.model import host_triple
 
     objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
     libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
@@ -847,8 +838,6 @@ class _SpecLookup:
 
 def _task_seconds(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[dict[str, float]]:
     """Per model, per task key: seconds the task's calls take in one run, median over interleaved rounds."""
-    import statistics
-
     per_round: list[list[dict[str, float]]] = [[] for _ in models]
     for _ in range(rounds):
         for model, rows in zip(models, per_round):
@@ -863,8 +852,6 @@ def _task_seconds(models: Sequence[CompiledModel], inputs: Mapping[str, Any], ro
 
 def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[float]:
     """Per model, median seconds per inference over interleaved rounds of `benchmark` (which warms up first)."""
-    import statistics
-
     costs: list[list[float]] = [[] for _ in models]
     for _ in range(rounds):
         for model, mine in zip(models, costs):
@@ -874,8 +861,6 @@ def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, A
 
 def _check_plan_fits(plan: Any, constants: Sequence[Any]) -> None:
     """A clear error when the memory plan (arena, constants, inputs, outputs) exceeds the memory available."""
-    from relay_tune.resources import check_memory
-
     parts = {
         "intermediates": int(plan.memory.arena_bytes),
         "constants": sum(int(getattr(c, "nbytes", 0)) for c in constants),

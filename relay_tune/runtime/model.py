@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
@@ -705,8 +706,6 @@ def _aligned(array: np.ndarray) -> np.ndarray:
 
 
 def host_triple() -> str:
-    import llvmlite.binding as llvm
-
     return str(llvm.get_process_triple())
 
 

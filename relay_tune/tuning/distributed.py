@@ -32,13 +32,16 @@ server is any PostgreSQL (12 or newer).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
+import queue
 import re
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -123,6 +126,7 @@ def _connection_error(url: str, err: Exception) -> DistributedError:
 
 def engine_for(url: str) -> Any:
     """One SQLAlchemy engine per URL and process (records, events, locks)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     sa_url = sqlalchemy_url(url)
@@ -150,6 +154,7 @@ def advisory_lock(url: str, name: str) -> Iterator[None]:
     The lock lives on one dedicated connection per process, so the server releases it when the process dies,
     whatever killed it.
     """
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     engine = engine_for(url)
@@ -239,6 +244,7 @@ _SCHEMA_READY: set[str] = set()
 
 def ensure_schema(url: str) -> None:
     """Create relay-tune's tables and Optuna's (once per database; concurrent first workers take turns)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     if url in _SCHEMA_READY:
@@ -277,14 +283,13 @@ def _heartbeat_settings() -> tuple[int, int]:
 
 
 def _rdb(url: str, interval: int, grace: int) -> Any:
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
     import sqlalchemy
 
     key = (url, interval, grace)
     with _MUTEX:
         if key not in _STORAGES:
-            import warnings
-
             # relay-tune beats the heartbeats itself (`Heartbeats`) for its ask/tell loop.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             with warnings.catch_warnings():
@@ -322,8 +327,7 @@ def fail_stale_claims(study: Any, *, throttle: bool = True) -> None:
     Throttled to once per heartbeat interval per study and process: a claim cannot go stale faster than that, and
     the check runs under the claim locks, where every query makes other workers wait.
     """
-    import warnings
-
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
 
     storage = study._storage
@@ -379,8 +383,6 @@ class StudyMirror:
     """
 
     def __init__(self, url: str) -> None:
-        import queue
-
         self.url = url
         self._queue: queue.Queue[tuple[int, list[MirroredTrial]]] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -412,6 +414,7 @@ MirroredTrial = tuple[dict[str, tuple[float, str]], float, dict[str, Any]]
 
 def write_trials(url: str, study_id: int, trials: Sequence[MirroredTrial]) -> None:
     """Add COMPLETE trials to an Optuna study on `url` in one transaction."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     now = "(now() AT TIME ZONE 'UTC')"  # Optuna keeps naive UTC times
@@ -452,6 +455,7 @@ _HEARTBEATS: dict[int, Heartbeats] = {}
 
 def heartbeats_for(storage: Any) -> Heartbeats | None:
     """The process's heartbeat thread for `storage` (None when the storage has no heartbeat)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 
     if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
@@ -516,6 +520,7 @@ class PostgresDatabase(Database):
         meanwhile waits for this transaction and then finds the claim fresh. A config recorded already is refused
         by the unique key.
         """
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         claimed = (record.workload_key, record.target) in self._claiming
@@ -556,6 +561,7 @@ class PostgresDatabase(Database):
         return self.refused.get("duplicate_measurement", 0)
 
     def log_event(self, event: LogEvent) -> None:
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.begin() as connection:
@@ -574,6 +580,7 @@ class PostgresDatabase(Database):
         the largest seen" alone could miss it for good. Each read therefore also re-reads the rows inserted in
         the last few seconds before the previous read (by the database clock) and skips those already seen.
         """
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.connect() as connection:
@@ -586,7 +593,6 @@ class PostgresDatabase(Database):
                     "WHERE id > :m OR created_at >= :s ORDER BY id")
                 rows = connection.execute(query, {"m": self._max_id, "s": self._since}).all()
             now = rows[-1][2] if rows else connection.execute(sqlalchemy.text("SELECT clock_timestamp()")).scalar()
-        import datetime
 
         self._since = now - datetime.timedelta(seconds=_VISIBILITY_WINDOW_S)
         for row_id, text, _ in rows:
@@ -616,6 +622,7 @@ class PostgresDatabase(Database):
 
     @property
     def events(self) -> list[LogEvent]:
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.connect() as connection:
@@ -643,6 +650,7 @@ class PostgresDatabase(Database):
         function `relay_tune_claim`: stale claims are deleted, the budget is counted and the claims are inserted
         under one lock that the server holds for about a millisecond.
         """
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         names = sorted({(t.key, t.target) for t in tasks})
@@ -662,6 +670,7 @@ class PostgresDatabase(Database):
 
     def claimed_keys(self, task_key: str, target: str) -> set[str]:
         """Configs of this task claimed by any worker (being measured or recorded): a search skips them."""
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.connect() as connection:
@@ -672,6 +681,7 @@ class PostgresDatabase(Database):
 
     def release_claims(self) -> None:
         """Give back this worker's claims not measured (an interrupted or finished session)."""
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         self._beats.clear()
@@ -708,6 +718,7 @@ class ClaimBeats:
             self._held.clear()
 
     def _beat(self) -> None:
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         while True:
@@ -726,6 +737,7 @@ _STUDIES: dict[tuple[int, str], Any] = {}
 
 
 def _study(storage: Any, name: str) -> Any:
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
 
     key = (id(storage), name)
@@ -755,6 +767,7 @@ def export_records(url: str, output: str | os.PathLike[str], events: bool = True
 
 def study_overview(url: str) -> list[dict[str, Any]]:
     """Per Optuna study of relay-tune in the database: name, trials by state, live workers (by heartbeat)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
 
     storage = rdb_storage(url)

@@ -19,14 +19,29 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from cost_model.transfer import register_workload_kind
+from relay_tune.codegen.llvm import compile_object, required_libraries
+from relay_tune.compiler import is_pure_reshape, resolve_target
 from relay_tune.errors import RelayTuneError
-from relay_tune.passes.extract_tasks import constant_inputs
+from relay_tune.interpreter import evaluate
+from relay_tune.ir import Function, IRModule
+from relay_tune.ir.types import TupleType
+from relay_tune.kernel.build import OUTPUT, lower_primitive
+from relay_tune.kernel.compute import primitive_compute
+from relay_tune.passes import optimize
+from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks
+from relay_tune.runtime.kernel import REPEAT_SUFFIX
+from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
+from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError, Space
+from search_space.cpu import analyze, cpu_space, default_config
+from search_space.cpu import config_to_steps as template_steps
 from search_space.logged import config_steps
 
 __all__ = [
@@ -42,8 +57,6 @@ class ReferenceWarning(UserWarning):
 
 
 def _target(target: Any) -> Any:
-    from relay_tune.compiler import resolve_target
-
     return resolve_target(target)
 
 
@@ -51,8 +64,6 @@ def _retyped(func: Any) -> Any:
     """`func` with its types inferred again (types are a cache that pickling drops)."""
     if func.body.has_type():
         return func
-    from relay_tune.ir import Function, IRModule
-    from relay_tune.type_infer import infer_types
 
     mod = infer_types(IRModule({"main": Function(tuple(func.params), func.body, func.ret_type)}))
     return mod["main"].with_attrs(Primitive=1)
@@ -97,7 +108,7 @@ class RelayTuneTask:
         self.target_info = _target(target)
         if self.target_info.kind != "llvm":
             raise RelayTuneError(f"RelayTuneTask tunes CPU (llvm) targets; for {self.target_info} use "
-                                 "relay_tune.runtime.cuda.gpu_tasks")
+                                 "relay_tune.tuning.gpu_task.gpu_tasks")
         self.key: str = spec.key
         self.description: str = spec.description
         self.flops: float = float(spec.flops)
@@ -108,9 +119,6 @@ class RelayTuneTask:
         self._setup()
 
     def _setup(self) -> None:
-        from relay_tune.kernel.compute import primitive_compute
-        from search_space.cpu import analyze, cpu_space, default_config
-
         self._prim = primitive_compute(self.func)
         self.workload = analyze(self._prim, self.target_info, self.constants)
         self.space: Space = cpu_space(self.workload)
@@ -145,9 +153,6 @@ class RelayTuneTask:
     def reference(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """The interpreter's outputs of the primitive function (flattened), or None when they cannot serve as a
         reference on these inputs (the check is skipped, with a `ReferenceWarning`)."""
-        from relay_tune.interpreter import evaluate
-        from relay_tune.ir import Function, IRModule
-
         try:
             args = _structured_inputs(self.func, list(inputs))
             plain = Function(tuple(self.func.params), self.func.body, self.func.ret_type)
@@ -165,8 +170,6 @@ class RelayTuneTask:
 
     def steps(self, config: Config) -> list[Any]:
         """The schedule steps of a config: its family's template applied to it."""
-        from search_space.cpu import config_to_steps as template_steps
-
         return template_steps(self._prim, config, self.target_info)
 
     def lower(self, config: Config) -> Any:
@@ -174,8 +177,6 @@ class RelayTuneTask:
         return self._lower(config)[0]
 
     def _lower(self, config: Config) -> tuple[Any, Any]:
-        from relay_tune.kernel.build import lower_primitive
-
         self.space.validate(config)
         steps = self.steps(config)
         try:
@@ -190,10 +191,6 @@ class RelayTuneTask:
         return KERNEL_PREFIX + self.key[:16]
 
     def build(self, config: Config) -> BuildArtifact:
-        from relay_tune.codegen.llvm import compile_object, required_libraries
-        from relay_tune.kernel.build import OUTPUT
-        from relay_tune.runtime.kernel import REPEAT_SUFFIX
-
         primfunc, packing = self._lower(config)
         code = compile_object([primfunc], self.target_info)
         args: list[KernelArg] = []
@@ -210,9 +207,6 @@ class RelayTuneTask:
 
     def workload_spec(self) -> dict[str, Any]:
         """A JSON description to rebuild this task from (the function's Relay text, the target, constants)."""
-        from relay_tune.ir import Function, IRModule
-        from relay_tune.text import print_module
-
         plain = Function(tuple(self.func.params), self.func.body, self.func.ret_type)
         return {"kind": WORKLOAD_KIND, "text": print_module(IRModule({"main": plain})),
                 "target": str(self.target_info), "description": self.description, "flops": self.flops,
@@ -221,11 +215,6 @@ class RelayTuneTask:
     @staticmethod
     def from_workload_spec(data: Mapping[str, Any]) -> RelayTuneTask:
         """The task a `workload_spec()` describes (e.g. to re-lower configs of an old log)."""
-        from types import SimpleNamespace
-
-        from relay_tune.text import parse_module
-        from relay_tune.type_infer import infer_types
-
         func = infer_types(parse_module(str(data["text"])))["main"].with_attrs(Primitive=1)
         spec = SimpleNamespace(key=str(data["key"]), description=str(data.get("description", "")), func=func,
                                flops=float(data.get("flops", 0.0)), occurrences=int(data.get("weight", 1)),
@@ -235,8 +224,6 @@ class RelayTuneTask:
 
 def _structured_inputs(func: Any, flat: list[np.ndarray]) -> list[Any]:
     """Flattened kernel inputs regrouped by parameter (tuple-typed parameters take a tuple)."""
-    from relay_tune.ir.types import TupleType
-
     def take(ty: Any) -> Any:
         if isinstance(ty, TupleType):
             return tuple(take(f) for f in ty.fields)
@@ -257,15 +244,13 @@ def _flatten(value: Any) -> list[Any]:
     return out
 
 
+# Logs of relay_function tasks can warm the cost model of other workloads (cost_model.transfer rebuilds them).
+register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
+
+
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target)` compiles into a kernel (pure
     reshapes, which the build turns into aliases, are left out), in order of first use."""
-    from relay_tune.compiler import is_pure_reshape
-    from relay_tune.ir import IRModule
-    from relay_tune.passes import optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.type_infer import infer_types
-
     resolved = _target(target)
     fused = optimize(infer_types(mod), opt_level=opt_level)
     specs = extract_tasks(IRModule({"main": fused["main"]}))

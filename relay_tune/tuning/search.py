@@ -181,6 +181,7 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
 
     Storages are shared per process, so several studies in one journal replay it once.
     """
+    # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
     import optuna
 
     if storage is None or isinstance(storage, optuna.storages.BaseStorage):
@@ -194,6 +195,7 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
         return os.fspath(storage)  # another RDB URL (sqlite:///, mysql://, ...): Optuna opens and caches it
     path = str(journal)
     if path not in _STORAGES:
+        # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
@@ -208,6 +210,7 @@ def space_digest(task: TuneTask) -> str:
     Optuna refuses a categorical parameter whose choices differ from earlier trials, so a study cannot outlive a
     change of its space; the measurements are not lost, the new study imports them from the log.
     """
+    # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
     from optuna.distributions import distribution_to_json
 
     text = json.dumps({name: distribution_to_json(d) for name, d in sorted(task.space.distributions().items())})
@@ -222,6 +225,7 @@ def default_study_name(task: TuneTask) -> str:
 
 
 def make_sampler(kind: str, seed: int, n_startup_trials: int = 10) -> optuna.samplers.BaseSampler:
+    # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
     import optuna
 
     if kind == "tpe":
@@ -255,6 +259,7 @@ class OptunaSearch(SearchStrategy):
         study_name: str | None = None,
         n_startup_trials: int = 10,
     ) -> None:
+        # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress view
