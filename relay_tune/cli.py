@@ -29,6 +29,10 @@ import numpy as np
 from relay_tune.errors import RelayTuneError
 from relay_tune.version import __version__
 
+# `relay_tune.tuning.tune_model.SEARCH_STRATEGIES`, written out: the parser is built for `relay-tune --help`, which
+# must not import the tuner (about 0.5 s with the compiler and Optuna); tests/test_import_contracts.py compares them.
+SEARCH_STRATEGIES: tuple[str, ...] = ("xgb", "tpe", "random")
+
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -671,9 +675,6 @@ def _add_tune_parser(sub: Any) -> None:
         "larger --trials continues a finished one, and trials already in the log count against the budget. "
         "Ctrl-C stops cleanly (exit code 130) and keeps every measurement.")
     _add_model_args(p)
-    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.tune_model import SEARCH_STRATEGIES
-
     p.add_argument("--trials", type=int, default=200,
                    help="measured trials in total, shared by all tasks (default 200)")
     p.add_argument("--target", default="llvm", help="target (default: llvm, this CPU; e.g. 'llvm -num-cores=1', "

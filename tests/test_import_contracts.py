@@ -193,6 +193,29 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     assert _find_cycle(_graph(modules, function_level=False)) is not None
 
 
+def test_help_loads_neither_the_compilers_nor_the_tuner() -> None:
+    """`relay-tune --help` (the parser of every command) imports no compiler, tuner, LLVM, Optuna or XGBoost."""
+    probe = (
+        "import sys\n"
+        "from relay_tune.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('relay_tune.compiler', 'relay_tune.kernel', 'relay_tune.tuning', 'relay_tune.codegen', "
+        "'relay_tune.runtime', 'llvmlite', 'optuna', 'xgboost', 'pandas')\n"
+        "print(sorted({m.split('.')[0] if not m.startswith('relay_tune') else '.'.join(m.split('.')[:2]) "
+        "for m in sys.modules if m.startswith(heavy)}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_command_lines_search_choices_are_the_tuners() -> None:
+    from relay_tune import cli
+    from relay_tune.tuning.tune_model import SEARCH_STRATEGIES
+
+    assert cli.SEARCH_STRATEGIES == SEARCH_STRATEGIES
+
+
 def test_import_linter_contracts_hold() -> None:
     lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
     if not Path(lint).exists():
