@@ -20,8 +20,7 @@ from relay_tune.target import Target
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from relay_tune.type_infer import infer_types
 from search_space import InvalidConfigError
-from search_space.gpu import config_to_params, default_config, gpu_space
-from search_space.gpu_template import gpu_schedule
+from search_space.gpu import default_config, gpu_space, steps_of_prim
 
 
 def gpu_tasks(mod: Any, target: str = "cuda -arch=sm_90", check_ptxas: bool = True) -> list[GPUTask]:
@@ -84,7 +83,8 @@ class GPUTask:
         return [np.asarray(r) for r in (result if isinstance(result, tuple) else (result,))]
 
     def steps(self, config: Any) -> list[Any]:
-        return gpu_schedule(self._prim, config_to_params(self._prim, config))
+        # the GPU family template at the config: the same function untuned builds and logged configs go through
+        return steps_of_prim(self._prim, config)
 
     def build(self, config: Any) -> Any:
         target = Target.parse(self.target)
