@@ -37,8 +37,11 @@ lowered provides `lower(config) -> tir.PrimFunc` (lowering only, no LLVM).
 from __future__ import annotations
 
 import math
+import multiprocessing
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -755,10 +758,6 @@ class Featurizer:
 
     def _get_pool(self) -> Any:
         if self._pool is None:
-            import multiprocessing
-            import weakref
-            from concurrent.futures import ProcessPoolExecutor
-
             # "spawn": workers must not inherit the tuner's threads or LLVM state (as the builder's workers)
             self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)

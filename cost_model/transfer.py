@@ -4,7 +4,8 @@ Loop-nest features do not depend on the search space, so a config measured for o
 convolution) teaches the model about another (a MobileNet one) once both are described by their loop nests. To
 re-lower an old config, its task must be rebuilt: the model-guided search writes one `workload` event per task
 into the log it tunes into, holding a JSON description of the task (`task.workload_spec()`), and
-`register_workload_kind` maps the description's `kind` to a function that rebuilds the task. Tasks can also be
+`register_workload_kind` maps the description's `kind` to a function that rebuilds the task (the task
+modules of the tuner register their own kinds). Tasks can also be
 given directly (`tasks=`), which wins over the log's description.
 
 Each old workload becomes its own group of the training set (throughput normalised within the group), so only
@@ -42,13 +43,8 @@ def register_workload_kind(kind: str, factory: TaskFactory) -> None:
     _FACTORIES[kind] = factory
 
 
-def _relay_task(spec: Mapping[str, Any]) -> Any:
-    from relay_tune.tuning.relay_task import RelayTuneTask
-
-    return RelayTuneTask.from_workload_spec(spec)
-
-
-register_workload_kind("relay_function", _relay_task)
+# The tuner's task modules register their kinds (`relay_tune.tuning.relay_task`: "relay_function") when they are
+# imported; the cost model sits below them and imports none.
 
 
 def workload_spec_of(task: Any) -> dict[str, Any] | None:

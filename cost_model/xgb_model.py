@@ -160,6 +160,7 @@ class XGBCostModel:
         return self._train(data, rounds)
 
     def _train(self, data: TrainingSet, rounds: int) -> XGBCostModel:
+        # start-up: xgboost takes ~0.3 s to import; only fitting and ranking need it, not features or logs
         import xgboost as xgb
 
         if len(data) < 2:
@@ -189,6 +190,7 @@ class XGBCostModel:
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """Scores for rows of features (higher = faster). Only the order of scores within a workload matters."""
+        # start-up: xgboost takes ~0.3 s to import; only fitting and ranking need it, not features or logs
         import xgboost as xgb
 
         if self.booster is None:
@@ -245,6 +247,7 @@ class XGBCostModel:
         nthread: int = 1,
     ) -> XGBCostModel:
         """Read a model saved by `save`; refuse one made for other features or (when given) another target."""
+        # start-up: xgboost takes ~0.3 s to import; only fitting and ranking need it, not features or logs
         import xgboost as xgb
 
         path = Path(path)

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", help="where to write the table")
     args = parser.parse_args(argv)
 
-    from relay_tune.build import resolve_target
     from relay_tune.cli import load_model
+    from relay_tune.compiler import resolve_target
     from relay_tune.tuning import InlineBuilder, LocalRunner
     from relay_tune.tuning.relay_task import tasks_from_module
 

@@ -189,7 +189,7 @@ def dense_task(size: int, arch: str) -> Any:
     from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
     from relay_tune.op.registry import get_op
     from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.runtime.cuda import GPUTask
+    from relay_tune.tuning.gpu_task import GPUTask
     from relay_tune.type_infer import infer_types
 
     a = Var("a", TensorType((size, size), "float32"))
@@ -215,8 +215,8 @@ def check_dense_tuning(device: Any, trials: int, budget: float) -> float | None:
     source = ""
     if left(budget) > 120:
         try:
-            from relay_tune.runtime.cuda import CudaRunner
             from relay_tune.tuning.builder import LocalBuilder
+            from relay_tune.tuning.cuda_runner import CudaRunner
             from relay_tune.tuning.driver import tune
 
             with tempfile.TemporaryDirectory() as tmp, LocalBuilder(n_parallel=min(8, os.cpu_count() or 1),

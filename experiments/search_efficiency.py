@@ -86,7 +86,7 @@ def relay_task(name: str, cores: int) -> Any:
     """The tuning task of a one-operator Relay model whose weight is a constant (as in a real model)."""
     import numpy as np
 
-    from relay_tune.build import bind_params
+    from relay_tune.compiler import bind_params
     from relay_tune.text import parse_module
     from relay_tune.tuning.relay_task import tasks_from_module
     from relay_tune.type_infer import infer_types

@@ -1,22 +1,19 @@
 """relay-tune: a Relay deep-learning compiler and auto-tuner."""
 
-from relay_tune.errors import ParseError, RelayTuneError, RelayTypeError
+from typing import Any
 
-__version__ = "0.1.0"
+from relay_tune.errors import ParseError, RelayTuneError, RelayTypeError
+from relay_tune.version import __version__
 
 __all__ = ["ParseError", "RelayTuneError", "RelayTypeError", "__version__", "bind_params", "build"]
 
 
-def __getattr__(name: str) -> object:
-    # `relay_tune.build(mod, ...)`, imported on first use: the compiler pulls in LLVM and the whole pipeline.
-    # The module `relay_tune.build` is itself callable (it forwards to its `build` function), so the attribute
-    # stays callable after the submodule has been imported.
-    if name == "build":
-        import importlib
+def __getattr__(name: str) -> Any:
+    # `relay_tune.build(mod, ...)` and `relay_tune.bind_params(mod, {"weight": array})` are the model compiler's
+    # functions (`relay_tune.compiler`), looked up on first use. Start-up cost: the compiler pulls in LLVM and the
+    # whole pipeline (about 0.1 s), which `import relay_tune.ir` and `relay-tune --help` must not pay.
+    if name in ("build", "bind_params"):
+        from relay_tune import compiler  # start-up cost (see above)
 
-        return importlib.import_module("relay_tune.build")
-    if name == "bind_params":  # `relay_tune.bind_params(mod, {"weight": array})`: inputs become constants
-        from relay_tune.build import bind_params
-
-        return bind_params
+        return getattr(compiler, name)
     raise AttributeError(f"module 'relay_tune' has no attribute {name!r}")

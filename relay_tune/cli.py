@@ -14,14 +14,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 import tempfile
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from relay_tune.errors import RelayTuneError
+from relay_tune.version import __version__
+
+# `relay_tune.tuning.tune_model.SEARCH_STRATEGIES`, written out: the parser is built for `relay-tune --help`, which
+# must not import the tuner (about 0.5 s with the compiler and Optuna); tests/test_import_contracts.py compares them.
+SEARCH_STRATEGIES: tuple[str, ...] = ("xgb", "tpe", "random")
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
@@ -39,6 +49,7 @@ def _command(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Calla
 
 
 def _console() -> Any:
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
     from rich.console import Console
 
     # Piped or captured output has no terminal width; rich would wrap tables at 80 columns, which
@@ -62,6 +73,7 @@ def _require_main(mod: Any, path: str) -> None:
 def load_model(path: str, consts: str | None = None, seed: int = 0, params: str | None = None) -> Any:
     """Parse a model file (Relay text, or ONNX by extension) and type-check it; `params`: an .npz of values for
     inputs, bound as constants."""
+    # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
     from relay_tune.type_infer import infer_types
 
     p = Path(path)
@@ -75,15 +87,18 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
     except OSError as err:
         raise RelayTuneError(f"{path}: cannot be read ({err.strerror or err})") from None
     if p.suffix == ".onnx":
+        # start-up: imported on use, so `relay-tune --help` does not load the ONNX importer
         from relay_tune.frontend import from_onnx
 
         mod, _params = from_onnx(p)  # the module embeds the weights; params index them for files
     else:
+        # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
         from relay_tune.text import load_module
 
         mod = load_module(p, consts=consts, seed=seed)
     if params:
-        from relay_tune.build import bind_params, read_params
+        # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
+        from relay_tune.compiler import bind_params, read_params
 
         mod = bind_params(infer_types(mod), read_params(params))
     return infer_types(mod)
@@ -100,12 +115,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     mod = load_model(args.model, args.consts, params=args.params)
     elapsed = time.perf_counter() - start
     if args.fused:
+        # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
         from relay_tune.passes import optimize
 
         mod = optimize(mod, opt_level=args.opt_level)
     if args.summary:
         _print_summary(mod, args.model, elapsed)
         return 0
+    # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
     from relay_tune.text import print_module
 
     sys.stdout.write(print_module(mod, show_types=not args.no_types))
@@ -115,8 +132,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _print_summary(mod: Any, path: str, elapsed: float) -> None:
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
     from rich.table import Table
 
+    # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
     from relay_tune.analysis import summarize
 
     summary = summarize(mod)
@@ -145,14 +164,17 @@ def _print_summary(mod: Any, path: str, elapsed: float) -> None:
 
 @_command("tasks")
 def cmd_tasks(args: argparse.Namespace) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
     from rich.table import Table
 
+    # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
 
     loaded = load_model(args.model, args.consts, params=args.params)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
-        from relay_tune.build import resolve_target
+        # start-up: imported on use, not by `relay-tune --help`: the compiler (~0.4 s with LLVM), the tuner (~0.1 s)
+        from relay_tune.compiler import resolve_target
         from relay_tune.tuning.relay_task import tasks_from_module
         from search_space.cpu import format_space_table
 
@@ -192,6 +214,7 @@ def _shape_override(text: str) -> tuple[str, tuple[int, ...]]:
 
 @_command("import")
 def cmd_import(args: argparse.Namespace) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load the ONNX importer, the parser and passes (~0.1 s)
     from relay_tune.frontend import from_onnx, params_path, save_params
     from relay_tune.text import print_module
 
@@ -213,12 +236,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 @_command("build")
 def cmd_build(args: argparse.Namespace) -> int:
-    import warnings
 
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
     from rich.markup import escape
     from rich.table import Table
 
-    from relay_tune.build import BuildWarning, build, resolve_target
+    # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
+    from relay_tune.compiler import BuildWarning, build, resolve_target
     from relay_tune.resources import check_model_memory, check_writable_file
 
     console = _console()
@@ -227,11 +251,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     mod = load_model(args.model, args.consts, params=args.params)
     _require_main(mod, args.model)
     check_model_memory(mod)
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.records import LogWarning
 
     logs = list(args.log)
     with contextlib.ExitStack() as stack:
         if args.storage:  # the global best of a study on a database: its records, exported for this build
+            # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
             from relay_tune.tuning.distributed import export_records
 
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="relay-tune-build-"))
@@ -280,11 +306,12 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 @_command("run")
 def cmd_run(args: argparse.Namespace) -> int:
-    import numpy as np
 
+    # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
     from relay_tune.runtime.model import load
 
     console = _console()
+    # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
     from relay_tune.runtime.cuda.model import is_gpu_model_file
 
     if is_gpu_model_file(args.model):  # PTX built for a CUDA target (perhaps on a machine without a GPU)
@@ -322,6 +349,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"latency: median {stats.median * 1e3:.3f} ms, min {stats.min * 1e3:.3f} ms "
                       f"({args.repeat} x {args.number} runs)")
     if args.profile and args.log:
+        # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
         from relay_tune.runtime.profile import compare_with_logs
 
         console.print("  in model  per call   logged  ratio  (per call: in the model; logged: best record)")
@@ -339,8 +367,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_gpu_model(args: argparse.Namespace, console: Any) -> int:
     """`relay-tune run` of a CUDA model file: on this machine's GPU, or one message saying that a GPU is needed."""
-    import numpy as np
 
+    # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
     from relay_tune.runtime.cuda.model import load_gpu_model
 
     model = load_gpu_model(args.model)  # CudaUnavailableError (a RelayTuneError) without a GPU
@@ -390,7 +418,6 @@ _SHORT_REASONS = {"no unmeasured config left in the search space": "space exhaus
 
 
 def _resume_command(args: argparse.Namespace, log: Path) -> str:
-    import shlex
 
     words = ["relay-tune", args.model, "--trials", str(args.trials), "--log", str(log)]
     if args.target != "llvm":
@@ -412,16 +439,19 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
 
 @_command("tune")
 def cmd_tune(args: argparse.Namespace) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.tune_model import RichProgress, default_log_path, tune_model
 
     console = _console()
     if args.trials < 0:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
-    from relay_tune.build import resolve_target
+    # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
+    from relay_tune.compiler import resolve_target
 
     resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
+    # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
     from relay_tune.resources import check_model_memory, check_writable_file
 
     check_writable_file(log, "tuning log")  # before any measurement that could not be recorded
@@ -456,6 +486,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _print_tune_result(console: Any, result: Any) -> None:
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
     from rich.table import Table
 
     summary = result.summary
@@ -494,8 +525,8 @@ def _print_tune_result(console: Any, result: Any) -> None:
 
 @_command("logs")
 def cmd_logs(args: argparse.Namespace) -> int:
-    import warnings
 
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.records import LogWarning
 
     console = _console()
@@ -508,6 +539,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise RelayTuneError(f"{path}: no such file")
     if args.storage:
+        # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
         from relay_tune.tuning.study_logs import STORAGE_ACTIONS, storage_summary
 
         if args.action == "summary":
@@ -523,6 +555,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     for warning in caught:  # one per log, counting its unreadable lines by reason (a log read twice says it once)
         if issubclass(warning.category, LogWarning) and str(warning.message) not in shown:
             shown.add(str(warning.message))
+            # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
             from rich.markup import escape
 
             console.print(f"[yellow]warning:[/yellow] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
@@ -530,6 +563,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _log_groups(paths: Sequence[str]) -> dict[tuple[str, str], list[Any]]:
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.records import read_records
 
     groups: dict[tuple[str, str], list[Any]] = {}
@@ -539,10 +573,11 @@ def _log_groups(paths: Sequence[str]) -> dict[tuple[str, str], list[Any]]:
 
 
 def _logs_summary(args: argparse.Namespace, console: Any) -> int:
-    from collections import Counter
 
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables (~0.03 s)
     from rich.table import Table
 
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.database import top_k
     from relay_tune.tuning.records import read_events
 
@@ -579,10 +614,12 @@ def _short_target(target: str) -> str:
 
 
 def _logs_best(args: argparse.Namespace, console: Any) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.database import top_k
 
     groups = _log_groups(args.logs)
     if args.output:
+        # start-up: imported on use, so `relay-tune --help` does not load pandas (~0.3 s)
         from relay_tune.logs import distill
 
         count = distill(list(args.logs), args.output, top=args.top, overwrite=args.force)
@@ -598,6 +635,7 @@ def _logs_best(args: argparse.Namespace, console: Any) -> int:
 
 
 def _logs_merge(args: argparse.Namespace, console: Any) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load pandas (~0.3 s)
     from relay_tune.logs import distill, merge
 
     if not args.output:
@@ -618,6 +656,7 @@ def _logs_merge(args: argparse.Namespace, console: Any) -> int:
 
 
 def _logs_other(args: argparse.Namespace, console: Any) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
     from relay_tune.tuning.study_logs import LOG_ACTIONS
 
     return LOG_ACTIONS[args.action](args, console)
@@ -637,8 +676,6 @@ def _add_tune_parser(sub: Any) -> None:
         "larger --trials continues a finished one, and trials already in the log count against the budget. "
         "Ctrl-C stops cleanly (exit code 130) and keeps every measurement.")
     _add_model_args(p)
-    from relay_tune.tuning.tune_model import SEARCH_STRATEGIES
-
     p.add_argument("--trials", type=int, default=200,
                    help="measured trials in total, shared by all tasks (default 200)")
     p.add_argument("--target", default="llvm", help="target (default: llvm, this CPU; e.g. 'llvm -num-cores=1', "
@@ -715,7 +752,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relay-tune", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    from relay_tune import __version__
 
     parser.add_argument("--version", action="version", version=f"relay-tune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -795,6 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    # start-up: imported on use, so `relay-tune --help` does not load LLVM's targets (~0.04 s)
     from relay_tune.target import TargetError
 
     try:

@@ -17,7 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from relay_tune.errors import RelayTuneError
+from relay_tune.ir import Call, Constant, post_order
+from relay_tune.ir.types import TensorType, TupleType
 
 MIN_FREE_BYTES = 1 << 20  # a tuning log grows by about a kilobyte per trial: less than a megabyte free is full
 
@@ -59,9 +63,6 @@ def model_memory_lower_bound(mod: Any) -> tuple[int, dict[str, int]]:
     """Bytes any executor of a type-checked module's `main` needs at least: every constant, plus the model's
     inputs or the largest single operator call's inputs and output together (both are live while it runs),
     whichever is more."""
-    from relay_tune.ir import Call, Constant, post_order
-    from relay_tune.ir.types import TensorType, TupleType
-
     def nbytes(ty: Any) -> int:
         if isinstance(ty, TensorType):
             if not all(isinstance(d, int) for d in ty.shape):
@@ -70,8 +71,6 @@ def model_memory_lower_bound(mod: Any) -> tuple[int, dict[str, int]]:
             for d in ty.shape:
                 count *= int(d)
             try:
-                import numpy as np
-
                 return count * np.dtype(ty.dtype).itemsize
             except TypeError:
                 return count * 4

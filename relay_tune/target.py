@@ -12,12 +12,16 @@ its features matter a lot (with a generic CPU, fused multiply-adds become librar
 
 from __future__ import annotations
 
+import difflib
 import functools
+import hashlib
 import os
 import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
 
 from relay_tune.errors import RelayTuneError
 
@@ -147,8 +151,6 @@ class Target:
     @staticmethod
     def host(num_cores: int | None = None) -> Target:
         """The machine this process runs on: LLVM's view of its CPU and features, and the cores we may use."""
-        import llvmlite.binding as llvm  # lazy: importing relay_tune must not load LLVM
-
         mcpu = llvm.get_host_cpu_name()
         try:
             features = tuple(f for f in llvm.get_host_cpu_features().flatten().split(",") if f)
@@ -212,7 +214,6 @@ class Target:
         "llvm -mcpu=znver4 -num-cores=2 -features=3f2a9c1e"."""
         if self.kind != "llvm" or not self.mattr:
             return str(self)
-        import hashlib
 
         digest = hashlib.sha256(",".join(self.mattr).encode()).hexdigest()[:8]
         cpu = f" -mcpu={self.mcpu}" if self.mcpu else ""
@@ -259,8 +260,6 @@ def _llvm_help() -> tuple[frozenset[str], frozenset[str]]:
     llvmlite has no call that lists them, but creating a target machine for the CPU "help" makes LLVM print
     both lists to stderr (and nothing else happens: the machine is thrown away). The listing goes to file
     descriptor 2 from C++, so it is captured by pointing that descriptor at a temporary file for the call."""
-    import llvmlite.binding as llvm
-
     llvm.initialize_native_target()
     triple = llvm.get_process_triple()
     with _HELP_LOCK, tempfile.TemporaryFile() as capture:
@@ -301,8 +300,6 @@ def llvm_cpu_features() -> frozenset[str]:
 
 
 def _did_you_mean(word: str, choices: frozenset[str]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(word, sorted(choices), n=3, cutoff=0.6)
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 

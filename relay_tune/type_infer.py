@@ -51,6 +51,7 @@ from relay_tune.ir.module import IRModule
 from relay_tune.ir.span import Span
 from relay_tune.ir.traversal import post_order, rewrite
 from relay_tune.ir.types import ANY, FuncType, IncompleteType, TensorType, TupleType, Type, TypeVar
+from relay_tune.op._shape import DTYPES, INT64_MAX, check_rank
 from relay_tune.op.registry import OpDef, get_op
 
 __all__ = ["infer_expr", "infer_expr_type", "infer_types"]
@@ -567,8 +568,6 @@ def _check_attr_values(opdef: OpDef, attrs: Attrs) -> None:
     """Reject attribute values no operator can mean, before a relation computes with them: integers beyond int64
     (no tensor has that many elements; the text format could not even write them back) and dtypes that are not
     dtypes. Relations check what each value means to their operator; this is the floor under all of them."""
-    from relay_tune.op._shape import DTYPES, INT64_MAX
-
     def ints(value: Any) -> Any:
         if isinstance(value, bool):
             return
@@ -611,8 +610,6 @@ def _check_annotation_size(ty: Type, var: Var) -> None:
 
 def _check_result(opdef: OpDef, ty: Type) -> Type:
     """A relation's result must be a type a tensor can have: a bounded rank and no negative dimension."""
-    from relay_tune.op._shape import check_rank
-
     if isinstance(ty, TensorType):
         check_rank(len(ty.shape), opdef.name)
         bad = [d for d in ty.shape if isinstance(d, int) and d < 0]

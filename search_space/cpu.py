@@ -52,6 +52,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from relay_tune.kernel import te, tir
+from relay_tune.kernel.compute import INLINABLE_TAGS
+from relay_tune.kernel.schedule import ROOT, Schedule, ScheduleError
 from search_space.config import Config, InvalidConfigError
 from search_space.knobs import BoolKnob, ChoiceKnob, Knob, SplitKnob
 from search_space.space import Constraint, Space
@@ -151,8 +156,6 @@ def _anchor_stage(sch: Any, prim: Any) -> Any:
 
 def _weight_input(anchor: Any) -> Any:
     """The 2-D placeholder a dense reduction reads as `w[j, k]` (j: the output column)."""
-    from relay_tune.kernel import te
-
     column = anchor.op.axes[-1]
     for node in te.iter_exprs(anchor.op.body):
         if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 2
@@ -163,8 +166,6 @@ def _weight_input(anchor: Any) -> Any:
 
 def _conv_weight(anchor: Any, channel_axis: int) -> Any:
     """The 4-D weight placeholder of a convolution: the one read with the output channel as an index."""
-    from relay_tune.kernel import te
-
     channel = anchor.op.axes[channel_axis]
     for node in te.iter_exprs(anchor.op.body):
         if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
@@ -174,8 +175,6 @@ def _conv_weight(anchor: Any, channel_axis: int) -> Any:
 
 
 def _producers_tagged(sch: Any, stage: Any, tag: str) -> list[Any]:
-    from relay_tune.kernel import te
-
     found = []
     for t in te.tensors_read(stage.op.body):
         producer = sch.stage_of_tensor(t)
@@ -203,8 +202,6 @@ def input_index(tensor: Any) -> int | None:
 
 def family_of(prim: Any) -> str:
     """The template family of a fused function."""
-    from relay_tune.kernel.schedule import Schedule
-
     sch = Schedule(prim.outputs)
     anchor = _anchor_stage(sch, prim)
     if anchor is None or len(prim.outputs) != 1 or anchor.op is None or not anchor.op.is_reduction:
@@ -221,8 +218,6 @@ def family_of(prim: Any) -> str:
 
 def _is_pointwise(sch: Any, anchor: Any) -> bool:
     """A 1x1, stride-1, unpadded NCHW convolution: input pixel (y, x) feeds output pixel (y, x) only."""
-    from relay_tune.kernel import te, tir
-
     if _producers_tagged(sch, anchor, "pad") or any(ax.extent != 1 for ax in anchor.op.reduce_axes[1:]):
         return False
     _, _, oh, ow = anchor.op.axes
@@ -245,8 +240,6 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
 
     constant_inputs: parameter numbers of the function that are model constants at every call site (weights).
     """
-    from relay_tune.kernel.schedule import ROOT, Schedule
-
     constants = set(constant_inputs)
     family = family_of(prim)
     sch = Schedule(prim.outputs)
@@ -302,8 +295,6 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
 
 
 def _reads_contiguously(stage: Any, axis: Any) -> bool:
-    from relay_tune.kernel import te, tir
-
     for node in te.iter_exprs(stage.op.body):
         if isinstance(node, te.TensorRead) and node.tensor.ndim:
             last = node.indices[-1]
@@ -596,7 +587,6 @@ def default_config(workload: CpuWorkload) -> Config:
                     knob.extent, *[int(f) for f in candidate[knob.name][1:]])})  # type: ignore[index]
                 if space.is_valid(candidate):
                     return candidate
-    import numpy as np
 
     return space.sample(np.random.default_rng(0))
 
@@ -676,8 +666,6 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
 def config_to_steps(prim: Any, config: Config | Mapping[str, Any], target: Any) -> list[Any]:
     """The schedule steps of a config of `cpu_space(analyze(prim, target, ...))` for the fused function's tensor
     expressions `prim`. Raises `InvalidConfigError` for a config of another family."""
-    from relay_tune.kernel.schedule import Schedule, ScheduleError
-
     if not isinstance(config, Config):
         config = Config(dict(config))
     family = family_of(prim)
@@ -695,9 +683,6 @@ def config_to_steps(prim: Any, config: Config | Mapping[str, Any], target: Any) 
 
 def _inline_cheap(sch: Any, keep: Iterable[str] = ()) -> None:
     """Inline every element-wise / injective stage that is not an output (nor listed in `keep`)."""
-    from relay_tune.kernel.compute import INLINABLE_TAGS
-    from relay_tune.kernel.schedule import ROOT
-
     kept = set(keep)
     for name, stage in list(sch.stages.items()):
         op = stage.op
@@ -1017,8 +1002,6 @@ def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> Non
 def _prepare_reduction(prim: Any) -> tuple[Any, Any, list[Any]]:
     """A schedule with the reduction family's common start: the output's reduction (if any) accumulated in a
     local tile, cheap stages inlined, pads kept. Returns (schedule, output stage, the other root stages)."""
-    from relay_tune.kernel.schedule import ROOT, Schedule
-
     sch = Schedule(prim.outputs)
     out = sch[prim.outputs[0]]
     pads = [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
@@ -1084,8 +1067,6 @@ def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> Non
 
 
 def _template_injective(sch: Any, prim: Any, config: Config, target: Any) -> None:
-    from relay_tune.kernel.schedule import ROOT
-
     _inline_cheap(sch)
     vector = int(config["vector"]) if "vector" in config else None  # type: ignore[arg-type]
     parallel = bool(config.get("parallel", 0))

@@ -14,14 +14,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from relay_tune.codegen.nvptx import arch_of
+from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from search_space.config import Config
+from search_space.cpu import analyze, config_to_steps, default_config, input_index
+from search_space.gpu import default_config as gpu_default
+from search_space.gpu import steps_of_prim
 
 __all__ = ["default_config_of", "default_steps"]
 
 
 def _prim(func_or_prim: Any) -> Any:
-    from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
-
     return func_or_prim if isinstance(func_or_prim, PrimitiveCompute) else primitive_compute(func_or_prim)
 
 
@@ -31,15 +34,9 @@ def default_config_of(func_or_prim: Any, target: Any, constants: Iterable[int] |
     counts every parameter as one (a kernel called on its own, which packs its inputs on every call)."""
     prim = _prim(func_or_prim)
     if constants is None:
-        from search_space.cpu import input_index
-
         constants = [i for i in (input_index(t) for t in prim.inputs) if i is not None]
     if target.kind == "cuda":
-        from relay_tune.codegen.nvptx import arch_of
-        from search_space.gpu import default_config as gpu_default
-
         return gpu_default(prim, arch_of(target))
-    from search_space.cpu import analyze, default_config
 
     return default_config(analyze(prim, target, constants))
 
@@ -49,9 +46,6 @@ def default_steps(func_or_prim: Any, target: Any, constants: Iterable[int] | Non
     prim = _prim(func_or_prim)
     config = default_config_of(prim, target, constants)
     if target.kind == "cuda":
-        from search_space.gpu import steps_of_prim
-
         return steps_of_prim(prim, config)
-    from search_space.cpu import config_to_steps
 
     return config_to_steps(prim, config, target)

@@ -1,4 +1,4 @@
-"""GPU schedule spaces: the knobs of `relay_tune.kernel.gpu_schedule` per operator family, with the launch limits
+"""GPU schedule spaces: the knobs of `search_space.gpu_template` per operator family, with the launch limits
 as constraints, so that impossible configs are rejected before anything is built.
 
     space = gpu_space(prim, "sm_90")          # prim: relay_tune.kernel.compute.primitive_compute(func)
@@ -23,7 +23,22 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import numpy as np
+
+from relay_tune.codegen.nvptx import max_shared_bytes
+from relay_tune.kernel.compute import primitive_compute
+from relay_tune.kernel.schedule import Schedule
 from search_space.config import Config, InvalidConfigError
+from search_space.gpu_template import (
+    ConvParams,
+    FlatParams,
+    MatmulParams,
+    anchor_stage,
+    default_params,
+    family_of,
+    gpu_schedule,
+    matmul_dims,
+)
 from search_space.knobs import BoolKnob, ChoiceKnob, Knob, SplitKnob
 from search_space.space import Constraint, Space
 
@@ -51,8 +66,6 @@ def estimate_registers(thread_m: int, thread_n: int) -> int:
 
 
 def _family(prim: Any) -> tuple[str, Any]:
-    from relay_tune.kernel.gpu_schedule import anchor_stage, family_of, matmul_dims
-    from relay_tune.kernel.schedule import Schedule
 
     family = family_of(prim)
     anchor = anchor_stage(Schedule(prim.outputs), prim)
@@ -122,8 +135,6 @@ def _conv_ok(config: Config) -> bool:
 
 def gpu_space(prim: Any, arch: str = "sm_90") -> Space:
     """The search space of a fused function's GPU schedule (see the module docstring)."""
-    from relay_tune.codegen.nvptx import max_shared_bytes
-    from relay_tune.kernel.gpu_schedule import default_params
 
     family, dims = _family(prim)
     if family == "matmul":
@@ -170,8 +181,7 @@ def gpu_space(prim: Any, arch: str = "sm_90") -> Space:
 
 
 def config_to_params(prim: Any, config: Config) -> Any:
-    """The `relay_tune.kernel.gpu_schedule` parameters of a config of `gpu_space(prim)`."""
-    from relay_tune.kernel.gpu_schedule import ConvParams, FlatParams, MatmulParams
+    """The `search_space.gpu_template` parameters of a config of `gpu_space(prim)`."""
 
     family = config.get("family")
     if family == "matmul":
@@ -195,7 +205,6 @@ def config_to_params(prim: Any, config: Config) -> Any:
 def default_config(prim: Any, arch: str = "sm_90") -> Config:
     """The config of `gpu_space(prim, arch)` that reproduces `default_gpu_schedule` (the untuned baseline), or
     the nearest valid one."""
-    from relay_tune.kernel.gpu_schedule import ConvParams, MatmulParams, default_params
 
     space = gpu_space(prim, arch)
     params = default_params(prim)
@@ -223,16 +232,14 @@ def default_config(prim: Any, arch: str = "sm_90") -> Config:
         return config
     for candidate in space.enumerate() if (space.count_valid(200_000) or 0) > 0 else ():
         return candidate
-    import numpy as np
 
     return space.sample(np.random.default_rng(0))
 
 
 def steps_of_prim(prim: Any, config: Config | Any) -> list[Any]:
     """The schedule steps of a config for a fused function's tensor expressions: the family template
-    (`relay_tune.kernel.gpu_schedule.gpu_schedule`) at the config's parameters. The only way GPU schedules are made:
+    (`search_space.gpu_template.gpu_schedule`) at the config's parameters. The only way GPU schedules are made:
     the default schedule is this at `default_config(prim)`."""
-    from relay_tune.kernel.gpu_schedule import gpu_schedule
 
     if not isinstance(config, Config):
         config = Config(dict(config))
@@ -242,6 +249,5 @@ def steps_of_prim(prim: Any, config: Config | Any) -> list[Any]:
 def config_to_steps(func: Any, config: Config | Any, target: Any = None) -> list[Any]:
     """The schedule steps a GPU tuning config stands for, for fused function `func` (used by `relay_tune.build`
     to apply tuning logs on cuda targets)."""
-    from relay_tune.kernel.compute import primitive_compute
 
     return steps_of_prim(primitive_compute(func), config)

@@ -44,7 +44,13 @@ from relay_tune.ir import (
 from relay_tune.kernel import tir
 from relay_tune.kernel.build import lower_primitive
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.gpu_schedule import (
+from relay_tune.op.registry import all_ops, get_op
+from relay_tune.runtime.cuda import EmulatedDevice, run_function
+from relay_tune.target import Target
+from relay_tune.type_infer import infer_types
+from search_space import Config
+from search_space.gpu import config_to_params, default_config, gpu_space
+from search_space.gpu_template import (
     FlatParams,
     MatmulParams,
     default_gpu_schedule,
@@ -52,12 +58,6 @@ from relay_tune.kernel.gpu_schedule import (
     family_of,
     gpu_schedule,
 )
-from relay_tune.op.registry import all_ops, get_op
-from relay_tune.runtime.cuda import EmulatedDevice, run_function
-from relay_tune.target import Target
-from relay_tune.type_infer import infer_types
-from search_space import Config
-from search_space.gpu import config_to_params, default_config, gpu_space
 
 CUDA = Target.parse("cuda -arch=sm_90")
 PTXAS = find_ptxas()

@@ -12,7 +12,9 @@ from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
 from relay_tune.op.registry import get_op
 from relay_tune.runtime import cuda as cuda_runtime
-from relay_tune.runtime.cuda import CudaUnavailableError, EmulatedDevice, GPUModel, GPUTask, cuda_available
+from relay_tune.runtime.cuda import CudaUnavailableError, EmulatedDevice, GPUModel, cuda_available
+from relay_tune.tuning.cuda_runner import CudaRunner
+from relay_tune.tuning.gpu_task import GPUTask, gpu_tasks
 from relay_tune.type_infer import infer_types
 
 GPU_MISSING = cuda_available()
@@ -74,9 +76,9 @@ def test_build_for_cuda_without_a_gpu_cross_compiles_and_running_needs_a_gpu() -
 @pytest.mark.skipif(GPU_MISSING is None, reason="a CUDA GPU is present")
 def test_cuda_runner_without_a_gpu_raises_unavailable() -> None:
     mod, _, _ = small_mlp()
-    task = cuda_runtime.gpu_tasks(mod, check_ptxas=False)[0]
+    task = gpu_tasks(mod, check_ptxas=False)[0]
     artifact = task.build(task.default_config())
-    with cuda_runtime.CudaRunner(startup_timeout=120) as runner, pytest.raises(CudaUnavailableError):
+    with CudaRunner(startup_timeout=120) as runner, pytest.raises(CudaUnavailableError):
         runner.run(task, artifact)
 
 
@@ -101,7 +103,7 @@ def test_build_for_cuda_runs_a_model_on_the_emulated_gpu(emulated_gpu: EmulatedD
 
 def test_gpu_task_builds_ptx_artifacts_for_its_configs() -> None:
     mod, _, _ = small_mlp()
-    tasks = cuda_runtime.gpu_tasks(mod)
+    tasks = gpu_tasks(mod)
     assert len(tasks) == 3
     dense = next(t for t in tasks if "dense" in t.description and "relu" in t.description)
     config = dense.default_config()
@@ -125,7 +127,7 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
     from relay_tune.tuning.task import apply_layout
 
     mod, _, _ = small_mlp()
-    for task in cuda_runtime.gpu_tasks(mod, check_ptxas=False):
+    for task in gpu_tasks(mod, check_ptxas=False):
         rng = np.random.default_rng(0)
         config = task.space.sample(rng)
         artifact = task.build(config)
@@ -149,7 +151,7 @@ def test_tuning_logs_for_cuda_become_gpu_schedules() -> None:
     from search_space.gpu import config_to_steps
 
     mod, _, _ = small_mlp()
-    task = cuda_runtime.gpu_tasks(mod)[0]
+    task = gpu_tasks(mod)[0]
     steps = config_to_steps(task.func, task.default_config().to_dict())
     assert any(getattr(s, "KIND", "") == "bind" for s in steps)
 
@@ -173,8 +175,8 @@ def test_model_on_the_gpu_matches_the_interpreter() -> None:
 @pytest.mark.gpu
 def test_cuda_runner_measures_a_gpu_task() -> None:
     mod, _, _ = small_mlp()
-    task = cuda_runtime.gpu_tasks(mod)[0]
-    with cuda_runtime.CudaRunner() as runner:
+    task = gpu_tasks(mod)[0]
+    with CudaRunner() as runner:
         result = runner.run(task, task.build(task.default_config()))
     assert result.error_kind is None, result.error_msg
     assert result.costs and min(result.costs) > 0
@@ -184,5 +186,5 @@ def test_gpu_task_is_a_tune_task() -> None:
     from relay_tune.tuning.task import TuneTask
 
     mod, _, _ = small_mlp()
-    assert isinstance(cuda_runtime.gpu_tasks(mod)[0], TuneTask)
+    assert isinstance(gpu_tasks(mod)[0], TuneTask)
     assert isinstance(GPUTask, type)

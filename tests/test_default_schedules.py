@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from relay_tune.build import _lower_one, is_pure_reshape, resolve_target
+from relay_tune.compiler import _lower_one, is_pure_reshape, resolve_target
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.kernel.gpu_schedule import default_params
 from relay_tune.kernel.schedule import Schedule
 from relay_tune.passes import optimize
 from relay_tune.passes.extract_tasks import extract_tasks
@@ -36,6 +35,7 @@ from search_space import Config
 from search_space.cpu import PARALLEL_MIN_WORK
 from search_space.gpu import config_to_params
 from search_space.gpu import default_config as gpu_default_config
+from search_space.gpu_template import default_params
 from tests.conftest import CORPUS_DIR, REPO_ROOT
 
 # A 4-core target whatever this machine has: parallel decisions do not depend on where the tests run.

@@ -435,8 +435,8 @@ def test_four_workers_two_killed_and_restarted(pg_url: str, model_file: Path, tm
     assert max(Counter(mirrored).values()) == 1 and set(mirrored) <= recorded
 
     # the model built from the database uses the global best of each task: the lookup `tune_model` builds with
-    from relay_tune.build import build
     from relay_tune.cli import load_model
+    from relay_tune.compiler import build
     from relay_tune.tuning.database import top_k
     from relay_tune.tuning.distributed import PostgresDatabase
     from relay_tune.tuning.relay_task import tasks_from_module

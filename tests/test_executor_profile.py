@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.build import resolve_target
 from relay_tune.cli import main
+from relay_tune.compiler import resolve_target
 from relay_tune.passes import extract_tasks, optimize
 from relay_tune.runtime.profile import compare_with_logs
 from relay_tune.text import parse_module

@@ -98,7 +98,7 @@ TINY = "def @main(%x: Tensor[(8, 16), float32], %w: Tensor[(4, 16), float32]) {\
 
 
 def test_build_skips_foreign_and_broken_log_lines_with_one_warning_each(tmp_path: Path) -> None:
-    from relay_tune.build import resolve_target
+    from relay_tune.compiler import resolve_target
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
     from relay_tune.text import parse_module

@@ -18,6 +18,7 @@ from relay_tune.interpreter import evaluate
 from relay_tune.runtime import cuda as cuda_runtime
 from relay_tune.runtime.cuda import EmulatedDevice, PTXModel, cuda_available, read_gpu_model
 from relay_tune.text import parse_module
+from relay_tune.tuning.cuda_runner import CudaRunner
 from relay_tune.tuning.runner import LocalRunner, Runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def relay_tune_cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[
 
 
 def test_gpu_and_cpu_runners_share_the_runner_interface() -> None:
-    with cuda_runtime.CudaRunner() as gpu, LocalRunner() as cpu:
+    with CudaRunner() as gpu, LocalRunner() as cpu:
         assert isinstance(gpu, Runner) and isinstance(cpu, Runner)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.build import BuildWarning, bind_params, resolve_target
+from relay_tune.compiler import BuildWarning, bind_params, resolve_target
 from relay_tune.errors import RelayTuneError, UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
@@ -128,11 +128,15 @@ def @main(%x: Tensor[(2, 7), float32], %y: Tensor[(2, 7), float32]) {
     assert len(relay_tune.build(mod, opt_level=0).plan.calls) == 3
 
 
-def test_the_module_is_callable_after_importing_it(mlp: IRModule) -> None:
-    import relay_tune.build as build_module
+def test_relay_tune_build_is_the_compilers_function(mlp: IRModule) -> None:
+    """`relay_tune.build` is a plain function (the compiler module's `build`), also once that module is imported."""
+    import types
 
-    assert callable(relay_tune.build) and build_module.build is not None
-    model = build_module.build(mlp, params=mlp_params())
+    import relay_tune.compiler as compiler
+
+    assert relay_tune.build is compiler.build and relay_tune.bind_params is compiler.bind_params
+    assert isinstance(relay_tune.build, types.FunctionType) and type(compiler) is types.ModuleType
+    model = relay_tune.build(mlp, params=mlp_params())
     assert isinstance(model, CompiledModel)
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from relay_tune.build import resolve_target, task_lookup
 from relay_tune.cli import load_model
+from relay_tune.compiler import resolve_target, task_lookup
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.testing import zoo

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 
+import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
 from relay_tune.codegen.llvm_base import (
@@ -81,8 +82,6 @@ def ensure_llvm_initialized() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
-            import llvmlite.binding as llvm
-
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             _initialized = True
@@ -248,8 +247,6 @@ def lower_module(
 
 def _target_machine(target: Target):  # -> llvm.TargetMachine
     """One target machine per (thread, target): it is only used to optimize and emit, never handed to a JIT."""
-    import llvmlite.binding as llvm
-
     if target.kind != "llvm":
         raise UnsupportedError(f"LLVM CPU compilation needs an llvm target, got {target}")
     cache = getattr(_machines, "by_target", None)
@@ -276,7 +273,6 @@ def _optimized(
     options: CodegenOptions | None,
     timings: MutableMapping[str, float] | None,
 ):  # -> llvm.ModuleRef
-    import llvmlite.binding as llvm
 
     t0 = time.perf_counter()
     module = lower_module(funcs, target, options)

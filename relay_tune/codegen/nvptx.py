@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
+import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
 from relay_tune.codegen import affine
@@ -803,8 +804,6 @@ def _ensure_initialized() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
-            import llvmlite.binding as llvm
-
             llvm.initialize_all_targets()
             llvm.initialize_all_asmprinters()
             _initialized = True
@@ -813,8 +812,6 @@ def _ensure_initialized() -> None:
 def _target_machine(arch: str):  # -> llvm.TargetMachine
     """One NVPTX target machine per (thread, arch). No PTX version is forced: LLVM picks the lowest one
     the architecture needs (forcing one that is too old aborts the process)."""
-    import llvmlite.binding as llvm
-
     _ensure_initialized()
     cache = getattr(_machines, "by_arch", None)
     if cache is None:
@@ -871,7 +868,6 @@ def _lower(
 
 
 def _optimized(module: ir.Module, arch: str, timings: MutableMapping[str, float] | None):  # -> llvm.ModuleRef
-    import llvmlite.binding as llvm
 
     t0 = time.perf_counter()
     try:

@@ -30,6 +30,7 @@ def from_onnx(
 
     See `relay_tune.frontend.onnx.from_onnx`.
     """
+    # optional dependency: relay_tune.frontend.onnx imports onnx (`pip install 'relay-tune[onnx]'`)
     from relay_tune.frontend.onnx import from_onnx as _from_onnx
 
     if isinstance(model_or_path, str):

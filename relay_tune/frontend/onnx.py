@@ -45,11 +45,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
+from relay_tune.frontend.params import params_dict
 from relay_tune.ir.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, op
 from relay_tune.ir.module import IRModule
 from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType, TupleType, Type
 from relay_tune.op._shape import broadcast_shapes
 from relay_tune.op.registry import get_op
+from relay_tune.text import print_module
 from relay_tune.type_infer import infer_types
 
 __all__ = ["MAX_OPSET", "MIN_OPSET", "OnnxModelError", "UnsupportedOperatorsError", "from_onnx", "supported_ops"]
@@ -1402,9 +1404,6 @@ def from_onnx(
     dimensions that conversions must know). `params["const_i"]` is the value of
     `meta[relay.Constant][i]` in `print_module(mod)`.
     """
-    from relay_tune.frontend.params import params_dict
-    from relay_tune.text import print_module
-
     model = _load(model_or_path)
     mod = infer_types(IRModule.from_expr(convert_graph(model, shape_overrides)))
     constants: list[np.ndarray] = []

@@ -15,10 +15,11 @@ from relay_tune.ir.expr import (
     Var,
     const,
     op,
+    structural_equal,
+    structural_hash,
 )
 from relay_tune.ir.module import IRModule
 from relay_tune.ir.span import Span
-from relay_tune.ir.structural import structural_equal, structural_hash
 from relay_tune.ir.traversal import free_vars, post_order, pre_order, rewrite, substitute
 from relay_tune.ir.types import (
     ANY,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from relay_tune.ir.expr import Function, GlobalVar
-from relay_tune.ir.structural import structural_equal
+from relay_tune.ir.expr import Function, GlobalVar, structural_equal
 
 
 class IRModule(Mapping[str, Function]):

@@ -14,6 +14,10 @@ into a blocked layout by the schedule (`transform_layout`, e.g. dense weights in
 the outputs. `PackingInfo` says which logical tensor each kernel parameter is and how to pack it; a model
 runtime packs constant weights once with `PackingInfo.pack_input` and calls the kernel on the packed
 arrays, while `CompiledPrimitive.__call__` packs on every call (convenient for tests).
+
+Layer: this module is the one-kernel compiler. It sits above the rest of `relay_tune.kernel`, the templates
+(`search_space`), the code generator and the kernel runtime (it uses all four), and below the model compiler
+(`relay_tune.compiler`) and the tuner; the import contracts in pyproject.toml keep it there.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.codegen.llvm import compile_object
 from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.ir.expr import Call, Function, Op
 from relay_tune.ir.traversal import post_order
@@ -35,7 +40,9 @@ from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import LayoutTransform, Schedule, Step
 from relay_tune.passes.extract_tasks import workload_key
+from relay_tune.runtime.kernel import KernelSignature, load_object
 from relay_tune.target import Target
+from search_space.defaults import default_steps
 
 StepLike = Step | Mapping[str, Any]
 
@@ -139,10 +146,8 @@ def lower_primitive(
     target = target or Target.host()
     prim = prim or primitive_compute(func)
     if steps is None:
-        # Schedules are made by the templates of search_space, a layer above this one; `None` is a convenience
-        # for callers (tests, benchmarks) that want the default without asking for it.
-        from search_space.defaults import default_steps
-
+        # Schedules are made by the templates of search_space; `None` is a convenience for callers (tests,
+        # benchmarks) that want the default without asking for it.
         steps = default_steps(prim, target, constants=None)
     chosen = _as_steps(steps)
     schedule = Schedule.replay(chosen, prim.outputs)
@@ -234,10 +239,6 @@ def build_primitive(
     `timings`, when given, receives seconds per stage: compute_s, schedule_s (default schedule, lowering),
     and the code generator's lower_s, parse_s, optimize_s, emit_s, plus load_s.
     """
-    # imported here: lowering needs no LLVM, and importing the code generator loads it
-    from relay_tune.codegen.llvm import compile_object
-    from relay_tune.runtime.kernel import KernelSignature, load_object
-
     target = target or Target.host()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -306,7 +306,7 @@ def _where_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
 # --------------------------------------------------------------------------------------------
 # Imported here, not at the top: the kernel layer is only needed once kernels are built.
 from relay_tune.kernel import te, tir  # noqa: E402
-from relay_tune.kernel.compute import BROADCAST, const_expr, elementwise, is_float  # noqa: E402
+from relay_tune.kernel.compute_blocks import BROADCAST, const_expr, elementwise, is_float  # noqa: E402
 from relay_tune.op.registry import compute  # noqa: E402
 
 _TE_FLOAT_UNARY: dict[str, Callable[[tir.PrimExpr], tir.PrimExpr]] = {

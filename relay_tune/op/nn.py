@@ -1149,7 +1149,7 @@ def layer_norm_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
 # ================================================================================================
 # Imported here, not at the top: the kernel layer is only needed once kernels are built.
 from relay_tune.kernel import te, tir  # noqa: E402
-from relay_tune.kernel.compute import (  # noqa: E402
+from relay_tune.kernel.compute_blocks import (  # noqa: E402
     BROADCAST,
     LayoutMap,
     accumulate_dtype,

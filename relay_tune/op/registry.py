@@ -9,7 +9,9 @@ An `OpDef` gathers, in one place,
 
 Operators are declared with `register_op(...)` in the family modules (`nn.py`, `elemwise.py`,
 `reduce.py`, `transform.py`) and their rules attached with the `@type_relation`, `@reference` and
-`@compute` decorators next to the declaration.
+`@compute` decorators next to the declaration. The package `relay_tune.op` imports the family modules, and
+Python imports a package before any of its modules, so the registry is complete whenever it is reachable; the
+registry itself imports no family (they import it).
 """
 
 from __future__ import annotations
@@ -138,7 +140,6 @@ def compute(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 def get_op(name: str) -> OpDef:
-    _ensure_loaded()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -146,22 +147,8 @@ def get_op(name: str) -> OpDef:
 
 
 def has_op(name: str) -> bool:
-    _ensure_loaded()
     return name in _REGISTRY
 
 
 def all_ops() -> list[OpDef]:
-    _ensure_loaded()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
-
-
-_LOADED = False
-
-
-def _ensure_loaded() -> None:
-    """Import the operator family modules once (they register themselves on import)."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    from relay_tune.op import elemwise, nn, reduce, transform  # noqa: F401

@@ -914,7 +914,7 @@ def _broadcast_to_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
 # --------------------------------------------------------------------------------------------
 # Imported here, not at the top: the kernel layer is only needed once kernels are built.
 from relay_tune.kernel import te, tir  # noqa: E402
-from relay_tune.kernel.compute import (  # noqa: E402
+from relay_tune.kernel.compute_blocks import (  # noqa: E402
     BROADCAST,
     INJECTIVE,
     LayoutMap,

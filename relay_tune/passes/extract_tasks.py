@@ -63,6 +63,15 @@ class TaskSpec:
         return self.flops * self.occurrences
 
 
+def constant_inputs(spec: TaskSpec) -> tuple[int, ...]:
+    """Parameters of a task's function that are model constants at every call site (weights)."""
+    sites = list(spec.call_sites)
+    if not sites:
+        return ()
+    return tuple(i for i in range(len(spec.func.params))
+                 if all(i < len(site.args) and isinstance(site.args[i], Constant) for site in sites))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Canonical text and key
 # ---------------------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, TensorType, Tuple, TupleGetItem, TupleType, Type
 from relay_tune.op.registry import get_op, has_op
 from relay_tune.passes.base import (
@@ -40,6 +41,7 @@ from relay_tune.passes.base import (
     retype,
     rewrite_dataflow,
 )
+from relay_tune.type_infer import infer_types
 
 
 def _static_elements(ty: Type) -> int | None:
@@ -135,9 +137,6 @@ def _to_expr(value: Any, ty: Type) -> Expr:
 
 def evaluate_constants(exprs: list[Expr]) -> list[Any]:
     """Values of closed expressions (no free variables), computed together by the reference interpreter."""
-    from relay_tune.interpreter import evaluate
-    from relay_tune.type_infer import infer_types
-
     if not exprs:
         return []
     body: Expr = Tuple(tuple(exprs))

@@ -28,7 +28,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
+from relay_tune.runtime.kernel import _jit_lock, _lljit
 
 __all__ = ["RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
 
@@ -44,8 +49,6 @@ _machine: Any = None
 
 def executor_ir(calls: Sequence[tuple[str, Sequence[int]]], num_slots: int) -> str:
     """LLVM IR of the executor for `calls`: (kernel symbol, slot of each argument) in execution order."""
-    import llvmlite.ir as ir
-
     i8p = ir.IntType(8).as_pointer()
     i32, i64 = ir.IntType(32), ir.IntType(64)
     void = ir.VoidType()
@@ -115,12 +118,9 @@ def executor_ir(calls: Sequence[tuple[str, Sequence[int]]], num_slots: int) -> s
 def _target_machine() -> Any:
     """A target machine for this host. The executor is only calls and loads: no CPU features matter."""
     global _machine
-    import llvmlite.binding as llvm
 
     with _machine_lock:
         if _machine is None:
-            from relay_tune.codegen.llvm import ensure_llvm_initialized
-
             ensure_llvm_initialized()
             triple = llvm.get_process_triple()
             _machine = llvm.Target.from_triple(triple).create_target_machine(opt=1, reloc="pic", codemodel="small")
@@ -141,10 +141,6 @@ class NativeExecutor:
         addresses: Mapping[str, int],
         libraries: Sequence[Any] = (),
     ) -> None:
-        import llvmlite.binding as llvm
-
-        from relay_tune.runtime.kernel import _jit_lock, _lljit
-
         self.num_calls = len(calls)
         self.slots = (ctypes.c_void_p * max(1, num_slots))()
         self._libraries = list(libraries)

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from relay_tune.errors import CompileError, RelayTuneError
@@ -223,8 +224,6 @@ _fallback_warned = False
 def _lljit() -> Any:
     global _jit
     if _jit is None:
-        import llvmlite.binding as llvm
-
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         _jit = llvm.create_lljit_compiler()
@@ -347,8 +346,6 @@ def load_object(
     threading_runtime: "openmp" (libgomp, required), "python" (the stand-in thread team), or "auto"
         (libgomp when it loads, else the stand-in with a warning).
     """
-    import llvmlite.binding as llvm
-
     signatures = [_as_signature(k) for k in kernels]
     if threading_runtime not in THREADING_RUNTIMES:
         raise RelayTuneError(

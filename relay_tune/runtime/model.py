@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
@@ -51,6 +52,7 @@ from relay_tune.runtime.executor import NativeExecutor
 from relay_tune.runtime.kernel import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
 from relay_tune.target import Target
+from relay_tune.version import __version__
 
 __all__ = [
     "FORMAT_NAME",
@@ -635,7 +637,6 @@ class CompiledModel:
     # -- saving ---------------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the model to one file (a zip archive; see the module docstring). Returns the path written."""
-        from relay_tune import __version__
 
         path = Path(path)
         manifest = {
@@ -705,8 +706,6 @@ def _aligned(array: np.ndarray) -> np.ndarray:
 
 
 def host_triple() -> str:
-    import llvmlite.binding as llvm
-
     return str(llvm.get_process_triple())
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay_tune.runtime.model import CompiledModel, TaskProfile
+from relay_tune.tuning.database import JsonLinesDatabase
 
 __all__ = ["ProfileComparison", "compare_with_logs"]
 
@@ -39,8 +40,6 @@ def compare_with_logs(
 
     The logged time is the fastest repeat of the fastest valid record, what the build would have picked; for a
     task built with its default schedule it is still shown (the best the tuner found, not what runs)."""
-    from relay_tune.tuning.database import JsonLinesDatabase
-
     database = JsonLinesDatabase([os.fspath(p) for p in logs])
     names = list(dict.fromkeys((model.target.log_name, str(model.target))))
     rows: list[ProfileComparison] = []

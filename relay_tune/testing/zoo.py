@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.frontend.params import params_path, save_params
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, TensorType, Tuple, TupleGetItem, Var, op
 from relay_tune.op.registry import get_op
+from relay_tune.text import print_module
 from relay_tune.type_infer import infer_types
 
 DTYPE = "float32"
@@ -526,9 +528,6 @@ def full(name: str, seed: int = 0) -> IRModule:
 def write(mod: IRModule, path: str | Path) -> Path:
     """Save `mod` as Relay text at `path` (`.relay`) with its weights in `<stem>.params.npz` beside it, which
     `relay_tune.text.load_module` and the command line read back exactly."""
-    from relay_tune.frontend.params import params_path, save_params
-    from relay_tune.text import print_module
-
     path = Path(path)
     constants: list[np.ndarray] = []
     path.write_text(print_module(mod, constants_out=constants))

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.frontend.params import load_params, params_path
+from relay_tune.ir import Call, Constant, Expr, rewrite
 from relay_tune.ir.module import IRModule
 from relay_tune.text.lexer import SourceText
 from relay_tune.text.parser import decode_source, parse_module
@@ -75,8 +77,6 @@ def load_module(path: str | Path, consts: str | Path | None = None, seed: int = 
     `relay-tune import`), else from `<stem>.consts.json` next to it, when those exist. Invalid UTF-8 and
     syntax errors raise ParseError; a missing file raises the usual OSError.
     """
-    from relay_tune.frontend.params import load_params, params_path
-
     path = Path(path)
     name = str(path)
     text = decode_source(path.read_bytes(), name)
@@ -102,8 +102,6 @@ def _positive_variances(mod: IRModule) -> IRModule:
     `sqrt(var + eps)` NaN, and a program full of NaNs tests nothing. Real parameter files are
     never touched.
     """
-    from relay_tune.ir import Call, Constant, Expr, rewrite
-
     fixed: dict[int, Constant] = {}
 
     def fix(_orig: Expr, new: Expr) -> Expr:

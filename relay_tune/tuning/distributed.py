@@ -34,13 +34,16 @@ server is any PostgreSQL (12 or newer).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
+import queue
 import re
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ from typing import Any
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.database import Database, MemoryDatabase, TaskTarget
 from relay_tune.tuning.records import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
+from relay_tune.tuning.workers import worker_identity
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -124,6 +128,7 @@ def _connection_error(url: str, err: Exception) -> DistributedError:
 
 def engine_for(url: str) -> Any:
     """One SQLAlchemy engine per URL and process (records, events, locks)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     sa_url = sqlalchemy_url(url)
@@ -151,6 +156,7 @@ def advisory_lock(url: str, name: str) -> Iterator[None]:
     The lock lives on one dedicated connection per process, so the server releases it when the process dies,
     whatever killed it.
     """
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     engine = engine_for(url)
@@ -253,6 +259,7 @@ _SCHEMA_READY: set[str] = set()
 
 def ensure_schema(url: str) -> None:
     """Create relay-tune's tables and Optuna's (once per database; concurrent first workers take turns)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     if url in _SCHEMA_READY:
@@ -291,14 +298,13 @@ def _heartbeat_settings() -> tuple[int, int]:
 
 
 def _rdb(url: str, interval: int, grace: int) -> Any:
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
     import sqlalchemy
 
     key = (url, interval, grace)
     with _MUTEX:
         if key not in _STORAGES:
-            import warnings
-
             # relay-tune beats the heartbeats itself (`Heartbeats`) for its ask/tell loop.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             with warnings.catch_warnings():
@@ -336,8 +342,7 @@ def fail_stale_claims(study: Any, *, throttle: bool = True) -> None:
     Throttled to once per heartbeat interval per study and process: a claim cannot go stale faster than that, and
     the check runs under the claim locks, where every query makes other workers wait.
     """
-    import warnings
-
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
 
     storage = study._storage
@@ -393,8 +398,6 @@ class StudyMirror:
     """
 
     def __init__(self, url: str) -> None:
-        import queue
-
         self.url = url
         self._queue: queue.Queue[tuple[int, list[MirroredTrial]]] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -426,6 +429,7 @@ MirroredTrial = tuple[dict[str, tuple[float, str]], float, dict[str, Any]]
 
 def write_trials(url: str, study_id: int, trials: Sequence[MirroredTrial]) -> None:
     """Add COMPLETE trials to an Optuna study on `url` in one transaction."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     now = "(now() AT TIME ZONE 'UTC')"  # Optuna keeps naive UTC times
@@ -466,6 +470,7 @@ _HEARTBEATS: dict[int, Heartbeats] = {}
 
 def heartbeats_for(storage: Any) -> Heartbeats | None:
     """The process's heartbeat thread for `storage` (None when the storage has no heartbeat)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 
     if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
@@ -503,8 +508,6 @@ class PostgresDatabase(Database):
         self._since: Any = None  # database time of the previous read, minus the visibility window
         self._events_read = 0
         self._events: list[LogEvent] = []
-        from relay_tune.tuning.search import worker_identity
-
         self.worker = worker_identity()  # host, pid and process start: a restarted worker is a new one
         self._claiming: set[TaskTarget] = set()  # tasks this worker claimed configs of
         interval, grace = _heartbeat_settings()
@@ -529,6 +532,7 @@ class PostgresDatabase(Database):
         meanwhile waits for this transaction and then finds the claim fresh. A config recorded already is refused
         by the unique key.
         """
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         claimed = (record.workload_key, record.target) in self._claiming
@@ -569,6 +573,7 @@ class PostgresDatabase(Database):
         return self.refused.get("duplicate_measurement", 0)
 
     def log_event(self, event: LogEvent) -> None:
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.begin() as connection:
@@ -587,6 +592,7 @@ class PostgresDatabase(Database):
         the largest seen" alone could miss it for good. Each read therefore also re-reads the rows inserted in
         the last few seconds before the previous read (by the database clock) and skips those already seen.
         """
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.connect() as connection:
@@ -599,7 +605,6 @@ class PostgresDatabase(Database):
                     "WHERE id > :m OR created_at >= :s ORDER BY id")
                 rows = connection.execute(query, {"m": self._max_id, "s": self._since}).all()
             now = rows[-1][2] if rows else connection.execute(sqlalchemy.text("SELECT clock_timestamp()")).scalar()
-        import datetime
 
         self._since = now - datetime.timedelta(seconds=_VISIBILITY_WINDOW_S)
         for row_id, text, _ in rows:
@@ -629,6 +634,7 @@ class PostgresDatabase(Database):
 
     @property
     def events(self) -> list[LogEvent]:
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.connect() as connection:
@@ -658,6 +664,7 @@ class PostgresDatabase(Database):
         than the active workers' rounds, this worker gets at most its share of it (room / active workers, at
         least one), so the run's tail is short.
         """
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         names = sorted({(t.key, t.target) for t in tasks})
@@ -678,6 +685,7 @@ class PostgresDatabase(Database):
 
     def claimed_keys(self, task_key: str, target: str) -> set[str]:
         """Configs of this task claimed by any worker (being measured or recorded): a search skips them."""
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         with self.engine.connect() as connection:
@@ -688,6 +696,7 @@ class PostgresDatabase(Database):
 
     def release_claims(self) -> None:
         """Give back this worker's claims not measured (an interrupted or finished session)."""
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         self._beats.clear()
@@ -724,6 +733,7 @@ class ClaimBeats:
             self._held.clear()
 
     def _beat(self) -> None:
+        # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
         import sqlalchemy
 
         while True:
@@ -742,6 +752,7 @@ _STUDIES: dict[tuple[int, str], Any] = {}
 
 
 def _study(storage: Any, name: str) -> Any:
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
 
     key = (id(storage), name)
@@ -776,6 +787,7 @@ def live_workers(url: str) -> list[dict[str, Any]]:
     whether their claims are stale (no beat for the grace period: a dead worker, whose claims the next claim of
     any worker frees). A worker that holds no claim and has recorded nothing for the grace period (one waiting
     for the last claims of others) is not listed."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import sqlalchemy
 
     ensure_schema(url)
@@ -800,6 +812,7 @@ def live_workers(url: str) -> list[dict[str, Any]]:
 def study_overview(url: str) -> list[dict[str, Any]]:
     """Per Optuna study of relay-tune in the database: name and trials by state (who is measuring what:
     `live_workers`, from the claims, which every search makes)."""
+    # start-up: sqlalchemy and optuna take ~0.4 s to import; only a database storage needs them
     import optuna
 
     storage = rdb_storage(url)

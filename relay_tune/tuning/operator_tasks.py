@@ -11,7 +11,12 @@ templates of `search_space.cpu`), for benchmarks and for tests of the cost model
 
 from __future__ import annotations
 
+from relay_tune.ir import IRModule
+from relay_tune.passes import optimize
+from relay_tune.passes.extract_tasks import extract_tasks
+from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask
+from relay_tune.type_infer import infer_types
 
 __all__ = ["conv2d", "dense", "dense_1024", "mobilenet_depthwise", "operator_task", "resnet50_conv3x3"]
 
@@ -20,12 +25,6 @@ DEFAULT_TARGET = "llvm -num-cores=1"
 
 def operator_task(source: str, target: str = DEFAULT_TARGET) -> RelayTuneTask:
     """The task of a Relay program holding one operator call `op(%x, %w)`, whose `%w` is a constant weight."""
-    from relay_tune.ir import IRModule
-    from relay_tune.passes import optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.text import parse_module
-    from relay_tune.type_infer import infer_types
-
     fused = optimize(infer_types(parse_module(source)), opt_level=3)
     (spec,) = extract_tasks(IRModule({"main": fused["main"]}))
     return RelayTuneTask(spec, target, constants=(1,))  # parameter 1 of the fused function: the weight

@@ -28,17 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeAlias
 
+import llvmlite.binding as llvm
+
 from relay_tune.errors import RelayTuneError
+from relay_tune.resources import ResourceError
 from relay_tune.tuning.measure import OK_NUMBER, ErrorKind, MeasureResult, error_from_name, error_name
+from relay_tune.version import __version__
 from search_space import Config
 
 SCHEMA_VERSION = 1
 
 
 def _package_version() -> str:
-    import relay_tune
-
-    return relay_tune.__version__
+    return __version__
 
 
 class LogFormatError(RelayTuneError):
@@ -81,8 +83,6 @@ class LogWarning(UserWarning):
 def host_cpu_name() -> str:
     """The CPU model LLVM sees on this machine (e.g. "znver4"); part of every record."""
     try:
-        import llvmlite.binding as llvm
-
         return str(llvm.get_host_cpu_name())
     except Exception:  # a record without the CPU name is better than no record
         return "unknown"
@@ -334,7 +334,6 @@ def append_lines(path: str | os.PathLike[str], lines: Sequence[str], fsync: bool
     try:
         _append_payload(path, "".join(line + "\n" for line in lines).encode("utf-8"), fsync)
     except OSError as err:  # a full disk, a folder made read-only: one message naming the log, not a traceback
-        from relay_tune.resources import ResourceError
 
         raise ResourceError(f"cannot append to the tuning log {os.fspath(path)}: {err.strerror or err}") from None
 

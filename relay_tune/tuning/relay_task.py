@@ -10,25 +10,43 @@ interpreter run on the primitive function itself. Weights that are model constan
 may be packed by a schedule: the build packs them once, and the runner packs them ahead of timing, like the model.
 
 `config_to_steps(func, config, target)` is how the build turns a logged config back into schedule steps (see
-`relay_tune.build.steps_from_config`). Every config, the default one included, goes through its family's template
+`relay_tune.compiler.steps_from_config`). Every config, the default one included, goes through its family's template
 (`search_space.cpu`); an untuned build runs the template at the same default config (`search_space.defaults`), so
 the tuner's "default" baseline, the log's record of it and what an untuned build runs are one kernel.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from cost_model.transfer import register_workload_kind
+from relay_tune.codegen.llvm import compile_object, required_libraries
+from relay_tune.compiler import is_pure_reshape, resolve_target
 from relay_tune.errors import RelayTuneError
+from relay_tune.interpreter import evaluate
+from relay_tune.ir import Function, IRModule
+from relay_tune.ir.types import TupleType
+from relay_tune.kernel.build import OUTPUT, lower_primitive
+from relay_tune.kernel.compute import primitive_compute
+from relay_tune.passes import optimize
+from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks
+from relay_tune.runtime.kernel import REPEAT_SUFFIX
+from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
+from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError, Space
+from search_space.cpu import analyze, cpu_space, default_config
+from search_space.cpu import config_to_steps as template_steps
+from search_space.logged import config_steps
 
-__all__ = ["RelayTuneTask", "ReferenceWarning", "config_to_steps", "layout_steps", "tasks_from_module"]
+__all__ = [
+    "RelayTuneTask", "ReferenceWarning", "config_to_steps", "constant_inputs", "layout_steps", "tasks_from_module",
+]
 
 KERNEL_PREFIX = "tuned_"
 WORKLOAD_KIND = "relay_function"
@@ -39,8 +57,6 @@ class ReferenceWarning(UserWarning):
 
 
 def _target(target: Any) -> Any:
-    from relay_tune.build import resolve_target
-
     return resolve_target(target)
 
 
@@ -48,22 +64,9 @@ def _retyped(func: Any) -> Any:
     """`func` with its types inferred again (types are a cache that pickling drops)."""
     if func.body.has_type():
         return func
-    from relay_tune.ir import Function, IRModule
-    from relay_tune.type_infer import infer_types
 
     mod = infer_types(IRModule({"main": Function(tuple(func.params), func.body, func.ret_type)}))
     return mod["main"].with_attrs(Primitive=1)
-
-
-def constant_inputs(spec: Any) -> tuple[int, ...]:
-    """Parameters of a task's function that are model constants at every call site (weights)."""
-    from relay_tune.ir import Constant
-
-    sites = list(spec.call_sites)
-    if not sites:
-        return ()
-    return tuple(i for i in range(len(spec.func.params))
-                 if all(i < len(site.args) and isinstance(site.args[i], Constant) for site in sites))
 
 
 def layout_steps(layout: Any) -> tuple[LayoutStep, ...]:
@@ -105,7 +108,7 @@ class RelayTuneTask:
         self.target_info = _target(target)
         if self.target_info.kind != "llvm":
             raise RelayTuneError(f"RelayTuneTask tunes CPU (llvm) targets; for {self.target_info} use "
-                                 "relay_tune.runtime.cuda.gpu_tasks")
+                                 "relay_tune.tuning.gpu_task.gpu_tasks")
         self.key: str = spec.key
         self.description: str = spec.description
         self.flops: float = float(spec.flops)
@@ -116,9 +119,6 @@ class RelayTuneTask:
         self._setup()
 
     def _setup(self) -> None:
-        from relay_tune.kernel.compute import primitive_compute
-        from search_space.cpu import analyze, cpu_space, default_config
-
         self._prim = primitive_compute(self.func)
         self.workload = analyze(self._prim, self.target_info, self.constants)
         self.space: Space = cpu_space(self.workload)
@@ -153,9 +153,6 @@ class RelayTuneTask:
     def reference(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """The interpreter's outputs of the primitive function (flattened), or None when they cannot serve as a
         reference on these inputs (the check is skipped, with a `ReferenceWarning`)."""
-        from relay_tune.interpreter import evaluate
-        from relay_tune.ir import Function, IRModule
-
         try:
             args = _structured_inputs(self.func, list(inputs))
             plain = Function(tuple(self.func.params), self.func.body, self.func.ret_type)
@@ -173,8 +170,6 @@ class RelayTuneTask:
 
     def steps(self, config: Config) -> list[Any]:
         """The schedule steps of a config: its family's template applied to it."""
-        from search_space.cpu import config_to_steps as template_steps
-
         return template_steps(self._prim, config, self.target_info)
 
     def lower(self, config: Config) -> Any:
@@ -182,8 +177,6 @@ class RelayTuneTask:
         return self._lower(config)[0]
 
     def _lower(self, config: Config) -> tuple[Any, Any]:
-        from relay_tune.kernel.build import lower_primitive
-
         self.space.validate(config)
         steps = self.steps(config)
         try:
@@ -198,10 +191,6 @@ class RelayTuneTask:
         return KERNEL_PREFIX + self.key[:16]
 
     def build(self, config: Config) -> BuildArtifact:
-        from relay_tune.codegen.llvm import compile_object, required_libraries
-        from relay_tune.kernel.build import OUTPUT
-        from relay_tune.runtime.kernel import REPEAT_SUFFIX
-
         primfunc, packing = self._lower(config)
         code = compile_object([primfunc], self.target_info)
         args: list[KernelArg] = []
@@ -218,9 +207,6 @@ class RelayTuneTask:
 
     def workload_spec(self) -> dict[str, Any]:
         """A JSON description to rebuild this task from (the function's Relay text, the target, constants)."""
-        from relay_tune.ir import Function, IRModule
-        from relay_tune.text import print_module
-
         plain = Function(tuple(self.func.params), self.func.body, self.func.ret_type)
         return {"kind": WORKLOAD_KIND, "text": print_module(IRModule({"main": plain})),
                 "target": str(self.target_info), "description": self.description, "flops": self.flops,
@@ -229,11 +215,6 @@ class RelayTuneTask:
     @staticmethod
     def from_workload_spec(data: Mapping[str, Any]) -> RelayTuneTask:
         """The task a `workload_spec()` describes (e.g. to re-lower configs of an old log)."""
-        from types import SimpleNamespace
-
-        from relay_tune.text import parse_module
-        from relay_tune.type_infer import infer_types
-
         func = infer_types(parse_module(str(data["text"])))["main"].with_attrs(Primitive=1)
         spec = SimpleNamespace(key=str(data["key"]), description=str(data.get("description", "")), func=func,
                                flops=float(data.get("flops", 0.0)), occurrences=int(data.get("weight", 1)),
@@ -243,8 +224,6 @@ class RelayTuneTask:
 
 def _structured_inputs(func: Any, flat: list[np.ndarray]) -> list[Any]:
     """Flattened kernel inputs regrouped by parameter (tuple-typed parameters take a tuple)."""
-    from relay_tune.ir.types import TupleType
-
     def take(ty: Any) -> Any:
         if isinstance(ty, TupleType):
             return tuple(take(f) for f in ty.fields)
@@ -265,15 +244,13 @@ def _flatten(value: Any) -> list[Any]:
     return out
 
 
+# Logs of relay_function tasks can warm the cost model of other workloads (cost_model.transfer rebuilds them).
+register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
+
+
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target)` compiles into a kernel (pure
     reshapes, which the build turns into aliases, are left out), in order of first use."""
-    from relay_tune.build import is_pure_reshape
-    from relay_tune.ir import IRModule
-    from relay_tune.passes import optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.type_infer import infer_types
-
     resolved = _target(target)
     fused = optimize(infer_types(mod), opt_level=opt_level)
     specs = extract_tasks(IRModule({"main": fused["main"]}))
@@ -281,43 +258,6 @@ def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTu
 
 
 def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
-    """Schedule steps for fused function `func` from a logged config (the build's decoder).
-
-    Configs of the CPU schedule spaces go through their family's template; a config may instead carry its steps
-    as JSON text in a `"steps"` knob (hand-pinned schedules).
-    """
-    from relay_tune.kernel.compute import primitive_compute
-    from search_space.cpu import FAMILIES, analyze, cpu_space
-    from search_space.cpu import config_to_steps as template_steps
-
-    steps = config.get("steps")
-    if isinstance(steps, str):
-        try:
-            decoded = json.loads(steps)
-        except json.JSONDecodeError as err:
-            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
-        if isinstance(decoded, list):
-            return decoded
-    target = _target(target)
-    if config.get("family") not in FAMILIES or target.kind != "llvm":
-        raise RelayTuneError(
-            f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): it is not a "
-            "config of a CPU schedule space and carries no steps")
-    config = config if isinstance(config, Config) else Config(dict(config))
-    prim = primitive_compute(func)
-    # The space has a weight-packing knob exactly when the weight is a model constant.
-    packs = "pack_b" in config or "pack_w" in config
-    workload = analyze(prim, target, _weight_params(prim) if packs else ())
-    space = cpu_space(workload)
-    if not space.is_valid(config):
-        raise RelayTuneError(
-            f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
-            "schedule space of this workload (a log written by another relay-tune version?)")
-    return template_steps(prim, config, target)
-
-
-def _weight_params(prim: Any) -> tuple[int, ...]:
-    """Every parameter number of the function (packing decides by the config; any weight may be packed)."""
-    from search_space.cpu import input_index
-
-    return tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)
+    """Schedule steps for fused function `func` from a logged config (`search_space.logged.config_steps`, the
+    build's decoder); `target` may be a target string."""
+    return config_steps(func, config, _target(target))

@@ -35,6 +35,8 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+from llvmlite import binding as llvm
+from llvmlite.binding import orcjit
 
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
 from relay_tune.tuning.measure import ErrorKind, RunResult
@@ -288,9 +290,6 @@ class KernelLoader:
         return [artifact.kernel_name] + ([artifact.repeat_symbol] if artifact.repeat_symbol else [])
 
     def _load_object(self, artifact: BuildArtifact) -> dict[str, int]:
-        from llvmlite import binding as llvm
-        from llvmlite.binding import orcjit
-
         if self._jit is None:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()

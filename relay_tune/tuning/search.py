@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
-import socket
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -37,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from relay_tune.tuning import distributed
 from relay_tune.tuning.database import Database
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.task import TuneTask
+from relay_tune.tuning.workers import worker_identity, worker_is_gone
 from search_space import Config
 
 if TYPE_CHECKING:
@@ -156,40 +156,6 @@ def _stable_seed(seed: int, key: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-@functools.cache
-def _process_start_ticks(pid: int) -> str:
-    """Start time of a process (Linux), to tell a live process from a later one that reused its pid."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[19]
-    except (OSError, IndexError):
-        return "?"
-
-
-def worker_identity() -> str:
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid)}"
-
-
-def _worker_is_gone(identity: str) -> bool:
-    """True when `identity` names a process on this host that no longer exists."""
-    try:
-        host, pid_text, ticks = identity.rsplit(":", 2)
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return False  # cannot tell for other machines; their trials stay open
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    _process_start_ticks.cache_clear()
-    return _process_start_ticks(pid) != ticks
-
-
 _STORAGES: dict[str, Any] = {}
 
 
@@ -215,6 +181,7 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
 
     Storages are shared per process, so several studies in one journal replay it once.
     """
+    # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
     import optuna
 
     if storage is None or isinstance(storage, optuna.storages.BaseStorage):
@@ -223,13 +190,12 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
         return None  # Optuna's in-memory storage: nothing written, nothing shared
     journal = journal_path(storage)
     if journal is None:
-        from relay_tune.tuning import distributed
-
         if distributed.is_database_url(storage):
             return distributed.rdb_storage(os.fspath(storage))  # PostgreSQL: heartbeats on claims
         return os.fspath(storage)  # another RDB URL (sqlite:///, mysql://, ...): Optuna opens and caches it
     path = str(journal)
     if path not in _STORAGES:
+        # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
@@ -244,6 +210,7 @@ def space_digest(task: TuneTask) -> str:
     Optuna refuses a categorical parameter whose choices differ from earlier trials, so a study cannot outlive a
     change of its space; the measurements are not lost, the new study imports them from the log.
     """
+    # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
     from optuna.distributions import distribution_to_json
 
     text = json.dumps({name: distribution_to_json(d) for name, d in sorted(task.space.distributions().items())})
@@ -258,6 +225,7 @@ def default_study_name(task: TuneTask) -> str:
 
 
 def make_sampler(kind: str, seed: int, n_startup_trials: int = 10) -> optuna.samplers.BaseSampler:
+    # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
     import optuna
 
     if kind == "tpe":
@@ -291,6 +259,7 @@ class OptunaSearch(SearchStrategy):
         study_name: str | None = None,
         n_startup_trials: int = 10,
     ) -> None:
+        # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial would drown the progress view
@@ -306,8 +275,6 @@ class OptunaSearch(SearchStrategy):
         journal = journal_path(storage)
         self._claim_lock = Path(f"{journal}.claims.lock") if journal is not None else None
         # PostgreSQL: the same exact claim step under an advisory lock, and heartbeats on claims being measured.
-        from relay_tune.tuning import distributed
-
         self._database_url = os.fspath(storage) if distributed.is_database_url(storage) else None
         self._worker = worker_identity()
         opened = open_storage(storage)
@@ -330,7 +297,7 @@ class OptunaSearch(SearchStrategy):
         running = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
         for trial in running:
             owner = trial.user_attrs.get("worker")
-            if isinstance(owner, str) and _worker_is_gone(owner):
+            if isinstance(owner, str) and worker_is_gone(owner):
                 self.study.tell(trial.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def _import_log(self) -> None:
@@ -391,8 +358,6 @@ class OptunaSearch(SearchStrategy):
     @contextlib.contextmanager
     def _claiming(self) -> Iterator[None]:
         if self._database_url is not None:
-            from relay_tune.tuning import distributed
-
             with distributed.advisory_lock(self._database_url, f"relay-tune:claims:{self.study.study_name}"):
                 distributed.fail_stale_claims(self.study)  # a dead worker's claims come back to the pool
                 yield
@@ -516,8 +481,6 @@ class OptunaSearch(SearchStrategy):
             self._release(trial)
         self._pending.clear()
         if self._database_url is not None:
-            from relay_tune.tuning import distributed
-
             # The claim sweep is throttled to once per heartbeat interval; a session that ends right after taking a
             # dead worker's freed budget would otherwise leave that worker's stale trials RUNNING in the study.
             distributed.fail_stale_claims(self.study, throttle=False)

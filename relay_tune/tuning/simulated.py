@@ -11,15 +11,22 @@ has something to learn from; it has no relation to the real speed of the config.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
+import os
 import time
 from collections.abc import Sequence
 
 from relay_tune.tuning.builder import Builder
+from relay_tune.tuning.distributed import PostgresDatabase, is_database_url
+from relay_tune.tuning.driver import tune
+from relay_tune.tuning.hostlock import HostLockedRunner
 from relay_tune.tuning.measure import BuildResult, RunResult
 from relay_tune.tuning.runner import Runner
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 from relay_tune.tuning.testing import MatmulTask, small_tasks
+from relay_tune.tuning.tune_model import make_search
 from search_space import Config
 
 __all__ = ["SimulatedBuilder", "SleepRunner", "simulated_cost", "simulated_tasks"]
@@ -68,15 +75,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     Tunes two matmul tasks (`simulated_tasks`) with the production driver,
     search and storage, measuring by sleeping. Prints one JSON line with what this worker did.
     """
-    import argparse
-    import json
-    import os
-
-    from relay_tune.tuning.distributed import PostgresDatabase, is_database_url
-    from relay_tune.tuning.driver import tune
-    from relay_tune.tuning.hostlock import HostLockedRunner
-    from relay_tune.tuning.tune_model import make_search
-
     parser = argparse.ArgumentParser(prog="python -m relay_tune.tuning.simulated", description=main.__doc__)
     parser.add_argument("--storage", required=True, help="postgresql:// URL (or a journal path)")
     parser.add_argument("--trials", type=int, required=True, help="the budget of all workers together")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.tuning.distributed import export_records, live_workers, redact, study_overview
 from relay_tune.tuning.records import LogEvent, TuningRecord, read_events, read_records
 
 __all__ = ["LOG_ACTIONS", "STORAGE_ACTIONS", "latency_curve", "plot_curves", "storage_summary"]
@@ -27,8 +28,6 @@ __all__ = ["LOG_ACTIONS", "STORAGE_ACTIONS", "latency_curve", "plot_curves", "st
 
 @contextlib.contextmanager
 def _exported(url: str) -> Iterator[Path]:
-    from relay_tune.tuning.distributed import export_records
-
     with tempfile.TemporaryDirectory(prefix="relay-tune-logs-") as folder:
         path = Path(folder) / "storage.jsonl"
         export_records(url, path)
@@ -38,8 +37,6 @@ def _exported(url: str) -> Iterator[Path]:
 def storage_summary(args: argparse.Namespace, console: Any, summarise: Callable[[argparse.Namespace, Any], int]) -> int:
     """The summary of a study: `summarise` (the command line's log summary) over its exported records, then what
     only the database knows. The summary is passed in so that this layer never imports the command line."""
-    from relay_tune.tuning.distributed import live_workers, redact, study_overview
-
     with _exported(args.storage) as path:
         inner = argparse.Namespace(**{**vars(args), "logs": [str(path)], "label": redact(args.storage)})
         summarise(inner, console)
@@ -71,8 +68,6 @@ def storage_summary(args: argparse.Namespace, console: Any, summarise: Callable[
 
 
 def storage_export(args: argparse.Namespace, console: Any) -> int:
-    from relay_tune.tuning.distributed import export_records, redact
-
     if not args.output:
         raise RelayTuneError("logs export needs -o OUT.jsonl")
     if Path(args.output).exists() and not args.force:

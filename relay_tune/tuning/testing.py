@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
 
 from relay_tune.errors import CompileError
 from relay_tune.tuning.task import BuildArtifact, KernelArg, TensorSpec
@@ -34,16 +36,12 @@ HOST_TARGET = "llvm -keys=cpu"
 
 @functools.cache
 def _initialise_llvm() -> None:
-    from llvmlite import binding as llvm
-
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
 
 
 def compile_llvm_ir(ir_text: str, kernel_name: str, args: Sequence[KernelArg], opt_level: int = 3) -> BuildArtifact:
     """Optimise LLVM IR for the host CPU and emit relocatable object code as a `BuildArtifact`."""
-    from llvmlite import binding as llvm
-
     _initialise_llvm()
     module = llvm.parse_assembly(ir_text)
     module.verify()
@@ -64,8 +62,6 @@ class _LoopEmitter:
     """Emits counted loops with llvmlite's IR builder (`for i in range(count)`)."""
 
     def __init__(self, builder: object) -> None:
-        from llvmlite import ir
-
         self.ir = ir
         self.b = builder
         self.i64 = ir.IntType(64)
@@ -153,8 +149,6 @@ class MatmulTask:
                 KernelArg(TensorSpec((self.m, self.n), "float32"), "output", 0))
 
     def build(self, config: Config) -> BuildArtifact:
-        from llvmlite import ir
-
         order = config["order"]
         tile_n = config["tile_n"]
         tile_k = config["tile_k"]

@@ -5,7 +5,7 @@
     result.model.run(data=image)                         # the model built from the log
 
 Steps: extract the tasks the build compiles (`relay_tune.tuning.relay_task.tasks_from_module`; on CUDA targets
-`relay_tune.runtime.cuda.gpu_tasks`), tune them with one global budget through `relay_tune.tuning.tune` (the
+`relay_tune.tuning.gpu_task.gpu_tasks`), tune them with one global budget through `relay_tune.tuning.tune` (the
 gradient task scheduler shares the trials out; the log is appended to measurement by measurement), then build the
 model twice, without and with the log, and time both.
 
@@ -20,19 +20,34 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from relay_tune.compiler import BuildWarning, build, resolve_target
 from relay_tune.errors import RelayTuneError
+from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
+from relay_tune.target import Target
+from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
+from relay_tune.tuning.cuda_runner import CudaRunner
+from relay_tune.tuning.database import JsonLinesDatabase
+from relay_tune.tuning.distributed import is_database_url
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
-from relay_tune.tuning.hostlock import HostLockedRunner
+from relay_tune.tuning.gpu_task import gpu_tasks
+from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.tuning.runner import LocalRunner, Runner
+from relay_tune.tuning.records import LogEvent, LogWriter
+from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
+from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress
 from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
+from relay_tune.tuning.xgb_search import xgb_search
 
 __all__ = [
     "SEARCH_STRATEGIES",
@@ -65,14 +80,10 @@ def make_search(search: str, *, storage: Any = None, seed: int = 0,
     if transfer_from and search != "xgb":
         raise RelayTuneError("transfer from earlier logs warms the cost model: it needs the xgb search")
     if search == "xgb":
-        from relay_tune.tuning.xgb_search import xgb_search
-
         return xgb_search(storage, seed=seed, log_path=log_path, transfer_from=transfer_from)
     if search == "tpe":
         return optuna_search(storage=storage, sampler="tpe", seed=seed)
     if search == "random":
-        from relay_tune.tuning.distributed import is_database_url
-
         if is_database_url(storage):  # claims on a shared database go through an Optuna study
             return optuna_search(storage=storage, sampler="random", seed=seed)
         return random_search(seed=seed)
@@ -103,8 +114,6 @@ def target_tag(target: Any) -> str:
 
 def default_log_path(model_path: str | os.PathLike[str], target: Any, folder: str | os.PathLike[str] = "logs") -> Path:
     """logs/<model stem>.<target tag>.jsonl (the default of `relay-tune MODEL --trials N`)."""
-    from relay_tune.build import resolve_target
-
     return Path(folder) / f"{Path(model_path).stem}.{target_tag(resolve_target(target))}.jsonl"
 
 
@@ -169,27 +178,21 @@ class TuneModelResult:
 def _tasks_for(mod: Any, target: Any, opt_level: int) -> tuple[list[Any], Runner | None]:
     """The tuning tasks of `mod` on `target`, and the runner they need (None: the default CPU runner)."""
     if target.kind == "cuda":
-        from relay_tune.runtime.cuda import CudaRunner, CudaUnavailableError, cuda_available, gpu_tasks
-
         reason = cuda_available()
         if reason is not None:
             raise CudaUnavailableError(f"cannot tune for {target}: {reason}")
         return list(gpu_tasks(mod, str(target))), CudaRunner()
-    from relay_tune.tuning.relay_task import tasks_from_module
 
     return tasks_from_module(mod, target, opt_level=opt_level), None
 
 
 def _cuda_target(text: str | Any) -> Any:
     """A CUDA target for `text`, taking the GPU's own architecture when the text names none."""
-    from relay_tune.target import Target
-
     if not isinstance(text, str):
         return text
     parsed = Target.parse(text)
     if parsed.arch:
         return parsed
-    from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 
     reason = cuda_available()
     if reason is not None:
@@ -210,11 +213,6 @@ class ReferenceUnavailableError(RelayTuneError):
 def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
     """Run each task's reference on the runner's random inputs before any tuning: a task whose outputs could not
     be checked is an error naming the task and the reason (tune with `check=False` / `--no-check` to go on)."""
-    import warnings
-
-    from relay_tune.tuning.relay_task import ReferenceWarning
-    from relay_tune.tuning.runner import random_inputs
-
     for task in tasks:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ReferenceWarning)
@@ -236,8 +234,6 @@ def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
 def _median_latency(model: Any, seconds: float = 1.0) -> float:
     """Median seconds per inference, timing about `seconds` in all (in turn with other tuning processes' timings
     on this machine)."""
-    from relay_tune.tuning.hostlock import measurement_lock
-
     with measurement_lock():
         return _timed_latency(model, seconds)
 
@@ -288,8 +284,6 @@ def tune_model(
     kernel's outputs with the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the
     interpreter cannot compute them for a task; False measures without the check and says so in the log.
     """
-    from relay_tune.build import build, resolve_target
-
     started = time.monotonic()
     if isinstance(target, str) and target.split() and target.split()[0] == "cuda":
         resolved = _cuda_target(target)
@@ -306,8 +300,6 @@ def tune_model(
     if check:
         check_references(tasks)
     else:
-        from relay_tune.tuning.records import LogEvent, LogWriter
-
         LogWriter(log_path).write_one(LogEvent("numerical_check_disabled", data={
             "reason": "tuned without comparing kernel outputs with the reference interpreter (--no-check)",
             "tasks": len(tasks)}))
@@ -316,7 +308,6 @@ def tune_model(
         batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
     store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
     database = None
-    from relay_tune.tuning import distributed
 
     if distributed.is_database_url(store):
         # Many machines, one study: the records live in the database, the local log mirrors this worker's.
@@ -352,9 +343,6 @@ def tune_model(
     if measure_latency:
         before = _median_latency(build(mod, target=resolved, opt_level=opt_level))
     logs = [log_path] if log_path.is_file() else None
-    import warnings
-
-    from relay_tune.build import BuildWarning
 
     if database is not None:
         lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
@@ -378,8 +366,6 @@ def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str
     """A `relay_tune.build` schedule lookup: for each task, the steps of its fastest valid record that is a point of
     the task's current space (records written under an older space are passed over, not fatal). The records come
     from `logs`, or from `database` (a `relay_tune.tuning.Database`, e.g. the PostgreSQL one) when given."""
-    from relay_tune.tuning.database import JsonLinesDatabase
-
     if database is None:
         database = JsonLinesDatabase([Path(p) for p in logs])
     by_key = {task.key: task for task in tasks}
@@ -413,16 +399,12 @@ class RichProgress(ProgressCallback):
     estimated from the best kernels so far (sum of weight x best time over tasks that have one)."""
 
     def __init__(self, console: Any = None) -> None:
-        from rich.console import Console
-
         self.console = console or Console(highlight=False)
         self._progress: Any = None
         self._bar: Any = None
         self._tasks: tuple[TaskInfo, ...] = ()
 
     def on_start(self, plan: TunePlan) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self._tasks = plan.tasks
         done = plan.trials_already_done
         self.console.print(

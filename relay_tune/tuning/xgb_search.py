@@ -41,11 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from optuna.distributions import distribution_to_json
 
 from cost_model.features import Featurizer
 from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, workload_event
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log
 from relay_tune.tuning.database import Database
+from relay_tune.tuning.distributed import study_mirror
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.search import (
     FAILURE_VALUE,
@@ -53,6 +55,7 @@ from relay_tune.tuning.search import (
     SearchStrategy,
     StrategyFactory,
     _unvisited_random,
+    make_sampler,
     measured_values,
 )
 from relay_tune.tuning.task import TuneTask
@@ -462,7 +465,6 @@ class XGBSearch(OptunaSearch):
         """Configs a TPE sampler fed with every measurement would try next (it measures nothing itself)."""
         if self.tpe_proposals <= 0:
             return []
-        from relay_tune.tuning.search import make_sampler
 
         optuna = self._optuna
         if self._proposer is None:
@@ -734,10 +736,6 @@ class XGBSearch(OptunaSearch):
     def _mirror(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
         """Add the round's measurements to the study as finished trials (what optuna-dashboard shows), in the
         background: this worker measures its next round meanwhile."""
-        from optuna.distributions import distribution_to_json
-
-        from relay_tune.tuning.distributed import study_mirror
-
         self._own_new += len(inputs)
         trials = []
         for measure_input, result in zip(inputs, results, strict=True):
@@ -756,8 +754,6 @@ class XGBSearch(OptunaSearch):
     def close(self) -> None:
         super().close()
         if self._direct and self._database_url is not None:
-            from relay_tune.tuning.distributed import study_mirror
-
             study_mirror(self._database_url).flush()
 
 

@@ -1,4 +1,4 @@
-"""Running generated GPU code: the CUDA driver API, an emulated device, model execution and GPU tuning.
+"""Running generated GPU code: the CUDA driver API, an emulated device and model execution.
 
     device = cuda_device()                                   # the first GPU (CudaUnavailableError without one)
     module = build_ptx(funcs, "cuda -arch=" + device.arch)   # relay_tune.codegen.nvptx
@@ -16,16 +16,13 @@ The package is split by responsibility:
 - `model`: `GPUModel`, a whole model from the graph plan of `relay_tune.build` in one device arena, and
   `PTXModel`, the same compiled on a machine without a GPU (cross-compiling): saved as one file of PTX, launch
   plans and constants that `load_gpu_model` / `relay-tune run` runs where there is a GPU;
-- `tasks`: `GPUTask`, a tuning task per fused function building PTX for a config of `search_space.gpu`;
-- `runner`: `CudaRunner`, the GPU `relay_tune.tuning.Runner`, measuring in a worker process that owns the CUDA
-  context (a kernel that faults poisons its context; the worker is replaced).
 
-Every name is importable from `relay_tune.runtime.cuda`; the tuning half loads on first use (it pulls in the tuner).
+Every name is importable from `relay_tune.runtime.cuda`. Tuning for GPUs sits a layer up, in the tuner:
+`relay_tune.tuning.gpu_task` (`GPUTask`, a tuning task per fused function building PTX for a config of
+`search_space.gpu`) and `relay_tune.tuning.cuda_runner` (`CudaRunner`, the GPU `relay_tune.tuning.Runner`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from relay_tune.runtime.cuda.device import (
     DEVICE_ALIGNMENT,
@@ -60,7 +57,6 @@ __all__ = [
     "DEVICE_ALIGNMENT",
     "CudaDevice",
     "CudaError",
-    "CudaRunner",
     "CudaUnavailableError",
     "DeviceBuffer",
     "EmulatedDevice",
@@ -68,7 +64,6 @@ __all__ = [
     "FunctionRunner",
     "GPUDevice",
     "GPUModel",
-    "GPUTask",
     "LoadedModule",
     "PTXModel",
     "cuda_available",
@@ -76,7 +71,6 @@ __all__ = [
     "driver_module",
     "gpu_model_from_plan",
     "gpu_status_line",
-    "gpu_tasks",
     "is_gpu_model_file",
     "load_gpu_model",
     "read_gpu_model",
@@ -84,15 +78,3 @@ __all__ = [
     "save_gpu_model",
     "time_function",
 ]
-
-_LAZY = {"CudaRunner": "runner", "GPUTask": "tasks", "gpu_tasks": "tasks"}
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy: the tuning half imports relay_tune.tuning (Optuna, XGBoost), which running a built model never needs.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'relay_tune.runtime.cuda' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"relay_tune.runtime.cuda.{module}"), name)

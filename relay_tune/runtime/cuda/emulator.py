@@ -17,6 +17,7 @@ import numpy as np
 from relay_tune.codegen.nvptx import GPUKernel, PTXModule
 from relay_tune.errors import RelayTuneError
 from relay_tune.kernel import tir
+from relay_tune.kernel.tir_eval import _Translator
 from relay_tune.runtime.cuda.device import DEVICE_ALIGNMENT, DeviceBuffer, GPUDevice, LoadedModule
 
 
@@ -27,8 +28,6 @@ class EmulationError(RelayTuneError):
 def _simt_source(func: tir.PrimFunc) -> tuple[str, dict[str, Any]]:
     """Python source of a per-thread generator for a kernel: thread bindings read the thread's coordinates
     (guarded when shorter than the launch), barriers yield, SHARED buffers come from the block's store."""
-    from relay_tune.kernel.tir_eval import _Translator  # the loop-nest interpreter's code generator
-
     class SIMTTranslator(_Translator):
         def __init__(self, f: tir.PrimFunc) -> None:
             super().__init__(f)

@@ -12,12 +12,25 @@ from typing import Any
 
 import numpy as np
 
-from relay_tune.codegen.nvptx import PTXModule
-from relay_tune.errors import RelayTuneError
+from relay_tune.codegen.nvptx import (
+    GPUFunction,
+    GPUKernel,
+    LaunchConfig,
+    PtxasError,
+    PTXModule,
+    WorkspaceSpec,
+    assemble_ptx,
+    build_ptx,
+    find_ptxas,
+)
+from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.kernel import tir
 from relay_tune.runtime.cuda import driver
 from relay_tune.runtime.cuda.device import DEVICE_ALIGNMENT, DeviceBuffer, FunctionRunner, GPUDevice
 from relay_tune.runtime.cuda.emulator import EmulatedDevice
+from relay_tune.runtime.model import GraphPlan
+from relay_tune.target import Target
+from relay_tune.version import __version__
 
 
 class GPUModel:
@@ -153,8 +166,6 @@ def gpu_model_from_plan(plan: Any, funcs: Sequence[tir.PrimFunc], constants: Seq
                         timings: dict[str, float] | None = None, start: float | None = None) -> GPUModel | PTXModel:
     """The last step of `relay_tune.build` for a cuda target: PTX for every kernel of the plan, then a model on
     the first GPU, or, on a machine without a usable GPU, a `PTXModel` to save and run elsewhere."""
-    from relay_tune.codegen.nvptx import build_ptx
-
     timings = dict(timings or {})
     begin = time.perf_counter()
     stages: dict[str, float] = {}
@@ -189,9 +200,6 @@ GPU_FORMAT_VERSION = 1
 
 def _check_with_ptxas(module: PTXModule) -> str:
     """Assemble the PTX with ptxas when it is installed (a CompileError if it rejects it); what was checked."""
-    from relay_tune.codegen.nvptx import PtxasError, assemble_ptx, find_ptxas
-    from relay_tune.errors import CompileError
-
     tool = find_ptxas()
     if tool is None:
         return "not checked (ptxas is not installed)"
@@ -213,8 +221,6 @@ def _function_to_json(f: Any) -> dict[str, Any]:
 
 
 def _function_from_json(data: Mapping[str, Any]) -> Any:
-    from relay_tune.codegen.nvptx import GPUFunction, GPUKernel, LaunchConfig, WorkspaceSpec
-
     return GPUFunction(
         str(data["name"]), tuple(data["param_names"]), tuple(tuple(int(d) for d in s) for s in data["param_shapes"]),
         tuple(data["param_dtypes"]),
@@ -227,7 +233,6 @@ def _function_from_json(data: Mapping[str, Any]) -> Any:
 def save_gpu_model(path: str | os.PathLike[str], plan: Any, module: PTXModule, constants: Sequence[np.ndarray],
                    target: Any, build_info: Mapping[str, Any]) -> Path:
     """One zip file: manifest.json (graph plan, launch plans, target), module.ptx, constants/<i>.npy."""
-    from relay_tune import __version__
 
     path = Path(path)
     manifest = {"format": GPU_FORMAT_NAME, "format_version": GPU_FORMAT_VERSION, "relay_tune_version": __version__,
@@ -261,9 +266,6 @@ def is_gpu_model_file(path: str | os.PathLike[str]) -> bool:
 
 def read_gpu_model(path: str | os.PathLike[str]) -> PTXModel:
     """The contents of a GPU model file (no GPU needed to read it)."""
-    from relay_tune.runtime.model import GraphPlan
-    from relay_tune.target import Target
-
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as archive:

@@ -1,4 +1,5 @@
-"""`CudaRunner`: measures GPU artifacts behind the same `Runner` interface as the CPU's `LocalRunner`.
+"""`CudaRunner`: measures GPU artifacts behind the same `Runner` interface as the CPU's `LocalRunner`, on a
+device of `relay_tune.runtime.cuda`.
 
 The runner measures in a worker process that owns the CUDA context: a kernel that faults poisons its context,
 so the worker reports the error and exits, and a fresh one takes over for the next artifact.
@@ -19,15 +20,12 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.runtime.cuda.device import run_function, time_function
 from relay_tune.runtime.cuda.driver import CudaDevice, CudaError, CudaUnavailableError, cuda_device
 from relay_tune.tuning.measure import ErrorKind, RunResult
-from relay_tune.tuning.runner import Runner
-from relay_tune.tuning.task import BuildArtifact, TuneTask
+from relay_tune.tuning.runner import DEFAULT_TOLERANCES, Runner, compare_outputs, random_inputs
+from relay_tune.tuning.task import BuildArtifact, TuneTask, apply_layout
 
 
 def _cuda_worker(conn: multiprocessing.connection.Connection, ordinal: int) -> None:
     """Measurement worker: owns the CUDA context; one request at a time."""
-    from relay_tune.tuning.runner import compare_outputs
-    from relay_tune.tuning.task import apply_layout
-
     try:
         device = cuda_device(ordinal)
     except RelayTuneError as err:
@@ -95,8 +93,6 @@ class CudaRunner(Runner):
     def __init__(self, timeout: float = 30.0, number: int = 10, repeat: int = 3, min_repeat_ms: float = 20.0,
                  check_correctness: bool = True, seed: int = 0, device: int = 0,
                  tolerances: dict[str, tuple[float, float]] | None = None, startup_timeout: float = 120.0) -> None:
-        from relay_tune.tuning.runner import DEFAULT_TOLERANCES
-
         self.timeout = timeout
         self.number, self.repeat, self.min_repeat_ms = number, repeat, min_repeat_ms
         self.check_correctness = check_correctness
@@ -126,8 +122,6 @@ class CudaRunner(Runner):
             raise CudaUnavailableError(reply[1])
 
     def _data_for(self, task: TuneTask) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-        from relay_tune.tuning.runner import random_inputs
-
         if task.key not in self._data:
             inputs = random_inputs(task.input_specs(), self.seed)
             expected = None

@@ -8,14 +8,23 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.codegen.nvptx import arch_of, assemble_ptx, build_ptx, check_launch_resources, find_ptxas
 from relay_tune.errors import RelayTuneError
+from relay_tune.interpreter import evaluate
+from relay_tune.ir import Function, IRModule
+from relay_tune.kernel.build import lower_primitive
+from relay_tune.kernel.compute import primitive_compute
+from relay_tune.passes import optimize
+from relay_tune.passes.extract_tasks import extract_tasks
+from relay_tune.target import Target
+from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
+from relay_tune.type_infer import infer_types
+from search_space import InvalidConfigError
+from search_space.gpu import default_config, gpu_space, steps_of_prim
 
 
 def gpu_tasks(mod: Any, target: str = "cuda -arch=sm_90", check_ptxas: bool = True) -> list[GPUTask]:
     """One GPU tuning task per distinct fused function of a type-checked module (after the graph passes)."""
-    from relay_tune.passes import optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
-
     fused = optimize(mod)
     return [GPUTask.from_spec(spec, target, check_ptxas) for spec in extract_tasks(fused)]
 
@@ -38,9 +47,6 @@ class GPUTask:
     check_ptxas: bool = True
 
     def __post_init__(self) -> None:
-        from relay_tune.kernel.compute import primitive_compute
-        from search_space.gpu import gpu_space
-
         self._prim = primitive_compute(self.func)
         self.space = gpu_space(self._prim, self.arch)
 
@@ -50,17 +56,12 @@ class GPUTask:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from relay_tune.kernel.compute import primitive_compute
-
         self.__dict__.update(state)
         self.func = _retyped(self.func)
         self._prim = primitive_compute(self.func)
 
     @property
     def arch(self) -> str:
-        from relay_tune.codegen.nvptx import arch_of
-        from relay_tune.target import Target
-
         return arch_of(Target.parse(self.target))
 
     @staticmethod
@@ -70,37 +71,22 @@ class GPUTask:
                        check_ptxas)
 
     def default_config(self) -> Any:
-        from search_space.gpu import default_config
-
         return default_config(self._prim, self.arch)
 
     def input_specs(self) -> list[Any]:
-        from relay_tune.tuning.task import TensorSpec
-
         return [TensorSpec(t.shape, t.dtype) for t in self._prim.inputs]
 
     def reference(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        from relay_tune.interpreter import evaluate
-        from relay_tune.ir import Function, IRModule
-
         params = self.func.params
         plain = Function(params, self.func.body, self.func.ret_type)
         result = evaluate(IRModule({"main": plain}), list(inputs))
         return [np.asarray(r) for r in (result if isinstance(result, tuple) else (result,))]
 
     def steps(self, config: Any) -> list[Any]:
-        from relay_tune.kernel.gpu_schedule import gpu_schedule
-        from search_space.gpu import config_to_params
-
-        return gpu_schedule(self._prim, config_to_params(self._prim, config))
+        # the GPU family template at the config: the same function untuned builds and logged configs go through
+        return steps_of_prim(self._prim, config)
 
     def build(self, config: Any) -> Any:
-        from relay_tune.codegen.nvptx import assemble_ptx, build_ptx, check_launch_resources, find_ptxas
-        from relay_tune.kernel.build import lower_primitive
-        from relay_tune.target import Target
-        from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
-        from search_space import InvalidConfigError
-
         target = Target.parse(self.target)
         try:
             primfunc, packing = lower_primitive(self.func, target, self.steps(config), name="kernel", prim=self._prim)
@@ -134,8 +120,6 @@ def _retyped(func: Any) -> Any:
     """`func` with its types inferred again (types are a cache that pickling drops)."""
     if func.body.has_type():
         return func
-    from relay_tune.ir import Function, IRModule
-    from relay_tune.type_infer import infer_types
 
     params = tuple(func.params)
     for p in params:

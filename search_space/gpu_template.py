@@ -1,5 +1,9 @@
 """GPU schedule templates: how each operator family runs on an NVIDIA GPU, as replayable schedule steps.
 
+The GPU counterpart of the CPU templates in `search_space/cpu.py`, and like them the only code that schedules its
+families: `search_space.gpu` is its space (knobs, launch-limit constraints, default config) and
+`search_space.defaults` applies it for untuned builds.
+
 `gpu_schedule(prim, params)` is the one template per family: it schedules the tensor expressions of a fused
 function (`relay_tune.kernel.compute.primitive_compute`) with explicit parameters. `default_params(prim)` is the
 rule that picks the untuned parameters from the shapes; `default_gpu_schedule(prim)` is the template at them. The

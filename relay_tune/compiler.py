@@ -1,4 +1,6 @@
-"""`relay_tune.build`: compile a whole model into a `CompiledModel`.
+"""The model compiler, `relay_tune.build`: compile a whole model into a `CompiledModel`.
+
+The package exports `build` and `bind_params` from here (`relay_tune.build(...)` is this module's `build`).
 
     import relay_tune
     model = relay_tune.build(mod, target="llvm", params={"weight": w}, logs="logs/resnet.jsonl")
@@ -31,20 +33,21 @@ and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import multiprocessing
 import os
 import re
+import statistics
 import sys
 import time
-import types
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from relay_tune.codegen.llvm import compile_object
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.ir import (
     Call,
@@ -65,7 +68,16 @@ from relay_tune.ir import (
     substitute,
 )
 from relay_tune.kernel import tir
-from relay_tune.runtime.kernel import KernelSignature
+from relay_tune.kernel.build import OUTPUT, lower_primitive
+from relay_tune.kernel.lower import lower
+from relay_tune.kernel.schedule import Schedule
+from relay_tune.passes import optimize
+from relay_tune.passes.base import dataflow_post_order
+from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks, workload_key
+from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
+from relay_tune.resources import check_memory
+from relay_tune.runtime.cuda import gpu_model_from_plan
+from relay_tune.runtime.kernel import KernelSignature, load_object
 from relay_tune.runtime.memory_plan import BufferLifetime, plan_memory
 from relay_tune.runtime.model import (
     PACKING_TASK,
@@ -77,8 +89,13 @@ from relay_tune.runtime.model import (
     Storage,
     TaskInfo,
     Value,
+    host_triple,
 )
 from relay_tune.target import Target
+from relay_tune.tuning.database import best_for_target
+from relay_tune.type_infer import infer_types
+from search_space.defaults import default_steps
+from search_space.logged import config_steps
 
 __all__ = [
     "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "read_params", "resolve_target",
@@ -128,36 +145,9 @@ def resolve_target(target: str | Target | None) -> Target:
 
 
 def steps_from_config(func: Function, config: Mapping[str, Any], target: Target) -> list[Any]:
-    """The schedule steps a tuning config stands for, for fused function `func`.
-
-    The decoder is `relay_tune.tuning.relay_task.config_to_steps(func, config, target)` when the tuning package
-    provides it (the schedule spaces know their knobs); without it, a config may carry its steps itself: a
-    `"steps"` knob holding the JSON text of a list of step dicts.
-    """
-    import importlib
-
-    if target.kind == "cuda":
-        from search_space.gpu import config_to_steps
-
-        return config_to_steps(func, config, target)
-    try:
-        decoder = getattr(importlib.import_module("relay_tune.tuning.relay_task"), "config_to_steps", None)
-    except ImportError:
-        decoder = None
-    if decoder is not None:
-        return list(decoder(func, config, target))
-    steps = config.get("steps")
-    if isinstance(steps, str):
-        try:
-            decoded = json.loads(steps)
-        except json.JSONDecodeError as err:
-            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
-        if isinstance(decoded, list):
-            return decoded
-    raise RelayTuneError(
-        f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): no schedule space "
-        "decoder is available and the config carries no steps"
-    )
+    """The schedule steps a tuning config stands for, for fused function `func`: its family's template at the
+    config (`search_space.logged.config_steps`; a CPU config may carry its steps in a `"steps"` knob)."""
+    return config_steps(func, config, target)
 
 
 TaskLookup = Callable[[Any, Target], Sequence[Any] | None]
@@ -179,7 +169,6 @@ def task_lookup(logs: Any) -> TaskLookup | None:
     for path in paths:
         if not os.path.isfile(path):
             raise RelayTuneError(f"tuning log {os.fspath(path)}: no such file")
-    from relay_tune.tuning.database import best_for_target
 
     cache: dict[str, Mapping[str, Any]] = {}
 
@@ -233,9 +222,6 @@ def _slug(text: str) -> str:
 
 def is_pure_reshape(func: Function) -> bool:
     """A fused group whose output is its input's elements in the same order: a view, never a copy."""
-    from relay_tune.passes.base import dataflow_post_order
-    from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
-
     if not func.attrs.get("relay.reshape_only") or len(func.params) != 1:
         return False
     calls = [n for n in dataflow_post_order(func.body) if isinstance(n, Call)]
@@ -258,8 +244,6 @@ def lower_task(
 ) -> tuple[tir.PrimFunc, tuple[ParamBinding, ...]]:
     """Lower one fused function with `steps` (None: its default schedule) into kernel `name`, and say where each
     kernel parameter comes from."""
-    from relay_tune.kernel.build import OUTPUT, lower_primitive
-
     primfunc, packing = lower_primitive(func, target, steps, name=name)
     bindings = tuple(
         ParamBinding("output", p.index) if p.role == OUTPUT
@@ -413,8 +397,6 @@ class _Planner:
         raise UnsupportedError(f"compiled models cannot evaluate a {type(node).__name__} here")
 
     def _kernel_call(self, call: Call, env: dict[int, OutputTree]) -> OutputTree:
-        from relay_tune.passes.extract_tasks import workload_key
-
         func = call.op
         assert isinstance(func, Function)
         key = self.call_keys.get(id(call)) or workload_key(func)
@@ -473,9 +455,6 @@ class _Planner:
         return value
 
     def _packer(self, lt: Any, layout_key: str) -> tir.PrimFunc:
-        from relay_tune.kernel.lower import lower
-        from relay_tune.kernel.schedule import Schedule
-
         name = f"pack_{len(self.packers)}_{_slug(lt.src_layout + '_' + lt.dst_layout)}"
         for existing in self.packers.values():
             if dict(existing.attrs).get("packing") == layout_key:
@@ -593,8 +572,6 @@ def _constant_leaf(call_args: Sequence[Expr], leaf_index: int) -> Constant | Non
 
 
 def _compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes, dict[str, float]]:
-    from relay_tune.codegen.llvm import compile_object
-
     timings: dict[str, float] = {}
     obj = compile_object(funcs, target, timings=timings)
     return obj, timings
@@ -684,8 +661,6 @@ def bind_params(mod: IRModule, params: Mapping[str, Any], entry: str = "main") -
 def read_params(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Values for entry-function inputs from an `.npz` file, keyed by input name (read without pickling), for
     `bind_params` (`relay-tune ... --params weights.npz`)."""
-    import zipfile
-
     if not os.path.isfile(path):
         raise RelayTuneError(f"params file {os.fspath(path)}: no such file")
     try:
@@ -723,9 +698,6 @@ def build(
     if check_tuned and logs is not None:
         return check_tuned_records(mod, target, params, logs, opt_level, jobs=jobs, require_tuned=require_tuned,
                                    threading_runtime=threading_runtime)
-    from relay_tune.passes import optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
-    from relay_tune.type_infer import infer_types
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -777,8 +749,6 @@ def build(
     funcs = [t.primfunc for t in task_list if not t.alias and t.kernel_name in called]
     funcs += [f for f in planner.packers.values() if f.name in called]
     if resolved.kind == "cuda":
-        from relay_tune.runtime.cuda import gpu_model_from_plan
-
         return gpu_model_from_plan(plan, funcs, constants, resolved, timings, start)  # type: ignore[return-value]
     if jobs is None:
         # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
@@ -786,9 +756,6 @@ def build(
     chunks = _compile_all(funcs, resolved, jobs) if funcs else []
     t_compile = time.perf_counter()
     timings["llvm_s"] = t_compile - t_plan
-
-    from relay_tune.runtime.kernel import load_object
-    from relay_tune.runtime.model import host_triple
 
     objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
     libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
@@ -871,8 +838,6 @@ class _SpecLookup:
 
 def _task_seconds(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[dict[str, float]]:
     """Per model, per task key: seconds the task's calls take in one run, median over interleaved rounds."""
-    import statistics
-
     per_round: list[list[dict[str, float]]] = [[] for _ in models]
     for _ in range(rounds):
         for model, rows in zip(models, per_round):
@@ -887,8 +852,6 @@ def _task_seconds(models: Sequence[CompiledModel], inputs: Mapping[str, Any], ro
 
 def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[float]:
     """Per model, median seconds per inference over interleaved rounds of `benchmark` (which warms up first)."""
-    import statistics
-
     costs: list[list[float]] = [[] for _ in models]
     for _ in range(rounds):
         for model, mine in zip(models, costs):
@@ -898,8 +861,6 @@ def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, A
 
 def _check_plan_fits(plan: Any, constants: Sequence[Any]) -> None:
     """A clear error when the memory plan (arena, constants, inputs, outputs) exceeds the memory available."""
-    from relay_tune.resources import check_memory
-
     parts = {
         "intermediates": int(plan.memory.arena_bytes),
         "constants": sum(int(getattr(c, "nbytes", 0)) for c in constants),
@@ -944,17 +905,4 @@ def _lower_one(
 def _default_steps(spec: Any, target: Target) -> list[Any]:
     """The default schedule of a task: its family template at the default config of its workload, weights that
     are constants at every call site counted as constants (the same config the tuner measures and logs first)."""
-    from relay_tune.tuning.relay_task import constant_inputs
-    from search_space.defaults import default_steps
-
     return default_steps(spec.func, target, constant_inputs(spec))
-
-
-class _CallableModule(types.ModuleType):
-    """Makes `relay_tune.build(...)` work although `relay_tune.build` is also this module's name."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> CompiledModel:
-        return build(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,61 @@
+"""A logged tuning config back into schedule steps, on any target: what a build runs for a tuned task.
+
+    steps = config_steps(func, config, target)   # func: a fused Primitive=1 function; target: a resolved Target
+
+CUDA configs go through the GPU family template (`search_space.gpu`). CPU configs go through their family's
+template (`search_space.cpu`) once the config is checked to be a point of this workload's space (a log written by
+another version may hold configs of another space). A CPU config may instead carry its steps as the JSON text of a
+list of step dicts in a `"steps"` knob (hand-pinned schedules).
+
+It lives with the templates, below the model compiler (`relay_tune.compiler.steps_from_config`) and the tuner
+(`relay_tune.tuning.relay_task.config_to_steps`), which both decode logs through it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from relay_tune.errors import RelayTuneError
+from relay_tune.kernel.compute import primitive_compute
+from search_space import gpu
+from search_space.config import Config
+from search_space.cpu import FAMILIES, analyze, cpu_space, input_index
+from search_space.cpu import config_to_steps as cpu_template_steps
+
+__all__ = ["config_steps"]
+
+
+def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
+    """Schedule steps for fused function `func` from a logged `config` on `target` (see the module docstring)."""
+    if target.kind == "cuda":
+        return gpu.config_to_steps(func, config, target)
+    steps = config.get("steps")
+    if isinstance(steps, str):
+        try:
+            decoded = json.loads(steps)
+        except json.JSONDecodeError as err:
+            raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
+        if isinstance(decoded, list):
+            return decoded
+    if config.get("family") not in FAMILIES or target.kind != "llvm":
+        raise RelayTuneError(
+            f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): it is not a "
+            "config of a CPU schedule space and carries no steps")
+    config = config if isinstance(config, Config) else Config(dict(config))
+    prim = primitive_compute(func)
+    # The space has a weight-packing knob exactly when the weight is a model constant.
+    packs = "pack_b" in config or "pack_w" in config
+    workload = analyze(prim, target, _weight_params(prim) if packs else ())
+    space = cpu_space(workload)
+    if not space.is_valid(config):
+        raise RelayTuneError(
+            f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
+            "schedule space of this workload (a log written by another relay-tune version?)")
+    return cpu_template_steps(prim, config, target)
+
+
+def _weight_params(prim: Any) -> tuple[int, ...]:
+    """Every parameter number of the function (packing decides by the config; any weight may be packed)."""
+    return tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)
