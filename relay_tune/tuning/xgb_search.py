@@ -120,9 +120,9 @@ class CostModelHub:
         fit_threads: int = 1,
         update_rounds: int = 20,
     ) -> None:
-        # start-up: importing XGBoost takes 0.3 s of CPU; paid here, at set-up, rather than by the first fit in the
-        # middle of the run (where workers started together all paid it in the same round, on a busy host).
-        import xgboost  # noqa: F401
+        # Paid here, at set-up, rather than by the first fit in the middle of the run (where workers started
+        # together all paid it in the same round, on a busy host).
+        import xgboost  # noqa: F401  # start-up: importing XGBoost takes 0.3 s of CPU
 
         self.featurizer = Featurizer(features, jobs=feature_jobs)
         self.fit_threads = fit_threads
