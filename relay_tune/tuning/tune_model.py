@@ -11,7 +11,10 @@ model twice, without and with the log, and time both.
 
 The log is the state. Records of these tasks and this target already in the log count against `total_trials`: a
 rerun of a finished run measures nothing new, an interrupted run measures only what is left, a larger budget
-continues where the last run stopped. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
+continues where the last run stopped. With a tuning cache (`cache=`, `relay_tune.tuning.cache`; the command line
+uses the user's by default) a task tuned before on this target and CPU model, by any run into any log, is not
+tuned again (unless `retune`), the run's valid records are added to the cache, and the build takes the cache's
+best records too. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
 built); `timeout` ends it after that many seconds (the model is still built from what was measured).
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning.builder import Builder, LocalBuilder
+from relay_tune.tuning.cache import TuningCache, records_since
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
 from relay_tune.tuning.hostlock import HostLockedRunner
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
@@ -154,6 +158,10 @@ class TuneModelResult:
     model_path: Path | None = None
     timed_out: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    cached_tasks: int = 0  # tasks not tuned because the tuning cache had records of them
+    cache_path: Path | None = None  # the tuning cache's records file (None: no cache)
+    cache_added: int = 0  # records this run added to the cache
+    configs: dict[str, str] = field(default_factory=dict)  # with a cache: workload key -> config key the build took
 
     @property
     def interrupted(self) -> bool:
@@ -274,6 +282,8 @@ def tune_model(
     early_stopping: int | None = None,
     opt_level: int = 3,
     check: bool = True,
+    cache: TuningCache | None = None,
+    retune: bool = False,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
@@ -287,6 +297,9 @@ def tune_model(
     (default: up to 8, fewer when the budget would not give every task a round). check: compare every measured
     kernel's outputs with the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the
     interpreter cannot compute them for a task; False measures without the check and says so in the log.
+    cache: a tuning cache (`TuningCache.default()` is the user's): tasks with a valid record in it for this target
+    and CPU model, and none in this log, are not tuned (unless `retune`); the run's valid records are added to it
+    (also when interrupted); the build also takes its best records. None (the default here): no cache.
     """
     from relay_tune.build import build, resolve_target
 
@@ -303,6 +316,21 @@ def tune_model(
         tasks = [t for t in tasks if keep(t)]
         if not tasks:
             raise RelayTuneError(f"no task matches {task_filter!r}")
+    from relay_tune.tuning import distributed
+
+    all_tasks = tasks
+    cached_records: list[Any] = []
+    if cache is not None and not retune and not distributed.is_database_url(storage):
+        # A task tuned before on this target and CPU (any model, any log) is not tuned again; a task this log has
+        # records of is left to the log's budget, so a larger --trials still continues it.
+        cached_records = cache.usable(sorted({t.target for t in tasks}))
+        cached_keys = {r.workload_key for r in cached_records}
+        if cached_keys and log_path.is_file():
+            from relay_tune.tuning.records import read_records
+
+            cached_keys -= {r.workload_key for r in read_records(log_path)}
+        tasks = [t for t in tasks if t.key not in cached_keys]
+    skipped = [t for t in all_tasks if t not in tasks]
     if check:
         check_references(tasks)
     else:
@@ -316,8 +344,6 @@ def tune_model(
         batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
     store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
     database = None
-    from relay_tune.tuning import distributed
-
     if distributed.is_database_url(store):
         # Many machines, one study: the records live in the database, the local log mirrors this worker's.
         database = distributed.PostgresDatabase(os.fspath(store), mirror=log_path)  # type: ignore[arg-type]
@@ -331,24 +357,38 @@ def tune_model(
         runner.check_correctness = False
     # Other tuning processes on this machine measure in turn with this one (builds still overlap).
     measuring = runner if isinstance(runner, HostLockedRunner) else HostLockedRunner(runner)
+    log_offset = log_path.stat().st_size if log_path.is_file() else 0
+    added = 0
     try:
-        summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
-                       scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed, database=database)
+        if tasks:
+            summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
+                           scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed,
+                           database=database)
+        else:  # every task is in the tuning cache: nothing to measure
+            summary = TuneSummary(tasks=(), total_trials=total_trials, trials_done=0, trials_this_session=0,
+                                  interrupted=False, session="", log_path=os.fspath(log_path))
     finally:
         if own_builder:
             builder.close()
         if gpu_runner is not None or own_runner:
             runner.close()
+        if cache is not None:  # also after Ctrl-C: what was measured is worth keeping
+            added = cache.add(records_since(log_path, log_offset))
     tuned_at = time.monotonic()
-    reports = tuple(_report(task, s) for task, s in zip(tasks, summary.tasks))
+    by_key = {task.key: _report(task, s) for task, s in zip(tasks, summary.tasks)}
+    by_key.update((task.key, _cached_report(task, cached_records)) for task in skipped)
+    reports = tuple(by_key[task.key] for task in all_tasks)
+    tasks = all_tasks  # the build and its lookup cover the cached tasks too
     common = dict(tasks=reports, summary=summary, target=resolved.log_name, log_path=log_path,
                   storage=None if store is None else os.fspath(store), search=search,
-                  timed_out=scheduler.expired)
+                  timed_out=scheduler.expired, cached_tasks=len(skipped),
+                  cache_path=cache.path if cache is not None else None, cache_added=added)
     if summary.interrupted:
         return TuneModelResult(**common, seconds={"tune": tuned_at - started})  # type: ignore[arg-type]
     before = after = None
     model = None
     saved: Path | None = None
+    configs: dict[str, str] = {}
     if measure_latency:
         before = _median_latency(build(mod, target=resolved, opt_level=opt_level))
     logs = [log_path] if log_path.is_file() else None
@@ -358,6 +398,15 @@ def tune_model(
 
     if database is not None:
         lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
+    elif cache is not None:
+        from relay_tune.tuning.database import MemoryDatabase
+        from relay_tune.tuning.records import read_records
+
+        # the log's records and the cache's for this target and CPU: the fastest of either is built
+        known = MemoryDatabase((read_records(log_path) if log_path.is_file() else [])
+                               + cache.usable(sorted({t.target for t in tasks})))
+        lookup = best_steps_lookup(tasks, database=known) if known.keys() else None
+        configs = _chosen_configs(tasks, known)
     else:
         lookup = best_steps_lookup(tasks, logs) if logs else None
     with warnings.catch_warnings():
@@ -369,7 +418,7 @@ def tune_model(
     if output is not None and hasattr(model, "save"):
         saved = model.save(output)
     return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
-                           model_path=saved, seconds={"tune": tuned_at - started,
+                           model_path=saved, configs=configs, seconds={"tune": tuned_at - started,
                                                       "build_and_measure": time.monotonic() - tuned_at})
 
 
@@ -394,6 +443,31 @@ def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str
         return None
 
     return lookup
+
+
+def _chosen_configs(tasks: Sequence[Any], database: Any) -> dict[str, str]:
+    """Per task, the key of the config `best_steps_lookup` builds it from (its fastest valid record in the space)."""
+    chosen = {}
+    for task in tasks:
+        for record in database.best(task.key, task.target, k=64):
+            if task.space.is_valid(record.config):
+                chosen[task.key] = record.config.key
+                break
+    return chosen
+
+
+def _cached_report(task: Any, records: Sequence[Any]) -> TaskReport:
+    """A task the tuning cache answered: its default and best times from the cache's records."""
+    from relay_tune.tuning.database import top_k
+
+    mine = [r for r in records if r.workload_key == task.key and r.target == task.target]
+    best = top_k(mine, 1)
+    defaults = [r.cost for r in mine if r.strategy == "default" and r.cost is not None]
+    return TaskReport(key=task.key, description=task.description, family=str(getattr(task, "family", "")),
+                      weight=task.weight, flops=task.flops, space_size=task.space.size(), trials=0, valid_trials=0,
+                      default_cost=min(defaults) if defaults else None,
+                      best_cost=best[0].cost if best else None, errors={},
+                      stopped=f"tuned before: {len(mine)} records in the tuning cache")
 
 
 def _report(task: Any, summary: Any) -> TaskReport:
