@@ -78,6 +78,19 @@ def rebuild_task(spec: Mapping[str, Any]) -> Any:
     return factory(spec)
 
 
+def operator_family(task: Any) -> str:
+    """The operator a task's template computes, whatever its layout: "conv2d" for conv2d_nchw, conv2d_nchw_cl and
+    conv2d_nhwc, "depthwise_conv2d", "dense", ... ("" when the task does not say).
+
+    Transfer only teaches tasks of the same operator: the loop-nest features of a dense and of a convolution share
+    columns (loop extents, strides, reuse) but not what makes one config of each faster than another, and on
+    workloads whose operator the old logs lacked, a model warmed with them ranked worse than no model at all."""
+    family = str(getattr(task, "family", "") or "")
+    for layout in ("_nchw", "_nhwc"):
+        family = family.split(layout)[0]
+    return family
+
+
 def target_kind(target: str) -> str:
     return target.split(maxsplit=1)[0] if target else ""
 
@@ -87,6 +100,7 @@ class TransferReport:
     """What `load_transfer_data` used and what it had to leave out (and why)."""
 
     workloads: dict[str, int] = field(default_factory=dict)  # group name -> rows used
+    families: dict[str, str] = field(default_factory=dict)  # group name -> operator family (`operator_family`)
     skipped: dict[str, str] = field(default_factory=dict)  # workload key -> reason
     records_read: int = 0
     rows: int = 0
@@ -169,6 +183,7 @@ def load_transfer_data(
         group = f"{TRANSFER_GROUP_PREFIX}{workload}|{record_target}"
         parts.append(TrainingSet(matrix, throughput, (group,) * len(kept)))
         report.workloads[group] = len(kept)
+        report.families[group] = operator_family(task)
         report.rows += len(kept)
     for workload, reason in report.skipped.items():
         warnings.warn(f"transfer: records of workload {workload} left out: {reason}", TransferWarning, stacklevel=2)
@@ -190,6 +205,7 @@ __all__ = [
     "TransferReport",
     "TransferWarning",
     "load_transfer_data",
+    "operator_family",
     "rebuild_task",
     "register_workload_kind",
     "target_kind",

@@ -82,6 +82,26 @@ def @main(%x: Tensor[(1, 144, 56, 56), float32], %w: Tensor[(144, 1, 3, 3), floa
 WORKLOADS = tuple(RELAY_WORKLOADS)
 
 
+def _conv(n: int, c: int, hw: int, k: int, kernel: int) -> tuple[str, tuple[int, ...]]:
+    pad = kernel // 2
+    return (f"""#[version = "0.0.5"]
+def @main(%x: Tensor[({n}, {c}, {hw}, {hw}), float32], %w: Tensor[({k}, {c}, {kernel}, {kernel}), float32]) {{
+  nn.conv2d(%x, %w, padding=[{pad}, {pad}, {pad}, {pad}], channels={k}, kernel_size=[{kernel}, {kernel}])
+}}""", (k, c, kernel, kernel))
+
+
+# Transfer families (not run by default; `--workloads` names them): ResNet-18's 3x3 convolutions of stages 2 and 3
+# as the old logs, ResNet-50's 1x1 bottleneck convolutions and a 3x3 of another size as related targets.
+RELAY_WORKLOADS.update({
+    "r18_c128": _conv(1, 128, 28, 128, 3),   # ResNet-18 stage 2 3x3
+    "r18_c256": _conv(1, 256, 14, 256, 3),   # ResNet-18 stage 3 3x3
+    "r50_1x1a": _conv(1, 256, 56, 64, 1),    # ResNet-50 stage 1 bottleneck reduce 1x1
+    "r50_1x1b": _conv(1, 128, 28, 512, 1),   # ResNet-50 stage 2 bottleneck expand 1x1
+    "c3x3_96": _conv(1, 96, 35, 96, 3),      # a 3x3 conv of a size ResNets do not have (Inception-like)
+})
+EXTRA_WORKLOADS = tuple(w for w in RELAY_WORKLOADS if w not in WORKLOADS)
+
+
 def relay_task(name: str, cores: int) -> Any:
     """The tuning task of a one-operator Relay model whose weight is a constant (as in a real model)."""
     import numpy as np
@@ -246,7 +266,8 @@ def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.N
         log.unlink()
     for side in log.parent.glob(f"{log.name}*"):
         side.unlink()
-    transfer = [args.out / "logs" / other / f"xgb-s{seed}.jsonl" for other in args.workloads if other != workload]
+    sources = args.transfer_sources or args.workloads
+    transfer = [args.out / "logs" / other / f"xgb-s{seed}.jsonl" for other in sources if other != workload]
     factory = strategy_factory(strategy, seed, log, transfer, args)
     start = time.monotonic()
     summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
@@ -494,9 +515,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: dense,conv2d,depthwise")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated: {','.join(WORKLOADS)} (transfer families: {','.join(EXTRA_WORKLOADS)})")
+    parser.add_argument("--transfer-sources", default="",
+                        help="comma-separated workloads whose xgb logs (same seed) warm xgb-transfer (default: the "
+                             "other workloads of the run); they are tuned with xgb first and not reported")
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated: {','.join(STRATEGIES)} (ablation: {','.join(ABLATIONS)})")
+    parser.add_argument("--source-trials", type=int, default=100, help="trials of each --transfer-sources log")
     parser.add_argument("--batch", type=int, default=8, help="configs proposed and measured per round")
     parser.add_argument("--cores", type=int, default=1, help="cores the kernels may use (1: single-core kernels)")
     parser.add_argument("--build-jobs", type=int, default=2, help="parallel builds")
@@ -518,15 +544,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.strategies = [s for s in args.strategies.split(",") if s]
-    for w in args.workloads:
-        if w not in WORKLOADS:
+    args.transfer_sources = [w for w in args.transfer_sources.split(",") if w]
+    for w in args.workloads + args.transfer_sources:
+        if w not in RELAY_WORKLOADS:
             parser.error(f"unknown workload {w!r}")
     for s in args.strategies:
         if s not in STRATEGIES + ABLATIONS:
             parser.error(f"unknown strategy {s!r}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
     order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", (STRATEGIES + ABLATIONS).index(s)))
-    tasks = {w: relay_task(w, args.cores) for w in args.workloads}
+    tasks = {w: relay_task(w, args.cores) for w in dict.fromkeys(args.workloads + args.transfer_sources)}
     caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{SPACES}.jsonl") for w, t in tasks.items()}
     # The model tuner's timing (`tune_model.default_runner`): three timings of at least 40 ms, a warm-up call and a
     # correctness check per config.
@@ -543,6 +570,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     outcomes: list[RunOutcome] = []
     try:
+        if "xgb-transfer" in order:
+            for source in (w for w in args.transfer_sources if w not in args.workloads):
+                for seed in seeds:  # the old logs; kept between invocations (their runs are not reported)
+                    log = args.out / "logs" / source / f"xgb-s{seed}.jsonl"
+                    if log.exists() and sum(1 for _ in read_records(log)) >= args.source_trials:
+                        continue
+                    source_args = argparse.Namespace(**{**vars(args), "trials": args.source_trials})
+                    outcome = run_one(tasks[source], source, "xgb", seed, source_args, builder, runner, caches)
+                    print(f"[{time.monotonic() - started:7.0f} s] old log {source} seed {seed}: best "
+                          f"{max(outcome.best_curve, default=0):.1f} GFLOPS", flush=True)
         for strategy in order:
             for seed in seeds:
                 for workload in args.workloads:
