@@ -10,6 +10,11 @@ given directly (`tasks=`), which wins over the log's description.
 Each old workload becomes its own group of the training set (throughput normalised within the group), so only
 orders within a workload are learnt and fast and slow workloads mix safely. Records of another target *kind*
 (CPU logs when tuning for CUDA) are left out: their loop nests mean different things.
+
+The search uses the data as a prior, not as a replacement for its own start (`relay_tune.tuning.xgb_search`): the
+groups of an operator no task of the run computes are left out of training (`operator_family`), and until a task
+has a few measurements of its own the warmed model orders the neighbours of its default schedule instead of ranking
+random configs.
 """
 
 from __future__ import annotations

@@ -62,7 +62,9 @@ from relay_tune.tuning.xgb_search import xgb_search
 from search_space import Config
 
 STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
-ABLATIONS = ("xgb-random-warmup",)  # selectable with --strategies, not run by default
+# selectable with --strategies, not run by default. "xgb-transfer-old": transfer as it was before the transfer
+# fix (the transferred model ranks the whole pool from the first batch; logs of every operator train it).
+ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-any-op")
 TARGET_SHARE = 0.95
 
 RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -256,6 +258,13 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
     if name == "xgb-transfer":
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, **xgb_options)
+    if name == "xgb-transfer-old":
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_same_operator=False,
+                          **{"transfer_local_start": False, **xgb_options})
+    if name == "xgb-transfer-any-op":  # the local start, but logs of every operator train the model
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_same_operator=False, **xgb_options)
     raise ValueError(f"unknown strategy {name!r}")
 
 
@@ -552,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s not in STRATEGIES + ABLATIONS:
             parser.error(f"unknown strategy {s!r}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
-    order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", (STRATEGIES + ABLATIONS).index(s)))
+    order = sorted(args.strategies, key=lambda s: (s.startswith("xgb-transfer"), (STRATEGIES + ABLATIONS).index(s)))
     tasks = {w: relay_task(w, args.cores) for w in dict.fromkeys(args.workloads + args.transfer_sources)}
     caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{SPACES}.jsonl") for w, t in tasks.items()}
     # The model tuner's timing (`tune_model.default_runner`): three timings of at least 40 ms, a warm-up call and a
@@ -570,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     outcomes: list[RunOutcome] = []
     try:
-        if "xgb-transfer" in order:
+        if any(s.startswith("xgb-transfer") for s in order):
             for source in (w for w in args.transfer_sources if w not in args.workloads):
                 for seed in seeds:  # the old logs; kept between invocations (their runs are not reported)
                     log = args.out / "logs" / source / f"xgb-s{seed}.jsonl"

@@ -484,7 +484,8 @@ def _report(task: Any, summary: Any) -> TaskReport:
 
 class RichProgress(ProgressCallback):
     """A `rich` progress bar: trials done of the budget, the current task, its best GFLOPS, and the model latency
-    estimated from the best kernels so far (sum of weight x best time over tasks that have one)."""
+    estimated from the best kernels so far (sum of weight x best time over tasks that have one), with how much
+    faster it is than the first estimate that covered every task (the default schedules, in a fresh run)."""
 
     def __init__(self, console: Any = None) -> None:
         from rich.console import Console
@@ -493,6 +494,7 @@ class RichProgress(ProgressCallback):
         self._progress: Any = None
         self._bar: Any = None
         self._tasks: tuple[TaskInfo, ...] = ()
+        self._first_complete: float | None = None  # the first estimate with every task timed
 
     def on_start(self, plan: TunePlan) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -524,7 +526,13 @@ class RichProgress(ProgressCallback):
         if best_gflops is not None:
             text += f" | best {best_gflops:.1f} GFLOPS"
         if latency is not None:
-            text += f" | est. model {latency * 1e3:.3f} ms" + (f" (+{missing} untimed)" if missing else "")
+            text += f" | est. model {latency * 1e3:.3f} ms"
+            if missing:
+                text += f" (+{missing} untimed)"
+            elif self._first_complete is None:
+                self._first_complete = latency
+            elif latency > 0 and self._first_complete > latency:
+                text += f" ({self._first_complete / latency:.2f}x faster)"
         return text
 
     def on_task_stopped(self, task_index: int, reason: str) -> None:

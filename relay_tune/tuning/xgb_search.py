@@ -18,11 +18,15 @@
    `epsilon` share of random configs, by enqueueing them as trials of the study and asking for them, so Optuna's
    claim bookkeeping guarantees that no config is measured twice (a repeat is answered from the earlier result).
 
-Until `warmup` configs are measured (and one of them ran), there is no model to rank with (unless a transfer data
-set or a loaded model can already rank candidates): a `cold_local` share of each batch then explores single-knob
-mutations of the best config measured so far (before any measurement: of the configs given to `prioritize`, the
-task's hand-written default schedule in a tuning run), the rest is random. The default is usually within 10-20% of
-the best and good configs cluster around it; the random part keeps the model's first training data diverse.
+Until `warmup` configs are measured (and one of them ran), there is no model to rank with (unless a loaded model can
+already rank candidates): a `cold_local` share of each batch then explores single-knob mutations of the best config
+measured so far (before any measurement: of the configs given to `prioritize`, the task's hand-written default
+schedule in a tuning run), the rest is random. The default is usually within 10-20% of the best and good configs
+cluster around it; the random part keeps the model's first training data diverse. A model warmed with earlier logs
+(transfer) keeps that start: until the task has `warmup` measurements of its own it orders the mutations (all of
+them are scored, the best-scored are measured) rather than ranking a pool of random configs, which threw the
+default's neighbourhood away and made transfer slower than none. Only earlier workloads of an operator the run
+tunes teach the model (`cost_model.transfer.operator_family`); a task of another operator starts as without them.
 
 One `CostModelHub` is shared by all tasks of a tuning run: a single loop-nest model trains on every task's
 measurements (one ranking group per task) plus transfer data from older logs (whose weight fades as the run's own
@@ -98,7 +102,8 @@ class CostModelHub:
     wait while the search plans). fit_threads: XGBoost threads for training and ranking (default 1: its OpenMP threads
     spin-wait for each other, so when another process holds one of the cores a 2-thread fit of 300 rows took 3-5 s
     instead of 0.13 s on one thread; at these data sizes one thread is fast enough). update_rounds: trees added by
-    an incremental update between two full fits.
+    an incremental update between two full fits. transfer_same_operator: train only on transfer workloads of an
+    operator some task of the run computes (False: on all of them, as before; kept for the experiments).
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class CostModelHub:
         feature_jobs: int = 1,
         fit_threads: int = 1,
         update_rounds: int = 20,
+        transfer_same_operator: bool = True,
     ) -> None:
         self.featurizer = Featurizer(features, jobs=feature_jobs)
         self.fit_threads = fit_threads
@@ -137,6 +143,7 @@ class CostModelHub:
         self.tasks: dict[str, _TaskData] = {}
         self.transfer: TrainingSet | None = None
         self.transfer_families: dict[str, str] = {}  # transfer group -> operator family
+        self.transfer_same_operator = transfer_same_operator
         self._transfer_loaded = False
         self.stats = HubStats()
         self._rows_at_fit = 0
@@ -159,6 +166,8 @@ class CostModelHub:
         unknown operator). Other operators' orders do not carry over (`cost_model.transfer.operator_family`)."""
         if self.transfer is None:
             return []
+        if not self.transfer_same_operator:
+            return list(dict.fromkeys(self.transfer.groups))
         wanted = {operator_family(d.task) for d in self.tasks.values()}
         return [g for g in dict.fromkeys(self.transfer.groups)
                 if self.transfer_families.get(g, "") in wanted or not self.transfer_families.get(g)]
@@ -344,6 +353,9 @@ class XGBSearch(OptunaSearch):
     loop-nest model; the plan is ordered by both models together. diversity: how much a batch prefers knob values
     it has not picked yet over predicted score (0: the plan's top in order). cold_local: share of each batch
     that mutates the best known config while there is no model yet (0: random until the first fit).
+    transfer_local_start: with a model taught by earlier logs, still start around the default until `warmup`
+    configs of the task are measured, the model ordering the neighbours (False: the model ranks the whole pool
+    from the first batch, as before; kept for the experiments).
     """
 
     def __init__(
@@ -369,6 +381,7 @@ class XGBSearch(OptunaSearch):
         shortlist: int = 32,
         diversity: float = 1.0,
         cold_local: float = 0.75,
+        transfer_local_start: bool = True,
     ) -> None:
         # The study's own sampler only answers asks that find no enqueued plan entry: random is the cheap choice
         # (TPE would re-fit its density estimators on every ask, for a proposal that is then thrown away).
@@ -394,6 +407,7 @@ class XGBSearch(OptunaSearch):
         self.diversity = diversity
         self.shortlist = shortlist
         self.cold_local = cold_local
+        self.transfer_local_start = transfer_local_start
         self._anchors: list[Config] = []  # prioritized configs: where the search starts before any measurement
         self._plan: list[tuple[Config, float]] = []
         self._planned: tuple[int, frozenset[str]] = (-1, frozenset())  # (model version, top measured) of the plan
@@ -667,7 +681,8 @@ class XGBSearch(OptunaSearch):
         # A model taught only by earlier logs (and fewer than `warmup` measurements of this task) does not replace
         # the local start around the default: it orders the default's neighbours instead. Ranking a random pool
         # with it made transfer slower than no transfer (21 trials to 95% on dense 1024^3 instead of 4).
-        cold = self.hub.model is None or (self.hub.transfer is not None and len(measured) < self.warmup)
+        cold = self.hub.model is None or (self.transfer_local_start and self.hub.transfer is not None
+                                          and len(measured) < self.warmup)
         explore = 0 if cold else round(self.epsilon * n)
         if not cold and explore == 0 and n >= 4 and self.epsilon > 0:
             explore = 1
@@ -806,6 +821,7 @@ def xgb_search(
     initial_model: str | os.PathLike[str] | None = None,
     hub: CostModelHub | None = None,
     feature_jobs: int | None = None,
+    transfer_same_operator: bool = True,
     **options: Any,
 ) -> StrategyFactory:
     """A factory of `XGBSearch`es sharing one `CostModelHub` (one model for all tasks of the run).
@@ -818,7 +834,7 @@ def xgb_search(
     shared = hub or CostModelHub(
         features=features, loss=loss, transfer=transfer_from, transfer_tasks=transfer_tasks, seed=seed,
         model_path=model_path_for_log(log_path) if log_path is not None else None, initial_model=initial_model,
-        feature_jobs=jobs)
+        feature_jobs=jobs, transfer_same_operator=transfer_same_operator)
 
     def make(task: TuneTask, database: Database) -> SearchStrategy:
         return XGBSearch(task, database, hub=shared, storage=storage, seed=seed, **options)
