@@ -145,7 +145,10 @@ class MeasurementCache:
         if path.exists():
             for line in path.read_text().splitlines():
                 if line.strip():
-                    item = json.loads(line)
+                    try:
+                        item = json.loads(line)
+                    except json.JSONDecodeError:  # a line torn when an earlier invocation was killed
+                        continue
                     self.entries[item["config_key"]] = _Stored(item["costs"], item["error"], item["build_s"],
                                                                item["run_s"])
 
@@ -271,18 +274,25 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
 def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.Namespace,
             builder: Builder, runner: Runner, caches: dict[str, MeasurementCache]) -> RunOutcome:
     log = args.out / "logs" / workload / f"{strategy}-s{seed}.jsonl"
-    if log.exists():
+    done = getattr(args, "resume", False) and log.exists() and \
+        sum(1 for r in read_records(log) if r.workload_key == task.key) >= args.trials
+    if log.exists() and not done:
         log.unlink()
     for side in log.parent.glob(f"{log.name}*"):
-        side.unlink()
+        if not done:
+            side.unlink()
     sources = args.transfer_sources or args.workloads
     transfer = [args.out / "logs" / other / f"xgb-s{seed}.jsonl" for other in sources if other != workload]
-    factory = strategy_factory(strategy, seed, log, transfer, args)
+    factory = None if done else strategy_factory(strategy, seed, log, transfer, args)
     start = time.monotonic()
-    summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
-                   batch_size=args.batch, seed=seed, measure_default=not args.no_default)
+    if done:  # --resume: a complete log of an earlier invocation stands for the run (no search timings then)
+        search_s = 0.0
+    else:
+        summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
+                       batch_size=args.batch, seed=seed, measure_default=not args.no_default)
+        search_s = summary.seconds.get("search", 0.0)
     wall = time.monotonic() - start
-    records = [r for r in read_records(log) if r.workload_key == task.key]
+    records = [r for r in read_records(log) if r.workload_key == task.key][: args.trials]
     measure_s = 0.0
     cache = caches.get(task.key)
     trials: list[tuple[Config, float]] = []
@@ -302,8 +312,7 @@ def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.N
                  "candidates_s": stats.candidates, "fits": stats.fits, "featurized": stats.featurized,
                  "feature_ms": hub.featurizer.mean_ms}
     curve = best_so_far(g for _, g in trials)
-    return RunOutcome(workload, strategy, seed, curve, summary.seconds.get("search", 0.0), wall, measure_s, model,
-                      trials, list(curve))
+    return RunOutcome(workload, strategy, seed, curve, search_s, wall, measure_s, model, trials, list(curve))
 
 
 def remeasure_leaders(outcomes: list[RunOutcome], tasks: dict[str, Any], args: argparse.Namespace,
@@ -537,6 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--build-jobs", type=int, default=2, help="parallel builds")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/search_efficiency"))
     parser.add_argument("--no-cache", action="store_true", help="measure every config for real")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the complete logs of an earlier invocation with the same --out instead of tuning "
+                             "again (a run that hit a time limit continues where it stopped)")
     parser.add_argument("--no-default", action="store_true",
                         help="do not measure the task's default schedule first (relay-tune does, for every strategy)")
     parser.add_argument("--plan-size", type=int, help="xgb: most new measurements between fits (default: relay-tune's)")

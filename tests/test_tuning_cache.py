@@ -148,15 +148,16 @@ def example() -> Any:
 
 
 def test_a_second_run_measures_nothing_new_and_builds_the_same_configs(example: Any, tmp_path: Path) -> None:
+    # the three convolutions (12 trials, rounds of 3: each gets its default and two more)
     cache = TuningCache(tmp_path / "cache")
     first = tune_model(example, "llvm", 12, tmp_path / "one.jsonl", runner=fast_runner(), batch_size=3,
-                       measure_latency=False, cache=cache)
+                       measure_latency=False, cache=cache, task_filter="conv2d")
     valid = [r for r in read_records(first.log_path) if r.ok]
     assert first.summary.trials_this_session == 12 and first.cache_added == len(valid) > 0
     assert len(cache.records()) == len(valid)
     # another log, same model: every task is answered by the cache
     second = tune_model(example, "llvm", 12, tmp_path / "two.jsonl", runner=fast_runner(), batch_size=3,
-                        measure_latency=False, cache=cache)
+                        measure_latency=False, cache=cache, task_filter="conv2d")
     assert second.summary.trials_this_session == 0 and not read_records(second.log_path)
     assert second.cached_tasks == len(second.tasks) and second.cache_added == 0
     assert second.configs == first.configs and first.configs  # the same config per task
@@ -165,11 +166,11 @@ def test_a_second_run_measures_nothing_new_and_builds_the_same_configs(example: 
     assert second.model is not None
     # asked to, it tunes again (and the cache grows)
     third = tune_model(example, "llvm", 3, tmp_path / "three.jsonl", runner=fast_runner(), batch_size=3,
-                       measure_latency=False, cache=cache, retune=True)
+                       measure_latency=False, cache=cache, retune=True, task_filter="conv2d")
     assert third.summary.trials_this_session == 3 and third.cached_tasks == 0
     # a log that has records of a task keeps its own budget: a larger --trials continues it
     more = tune_model(example, "llvm", 15, tmp_path / "one.jsonl", runner=fast_runner(), batch_size=3,
-                      measure_latency=False, cache=cache)
+                      measure_latency=False, cache=cache, task_filter="conv2d")
     assert more.summary.trials_this_session == 3 and more.cached_tasks == 0
 
 
@@ -184,7 +185,8 @@ def test_cli_second_run_with_another_log_measures_nothing(tmp_path: Path, capsys
     assert main([str(model), "--trials", "4", "--log", str(tmp_path / "b.jsonl")]) == 0
     text = capsys.readouterr().out
     assert "0 trials this run" in text and "tuned before on this CPU were not tuned again" in text
-    assert main(["build", str(model), "-o", str(tmp_path / "m.rtmod")]) == 0  # no --log: the cache's records
+    # no --log: the cache's records (the in-graph timing check is skipped: it could drop a record on a loaded machine)
+    assert main(["build", str(model), "-o", str(tmp_path / "m.rtmod"), "--no-check-tuned"]) == 0
     assert "1 tuned" in capsys.readouterr().out
-    assert main(["build", str(model), "-o", str(tmp_path / "m.rtmod"), "--no-cache"]) == 0
+    assert main(["build", str(model), "-o", str(tmp_path / "m.rtmod"), "--no-cache", "--no-check-tuned"]) == 0
     assert "0 tuned" in capsys.readouterr().out
