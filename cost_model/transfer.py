@@ -12,7 +12,7 @@ orders within a workload are learnt and fast and slow workloads mix safely. Reco
 (CPU logs when tuning for CUDA) are left out: their loop nests mean different things.
 
 The search uses the data as a prior, not as a replacement for its own start (`relay_tune.tuning.xgb_search`): the
-groups of an operator no task of the run computes are left out of training (`operator_family`), and until a task
+groups of a schedule template no task of the run uses are left out of training (`template_of`), and until a task
 has a few measurements of its own the warmed model orders the neighbours of its default schedule instead of ranking
 random configs.
 """
@@ -96,6 +96,18 @@ def operator_family(task: Any) -> str:
     return family
 
 
+def template_of(task: Any) -> str:
+    """The schedule template a task's configs go through: its family and its knobs ("" when it does not say).
+
+    A 1x1 and a 3x3 convolution are one operator but two templates (the 1x1 space has no reduction-order, kernel
+    unrolling or padding knobs): their loop nests differ in structure, and in the search-efficiency runs a model
+    warmed with 3x3 logs ordered a 1x1's configs worse than no model did."""
+    space = getattr(task, "space", None)
+    names = sorted(getattr(space, "names", ()) or ())
+    family = str(getattr(task, "family", "") or "")
+    return f"{family}:{','.join(names)}" if family or names else ""
+
+
 def target_kind(target: str) -> str:
     return target.split(maxsplit=1)[0] if target else ""
 
@@ -106,6 +118,7 @@ class TransferReport:
 
     workloads: dict[str, int] = field(default_factory=dict)  # group name -> rows used
     families: dict[str, str] = field(default_factory=dict)  # group name -> operator family (`operator_family`)
+    templates: dict[str, str] = field(default_factory=dict)  # group name -> schedule template (`template_of`)
     skipped: dict[str, str] = field(default_factory=dict)  # workload key -> reason
     records_read: int = 0
     rows: int = 0
@@ -189,6 +202,7 @@ def load_transfer_data(
         parts.append(TrainingSet(matrix, throughput, (group,) * len(kept)))
         report.workloads[group] = len(kept)
         report.families[group] = operator_family(task)
+        report.templates[group] = template_of(task)
         report.rows += len(kept)
     for workload, reason in report.skipped.items():
         warnings.warn(f"transfer: records of workload {workload} left out: {reason}", TransferWarning, stacklevel=2)
@@ -211,6 +225,7 @@ __all__ = [
     "TransferWarning",
     "load_transfer_data",
     "operator_family",
+    "template_of",
     "rebuild_task",
     "register_workload_kind",
     "target_kind",

@@ -64,7 +64,8 @@ from search_space import Config
 STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
 # selectable with --strategies, not run by default. "xgb-transfer-old": transfer as it was before the transfer
 # fix (the transferred model ranks the whole pool from the first batch; logs of every operator train it).
-ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-any-op")
+# "xgb-transfer-operator": logs of the same operator (not only the same template) train the model.
+ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-operator", "xgb-transfer-any-op")
 TARGET_SHARE = 0.95
 
 RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -263,11 +264,14 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
                           features=options.features, **xgb_options)
     if name == "xgb-transfer-old":
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
-                          features=options.features, transfer_same_operator=False,
+                          features=options.features, transfer_match="any",
                           **{"transfer_local_start": False, **xgb_options})
+    if name == "xgb-transfer-operator":
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_match="operator", **xgb_options)
     if name == "xgb-transfer-any-op":  # the local start, but logs of every operator train the model
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
-                          features=options.features, transfer_same_operator=False, **xgb_options)
+                          features=options.features, transfer_match="any", **xgb_options)
     raise ValueError(f"unknown strategy {name!r}")
 
 

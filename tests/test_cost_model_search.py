@@ -225,7 +225,7 @@ def test_xgb_needs_fewer_trials_than_random(task: RelayTuneTask, tmp_path: Path)
 
 
 def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
-    other_conv = conv2d(1, 16, 10, 10, 8, 3, pad=1)  # the same operator at another size
+    other_conv = conv2d(1, 8, 12, 12, 16, 3, pad=1)  # the same operator and template at another size
     for name, other in (("dense", DENSE), ("conv", other_conv)):
         log = tmp_path / f"{name}.jsonl"
         run_tune(other, 64, log, xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST))
@@ -236,6 +236,7 @@ def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
     assert hub.transfer is not None and len(hub.transfer) == 128
     assert hub.model is not None, "the transfer data trains a model before anything is measured"
     assert hub.transfers_to(CONV) and not hub.transfers_to(DENSE)
+    assert not hub.transfers_to(conv2d(1, 16, 10, 10, 8, 3, pad=1))  # another template of the same operator
     default = CONV.default_config()
     search.prioritize([default])
     first = search.propose(8)
