@@ -12,7 +12,7 @@ orders within a workload are learnt and fast and slow workloads mix safely. Reco
 (CPU logs when tuning for CUDA) are left out: their loop nests mean different things.
 
 The search uses the data as a prior, not as a replacement for its own start (`relay_tune.tuning.xgb_search`): the
-groups of a schedule template no task of the run uses are left out of training (`template_of`), and until a task
+groups of a schedule template unlike those the run uses are left out of training (`teaches`), and until a task
 has a few measurements of its own the warmed model orders the neighbours of its default schedule instead of ranking
 random configs.
 """
@@ -106,6 +106,36 @@ def template_of(task: Any) -> str:
     names = sorted(getattr(space, "names", ()) or ())
     family = str(getattr(task, "family", "") or "")
     return f"{family}:{','.join(names)}" if family or names else ""
+
+
+SIMILAR_KNOBS = 0.75
+"""Two templates of one operator are similar when this share of their knobs (Jaccard) is common to both."""
+
+
+def _split_template(template: str) -> tuple[str, frozenset[str]]:
+    family, _, knobs = template.partition(":")
+    for layout in ("_nchw", "_nhwc"):
+        family = family.split(layout)[0]
+    return family, frozenset(k for k in knobs.split(",") if k and k != "family")
+
+
+def teaches(source: str, target: str, match: str = "similar") -> bool:
+    """Whether measurements of a workload of template `source` (a `template_of` string) may teach the model that
+    ranks configs of template `target`. match: "similar" (the same operator through templates sharing at least
+    `SIMILAR_KNOBS` of their knobs: the same loop structure, perhaps in another layout, as conv2d_nchw and
+    conv2d_nchw_cl of a 3x3 convolution), "template" (the same template), "operator" (the same operator) or "any".
+    A workload whose template is unknown ("") teaches everything, as before templates were recorded."""
+    if match == "any" or not source or not target:
+        return True
+    if match == "template":
+        return source == target
+    (op_a, knobs_a), (op_b, knobs_b) = _split_template(source), _split_template(target)
+    if op_a != op_b:
+        return False
+    if match == "operator":
+        return True
+    union = knobs_a | knobs_b
+    return not union or len(knobs_a & knobs_b) / len(union) >= SIMILAR_KNOBS
 
 
 def target_kind(target: str) -> str:
@@ -225,6 +255,7 @@ __all__ = [
     "TransferWarning",
     "load_transfer_data",
     "operator_family",
+    "teaches",
     "template_of",
     "rebuild_task",
     "register_workload_kind",

@@ -16,6 +16,16 @@ workload come first. As in `relay-tune`, every run measures the task's default s
 (`--no-default` turns that off). `--strategies ...,xgb-random-warmup` adds an ablation: xgb whose batches before the
 first fit are all random instead of mostly single-knob mutations of the best known config.
 
+Transfer between related workloads (the "old logs" tuned first, with xgb, same seed, and not reported):
+
+    python experiments/search_efficiency.py --workloads r50_1x1a,c3x3_96,depthwise \
+        --transfer-sources r18_c128,r18_c256 --strategies xgb,xgb-transfer,xgb-transfer-operator,xgb-transfer-old \
+        --trials 40 --source-trials 48 --out experiments/results/transfer [--resume]
+
+The sources are ResNet-18's 3x3 convolutions of stages 2 and 3; the targets a ResNet-50 1x1 convolution, a 3x3
+convolution of a size ResNets lack, and a depthwise convolution (an operator the old logs do not contain).
+"xgb-transfer-operator" and "xgb-transfer-old" are the transfer of earlier versions (see ABLATIONS).
+
 Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
 `<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
 from it. Every strategy therefore sees the same noise for the same config, and the full experiment costs far less
@@ -64,8 +74,10 @@ from search_space import Config
 STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
 # selectable with --strategies, not run by default. "xgb-transfer-old": transfer as it was before the transfer
 # fix (the transferred model ranks the whole pool from the first batch; logs of every operator train it).
-# "xgb-transfer-operator": logs of the same operator (not only the same template) train the model.
-ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-operator", "xgb-transfer-any-op")
+# "xgb-transfer-operator" / "-template": logs of the same operator / the same template (not of a similar one) train
+# the model.
+ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-operator", "xgb-transfer-template",
+             "xgb-transfer-any-op")
 TARGET_SHARE = 0.95
 
 RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -266,9 +278,9 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, transfer_match="any",
                           **{"transfer_local_start": False, **xgb_options})
-    if name == "xgb-transfer-operator":
+    if name in ("xgb-transfer-operator", "xgb-transfer-template"):
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
-                          features=options.features, transfer_match="operator", **xgb_options)
+                          features=options.features, transfer_match=name.rsplit("-", 1)[1], **xgb_options)
     if name == "xgb-transfer-any-op":  # the local start, but logs of every operator train the model
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, transfer_match="any", **xgb_options)

@@ -236,7 +236,8 @@ def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
     assert hub.transfer is not None and len(hub.transfer) == 128
     assert hub.model is not None, "the transfer data trains a model before anything is measured"
     assert hub.transfers_to(CONV) and not hub.transfers_to(DENSE)
-    assert not hub.transfers_to(conv2d(1, 16, 10, 10, 8, 3, pad=1))  # another template of the same operator
+    assert hub.transfers_to(conv2d(1, 16, 10, 10, 8, 3, pad=1))  # the NCHW template of a 3x3: nearly the same knobs
+    assert not hub.transfers_to(conv2d(1, 16, 10, 10, 8, 1))  # a 1x1 convolution's template is another loop nest
     default = CONV.default_config()
     search.prioritize([default])
     first = search.propose(8)

@@ -25,8 +25,9 @@ schedule in a tuning run), the rest is random. The default is usually within 10-
 cluster around it; the random part keeps the model's first training data diverse. A model warmed with earlier logs
 (transfer) keeps that start: until the task has `warmup` measurements of its own it orders the mutations (all of
 them are scored, the best-scored are measured) rather than ranking a pool of random configs, which threw the
-default's neighbourhood away and made transfer slower than none. Only earlier workloads of a schedule template
-the run uses teach the model (`cost_model.transfer.template_of`); a task of another template starts as without them.
+default's neighbourhood away and made transfer slower than none. Only earlier workloads of the same operator,
+through a template with nearly the same knobs, teach the model (`cost_model.transfer.teaches`); a task unlike them
+starts as without them.
 
 One `CostModelHub` is shared by all tasks of a tuning run: a single loop-nest model trains on every task's
 measurements (one ranking group per task) plus transfer data from older logs (whose weight fades as the run's own
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cost_model.features import Featurizer
-from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, operator_family, template_of, workload_event
+from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, teaches, template_of, workload_event
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log
 from relay_tune.tuning.database import Database
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     import optuna
 
 
-TRANSFER_MATCHES = ("template", "operator", "any")
+TRANSFER_MATCHES = ("similar", "template", "operator", "any")
 SCREEN_MIN_ROWS = 8  # measurements of a task before its knob screener is trained
 
 
@@ -104,8 +105,9 @@ class CostModelHub:
     spin-wait for each other, so when another process holds one of the cores a 2-thread fit of 300 rows took 3-5 s
     instead of 0.13 s on one thread; at these data sizes one thread is fast enough). update_rounds: trees added by
     an incremental update between two full fits. transfer_match: which transfer workloads the model trains on:
-    "template" (those whose schedule template some task of the run uses), "operator" (of an operator some task
-    computes) or "any" (all, as before; kept for the experiments).
+    "similar" (those whose schedule template is like one a task of the run uses, `cost_model.transfer.teaches`),
+    "template" (the same template), "operator" (the same operator) or "any" (all, as before); the others than
+    "similar" are kept for the experiments.
     """
 
     def __init__(
@@ -123,7 +125,7 @@ class CostModelHub:
         feature_jobs: int = 1,
         fit_threads: int = 1,
         update_rounds: int = 20,
-        transfer_match: str = "template",
+        transfer_match: str = "similar",
     ) -> None:
         self.featurizer = Featurizer(features, jobs=feature_jobs)
         self.fit_threads = fit_threads
@@ -144,7 +146,7 @@ class CostModelHub:
         self.version = 0  # bumped on every fit or load: searches re-plan when it changes
         self.tasks: dict[str, _TaskData] = {}
         self.transfer: TrainingSet | None = None
-        self.transfer_families: dict[str, str] = {}  # transfer group -> its match key (template or operator)
+        self.transfer_templates: dict[str, str] = {}  # transfer group -> its schedule template (`template_of`)
         if transfer_match not in TRANSFER_MATCHES:
             raise ValueError(f"transfer_match must be one of {', '.join(TRANSFER_MATCHES)}, not {transfer_match!r}")
         self.transfer_match = transfer_match
@@ -165,26 +167,20 @@ class CostModelHub:
     def schema(self, task: Any) -> str:
         return self.featurizer.schema(task.space)
 
-    def _match_key(self, task: Any) -> str:
-        if self.transfer_match == "template":
-            return template_of(task)
-        return operator_family(task) if self.transfer_match == "operator" else ""
-
     def _transfer_groups(self) -> list[str]:
-        """The transfer groups the model trains on: by default those of a schedule template some task of this run
-        uses (or of an unknown one). Other templates' orders did not carry over (`cost_model.transfer.template_of`)."""
+        """The transfer groups the model trains on: by default those whose schedule template is like one a task
+        of this run uses (`cost_model.transfer.teaches`): other operators', or a 1x1 convolution's for a 3x3,
+        ordered configs worse than no model in the search-efficiency runs."""
         if self.transfer is None:
             return []
-        groups = list(dict.fromkeys(self.transfer.groups))
-        if self.transfer_match == "any":
-            return groups
-        wanted = {self._match_key(d.task) for d in self.tasks.values()}
-        return [g for g in groups if not self.transfer_families.get(g, "") or self.transfer_families[g] in wanted]
+        wanted = {template_of(d.task) for d in self.tasks.values()}
+        return [g for g in dict.fromkeys(self.transfer.groups)
+                if any(teaches(self.transfer_templates.get(g, ""), w, self.transfer_match) for w in wanted)]
 
     def transfers_to(self, task: Any) -> bool:
-        """True when the model has been taught by earlier logs of this task's template (or operator)."""
-        key = self._match_key(task)
-        return any(self.transfer_match == "any" or self.transfer_families.get(g, "") == key
+        """True when the model has been taught by earlier logs of a template like this task's."""
+        mine = template_of(task)
+        return any(teaches(self.transfer_templates.get(g, ""), mine, self.transfer_match)
                    for g in self._transfer_groups())
 
     def _load_transfer(self, task: Any) -> None:
@@ -198,9 +194,7 @@ class CostModelHub:
         self.stats.features += time.perf_counter() - start
         self.transfer = data
         self.transfer_report = report
-        # each group's match key: its template (default), its operator, or nothing ("any")
-        keys = {"template": report.templates, "operator": report.families}.get(self.transfer_match, {})
-        self.transfer_families = dict(keys)
+        self.transfer_templates = dict(report.templates)
         if data is not None:
             self._fit()
 
@@ -833,7 +827,7 @@ def xgb_search(
     initial_model: str | os.PathLike[str] | None = None,
     hub: CostModelHub | None = None,
     feature_jobs: int | None = None,
-    transfer_match: str = "template",
+    transfer_match: str = "similar",
     **options: Any,
 ) -> StrategyFactory:
     """A factory of `XGBSearch`es sharing one `CostModelHub` (one model for all tasks of the run).
