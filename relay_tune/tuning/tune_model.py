@@ -330,7 +330,8 @@ def tune_model(
 
             cached_keys -= {r.workload_key for r in read_records(log_path)}
         tasks = [t for t in tasks if t.key not in cached_keys]
-    skipped = [t for t in all_tasks if t not in tasks]
+    tuning = {t.key for t in tasks}
+    skipped = [t for t in all_tasks if t.key not in tuning]
     if check:
         check_references(tasks)
     else:
