@@ -778,7 +778,9 @@ def _add_tune_parser(sub: Any) -> None:
         "measurement to a JSON-lines tuning log, then build the model from the best records and compare its "
         "latency with the untuned build. The log is the state: the same command resumes an interrupted run, a "
         "larger --trials continues a finished one, and trials already in the log count against the budget. "
-        "Ctrl-C stops cleanly (exit code 130) and keeps every measurement.")
+        "Ctrl-C stops cleanly (exit code 130) and keeps every measurement. Every run also adds its valid records "
+        "to the per-user tuning cache (`relay-tune cache --help`), and a workload the cache has records of for "
+        "this target and CPU model is not tuned again (unless --retune) when this log has none of it.")
     _add_model_args(p)
     from relay_tune.tuning.tune_model import SEARCH_STRATEGIES
 
