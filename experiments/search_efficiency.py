@@ -76,8 +76,9 @@ STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
 # fix (the transferred model ranks the whole pool from the first batch; logs of every operator train it).
 # "xgb-transfer-operator" / "-template": logs of the same operator / the same template (not of a similar one) train
 # the model.
+# "xgb-transfer-fade16": the old rows' weight halves every 16 own measurements instead of 64.
 ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-operator", "xgb-transfer-template",
-             "xgb-transfer-any-op")
+             "xgb-transfer-any-op", "xgb-transfer-fade16")
 TARGET_SHARE = 0.95
 
 RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -279,6 +280,9 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, transfer_match="any",
                           **{"transfer_local_start": False, **xgb_options})
+    if name == "xgb-transfer-fade16":
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_half_life=16.0, **xgb_options)
     if name in ("xgb-transfer-operator", "xgb-transfer-template"):
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, transfer_match=name.rsplit("-", 1)[1], **xgb_options)

@@ -828,6 +828,7 @@ def xgb_search(
     hub: CostModelHub | None = None,
     feature_jobs: int | None = None,
     transfer_match: str = "similar",
+    transfer_half_life: float = 64.0,
     **options: Any,
 ) -> StrategyFactory:
     """A factory of `XGBSearch`es sharing one `CostModelHub` (one model for all tasks of the run).
@@ -840,7 +841,7 @@ def xgb_search(
     shared = hub or CostModelHub(
         features=features, loss=loss, transfer=transfer_from, transfer_tasks=transfer_tasks, seed=seed,
         model_path=model_path_for_log(log_path) if log_path is not None else None, initial_model=initial_model,
-        feature_jobs=jobs, transfer_match=transfer_match)
+        feature_jobs=jobs, transfer_match=transfer_match, transfer_half_life=transfer_half_life)
 
     def make(task: TuneTask, database: Database) -> SearchStrategy:
         return XGBSearch(task, database, hub=shared, storage=storage, seed=seed, **options)
