@@ -11,6 +11,11 @@ given directly (`tasks=`), which wins over the log's description.
 Each old workload becomes its own group of the training set (throughput normalised within the group), so only
 orders within a workload are learnt and fast and slow workloads mix safely. Records of another target *kind*
 (CPU logs when tuning for CUDA) are left out: their loop nests mean different things.
+
+The search uses the data as a prior, not as a replacement for its own start (`relay_tune.tuning.xgb_search`): the
+groups of a schedule template unlike those the run uses are left out of training (`teaches`), and until a task
+has a few measurements of its own the warmed model orders the neighbours of its default schedule instead of ranking
+random configs.
 """
 
 from __future__ import annotations
@@ -74,6 +79,61 @@ def rebuild_task(spec: Mapping[str, Any]) -> Any:
     return factory(spec)
 
 
+def operator_family(task: Any) -> str:
+    """The operator a task's template computes, whatever its layout: "conv2d" for conv2d_nchw, conv2d_nchw_cl and
+    conv2d_nhwc, "depthwise_conv2d", "dense", ... ("" when the task does not say).
+
+    Transfer only teaches tasks of the same operator: the loop-nest features of a dense and of a convolution share
+    columns (loop extents, strides, reuse) but not what makes one config of each faster than another, and on
+    workloads whose operator the old logs lacked, a model warmed with them ranked worse than no model at all."""
+    family = str(getattr(task, "family", "") or "")
+    for layout in ("_nchw", "_nhwc"):
+        family = family.split(layout)[0]
+    return family
+
+
+def template_of(task: Any) -> str:
+    """The schedule template a task's configs go through: its family and its knobs ("" when it does not say).
+
+    A 1x1 and a 3x3 convolution are one operator but two templates (the 1x1 space has no reduction-order, kernel
+    unrolling or padding knobs): their loop nests differ in structure, and in the search-efficiency runs a model
+    warmed with 3x3 logs ordered a 1x1's configs worse than no model did."""
+    space = getattr(task, "space", None)
+    names = sorted(getattr(space, "names", ()) or ())
+    family = str(getattr(task, "family", "") or "")
+    return f"{family}:{','.join(names)}" if family or names else ""
+
+
+SIMILAR_KNOBS = 0.75
+"""Two templates of one operator are similar when this share of their knobs (Jaccard) is common to both."""
+
+
+def _split_template(template: str) -> tuple[str, frozenset[str]]:
+    family, _, knobs = template.partition(":")
+    for layout in ("_nchw", "_nhwc"):
+        family = family.split(layout)[0]
+    return family, frozenset(k for k in knobs.split(",") if k and k != "family")
+
+
+def teaches(source: str, target: str, match: str = "similar") -> bool:
+    """Whether measurements of a workload of template `source` (a `template_of` string) may teach the model that
+    ranks configs of template `target`. match: "similar" (the same operator through templates sharing at least
+    `SIMILAR_KNOBS` of their knobs: the same loop structure, perhaps in another layout, as conv2d_nchw and
+    conv2d_nchw_cl of a 3x3 convolution), "template" (the same template), "operator" (the same operator) or "any".
+    A workload whose template is unknown ("") teaches everything, as before templates were recorded."""
+    if match == "any" or not source or not target:
+        return True
+    if match == "template":
+        return source == target
+    (op_a, knobs_a), (op_b, knobs_b) = _split_template(source), _split_template(target)
+    if op_a != op_b:
+        return False
+    if match == "operator":
+        return True
+    union = knobs_a | knobs_b
+    return not union or len(knobs_a & knobs_b) / len(union) >= SIMILAR_KNOBS
+
+
 def target_kind(target: str) -> str:
     return target.split(maxsplit=1)[0] if target else ""
 
@@ -83,6 +143,8 @@ class TransferReport:
     """What `load_transfer_data` used and what it had to leave out (and why)."""
 
     workloads: dict[str, int] = field(default_factory=dict)  # group name -> rows used
+    families: dict[str, str] = field(default_factory=dict)  # group name -> operator family (`operator_family`)
+    templates: dict[str, str] = field(default_factory=dict)  # group name -> schedule template (`template_of`)
     skipped: dict[str, str] = field(default_factory=dict)  # workload key -> reason
     records_read: int = 0
     rows: int = 0
@@ -165,6 +227,8 @@ def load_transfer_data(
         group = f"{TRANSFER_GROUP_PREFIX}{workload}|{record_target}"
         parts.append(TrainingSet(matrix, throughput, (group,) * len(kept)))
         report.workloads[group] = len(kept)
+        report.families[group] = operator_family(task)
+        report.templates[group] = template_of(task)
         report.rows += len(kept)
     for workload, reason in report.skipped.items():
         warnings.warn(f"transfer: records of workload {workload} left out: {reason}", TransferWarning, stacklevel=2)
@@ -186,6 +250,9 @@ __all__ = [
     "TransferReport",
     "TransferWarning",
     "load_transfer_data",
+    "operator_family",
+    "teaches",
+    "template_of",
     "rebuild_task",
     "register_workload_kind",
     "target_kind",

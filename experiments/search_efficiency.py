@@ -16,6 +16,16 @@ workload come first. As in `relay-tune`, every run measures the task's default s
 (`--no-default` turns that off). `--strategies ...,xgb-random-warmup` adds an ablation: xgb whose batches before the
 first fit are all random instead of mostly single-knob mutations of the best known config.
 
+Transfer between related workloads (the "old logs" tuned first, with xgb, same seed, and not reported):
+
+    python experiments/search_efficiency.py --workloads r50_1x1a,c3x3_96,depthwise \
+        --transfer-sources r18_c128,r18_c256 --strategies xgb,xgb-transfer,xgb-transfer-operator,xgb-transfer-old \
+        --trials 40 --source-trials 48 --out experiments/results/transfer [--resume]
+
+The sources are ResNet-18's 3x3 convolutions of stages 2 and 3; the targets a ResNet-50 1x1 convolution, a 3x3
+convolution of a size ResNets lack, and a depthwise convolution (an operator the old logs do not contain).
+"xgb-transfer-operator" and "xgb-transfer-old" are the transfer of earlier versions (see ABLATIONS).
+
 Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
 `<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
 from it. Every strategy therefore sees the same noise for the same config, and the full experiment costs far less
@@ -62,7 +72,13 @@ from relay_tune.tuning.xgb_search import xgb_search
 from search_space import Config
 
 STRATEGIES = ("random", "tpe", "xgb", "xgb-transfer")
-ABLATIONS = ("xgb-random-warmup",)  # selectable with --strategies, not run by default
+# selectable with --strategies, not run by default. "xgb-transfer-old": transfer as it was before the transfer
+# fix (the transferred model ranks the whole pool from the first batch; logs of every operator train it).
+# "xgb-transfer-operator" / "-template": logs of the same operator / the same template (not of a similar one) train
+# the model.
+# "xgb-transfer-fade16": the old rows' weight halves every 16 own measurements instead of 64.
+ABLATIONS = ("xgb-random-warmup", "xgb-transfer-old", "xgb-transfer-operator", "xgb-transfer-template",
+             "xgb-transfer-any-op", "xgb-transfer-fade16")
 TARGET_SHARE = 0.95
 
 RELAY_WORKLOADS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -80,6 +96,27 @@ def @main(%x: Tensor[(1, 144, 56, 56), float32], %w: Tensor[(144, 1, 3, 3), floa
 }""", (144, 1, 3, 3)),
 }
 WORKLOADS = tuple(RELAY_WORKLOADS)
+
+
+def _conv(n: int, c: int, hw: int, k: int, kernel: int) -> tuple[str, tuple[int, ...]]:
+    pad = kernel // 2
+    return (f"""#[version = "0.0.5"]
+def @main(%x: Tensor[({n}, {c}, {hw}, {hw}), float32], %w: Tensor[({k}, {c}, {kernel}, {kernel}), float32]) {{
+  nn.conv2d(%x, %w, padding=[{pad}, {pad}, {pad}, {pad}], channels={k}, kernel_size=[{kernel}, {kernel}])
+}}""", (k, c, kernel, kernel))
+
+
+# Transfer families (not run by default; `--workloads` names them): ResNet-18's 3x3 convolutions of stages 2 and 3
+# as the old logs, ResNet-50's 1x1 bottleneck convolutions and a 3x3 of another size as related targets.
+RELAY_WORKLOADS.update({
+    "r18_c128": _conv(1, 128, 28, 128, 3),   # ResNet-18 stage 2 3x3
+    "r18_c256": _conv(1, 256, 14, 256, 3),   # ResNet-18 stage 3 3x3
+    "r50_1x1a": _conv(1, 256, 56, 64, 1),    # ResNet-50 stage 1 bottleneck reduce 1x1
+    "r50_1x1b": _conv(1, 128, 28, 512, 1),   # ResNet-50 stage 2 bottleneck expand 1x1
+    "c3x3_96": _conv(1, 96, 35, 96, 3),      # a 3x3 conv of a size ResNets do not have (Inception-like)
+    "c3x3_192": _conv(1, 192, 17, 192, 3),   # another (held out: not looked at while the transfer rule was chosen)
+})
+EXTRA_WORKLOADS = tuple(w for w in RELAY_WORKLOADS if w not in WORKLOADS)
 
 
 def relay_task(name: str, cores: int) -> Any:
@@ -123,7 +160,10 @@ class MeasurementCache:
         if path.exists():
             for line in path.read_text().splitlines():
                 if line.strip():
-                    item = json.loads(line)
+                    try:
+                        item = json.loads(line)
+                    except json.JSONDecodeError:  # a line torn when an earlier invocation was killed
+                        continue
                     self.entries[item["config_key"]] = _Stored(item["costs"], item["error"], item["build_s"],
                                                                item["run_s"])
 
@@ -236,23 +276,44 @@ def strategy_factory(name: str, seed: int, log: Path, transfer: list[Path], opti
     if name == "xgb-transfer":
         return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
                           features=options.features, **xgb_options)
+    if name == "xgb-transfer-old":
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_match="any",
+                          **{"transfer_local_start": False, **xgb_options})
+    if name == "xgb-transfer-fade16":
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_half_life=16.0, **xgb_options)
+    if name in ("xgb-transfer-operator", "xgb-transfer-template"):
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_match=name.rsplit("-", 1)[1], **xgb_options)
+    if name == "xgb-transfer-any-op":  # the local start, but logs of every operator train the model
+        return xgb_search(None, seed=seed, log_path=log, transfer_from=transfer, loss=options.loss,
+                          features=options.features, transfer_match="any", **xgb_options)
     raise ValueError(f"unknown strategy {name!r}")
 
 
 def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.Namespace,
             builder: Builder, runner: Runner, caches: dict[str, MeasurementCache]) -> RunOutcome:
     log = args.out / "logs" / workload / f"{strategy}-s{seed}.jsonl"
-    if log.exists():
+    done = getattr(args, "resume", False) and log.exists() and \
+        sum(1 for r in read_records(log) if r.workload_key == task.key) >= args.trials
+    if log.exists() and not done:
         log.unlink()
     for side in log.parent.glob(f"{log.name}*"):
-        side.unlink()
-    transfer = [args.out / "logs" / other / f"xgb-s{seed}.jsonl" for other in args.workloads if other != workload]
-    factory = strategy_factory(strategy, seed, log, transfer, args)
+        if not done:
+            side.unlink()
+    sources = args.transfer_sources or args.workloads
+    transfer = [args.out / "logs" / other / f"xgb-s{seed}.jsonl" for other in sources if other != workload]
+    factory = None if done else strategy_factory(strategy, seed, log, transfer, args)
     start = time.monotonic()
-    summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
-                   batch_size=args.batch, seed=seed, measure_default=not args.no_default)
+    if done:  # --resume: a complete log of an earlier invocation stands for the run (no search timings then)
+        search_s = 0.0
+    else:
+        summary = tune([task], args.trials, log, storage=None, builder=builder, runner=runner, strategy=factory,
+                       batch_size=args.batch, seed=seed, measure_default=not args.no_default)
+        search_s = summary.seconds.get("search", 0.0)
     wall = time.monotonic() - start
-    records = [r for r in read_records(log) if r.workload_key == task.key]
+    records = [r for r in read_records(log) if r.workload_key == task.key][: args.trials]
     measure_s = 0.0
     cache = caches.get(task.key)
     trials: list[tuple[Config, float]] = []
@@ -272,8 +333,7 @@ def run_one(task: Any, workload: str, strategy: str, seed: int, args: argparse.N
                  "candidates_s": stats.candidates, "fits": stats.fits, "featurized": stats.featurized,
                  "feature_ms": hub.featurizer.mean_ms}
     curve = best_so_far(g for _, g in trials)
-    return RunOutcome(workload, strategy, seed, curve, summary.seconds.get("search", 0.0), wall, measure_s, model,
-                      trials, list(curve))
+    return RunOutcome(workload, strategy, seed, curve, search_s, wall, measure_s, model, trials, list(curve))
 
 
 def remeasure_leaders(outcomes: list[RunOutcome], tasks: dict[str, Any], args: argparse.Namespace,
@@ -494,14 +554,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: dense,conv2d,depthwise")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated: {','.join(WORKLOADS)} (transfer families: {','.join(EXTRA_WORKLOADS)})")
+    parser.add_argument("--transfer-sources", default="",
+                        help="comma-separated workloads whose xgb logs (same seed) warm xgb-transfer (default: the "
+                             "other workloads of the run); they are tuned with xgb first and not reported")
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated: {','.join(STRATEGIES)} (ablation: {','.join(ABLATIONS)})")
+    parser.add_argument("--source-trials", type=int, default=100, help="trials of each --transfer-sources log")
     parser.add_argument("--batch", type=int, default=8, help="configs proposed and measured per round")
     parser.add_argument("--cores", type=int, default=1, help="cores the kernels may use (1: single-core kernels)")
     parser.add_argument("--build-jobs", type=int, default=2, help="parallel builds")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/search_efficiency"))
     parser.add_argument("--no-cache", action="store_true", help="measure every config for real")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the complete logs of an earlier invocation with the same --out instead of tuning "
+                             "again (a run that hit a time limit continues where it stopped)")
     parser.add_argument("--no-default", action="store_true",
                         help="do not measure the task's default schedule first (relay-tune does, for every strategy)")
     parser.add_argument("--plan-size", type=int, help="xgb: most new measurements between fits (default: relay-tune's)")
@@ -518,15 +586,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.strategies = [s for s in args.strategies.split(",") if s]
-    for w in args.workloads:
-        if w not in WORKLOADS:
+    args.transfer_sources = [w for w in args.transfer_sources.split(",") if w]
+    for w in args.workloads + args.transfer_sources:
+        if w not in RELAY_WORKLOADS:
             parser.error(f"unknown workload {w!r}")
     for s in args.strategies:
         if s not in STRATEGIES + ABLATIONS:
             parser.error(f"unknown strategy {s!r}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
-    order = sorted(args.strategies, key=lambda s: (s == "xgb-transfer", (STRATEGIES + ABLATIONS).index(s)))
-    tasks = {w: relay_task(w, args.cores) for w in args.workloads}
+    order = sorted(args.strategies, key=lambda s: (s.startswith("xgb-transfer"), (STRATEGIES + ABLATIONS).index(s)))
+    tasks = {w: relay_task(w, args.cores) for w in dict.fromkeys(args.workloads + args.transfer_sources)}
     caches = {t.key: MeasurementCache(args.out / "measurements" / f"{w}-{SPACES}.jsonl") for w, t in tasks.items()}
     # The model tuner's timing (`tune_model.default_runner`): three timings of at least 40 ms, a warm-up call and a
     # correctness check per config.
@@ -543,6 +612,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     outcomes: list[RunOutcome] = []
     try:
+        if any(s.startswith("xgb-transfer") for s in order):
+            for source in (w for w in args.transfer_sources if w not in args.workloads):
+                for seed in seeds:  # the old logs; kept between invocations (their runs are not reported)
+                    log = args.out / "logs" / source / f"xgb-s{seed}.jsonl"
+                    if log.exists() and sum(1 for _ in read_records(log)) >= args.source_trials:
+                        continue
+                    source_args = argparse.Namespace(**{**vars(args), "trials": args.source_trials})
+                    outcome = run_one(tasks[source], source, "xgb", seed, source_args, builder, runner, caches)
+                    print(f"[{time.monotonic() - started:7.0f} s] old log {source} seed {seed}: best "
+                          f"{max(outcome.best_curve, default=0):.1f} GFLOPS", flush=True)
         for strategy in order:
             for seed in seeds:
                 for workload in args.workloads:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import shlex
 import sys
 import tempfile
@@ -256,6 +257,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     logs = list(args.log)
     with contextlib.ExitStack() as stack:
+        cache = _tuning_cache(args)
+        if cache is not None:  # the cache's records for this target and CPU, as one more log
+            target = resolve_target(args.target)
+            usable = cache.usable((target.log_name, str(target)), target.mcpu or None)
+            if usable:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="relay-tune-cache-"))
+                logs.append(str(Path(folder) / "cache.jsonl"))
+                cache.export(logs[-1], usable)
         if args.storage:  # the global best of a study on a database: its records, exported for this build
             # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
             from relay_tune.tuning.distributed import export_records
@@ -468,7 +477,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             search=args.search, transfer_from=args.transfer_from, seed=args.seed,
                             timeout=args.timeout, jobs=args.jobs,
                             progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
-                            check=not args.no_check)
+                            check=not args.no_check, cache=_tuning_cache(args), retune=args.retune)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -514,6 +523,11 @@ def _print_tune_result(console: Any, result: Any) -> None:
         console.print(f"end-to-end latency: {_duration(result.latency_before)} with default schedules, "
                       f"{_duration(result.latency_after)} tuned{speedup}")
     console.print(f"log: {result.log_path}")
+    if result.cache_path is not None:
+        skipped = (f"{result.cached_tasks} task(s) tuned before on this CPU were not tuned again (--retune tunes "
+                   "them); " if result.cached_tasks else "")
+        console.print(f"tuning cache: {skipped}{result.cache_added} record(s) added to {result.cache_path}",
+                      soft_wrap=True)
     if result.model_path is not None:
         console.print(f"model: {result.model_path} (run it with `relay-tune run {result.model_path}`)")
 
@@ -667,6 +681,141 @@ _LOG_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
 }
 
 
+# -------------------------------------------------------------------------------------------------
+# the per-user tuning cache
+# -------------------------------------------------------------------------------------------------
+
+
+def _tuning_cache(args: argparse.Namespace) -> Any:
+    """The tuning cache the command uses: --cache DIR, else the user's; None with --no-cache."""
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
+    from relay_tune.tuning.cache import TuningCache
+
+    if getattr(args, "no_cache", False):
+        return None
+    return TuningCache(args.cache) if getattr(args, "cache", None) else TuningCache.default()
+
+
+def _add_cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", metavar="DIR", help="tuning cache folder (default: $RELAY_TUNE_CACHE, else "
+                   "$XDG_CACHE_HOME/relay-tune, else ~/.cache/relay-tune)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor add to the tuning cache")
+
+
+@_command("cache")
+def cmd_cache(args: argparse.Namespace) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load rich's markup or the tuner's records (~0.1 s)
+    from rich.markup import escape
+
+    # start-up: as above (the tuner's records)
+    from relay_tune.tuning.records import LogWarning
+
+    console = _console()
+    cache = _tuning_cache(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LogWarning)
+        code = _CACHE_ACTIONS[args.action](args, cache, console)
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, LogWarning)):
+        console.print(f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
+    return code
+
+
+def _cache_list(args: argparse.Namespace, cache: Any, console: Any) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load rich's tables or the tuner's records (~0.1 s)
+    from rich.table import Table
+
+    # start-up: as above (the tuner's records)
+    from relay_tune.tuning.records import host_cpu_name
+
+    entries = cache.entries()
+    if not entries:
+        console.print(f"the tuning cache {cache.path} is empty")
+        return 0
+    table = Table(title=f"{sum(e.records for e in entries)} records in {cache.path} (this CPU: {host_cpu_name()})",
+                  show_edge=False)
+    for col, justify in (("key", "left"), ("workload", "left"), ("target", "left"), ("CPU", "left"),
+                         ("trials", "right"), ("best", "right"), ("GFLOPS", "right"), ("last", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for e in entries:
+        last = datetime.datetime.fromtimestamp(e.last_timestamp, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+        table.add_row(e.workload_key[:12], e.description, _short_target(e.target), e.host_cpu or "-",
+                      str(e.records), _duration(e.best_cost), f"{e.best_gflops:.1f}" if e.best_gflops else "-", last)
+    console.print(table)
+    return 0
+
+
+def _cache_prune(args: argparse.Namespace, cache: Any, console: Any) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
+    from relay_tune.tuning.cache import parse_date
+    from relay_tune.tuning.records import host_cpu_name
+
+    if args.keep is None and not args.this_cpu and args.before is None:
+        raise RelayTuneError("cache prune needs --keep N, --this-cpu or --before YYYY-MM-DD (what to drop)")
+    if args.keep is not None and args.keep < 1:
+        raise RelayTuneError(f"--keep must be >= 1, got {args.keep}")
+    before = parse_date(args.before) if args.before else None
+    kept, dropped = cache.prune(keep_best=args.keep, cpu=host_cpu_name() if args.this_cpu else None, before=before)
+    console.print(f"{cache.path}: kept {kept} record(s), dropped {dropped} line(s)")
+    return 0
+
+
+def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
+    # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
+    from relay_tune.tuning.database import top_k
+
+    if not args.output:
+        raise RelayTuneError("cache export needs -o OUT.jsonl")
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise RelayTuneError(f"{out} exists; choose another output or pass --force to replace it")
+    records = cache.records()
+    if args.target:
+        # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
+        from relay_tune.compiler import resolve_target
+
+        target = resolve_target(args.target)
+        records = [r for r in records if r.target in (target.log_name, str(target))]
+    if args.best is not None:
+        groups: dict[tuple[str, str, str], list[Any]] = {}
+        for record in records:
+            groups.setdefault((record.workload_key, record.target, record.host_cpu), []).append(record)
+        records = [r for group in groups.values() for r in top_k(group, args.best)]
+    if out.exists():
+        out.unlink()
+    count = cache.export(out, records)
+    console.print(f"wrote {count} record(s) of {cache.path} to {out}")
+    return 0
+
+
+_CACHE_ACTIONS: dict[str, Callable[[argparse.Namespace, Any, Any], int]] = {
+    "list": _cache_list, "prune": _cache_prune, "export": _cache_export,
+}
+
+
+def _add_cache_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "cache", help="list, prune or export the per-user tuning cache",
+        description="The tuning cache holds every valid record measured by `relay-tune` tuning runs of this user "
+        "(one JSON-lines file, the tuning logs' format). A tuning run adds its records to it and does not tune again "
+        "a workload the cache has records of for the same target and CPU model (unless --retune); `relay-tune "
+        "build` and the tuner's build also use its fastest records. Records of other targets or CPUs are kept but "
+        "not used. list (the default): per workload, target and CPU, the trials and the best time. prune: drop "
+        "records (--keep N best per workload, target and CPU; --this-cpu: drop other CPU models; --before DATE). "
+        "export: the records (--target, --best N) to a log (-o).")
+    p.add_argument("action", nargs="?", default="list", choices=sorted(_CACHE_ACTIONS),
+                   help="list (default), prune or export")
+    p.add_argument("--cache", metavar="DIR", help="tuning cache folder (default: $RELAY_TUNE_CACHE, else "
+                   "$XDG_CACHE_HOME/relay-tune, else ~/.cache/relay-tune)")
+    p.add_argument("--keep", type=int, metavar="N", help="prune: keep the N fastest records per workload, target and "
+                   "CPU model")
+    p.add_argument("--this-cpu", action="store_true", help="prune: drop the records of other CPU models")
+    p.add_argument("--before", metavar="YYYY-MM-DD", help="prune: drop records measured before this date (UTC)")
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", help="export: the log to write")
+    p.add_argument("--target", help="export: only the records of this target (e.g. llvm)")
+    p.add_argument("--best", type=int, metavar="N", help="export: only the N fastest per workload, target and CPU")
+    p.add_argument("--force", action="store_true", help="export: replace OUT when it exists")
+
+
 def _add_tune_parser(sub: Any) -> None:
     p = sub.add_parser(
         "tune", help="tune a model and build it from the tuning log (also: relay-tune MODEL --trials N)",
@@ -674,7 +823,9 @@ def _add_tune_parser(sub: Any) -> None:
         "measurement to a JSON-lines tuning log, then build the model from the best records and compare its "
         "latency with the untuned build. The log is the state: the same command resumes an interrupted run, a "
         "larger --trials continues a finished one, and trials already in the log count against the budget. "
-        "Ctrl-C stops cleanly (exit code 130) and keeps every measurement.")
+        "Ctrl-C stops cleanly (exit code 130) and keeps every measurement. Every run also adds its valid records "
+        "to the per-user tuning cache (`relay-tune cache --help`), and a workload the cache has records of for "
+        "this target and CPU model is not tuned again (unless --retune) when this log has none of it.")
     _add_model_args(p)
     p.add_argument("--trials", type=int, default=200,
                    help="measured trials in total, shared by all tasks (default 200)")
@@ -700,6 +851,9 @@ def _add_tune_parser(sub: Any) -> None:
                    "starts with it)")
     p.add_argument("--no-check", action="store_true", help="measure kernels without comparing their outputs with "
                    "the reference interpreter (for models it cannot run; the log records that the check was off)")
+    _add_cache_args(p)
+    p.add_argument("--retune", action="store_true", help="tune tasks the tuning cache already has records of "
+                   "(by default a workload tuned before on this target and CPU model is not tuned again)")
 
     p = sub.add_parser("logs", help="summarise, pick the best of, merge, export or plot tuning logs",
                        description="Work with JSON-lines tuning logs, or with the records of a tuning database "
@@ -794,6 +948,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "model against the default schedule (by default a record slower in the model is not used)")
     p.add_argument("--storage", metavar="URL", help="also take the best schedules from the records of a tuning "
                    "database (postgresql://USER@HOST/DB): the global best of every worker")
+    _add_cache_args(p)  # the build also takes the tuning cache's best records for this target and CPU
 
     p = sub.add_parser("run", help="run a compiled model (.rtmod) and time it",
                        description="Load a compiled model, run it on inputs from an .npz file (random inputs by "
@@ -810,6 +965,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "in the model (repeatable)")
     p.add_argument("--output", metavar="FILE.npz", help="write the outputs to an .npz file")
     _add_tune_parser(sub)
+    _add_cache_parser(sub)
     return parser
 
 

@@ -30,3 +30,11 @@ def corpus_dir() -> Path:
     if not CORPUS_DIR.is_dir():
         pytest.skip(f"Relay corpus not found at {CORPUS_DIR}")
     return CORPUS_DIR
+
+
+@pytest.fixture(autouse=True)
+def _private_tuning_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own tuning cache folder: no test reads or fills the user's (~/.cache/relay-tune)."""
+    folder = tmp_path_factory.mktemp("tuning-cache")
+    monkeypatch.setenv("RELAY_TUNE_CACHE", str(folder))
+    return folder

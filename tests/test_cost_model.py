@@ -30,6 +30,8 @@ from cost_model.transfer import (
     TransferWarning,
     load_transfer_data,
     rebuild_task,
+    teaches,
+    template_of,
     workload_event,
 )
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log, recall_at_k
@@ -376,3 +378,13 @@ def test_parallel_featurization_matches_serial() -> None:
         assert parallel.computed == len(configs) and parallel._pool is not None  # the workers did the work
     finally:
         parallel.close()
+
+
+def test_transfer_teaches_only_similar_templates() -> None:
+    conv3_cl, conv3 = template_of(conv2d(1, 8, 14, 14, 16, 3, pad=1)), template_of(conv2d(1, 16, 10, 10, 8, 3, pad=1))
+    conv1, matmul = template_of(conv2d(1, 16, 10, 10, 8, 1)), template_of(dense(64, 48, 40))
+    assert conv3_cl.startswith("conv2d_nchw_cl:") and conv3.startswith("conv2d_nchw:")
+    assert teaches(conv3_cl, conv3) and teaches(conv3, conv3_cl)  # one loop structure, another layout
+    assert not teaches(conv3, conv1) and not teaches(conv3, matmul)
+    assert teaches(conv3, conv1, "operator") and not teaches(conv3, conv3_cl, "template")
+    assert teaches(conv3, matmul, "any") and teaches("", matmul)  # a workload of unknown template: as before

@@ -225,18 +225,33 @@ def test_xgb_needs_fewer_trials_than_random(task: RelayTuneTask, tmp_path: Path)
 
 
 def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
-    for other in (DENSE, CONV):
-        log = tmp_path / f"{other.family}.jsonl"
+    other_conv = conv2d(1, 8, 12, 12, 16, 3, pad=1)  # the same operator and template at another size
+    for name, other in (("dense", DENSE), ("conv", other_conv)):
+        log = tmp_path / f"{name}.jsonl"
         run_tune(other, 64, log, xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST))
-    factory = xgb_search(None, seed=0, transfer_from=[tmp_path / "dense.jsonl", tmp_path / "conv2d_nchw_cl.jsonl"])
-    search = factory(DW, MemoryDatabase())
+    factory = xgb_search(None, seed=0, transfer_from=[tmp_path / "dense.jsonl", tmp_path / "conv.jsonl"])
+    search = factory(CONV, MemoryDatabase())
     assert isinstance(search, XGBSearch)
     hub = search.hub
     assert hub.transfer is not None and len(hub.transfer) == 128
     assert hub.model is not None, "the transfer data trains a model before anything is measured"
+    assert hub.transfers_to(CONV) and not hub.transfers_to(DENSE)
+    assert hub.transfers_to(conv2d(1, 16, 10, 10, 8, 3, pad=1))  # the NCHW template of a 3x3: nearly the same knobs
+    assert not hub.transfers_to(conv2d(1, 16, 10, 10, 8, 1))  # a 1x1 convolution's template is another loop nest
+    default = CONV.default_config()
+    search.prioritize([default])
     first = search.propose(8)
-    assert len(first) == 8 and search._planned[0] == hub.version  # planned by the model, not at random
+    assert len(first) == 8 and first[0] == default
+    # the local start around the default stays; the transferred model picks which neighbours come first
+    local = first[1:6]  # round(0.75 * 7) ranked single-knob mutations, then random configs
+    assert all(sum(c[k] != default[k] for k in CONV.space.names) == 1 for c in local)
+    _, scores = hub.score(CONV, local)
+    assert list(scores) == sorted(scores, reverse=True)
     search.close()
+    # a workload of an operator the old logs lack is tuned as without them
+    dw = xgb_search(None, seed=0, transfer_from=[tmp_path / "conv.jsonl"])(DW, MemoryDatabase())
+    assert dw.hub.model is None and not dw.hub.transfers_to(DW)
+    dw.close()
 
 
 def test_tasks_that_cannot_be_lowered_fall_back_to_knob_features(tmp_path: Path) -> None:

@@ -11,7 +11,10 @@ model twice, without and with the log, and time both.
 
 The log is the state. Records of these tasks and this target already in the log count against `total_trials`: a
 rerun of a finished run measures nothing new, an interrupted run measures only what is left, a larger budget
-continues where the last run stopped. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
+continues where the last run stopped. With a tuning cache (`cache=`, `relay_tune.tuning.cache`; the command line
+uses the user's by default) a task tuned before on this target and CPU model, by any run into any log, is not
+tuned again (unless `retune`), the run's valid records are added to the cache, and the build takes the cache's
+best records too. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
 built); `timeout` ends it after that many seconds (the model is still built from what was measured).
 """
 
@@ -35,14 +38,15 @@ from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_d
 from relay_tune.target import Target
 from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
+from relay_tune.tuning.cache import TuningCache, records_since
 from relay_tune.tuning.cuda_runner import CudaRunner
-from relay_tune.tuning.database import JsonLinesDatabase
+from relay_tune.tuning.database import JsonLinesDatabase, MemoryDatabase, top_k
 from relay_tune.tuning.distributed import is_database_url
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
 from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.tuning.records import LogEvent, LogWriter
+from relay_tune.tuning.records import LogEvent, LogWriter, read_records
 from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress
@@ -163,6 +167,10 @@ class TuneModelResult:
     model_path: Path | None = None
     timed_out: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
+    cached_tasks: int = 0  # tasks not tuned because the tuning cache had records of them
+    cache_path: Path | None = None  # the tuning cache's records file (None: no cache)
+    cache_added: int = 0  # records this run added to the cache
+    configs: dict[str, str] = field(default_factory=dict)  # with a cache: workload key -> config key the build took
 
     @property
     def interrupted(self) -> bool:
@@ -270,6 +278,8 @@ def tune_model(
     early_stopping: int | None = None,
     opt_level: int = 3,
     check: bool = True,
+    cache: TuningCache | None = None,
+    retune: bool = False,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
@@ -283,6 +293,9 @@ def tune_model(
     (default: up to 8, fewer when the budget would not give every task a round). check: compare every measured
     kernel's outputs with the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the
     interpreter cannot compute them for a task; False measures without the check and says so in the log.
+    cache: a tuning cache (`TuningCache.default()` is the user's): tasks with a valid record in it for this target
+    and CPU model, and none in this log, are not tuned (unless `retune`); the run's valid records are added to it
+    (also when interrupted); the build also takes its best records. None (the default here): no cache.
     """
     started = time.monotonic()
     if isinstance(target, str) and target.split() and target.split()[0] == "cuda":
@@ -297,6 +310,19 @@ def tune_model(
         tasks = [t for t in tasks if keep(t)]
         if not tasks:
             raise RelayTuneError(f"no task matches {task_filter!r}")
+    all_tasks = tasks
+    cached_records: list[Any] = []
+    if cache is not None and not retune and not distributed.is_database_url(storage):
+        # A task tuned before on this target and CPU (any model, any log) is not tuned again; a task this log has
+        # records of is left to the log's budget, so a larger --trials still continues it.
+        cached_records = cache.usable(sorted({t.target for t in tasks}))
+        cached_keys = {r.workload_key for r in cached_records}
+        if cached_keys and log_path.is_file():
+
+            cached_keys -= {r.workload_key for r in read_records(log_path)}
+        tasks = [t for t in tasks if t.key not in cached_keys]
+    tuning = {t.key for t in tasks}
+    skipped = [t for t in all_tasks if t.key not in tuning]
     if check:
         check_references(tasks)
     else:
@@ -322,30 +348,51 @@ def tune_model(
         runner.check_correctness = False
     # Other tuning processes on this machine measure in turn with this one (builds still overlap).
     measuring = runner if isinstance(runner, HostLockedRunner) else HostLockedRunner(runner)
+    log_offset = log_path.stat().st_size if log_path.is_file() else 0
+    added = 0
     try:
-        summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
-                       scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed, database=database)
+        if tasks:
+            summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
+                           scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed,
+                           database=database)
+        else:  # every task is in the tuning cache: nothing to measure
+            summary = TuneSummary(tasks=(), total_trials=total_trials, trials_done=0, trials_this_session=0,
+                                  interrupted=False, session="", log_path=os.fspath(log_path))
     finally:
         if own_builder:
             builder.close()
         if gpu_runner is not None or own_runner:
             runner.close()
+        if cache is not None:  # also after Ctrl-C: what was measured is worth keeping
+            added = cache.add(records_since(log_path, log_offset))
     tuned_at = time.monotonic()
-    reports = tuple(_report(task, s) for task, s in zip(tasks, summary.tasks))
+    by_key = {task.key: _report(task, s) for task, s in zip(tasks, summary.tasks)}
+    by_key.update((task.key, _cached_report(task, cached_records)) for task in skipped)
+    reports = tuple(by_key[task.key] for task in all_tasks)
+    tasks = all_tasks  # the build and its lookup cover the cached tasks too
     common = dict(tasks=reports, summary=summary, target=resolved.log_name, log_path=log_path,
                   storage=None if store is None else os.fspath(store), search=search,
-                  timed_out=scheduler.expired)
+                  timed_out=scheduler.expired, cached_tasks=len(skipped),
+                  cache_path=cache.path if cache is not None else None, cache_added=added)
     if summary.interrupted:
         return TuneModelResult(**common, seconds={"tune": tuned_at - started})  # type: ignore[arg-type]
     before = after = None
     model = None
     saved: Path | None = None
+    configs: dict[str, str] = {}
     if measure_latency:
         before = _median_latency(build(mod, target=resolved, opt_level=opt_level))
     logs = [log_path] if log_path.is_file() else None
 
     if database is not None:
         lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
+    elif cache is not None:
+
+        # the log's records and the cache's for this target and CPU: the fastest of either is built
+        known = MemoryDatabase((read_records(log_path) if log_path.is_file() else [])
+                               + cache.usable(sorted({t.target for t in tasks})))
+        lookup = best_steps_lookup(tasks, database=known) if known.keys() else None
+        configs = _chosen_configs(tasks, known)
     else:
         lookup = best_steps_lookup(tasks, logs) if logs else None
     with warnings.catch_warnings():
@@ -357,7 +404,7 @@ def tune_model(
     if output is not None and hasattr(model, "save"):
         saved = model.save(output)
     return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
-                           model_path=saved, seconds={"tune": tuned_at - started,
+                           model_path=saved, configs=configs, seconds={"tune": tuned_at - started,
                                                       "build_and_measure": time.monotonic() - tuned_at})
 
 
@@ -382,6 +429,30 @@ def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str
     return lookup
 
 
+def _chosen_configs(tasks: Sequence[Any], database: Any) -> dict[str, str]:
+    """Per task, the key of the config `best_steps_lookup` builds it from (its fastest valid record in the space)."""
+    chosen = {}
+    for task in tasks:
+        for record in database.best(task.key, task.target, k=64):
+            if task.space.is_valid(record.config):
+                chosen[task.key] = record.config.key
+                break
+    return chosen
+
+
+def _cached_report(task: Any, records: Sequence[Any]) -> TaskReport:
+    """A task the tuning cache answered: its default and best times from the cache's records."""
+
+    mine = [r for r in records if r.workload_key == task.key and r.target == task.target]
+    best = top_k(mine, 1)
+    defaults = [r.cost for r in mine if r.strategy == "default" and r.cost is not None]
+    return TaskReport(key=task.key, description=task.description, family=str(getattr(task, "family", "")),
+                      weight=task.weight, flops=task.flops, space_size=task.space.size(), trials=0, valid_trials=0,
+                      default_cost=min(defaults) if defaults else None,
+                      best_cost=best[0].cost if best else None, errors={},
+                      stopped=f"tuned before: {len(mine)} records in the tuning cache")
+
+
 def _report(task: Any, summary: Any) -> TaskReport:
     return TaskReport(key=task.key, description=task.description, family=str(getattr(task, "family", "")),
                       weight=task.weight, flops=task.flops, space_size=task.space.size(), trials=summary.trials,
@@ -396,13 +467,15 @@ def _report(task: Any, summary: Any) -> TaskReport:
 
 class RichProgress(ProgressCallback):
     """A `rich` progress bar: trials done of the budget, the current task, its best GFLOPS, and the model latency
-    estimated from the best kernels so far (sum of weight x best time over tasks that have one)."""
+    estimated from the best kernels so far (sum of weight x best time over tasks that have one), with how much
+    faster it is than the first estimate that covered every task (the default schedules, in a fresh run)."""
 
     def __init__(self, console: Any = None) -> None:
         self.console = console or Console(highlight=False)
         self._progress: Any = None
         self._bar: Any = None
         self._tasks: tuple[TaskInfo, ...] = ()
+        self._first_complete: float | None = None  # the first estimate with every task timed
 
     def on_start(self, plan: TunePlan) -> None:
         self._tasks = plan.tasks
@@ -432,7 +505,13 @@ class RichProgress(ProgressCallback):
         if best_gflops is not None:
             text += f" | best {best_gflops:.1f} GFLOPS"
         if latency is not None:
-            text += f" | est. model {latency * 1e3:.3f} ms" + (f" (+{missing} untimed)" if missing else "")
+            text += f" | est. model {latency * 1e3:.3f} ms"
+            if missing:
+                text += f" (+{missing} untimed)"
+            elif self._first_complete is None:
+                self._first_complete = latency
+            elif latency > 0 and self._first_complete > latency:
+                text += f" ({self._first_complete / latency:.2f}x faster)"
         return text
 
     def on_task_stopped(self, task_index: int, reason: str) -> None:

@@ -18,11 +18,16 @@
    `epsilon` share of random configs, by enqueueing them as trials of the study and asking for them, so Optuna's
    claim bookkeeping guarantees that no config is measured twice (a repeat is answered from the earlier result).
 
-Until `warmup` configs are measured (and one of them ran), there is no model to rank with (unless a transfer data
-set or a loaded model can already rank candidates): a `cold_local` share of each batch then explores single-knob
-mutations of the best config measured so far (before any measurement: of the configs given to `prioritize`, the
-task's hand-written default schedule in a tuning run), the rest is random. The default is usually within 10-20% of
-the best and good configs cluster around it; the random part keeps the model's first training data diverse.
+Until `warmup` configs are measured (and one of them ran), there is no model to rank with (unless a loaded model can
+already rank candidates): a `cold_local` share of each batch then explores single-knob mutations of the best config
+measured so far (before any measurement: of the configs given to `prioritize`, the task's hand-written default
+schedule in a tuning run), the rest is random. The default is usually within 10-20% of the best and good configs
+cluster around it; the random part keeps the model's first training data diverse. A model warmed with earlier logs
+(transfer) keeps that start: until the task has `warmup` measurements of its own it orders the mutations (all of
+them are scored, the best-scored are measured) rather than ranking a pool of random configs, which threw the
+default's neighbourhood away and made transfer slower than none. Only earlier workloads of the same operator,
+through a template with nearly the same knobs, teach the model (`cost_model.transfer.teaches`); a task unlike them
+starts as without them.
 
 One `CostModelHub` is shared by all tasks of a tuning run: a single loop-nest model trains on every task's
 measurements (one ranking group per task) plus transfer data from older logs (whose weight fades as the run's own
@@ -44,7 +49,7 @@ import numpy as np
 from optuna.distributions import distribution_to_json
 
 from cost_model.features import Featurizer
-from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, workload_event
+from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, teaches, template_of, workload_event
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log
 from relay_tune.tuning.database import Database
 from relay_tune.tuning.distributed import study_mirror
@@ -65,6 +70,7 @@ if TYPE_CHECKING:
     import optuna
 
 
+TRANSFER_MATCHES = ("similar", "template", "operator", "any")
 SCREEN_MIN_ROWS = 8  # measurements of a task before its knob screener is trained
 
 
@@ -101,7 +107,10 @@ class CostModelHub:
     wait while the search plans). fit_threads: XGBoost threads for training and ranking (default 1: its OpenMP threads
     spin-wait for each other, so when another process holds one of the cores a 2-thread fit of 300 rows took 3-5 s
     instead of 0.13 s on one thread; at these data sizes one thread is fast enough). update_rounds: trees added by
-    an incremental update between two full fits.
+    an incremental update between two full fits. transfer_match: which transfer workloads the model trains on:
+    "similar" (those whose schedule template is like one a task of the run uses, `cost_model.transfer.teaches`),
+    "template" (the same template), "operator" (the same operator) or "any" (all, as before); the others than
+    "similar" are kept for the experiments.
     """
 
     def __init__(
@@ -119,6 +128,7 @@ class CostModelHub:
         feature_jobs: int = 1,
         fit_threads: int = 1,
         update_rounds: int = 20,
+        transfer_match: str = "similar",
     ) -> None:
         # Paid here, at set-up, rather than by the first fit in the middle of the run (where workers started
         # together all paid it in the same round, on a busy host).
@@ -143,6 +153,10 @@ class CostModelHub:
         self.version = 0  # bumped on every fit or load: searches re-plan when it changes
         self.tasks: dict[str, _TaskData] = {}
         self.transfer: TrainingSet | None = None
+        self.transfer_templates: dict[str, str] = {}  # transfer group -> its schedule template (`template_of`)
+        if transfer_match not in TRANSFER_MATCHES:
+            raise ValueError(f"transfer_match must be one of {', '.join(TRANSFER_MATCHES)}, not {transfer_match!r}")
+        self.transfer_match = transfer_match
         self._transfer_loaded = False
         self.stats = HubStats()
         self._rows_at_fit = 0
@@ -160,6 +174,22 @@ class CostModelHub:
     def schema(self, task: Any) -> str:
         return self.featurizer.schema(task.space)
 
+    def _transfer_groups(self) -> list[str]:
+        """The transfer groups the model trains on: by default those whose schedule template is like one a task
+        of this run uses (`cost_model.transfer.teaches`): other operators', or a 1x1 convolution's for a 3x3,
+        ordered configs worse than no model in the search-efficiency runs."""
+        if self.transfer is None:
+            return []
+        wanted = {template_of(d.task) for d in self.tasks.values()}
+        return [g for g in dict.fromkeys(self.transfer.groups)
+                if any(teaches(self.transfer_templates.get(g, ""), w, self.transfer_match) for w in wanted)]
+
+    def transfers_to(self, task: Any) -> bool:
+        """True when the model has been taught by earlier logs of a template like this task's."""
+        mine = template_of(task)
+        return any(teaches(self.transfer_templates.get(g, ""), mine, self.transfer_match)
+                   for g in self._transfer_groups())
+
     def _load_transfer(self, task: Any) -> None:
         if self._transfer_loaded or not self.transfer_paths:
             self._transfer_loaded = True
@@ -171,6 +201,7 @@ class CostModelHub:
         self.stats.features += time.perf_counter() - start
         self.transfer = data
         self.transfer_report = report
+        self.transfer_templates = dict(report.templates)
         if data is not None:
             self._fit()
 
@@ -221,16 +252,21 @@ class CostModelHub:
                 continue
             throughput = np.asarray([items[i][1] for i in kept], dtype=np.float32)
             parts.append(TrainingSet(matrix, throughput, (key,) * len(kept)))
-        if self.transfer is not None:
+        groups = self._transfer_groups()
+        if groups and self.transfer is not None:
             # Older workloads teach the model first; their say fades as this run's own measurements accumulate.
             # Pairs are sampled per row, so a group's pull grows with its size: scale the transfer rows so that
             # together they weigh `decay` times this run's rows (and all of it while there are none).
+            used = set(groups)
+            keep = np.asarray([g in used for g in self.transfer.groups], dtype=bool)
+            transfer = TrainingSet(self.transfer.features[keep], self.transfer.throughput[keep],
+                                   tuple(g for g, k in zip(self.transfer.groups, keep) if k))
             own = sum(len(p) for p in parts)
             decay = 0.5 ** (own / self.transfer_half_life)
-            share = decay * max(own, 16) / len(self.transfer)
-            for group in dict.fromkeys(self.transfer.groups):
+            share = decay * max(own, 16) / len(transfer)
+            for group in groups:
                 weights[group] = max(1e-3, share)
-            parts.append(self.transfer)
+            parts.append(transfer)
         if not parts:
             return None
         data = TrainingSet.concat(parts)
@@ -330,6 +366,9 @@ class XGBSearch(OptunaSearch):
     loop-nest model; the plan is ordered by both models together. diversity: how much a batch prefers knob values
     it has not picked yet over predicted score (0: the plan's top in order). cold_local: share of each batch
     that mutates the best known config while there is no model yet (0: random until the first fit).
+    transfer_local_start: with a model taught by earlier logs, still start around the default until `warmup`
+    configs of the task are measured, the model ordering the neighbours (False: the model ranks the whole pool
+    from the first batch, as before; kept for the experiments).
     """
 
     def __init__(
@@ -355,6 +394,7 @@ class XGBSearch(OptunaSearch):
         shortlist: int = 32,
         diversity: float = 1.0,
         cold_local: float = 0.75,
+        transfer_local_start: bool = True,
     ) -> None:
         # The study's own sampler only answers asks that find no enqueued plan entry: random is the cheap choice
         # (TPE would re-fit its density estimators on every ask, for a proposal that is then thrown away).
@@ -380,6 +420,7 @@ class XGBSearch(OptunaSearch):
         self.diversity = diversity
         self.shortlist = shortlist
         self.cold_local = cold_local
+        self.transfer_local_start = transfer_local_start
         self._anchors: list[Config] = []  # prioritized configs: where the search starts before any measurement
         self._plan: list[tuple[Config, float]] = []
         self._planned: tuple[int, frozenset[str]] = (-1, frozenset())  # (model version, top measured) of the plan
@@ -600,19 +641,25 @@ class XGBSearch(OptunaSearch):
             super().prioritize(configs)
         self._anchors.extend(c for c in configs if self.task.space.is_valid(c))
 
-    def _cold_local(self, measured: dict[str, tuple[Config, float]], visited: set[str], n: int) -> list[Config]:
+    def _cold_local(self, measured: dict[str, tuple[Config, float]], visited: set[str], n: int,
+                    ranked: bool = False) -> list[Config]:
         """Up to n unvisited single-knob mutations of the best measured config (or of the prioritized configs while
-        none has run): one-step neighbours first, in random order, then random jumps of one knob."""
+        none has run): one-step neighbours first, in random order, then random jumps of one knob. `ranked`: all of
+        them, ordered by the (transferred) model's scores instead."""
         ran = [item for item in measured.values() if item[1] > 0]
         anchors = [max(ran, key=lambda item: item[1])[0]] if ran else self._anchors
         chosen: dict[str, Config] = {}
         for anchor in anchors:
             for mutant in self._mutations(anchor, shuffled=True):
-                if len(chosen) >= n:
+                if len(chosen) >= n and not ranked:
                     return list(chosen.values())
                 if mutant.key not in visited:
                     chosen.setdefault(mutant.key, mutant)
-        return list(chosen.values())
+        if not ranked or len(chosen) <= n:
+            return list(chosen.values())[:n]
+        configs, scores = self.hub.score(self.task, list(chosen.values()))
+        order = np.argsort(-scores, kind="stable")
+        return [configs[i] for i in order[:n]]
 
     def prepare(self, n: int) -> None:
         measured = self._refresh_measurements()
@@ -643,11 +690,17 @@ class XGBSearch(OptunaSearch):
         self._prepared = False
         visited = self._visited(measured)
         chosen: list[Config] = []
-        explore = 0 if self.hub.model is None else round(self.epsilon * n)
-        if self.hub.model is not None and explore == 0 and n >= 4 and self.epsilon > 0:
+        # A model taught only by earlier logs (and fewer than `warmup` measurements of this task) does not replace
+        # the local start around the default: it orders the default's neighbours instead. Ranking a random pool
+        # with it made transfer slower than no transfer (21 trials to 95% on dense 1024^3 instead of 4).
+        cold = self.hub.model is None or (self.transfer_local_start and self.hub.transfer is not None
+                                          and len(measured) < self.warmup)
+        explore = 0 if cold else round(self.epsilon * n)
+        if not cold and explore == 0 and n >= 4 and self.epsilon > 0:
             explore = 1
-        if self.hub.model is None:
-            chosen += self._cold_local(measured, visited, round(self.cold_local * n))
+        if cold:
+            ranked = self.hub.model is not None and self.hub.transfers_to(self.task)
+            chosen += self._cold_local(measured, visited, round(self.cold_local * n), ranked=ranked)
         else:
             chosen += self._diverse_top(n - explore, visited)
         visited.update(c.key for c in chosen)
@@ -774,6 +827,8 @@ def xgb_search(
     initial_model: str | os.PathLike[str] | None = None,
     hub: CostModelHub | None = None,
     feature_jobs: int | None = None,
+    transfer_match: str = "similar",
+    transfer_half_life: float = 64.0,
     **options: Any,
 ) -> StrategyFactory:
     """A factory of `XGBSearch`es sharing one `CostModelHub` (one model for all tasks of the run).
@@ -786,7 +841,7 @@ def xgb_search(
     shared = hub or CostModelHub(
         features=features, loss=loss, transfer=transfer_from, transfer_tasks=transfer_tasks, seed=seed,
         model_path=model_path_for_log(log_path) if log_path is not None else None, initial_model=initial_model,
-        feature_jobs=jobs)
+        feature_jobs=jobs, transfer_match=transfer_match, transfer_half_life=transfer_half_life)
 
     def make(task: TuneTask, database: Database) -> SearchStrategy:
         return XGBSearch(task, database, hub=shared, storage=storage, seed=seed, **options)
