@@ -577,6 +577,16 @@ def _closest_factor(knob: SplitKnob, wanted: int) -> int:
     return max((c for c in knob.candidates if c <= max(1, wanted)), default=1)
 
 
+def _dividing_factor(knob: SplitKnob, wanted: int) -> int:
+    """The largest candidate factor at most `wanted` that divides the knob's extent, unless that is less than half
+    of `wanted` (then the closest factor, tail and all). A tile that leaves a tail gets its last block peeled by
+    lowering; when the blocks are few (8 channels in tiles of 7), the peeled copy is most of the loop and the
+    parallel loop over blocks disappears with it (the 1x1 convolution 1x32x8x8 by 8x32 ran on one core)."""
+    limit = max(1, wanted)
+    dividing = max((c for c in knob.candidates if c <= limit and knob.extent % c == 0), default=1)
+    return dividing if 2 * dividing >= limit else _closest_factor(knob, wanted)
+
+
 def default_config(workload: CpuWorkload) -> Config:
     """The untuned config of a workload, valid in `cpu_space(workload)`: the rule below picks each knob from the
     shapes (register tiles as large as the vector registers allow, parallel wherever the work pays for a parallel
@@ -619,7 +629,7 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
     elif family == "conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
         fc = max(1, min(dims["c"], 8, workload.accumulator_budget // vector_registers(vx, lanes)))
-        fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
+        fc = _dividing_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
         values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
                       tile_w=_split_value(dims["w"], vx), order="hc", parallel=parallel, reduce_order="c_hw",
                       tile_ic=_split_value(dims["ic"], 1), unroll_kw=False, pad="root", pack_w=fc > 1,
@@ -629,7 +639,7 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
                        if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
             rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
             fc = max(1, min(fc, workload.accumulator_budget // vector_registers(rows * dims["w"], lanes)))
-            fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
+            fc = _dividing_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
             values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
                           tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
     elif family in ("conv2d_nhwc", "conv2d_nchw_cl"):
