@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", help="where to write the table")
     parser.add_argument("--compare-with", metavar="CHECKOUT",
                         help="also time the default config another checkout's rule picks (e.g. the main branch)")
+    parser.add_argument("--changed-only", action="store_true",
+                        help="with --compare-with: only the tasks whose two default configs differ")
     args = parser.parse_args(argv)
 
     from relay_tune.build import resolve_target
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 if other != default and _same_nest(task, default, other):
                     other = default
             extra = [other] if other is not None and other != default else []
+            if args.changed_only and not extra:
+                continue
             artifacts = [r.artifact if r.error_kind is None else None for r in builder.build(task, configs + extra)]
             times = _time(runner, task, artifacts, args.rounds)
             default_s = times[0]
@@ -158,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{shown:>6}{compared}", flush=True)
     finally:
         runner.close()
+    if not rows:
+        print("no task to compare")
+        return 0
     ratios = [r["ratio"] for r in rows if r["ratio"]]
     weighted_default = sum(r["weight"] * (r["default_ms"] or 0) for r in rows)
     weighted_best = sum(r["weight"] * (r["best_ms"] or 0) for r in rows)

@@ -297,8 +297,29 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
     total = max((math.prod(ax.extent for ax in st.op.axes) for st in stages), default=1)
     lanes = min((target.vector_lanes(st.tensor.dtype) for st in stages), default=lanes)
     work = max((_work(st) for st in stages), default=1)
-    return CpuWorkload(dims={"inner": inner, "total": total}, lanes=lanes,
+    written = [sch[t] for t in prim.outputs]  # the stages left after the template inlines the others
+    period = math.gcd(*(_inner_period(st) for st in written if st.op is not None and len(st.op.axes) >= 2))
+    return CpuWorkload(dims={"inner": inner, "total": total, "period": period}, lanes=lanes,
                        default_parallel=_parallel_worthwhile(target, work), **common)
+
+
+def _inner_period(stage: Any) -> int:
+    """How many consecutive elements of the stage's innermost axis read consecutive elements of its inputs: the
+    divisor where an index divides or takes the remainder of that axis (a reshape that splits it, as attention's
+    head split 128x768 <- 12x128x64 does), 0 where no index does."""
+    from relay_tune.kernel import te, tir
+
+    axis = stage.op.axes[-1]
+    period = 0
+    for node in te.iter_exprs(stage.op.body):
+        if not (isinstance(node, tir.BinaryOp) and node.op in ("floordiv", "floormod")
+                and isinstance(node.b, tir.IntImm) and 1 < int(node.b.value) < axis.extent):
+            continue
+        operand = list(te.iter_exprs(node.a))  # the axis itself, not a quotient of it: `(ax // 64) % 12` is not
+        if any(n is axis for n in operand) and not any(
+                isinstance(n, tir.BinaryOp) and n.op in ("floordiv", "floormod") for n in operand):
+            period = math.gcd(period, int(node.b.value))
+    return period
 
 
 def _reads_contiguously(stage: Any, axis: Any) -> bool:
@@ -670,10 +691,18 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             values["vector"] = max((c for c in choices if c <= wanted), default=choices[0])  # type: ignore[operator]
         values["parallel"] = 1 if parallel else 0
     else:
-        values["mode"] = "inner" if "inner" in list(space.knob("mode").values()) else "flat"
+        modes = list(space.knob("mode").values())
+        values["mode"] = "inner" if "inner" in modes else "flat"
         if "vector" in space.names:
-            values["vector"] = lanes if lanes in list(space.knob("vector").values()) else \
-                next(iter(space.knob("vector").values()))
+            choices = list(space.knob("vector").values())
+            values["vector"] = lanes if lanes in choices else choices[0]
+            # An innermost axis read in runs of `period` elements (a reshape splits it): vectorized whole, every
+            # vector straddles runs and its loads become gathers (BERT's head merge 12x128x64 -> 128x768: 4x
+            # slower than the best config). Split it by the widest vector that divides the run instead.
+            period = dims.get("period", 0)
+            dividing = [c for c in choices if period and period % c == 0 and c >= lanes]  # type: ignore[operator]
+            if "split" in modes and dividing:
+                values.update(mode="split", vector=max(dividing))  # type: ignore[type-var]
         values["parallel"] = 1 if parallel else 0
     return values
 

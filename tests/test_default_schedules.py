@@ -199,6 +199,20 @@ def @main(%x: Tensor[(1, 32, 8, 8), float32], %w: Tensor[(8, 32, 1, 1), float32]
     assert _parallel_loops(_built_default(spec, CPU).body) == 1
 
 
+def test_a_split_innermost_axis_is_vectorized_by_whole_runs() -> None:
+    """Attention's head merge (12x128x64 -> 128x768) reads each output row in runs of 64: vectorizing the row
+    whole makes every load a gather; the default splits it by a vector that divides the run."""
+    mod = parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(12, 128, 64), float32]) {
+  reshape(transpose(reshape(%x, newshape=[1, 12, 128, 64]), axes=[0, 2, 1, 3]), newshape=[128, 768])
+}""")
+    (spec,) = extract_tasks(optimize(infer_types(mod)))
+    config = RelayTuneTask(spec, CPU).default_config()
+    assert config["mode"] == "split" and 64 % int(config["vector"]) == 0  # type: ignore[call-overload]
+    text = analysis.format_func(_built_default(spec, CPU))
+    assert "vectorized" in text and "//" not in text and "%" not in text, text  # affine, contiguous indices
+
+
 @pytest.mark.parametrize("name", ["families", "small_cnn", "zoo:mobilenet_v2", "zoo:bert_layer"])
 def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> None:
     for spec in _specs(name):
