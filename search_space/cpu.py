@@ -677,8 +677,12 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
                       pack_w=bc > 1 and (c > bc or family == "conv2d_nchw_cl"))
     elif family == "depthwise_conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
-        rows = max(1, min(dims["h"], 4, workload.accumulator_budget // vector_registers(vx, lanes)))
-        rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+        fit = workload.accumulator_budget // vector_registers(vx, lanes)
+        rows = max(1, min(dims["h"], 4, fit))
+        # Row tiles that divide the map: a tail tile is guarded inside the fused parallel loop, at every tap (the
+        # 14-row maps of MobileNet v2 in tiles of 4). A map of at most 8 rows whose tile fits takes all of them.
+        rows = dims["h"] if dims["h"] <= MAX_CONV_ROWS and dims["h"] <= fit else \
+            _dividing_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
         # Padding read in place (masked vector loads at the borders) beats a padded copy on every MobileNet v2
         # depthwise layer: 1.2-12x on one core.
         values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx), parallel=parallel,
