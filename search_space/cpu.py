@@ -290,8 +290,29 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
     total = max((math.prod(ax.extent for ax in st.op.axes) for st in stages), default=1)
     lanes = min((target.vector_lanes(st.tensor.dtype) for st in stages), default=lanes)
     work = max((_work(st) for st in stages), default=1)
-    return CpuWorkload(dims={"inner": inner, "total": total}, lanes=lanes,
+    written = [sch[t] for t in prim.outputs]  # the stages left after the template inlines the others
+    period = math.gcd(*(_inner_period(st) for st in written if st.op is not None and len(st.op.axes) >= 2))
+    return CpuWorkload(dims={"inner": inner, "total": total, "period": period}, lanes=lanes,
                        default_parallel=_parallel_worthwhile(target, work), **common)
+
+
+def _inner_period(stage: Any) -> int:
+    """How many consecutive elements of the stage's innermost axis read consecutive elements of its inputs: the
+    divisor where an index divides or takes the remainder of that axis (a reshape that splits it, as attention's
+    head split 128x768 <- 12x128x64 does), 0 where no index does."""
+    from relay_tune.kernel import te, tir
+
+    axis = stage.op.axes[-1]
+    period = 0
+    for node in te.iter_exprs(stage.op.body):
+        if not (isinstance(node, tir.BinaryOp) and node.op in ("floordiv", "floormod")
+                and isinstance(node.b, tir.IntImm) and 1 < int(node.b.value) < axis.extent):
+            continue
+        operand = list(te.iter_exprs(node.a))  # the axis itself, not a quotient of it: `(ax // 64) % 12` is not
+        if any(n is axis for n in operand) and not any(
+                isinstance(n, tir.BinaryOp) and n.op in ("floordiv", "floormod") for n in operand):
+            period = math.gcd(period, int(node.b.value))
+    return period
 
 
 def _reads_contiguously(stage: Any, axis: Any) -> bool:
@@ -568,6 +589,16 @@ def _closest_factor(knob: SplitKnob, wanted: int) -> int:
     return max((c for c in knob.candidates if c <= max(1, wanted)), default=1)
 
 
+def _dividing_factor(knob: SplitKnob, wanted: int) -> int:
+    """The largest candidate factor at most `wanted` that divides the knob's extent, unless that is less than half
+    of `wanted` (then the closest factor, tail and all). A tile that leaves a tail gets its last block peeled by
+    lowering; when the blocks are few (8 channels in tiles of 7), the peeled copy is most of the loop and the
+    parallel loop over blocks disappears with it (the 1x1 convolution 1x32x8x8 by 8x32 ran on one core)."""
+    limit = max(1, wanted)
+    dividing = max((c for c in knob.candidates if c <= limit and knob.extent % c == 0), default=1)
+    return dividing if 2 * dividing >= limit else _closest_factor(knob, wanted)
+
+
 def default_config(workload: CpuWorkload) -> Config:
     """The untuned config of a workload, valid in `cpu_space(workload)`: the rule below picks each knob from the
     shapes (register tiles as large as the vector registers allow, parallel wherever the work pays for a parallel
@@ -609,7 +640,7 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
     elif family == "conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
         fc = max(1, min(dims["c"], 8, workload.accumulator_budget // vector_registers(vx, lanes)))
-        fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
+        fc = _dividing_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
         values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
                       tile_w=_split_value(dims["w"], vx), order="hc", parallel=parallel, reduce_order="c_hw",
                       tile_ic=_split_value(dims["ic"], 1), unroll_kw=False, pad="root", pack_w=fc > 1,
@@ -619,7 +650,7 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
                        if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
             rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
             fc = max(1, min(fc, workload.accumulator_budget // vector_registers(rows * dims["w"], lanes)))
-            fc = _closest_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
+            fc = _dividing_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
             values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
                           tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
     elif family in ("conv2d_nhwc", "conv2d_nchw_cl"):
@@ -636,12 +667,19 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
                       pack_w=bc > 1 and (c > bc or family == "conv2d_nchw_cl"))
     elif family == "depthwise_conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
-        rows = max(1, min(dims["h"], 4, workload.accumulator_budget // vector_registers(vx, lanes)))
-        rows = _closest_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+        fit = workload.accumulator_budget // vector_registers(vx, lanes)
+        # Row tiles that divide the map: a tail tile is guarded inside the parallel loop at every tap (the 14-row
+        # maps of MobileNet v2 in tiles of 4). Small maps (two tiles of at most 8 rows) take the taller tile: each
+        # tile re-reads two rows of input, and the best configs of 1,000 trials there have 6-8 rows.
+        rows = max(1, min(dims["h"], MAX_CONV_ROWS if dims["h"] <= 2 * MAX_CONV_ROWS else 4, fit))
+        rows = dims["h"] if dims["h"] <= MAX_CONV_ROWS and dims["h"] <= fit else \
+            _dividing_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+        # Channels in parallel, each core's channels whole (`parallel` 1): the best config of every MobileNet v2
+        # depthwise layer after 1,000 trials on 2 cores (the fused channel-row loop split maps between cores).
         # Padding read in place (masked vector loads at the borders) beats a padded copy on every MobileNet v2
         # depthwise layer: 1.2-12x on one core.
-        values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx), parallel=parallel,
-                      unroll_kw=False, pad="inline")
+        values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx),
+                      parallel=min(parallel, 1), unroll_kw=False, pad="inline")
     elif family == "reduction":
         mode = workload.extras["mode"]
         wanted = min(dims["last"], 2 * lanes) if mode == "tiles" else lanes
@@ -650,10 +688,18 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             values["vector"] = max((c for c in choices if c <= wanted), default=choices[0])  # type: ignore[operator]
         values["parallel"] = 1 if parallel else 0
     else:
-        values["mode"] = "inner" if "inner" in list(space.knob("mode").values()) else "flat"
+        modes = list(space.knob("mode").values())
+        values["mode"] = "inner" if "inner" in modes else "flat"
         if "vector" in space.names:
-            values["vector"] = lanes if lanes in list(space.knob("vector").values()) else \
-                next(iter(space.knob("vector").values()))
+            choices = list(space.knob("vector").values())
+            values["vector"] = lanes if lanes in choices else choices[0]
+            # An innermost axis read in runs of `period` elements (a reshape splits it): vectorized whole, every
+            # vector straddles runs and its loads become gathers (BERT's head merge 12x128x64 -> 128x768: 4x
+            # slower than the best config). Split it by the widest vector that divides the run instead.
+            period = dims.get("period", 0)
+            dividing = [c for c in choices if period and period % c == 0 and c >= lanes]  # type: ignore[operator]
+            if "split" in modes and dividing:
+                values.update(mode="split", vector=max(dividing))  # type: ignore[type-var]
         values["parallel"] = 1 if parallel else 0
     return values
 
