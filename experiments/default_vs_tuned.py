@@ -52,7 +52,10 @@ def _same_nest(task: Any, a: Any, b: Any) -> bool:
 
 _OTHER_DEFAULTS = """
 import json, sys
-from relay_tune.build import resolve_target
+try:
+    from relay_tune.compiler import resolve_target
+except ImportError:  # a checkout from before the compiler module had its name
+    from relay_tune.build import resolve_target
 from relay_tune.cli import load_model
 from relay_tune.tuning.relay_task import tasks_from_module
 tasks = tasks_from_module(load_model(sys.argv[1]), resolve_target(sys.argv[2]))

@@ -300,8 +300,6 @@ def _inner_period(stage: Any) -> int:
     """How many consecutive elements of the stage's innermost axis read consecutive elements of its inputs: the
     divisor where an index divides or takes the remainder of that axis (a reshape that splits it, as attention's
     head split 128x768 <- 12x128x64 does), 0 where no index does."""
-    from relay_tune.kernel import te, tir
-
     axis = stage.op.axes[-1]
     period = 0
     for node in te.iter_exprs(stage.op.body):
