@@ -781,6 +781,7 @@ def check_tuned_records(
     logs: Any,
     opt_level: int = 3,
     rounds: int = 5,
+    default: CompiledModel | None = None,
     **options: Any,
 ) -> CompiledModel:
     """`build(..., check_tuned=True)`: the tuned build, less the records that are slower in the graph.
@@ -791,16 +792,18 @@ def check_tuned_records(
     whose tuned kernel is slower in the graph than its default one falls back to the default schedule, and the
     model is rebuilt without those records. Last, the result is timed end to end against the default build, in
     interleaved rounds, and the default build is returned if it is faster. `build_info["tuned_check"]` says what
-    was compared and decided.
+    was compared and decided. `default`: the same model already built with default schedules (the tuner has one
+    from timing the model before tuning), used instead of building it again.
     """
     tuned = build(mod, target, params, logs, opt_level, **options)
     if resolve_target(target).kind != "llvm" or not any(t.tuned for t in tuned.plan.tasks):
         return tuned  # GPU models have no in-graph profile to compare with
     # The default build has no records by design, and the rebuild below none for the rejected tasks.
     relaxed = {k: v for k, v in options.items() if k != "require_tuned"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", BuildWarning)
-        default = build(mod, target, params, None, opt_level, **relaxed)
+    if default is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BuildWarning)
+            default = build(mod, target, params, None, opt_level, **relaxed)
     inputs = tuned.random_inputs(seed=0)
     in_tuned, in_default = _task_seconds((tuned, default), inputs, rounds)
     slower = {t.key for t in tuned.plan.tasks

@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from relay_tune.compiler import BuildWarning, build, resolve_target
+from relay_tune.compiler import BuildWarning, build, check_tuned_records, resolve_target
 from relay_tune.errors import RelayTuneError
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
@@ -380,14 +380,15 @@ def tune_model(
     model = None
     saved: Path | None = None
     configs: dict[str, str] = {}
+    untuned = None
     if measure_latency:
-        before = _median_latency(build(mod, target=resolved, opt_level=opt_level))
+        untuned = build(mod, target=resolved, opt_level=opt_level)
+        before = _median_latency(untuned)
     logs = [log_path] if log_path.is_file() else None
 
     if database is not None:
         lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
     elif cache is not None:
-
         # the log's records and the cache's for this target and CPU: the fastest of either is built
         known = MemoryDatabase((read_records(log_path) if log_path.is_file() else [])
                                + cache.usable(sorted({t.target for t in tasks})))
@@ -398,7 +399,9 @@ def tune_model(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
         # A record slower in the model than the default schedule is not used (CPU targets; see build).
-        model = build(mod, target=resolved, logs=lookup, opt_level=opt_level, check_tuned=True)
+        # The model built before tuning is the default side of that check (not built a second time).
+        model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned) if lookup is not None
+                 else untuned or build(mod, target=resolved, opt_level=opt_level))
     if measure_latency:
         after = _median_latency(model)
     if output is not None and hasattr(model, "save"):
