@@ -778,6 +778,24 @@ def test_a_late_thread_share_is_done_by_the_thread_that_runs(monkeypatch: pytest
     np.testing.assert_allclose(got, x * 3)
 
 
+def test_select_between_two_reads_under_a_uniform_condition_branches() -> None:
+    """A concatenation along channels inside a vectorized loop: the condition (which input) is the same in every
+    lane, so only the chosen input is read (a branch), not both (a select of two loads)."""
+    c, w = LoopVar("c"), LoopVar("w")
+    a, b, out = Buffer("a", (3, 32)), Buffer("b", (5, 32)), Buffer("out", (8, 32))
+    value = Select(c < 3, a[tir.minimum(c, 2), w], b[tir.maximum(c - 3, 0), w])
+    func = PrimFunc("concat_rows", (a, b, out), For(c, 8, For(w, 32, Store(out, (c, w), value), VEC)))
+    text = emit_llvm_ir([func], SERIAL_HOST)
+    assert "select.then" in text and "select.else" in text
+    x, y, got = random_array((3, 32), "float32"), random_array((5, 32), "float32"), np.zeros((8, 32), np.float32)
+    run(func, x, y, got)
+    np.testing.assert_array_equal(got, np.concatenate([x, y]))
+    # a condition that differs between lanes stays a select
+    lanes = PrimFunc("mix", (a, b, out), For(c, 3, For(w, 32, Store(out, (c, w), Select(
+        w < 16, a[c, w], b[c, w])), VEC)))
+    assert "select.then" not in emit_llvm_ir([lanes], SERIAL_HOST)
+
+
 def test_kernel_checks_its_arguments() -> None:
     lib = build_llvm([_scale_kernel()], SERIAL_HOST)
     kernel = lib.get("scale")
