@@ -17,14 +17,16 @@ net and one BERT-base encoder layer (sequence 128). For each network:
 
 Spinning threads. Both engines keep worker threads that spin after a run, waiting for the next one: libgomp's
 team (bounded by relay-tune, `relay_tune.runtime.kernel.DEFAULT_GOMP_SPINCOUNT`) and onnxruntime's intra-op pool
-(by default it spins for a long time after `run` returns: on this 2-core machine one ORT worker kept a core busy
-for more than a second). With 2 threads on 2 cores, an engine timed while the other's workers still spin shares
-its cores with them, and a parallel kernel waits at its end for a descheduled thread: measured interleaved run by
-run, SqueezeNet took 30 ms after an onnxruntime run against 12-15 ms after a pause. So before each block the
+(by default it keeps spinning after `run` returns: about 60 ms on this 2-core machine, onnxruntime 1.32). With 2
+threads on 2 cores, an engine timed while the other's workers still spin shares its cores with them, and a parallel
+kernel waited at its end for a descheduled thread: measured run by run, SqueezeNet took 30 ms right after an
+onnxruntime run and 12 ms after one with spinning off. So before each block the
 benchmark *settles*: it waits until the process used less than 5% of one core over 10 ms (all threads: the
 process's CPU clock), at most `--settle` seconds, and reports how long each engine's threads kept spinning after it
 (`spin ms`, the median wait after that engine's blocks). onnxruntime is timed twice, with its default spinning
 (`ort ms`, the baseline of the ratios) and with `session.intra_op.allow_spinning=0` (`ort-nospin ms`).
+`--settle 0` times the blocks back to back: each engine then meets the other's spinning threads, which is
+what the executor's tolerance to a busy core is measured with.
 
 Columns: `default` is `CompiledModel.run` (the native executor); `py loop` runs the same build's kernels from a
 Python loop of ctypes calls over the same buffers, as models ran before the native executor, for comparison in

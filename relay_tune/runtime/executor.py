@@ -22,7 +22,7 @@ Sharing the cores. The spin is bounded (`relay_tune.runtime.kernel.DEFAULT_GOMP_
 kept our workers spinning for milliseconds after a run, taking the cores from whatever ran next. And a parallel
 loop does not wait for a descheduled thread: each thread runs its own share in chunks, then takes the chunks the
 others have not started (`relay_tune.codegen.llvm`), so when another library's threads (onnxruntime's pool spins
-for about a second after its runs) or other processes hold a core, the threads that do run finish the region.
+for about 60 ms after each of its runs) or other processes hold a core, the threads that do run finish the region.
 """
 
 from __future__ import annotations
