@@ -220,9 +220,9 @@ _libgomp_tried = False
 
 # How long libgomp's idle workers spin before they sleep, in its spin iterations (a `pause` each). libgomp's own
 # default (300,000 when OMP_WAIT_POLICY is unset) keeps a worker spinning for milliseconds after every parallel
-# region: after a model run the team holds the cores away from whatever runs next (onnxruntime timed 12 ms after
-# a relay-tune run instead of 7 ms on 2 cores), and under oversubscription a spinning thread takes the core a
-# descheduled teammate needs to finish its share. A model calls its kernels back to back, microseconds apart, so a
+# region: after a model run the team holds the cores away from whatever runs next (another library's threads, the
+# caller's own code), and under oversubscription a spinning thread takes the core a descheduled teammate needs to
+# finish its share. A model calls its kernels back to back, microseconds apart, so a
 # short spin still finds the next region; past that the workers sleep. Used only when neither GOMP_SPINCOUNT nor
 # OMP_WAIT_POLICY is set, and only if this process had not loaded libgomp already (it reads them at start-up).
 DEFAULT_GOMP_SPINCOUNT = 10_000
