@@ -11,9 +11,22 @@ net and one BERT-base encoder layer (sequence 128). For each network:
 2. relay-tune imports it, builds it with default schedules (and, with `--log`, a second time from the best records
    of those tuning logs), and every build's output is checked against onnxruntime's (and, with `--interpreter`,
    the reference interpreter's);
-3. the engines are timed in interleaved rounds (each round: every engine one untimed, then `--per-round` timed
-   inferences), and the
-   table reports medians over all timed inferences and the ratio to onnxruntime (below 1: relay-tune is faster).
+3. the engines are timed in interleaved rounds, each engine in a block per round: wait until the process is idle
+   (see below), one untimed inference, then `--per-round` timed ones. The table reports medians over all timed
+   inferences and the ratio to onnxruntime (below 1: relay-tune is faster).
+
+Spinning threads. Both engines keep worker threads that spin after a run, waiting for the next one: libgomp's
+team (bounded by relay-tune, `relay_tune.runtime.kernel.DEFAULT_GOMP_SPINCOUNT`) and onnxruntime's intra-op pool
+(by default it keeps spinning after `run` returns: about 60 ms on this 2-core machine, onnxruntime 1.32). With 2
+threads on 2 cores, an engine timed while the other's workers still spin shares its cores with them, and a parallel
+kernel waited at its end for a descheduled thread: measured run by run, SqueezeNet took 30 ms right after an
+onnxruntime run and 12 ms after one with spinning off. So before each block the
+benchmark *settles*: it waits until the process used less than 5% of one core over 10 ms (all threads: the
+process's CPU clock), at most `--settle` seconds, and reports how long each engine's threads kept spinning after it
+(`spin ms`, the median wait after that engine's blocks). onnxruntime is timed twice, with its default spinning
+(`ort ms`, the baseline of the ratios) and with `session.intra_op.allow_spinning=0` (`ort-nospin ms`).
+`--settle 0` times the blocks back to back: each engine then meets the other's spinning threads, which is
+what the executor's tolerance to a busy core is measured with.
 
 Columns: `default` is `CompiledModel.run` (the native executor); `py loop` runs the same build's kernels from a
 Python loop of ctypes calls over the same buffers, as models ran before the native executor, for comparison in
@@ -44,15 +57,31 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
 from onnx_zoo import ZOO  # noqa: E402
 
 
-def ort_session(model: Any, threads: int) -> Any:
+def ort_session(model: Any, threads: int, spinning: bool = True) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def settle(limit: float, window: float = 0.01, idle: float = 0.05) -> float:
+    """Wait until the process's threads (`time.process_time` counts all of them, in nanoseconds, from the
+    scheduler) stop using the CPUs (below `idle` of one core over `window` seconds), at
+    most `limit` seconds; return the seconds waited. Spinning workers of the engine timed before would otherwise
+    share the cores with the engine timed next."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        before, began = time.process_time(), time.perf_counter()
+        time.sleep(window)
+        if time.process_time() - before < idle * (time.perf_counter() - began):
+            break
+    return time.perf_counter() - start
 
 
 def python_loop(model: Any, inputs: dict[str, np.ndarray]) -> Callable[[], None]:
@@ -108,7 +137,9 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     want = session.run(None, {"input": x})[0]
     target = Target.host(num_cores=args.threads)
 
-    runners: dict[str, Callable[[], Any]] = {"onnxruntime": lambda: session.run(None, {"input": x})}
+    quiet = ort_session(onnx_model, args.threads, spinning=False)
+    runners: dict[str, Callable[[], Any]] = {"onnxruntime": lambda: session.run(None, {"input": x}),
+                                             "ort-nospin": lambda: quiet.run(None, {"input": x})}
     builds = [("default", None)] + ([("tuned", args.log)] if args.log else [])
     ok = True
     for label, logs in builds:
@@ -131,13 +162,18 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row["matches"] = ok
 
     samples: dict[str, list[float]] = {label: [] for label in runners}
+    spins: dict[str, list[float]] = {label: [] for label in runners}
     for fn in runners.values():  # warm-up: first-touch page faults, thread pools, caches
         for _ in range(2):
             fn()
+    order = list(runners)
     for _ in range(args.rounds):
-        for label, fn in runners.items():
-            # One untimed inference first: the other engine's thread pool may still be spinning on the cores, and
-            # each engine's first run after the other meets caches the other filled.
+        for position, label in enumerate(order):
+            fn = runners[label]
+            # Settle first: the threads of the engine timed before may still be spinning (the wait is charged to
+            # that engine's `spin` column). Then one untimed inference: each engine's first run after the other
+            # meets caches the other filled.
+            spins[order[position - 1]].append(settle(args.settle))
             fn()
             for _ in range(args.per_round):
                 start = time.perf_counter()
@@ -146,6 +182,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     base = statistics.median(samples["onnxruntime"])
     for label, values in samples.items():
         row[f"{label}_ms"] = round(statistics.median(values) * 1e3, 3)
+        row[f"{label}_spin_ms"] = round(statistics.median(spins[label]) * 1e3, 1)
         if label != "onnxruntime":
             row[f"{label}_ratio"] = round(statistics.median(values) / base, 3)
     return row
@@ -160,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log", action="append", default=[], help="tuning log(s) for the tuned build")
     parser.add_argument("--rtol", type=float, default=1e-3, help="largest error relative to the output's scale")
     parser.add_argument("--interpreter", action="store_true", help="also check the reference interpreter (slow)")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="longest wait (s) for the process to go idle before each engine's block")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--csv", type=Path, default=REPO_ROOT / "experiments" / "results" / "onnx_e2e.csv")
     args = parser.parse_args(argv)
@@ -174,14 +213,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"threads {args.threads}; {args.rounds} rounds x {args.per_round} inferences per engine, interleaved; "
           f"load average {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} usable cores")
     labels = ["default", "py loop"] + (["tuned"] if args.log else [])
-    header = f"{'model':<15} {'calls':>5} {'ort ms':>8} " + " ".join(f"{lb + ' ms':>11} {'ratio':>6}" for lb in labels)
-    print(header + "  match")
+    from relay_tune.runtime.kernel import load_libgomp
+
+    load_libgomp()  # before onnxruntime starts any thread: the spin limit is read when libgomp starts
+    print("libgomp spin count:", os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
+          "; OMP_WAIT_POLICY:", os.environ.get("OMP_WAIT_POLICY", "unset"))
+    header = f"{'model':<15} {'calls':>5} {'ort ms':>8} {'ort-nospin':>10} " + \
+        " ".join(f"{lb + ' ms':>11} {'ratio':>6}" for lb in labels)
+    print(header + "  spin ms (ort, ours)  match")
     rows = []
     for name in names:
         row = bench_model(name, args)
         rows.append(row)
         cells = " ".join(f"{row[lb + '_ms']:>11.2f} {row[lb + '_ratio']:>6.2f}" for lb in labels)
-        print(f"{name:<15} {row['kernel_calls']:>5} {row['onnxruntime_ms']:>8.2f} {cells}  "
+        print(f"{name:<15} {row['kernel_calls']:>5} {row['onnxruntime_ms']:>8.2f} {row['ort-nospin_ms']:>10.2f} "
+              f"{cells}  {row['onnxruntime_spin_ms']:>8.1f} {row['default_spin_ms']:>6.1f}    "
               f"{'yes' if row['matches'] else 'NO'} ({row['default_error']})", flush=True)
     for label in labels:
         ratios = [r[f"{label}_ratio"] for r in rows]

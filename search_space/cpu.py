@@ -292,7 +292,12 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
     work = max((_work(st) for st in stages), default=1)
     written = [sch[t] for t in prim.outputs]  # the stages left after the template inlines the others
     period = math.gcd(*(_inner_period(st) for st in written if st.op is not None and len(st.op.axes) >= 2))
-    return CpuWorkload(dims={"inner": inner, "total": total, "period": period}, lanes=lanes,
+    dims = {"inner": inner, "total": total, "period": period}
+    if 0 < inner < lanes and any(len(st.op.axes) >= 3 and
+                                 _trailing_axes([ax.extent for ax in st.op.axes], lanes) < len(st.op.axes) - 1
+                                 for st in stages):
+        dims["narrow_rows"] = 1  # rows narrower than a vector: the "inner" mode fuses trailing axes
+    return CpuWorkload(dims=dims, lanes=lanes,
                        default_parallel=_parallel_worthwhile(target, work), **common)
 
 
@@ -551,6 +556,8 @@ def cpu_space(workload: CpuWorkload) -> Space:
         modes = ["flat"]
         if dims["inner"] >= lanes > 1:
             modes = ["inner", "split", "flat"]
+        elif dims.get("narrow_rows") and lanes > 1:
+            modes = ["inner", "flat"]
         knobs.append(ChoiceKnob("mode", modes))
         if lanes > 1:
             knobs.append(ChoiceKnob("vector", _vector_choices(dims["total"], lanes)))
@@ -766,6 +773,17 @@ def _flat_loops(sch: Any, stage: Any, target: Any, mode: str = "inner", vector: 
     elif mode == "inner" and len(spatial) >= 2 and extents[-1] >= lanes:
         outer = spatial[0] if len(spatial) == 2 else sch.fuse(name, *spatial[:-1])
         sch.vectorize(name, spatial[-1])
+    elif mode == "inner" and len(spatial) >= 3 and _trailing_axes(extents, width) < len(spatial) - 1:
+        # Rows narrower than a vector (a 14x14 or 7x7 map): fuse the fewest trailing axes that fill a vector and
+        # vectorize those in pieces of `width`; the leading axes (channels) stay outside. Fusing every axis
+        # instead lets one vector span two channels, and a kernel that moves channels (concatenation, channel
+        # shuffle, split) then gathers lane by lane; here a vector reads one channel, contiguously.
+        count = _trailing_axes(extents, width)
+        rows = sch.fuse(name, *spatial[-count:])
+        _, ii = sch.split(name, rows, factor=width)
+        lead = spatial[:-count]
+        outer = lead[0] if len(lead) == 1 else sch.fuse(name, *lead)
+        sch.vectorize(name, ii)
     elif mode == "split" and len(spatial) >= 2 and extents[-1] > width:
         _, ii = sch.split(name, spatial[-1], factor=width)
         outer = spatial[0] if len(spatial) == 2 else sch.fuse(name, *spatial[:-1])
@@ -782,6 +800,16 @@ def _flat_loops(sch: Any, stage: Any, target: Any, mode: str = "inner", vector: 
         parallel = _parallel_worthwhile(target, _work(stage))
     if outer is not None and parallel and target.num_cores > 1:
         sch.parallel(name, outer)
+
+
+def _trailing_axes(extents: Sequence[int], width: int) -> int:
+    """How many trailing axes together reach `width` elements (all of them when none do)."""
+    total = 1
+    for count, extent in enumerate(reversed(extents), 1):
+        total *= extent
+        if total >= width:
+            return count
+    return len(extents)
 
 
 def _split_levels(sch: Any, stage: str, loop: str, value: tuple[int, ...]) -> list[str]:

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -720,6 +721,79 @@ def test_python_thread_team_runs_parallel_loops() -> None:
         load_object(obj, [func], threading_runtime="tbb")
     team = PythonThreadTeam(max_threads=3)
     assert set(team.symbols()) == {"GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads"}
+
+
+@pytest.mark.parametrize("team_size", [1, 2, 3])
+def test_parallel_loop_is_complete_when_the_team_is_smaller_than_asked(
+    team_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that never runs its share (descheduled, or a team smaller than the loop asked for) leaves its chunks
+    to the threads that run: every iteration is still done, once."""
+    import relay_tune.runtime.kernel as runtime_kernel
+
+    team = PythonThreadTeam(max_threads=team_size)
+    monkeypatch.setattr(runtime_kernel, "_python_team", team)
+    func = _scale_kernel(1001, f"scale_team_of_{team_size}")
+    lib = load_object(compile_object([func], HOST.with_cores(4)), [func], threading_runtime="python")
+    x = random_array((1001,), "float32")
+    got = np.zeros(1001, np.float32)
+    lib.get(func.name)(x, got)
+    assert team.regions == 1
+    np.testing.assert_allclose(got, x * 3)
+
+
+class _LateTeam(PythonThreadTeam):
+    """A team of two whose second thread starts only after the first has returned (as when the second thread
+    is descheduled for the whole region); `after_first` runs in between."""
+
+    def __init__(self, after_first: Callable[[], None]) -> None:
+        super().__init__(max_threads=2)
+        self.after_first = after_first
+
+    def _parallel(self, fn: int, data: int, num_threads: int, flags: int) -> None:
+        body = self._body_type(fn)
+        self.regions += 1
+        for thread in range(2):
+            self._local.thread, self._local.team = thread, 2
+            body(data)
+            if thread == 0:
+                self.after_first()
+        self._local.thread, self._local.team = 0, 1
+
+
+def test_a_late_thread_share_is_done_by_the_thread_that_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The region does not wait for a descheduled thread's share: the first thread to run takes it too."""
+    import relay_tune.runtime.kernel as runtime_kernel
+
+    x = random_array((1001,), "float32")
+    got = np.zeros(1001, np.float32)
+    seen: list[np.ndarray] = []
+    team = _LateTeam(lambda: seen.append(got.copy()))
+    monkeypatch.setattr(runtime_kernel, "_python_team", team)
+    func = _scale_kernel(1001, "scale_late_team")
+    lib = load_object(compile_object([func], HOST.with_cores(2)), [func], threading_runtime="python")
+    lib.get(func.name)(x, got)
+    assert team.regions == 1
+    np.testing.assert_allclose(seen[0], x * 3)  # complete before the second thread ran
+    np.testing.assert_allclose(got, x * 3)
+
+
+def test_select_between_two_reads_under_a_uniform_condition_branches() -> None:
+    """A concatenation along channels inside a vectorized loop: the condition (which input) is the same in every
+    lane, so only the chosen input is read (a branch), not both (a select of two loads)."""
+    c, w = LoopVar("c"), LoopVar("w")
+    a, b, out = Buffer("a", (3, 32)), Buffer("b", (5, 32)), Buffer("out", (8, 32))
+    value = Select(c < 3, a[tir.minimum(c, 2), w], b[tir.maximum(c - 3, 0), w])
+    func = PrimFunc("concat_rows", (a, b, out), For(c, 8, For(w, 32, Store(out, (c, w), value), VEC)))
+    text = emit_llvm_ir([func], SERIAL_HOST)
+    assert "select.then" in text and "select.else" in text
+    x, y, got = random_array((3, 32), "float32"), random_array((5, 32), "float32"), np.zeros((8, 32), np.float32)
+    run(func, x, y, got)
+    np.testing.assert_array_equal(got, np.concatenate([x, y]))
+    # a condition that differs between lanes stays a select
+    lanes = PrimFunc("mix", (a, b, out), For(c, 3, For(w, 32, Store(out, (c, w), Select(
+        w < 16, a[c, w], b[c, w])), VEC)))
+    assert "select.then" not in emit_llvm_ir([lanes], SERIAL_HOST)
 
 
 def test_kernel_checks_its_arguments() -> None:

@@ -135,6 +135,31 @@ def test_simplify_never_changes_values() -> None:
                 assert _eval_int(e, env) == _eval_int(simple, env), analysis.format_expr(e)
 
 
+def test_simplify_divides_mixed_radix_indices() -> None:
+    """A channel shuffle's source channel: (784*c + 28*h + w) // 1568 is c // 2 when h, w < 28, so the index
+    no longer depends on the vectorized w (contiguous loads instead of a gather)."""
+    c, h, w = tir.LoopVar("c"), tir.LoopVar("h"), tir.LoopVar("w")
+    ranges = {c: (0, 115), h: (0, 27), w: (0, 27)}
+
+    def s(e: tir.PrimExpr) -> str:
+        return analysis.format_expr(analysis.simplify(e, ranges))
+
+    assert s((c * 784 + h * 28 + w) // 1568) == "(c // 2)"
+    assert s((c * 784 + h * 28 + w) % 1568) == "((((c % 2) * 784) + (h * 28)) + w)"
+    assert s((c * 784 + h * 28 + w + 784) // 1568) == "((c + 1) // 2)"
+    assert s((c * 784 + h * 28 + w + 800) // 1568) == "(((((c * 784) + (h * 28)) + w) + 800) // 1568)"
+    # exhaustively, with offsets that push the low part across a period
+    for offset in (0, 5, 783, 784, -3):
+        for e in ((c * 784 + h * 28 + w + offset) // 1568, (c * 784 + h * 28 + w + offset) % 1568,
+                  (c * 12 + w + offset) // 24, (c * 12 + w + offset) % 24):
+            simple = analysis.simplify(e, {c: (0, 5), h: (0, 27), w: (0, 11)})
+            for vc in range(6):
+                for vh in (0, 13, 27):
+                    for vw in range(12):
+                        env = {c: vc, h: vh, w: vw}
+                        assert _eval_int(simple, env) == _eval_int(e, env), analysis.format_expr(e)
+
+
 def test_bound_of_index_expressions() -> None:
     i, j = tir.LoopVar("i"), tir.LoopVar("j")
     ranges = {i: (0, 9), j: (0, 3)}

@@ -15,7 +15,8 @@ For each kernel a companion `name__repeat(void** args, int64 n)` calls it `n` ti
 run without Python in between.
 
 PARALLEL loops are outlined into a function run by every thread of an OpenMP team through libgomp's
-`GOMP_parallel`; each thread takes one contiguous, balanced share of the iterations. Where libgomp is
+`GOMP_parallel`; each thread first runs its own contiguous, balanced share of the iterations, in chunks, then
+takes the chunks other threads have not started (see `emit_parallel_loop`). Where libgomp is
 missing, the runtime substitutes a small thread team of its own for those symbols (see
 `relay_tune.runtime.kernel`).
 """
@@ -59,6 +60,8 @@ __all__ = [
 # Local buffers up to this size live on the stack (so small ones become registers); larger scratch
 # buffers and every GLOBAL-scope allocation come from the heap, because worker threads have small stacks.
 STACK_ALLOCATION_LIMIT = 128 * 1024
+# A parallel loop is cut into this many chunks per thread of the team (fewer when it has fewer iterations).
+CHUNKS_PER_THREAD = 4
 # Symbols generated code calls (directly, or through LLVM's lowering of intrinsics and loops): a kernel
 # with one of these names would capture the calls meant for the C library or the OpenMP runtime.
 RESERVED_SYMBOLS = frozenset(
@@ -160,11 +163,25 @@ class CPUCodegen(LLVMCodegenBase):
         captured_vars = list(ctx.env.items())
         captured_buffers = list(ctx.buffers.items())
         values = [v for _, v in captured_vars] + [p for _, p in captured_buffers]
-        context_type = ir.LiteralStructType([v.type for v in values] or [I8])
+        # Work sharing that tolerates a late thread. The iterations are cut into `chunks` contiguous chunks and
+        # thread t owns the chunks of its static share (contiguous, balanced), with one claim counter per owner
+        # in the captured struct. A thread takes its own chunks in order, then whatever the other owners have not
+        # started. On a quiet machine every thread runs exactly its static share (the same rows as in the kernels
+        # before and after: caches stay warm); when a thread is descheduled (more runnable threads than cores,
+        # e.g. another library's spinning pool) or libgomp gives a smaller team, the running threads finish its
+        # share instead of waiting for it at the end of the region.
+        chunks = min(loop.extent, threads * CHUNKS_PER_THREAD)
+        counters_type = ir.ArrayType(I64, threads)
+        context_type = ir.LiteralStructType([v.type for v in values] + [counters_type])
+        counters_field = len(values)
         slot = self.entry_builder().alloca(context_type, name=f"{loop.var.name}.captured")
         b = ctx.builder
         for i, value in enumerate(values):
             b.store(value, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        for owner in range(threads):
+            first_chunk = ir.Constant(I64, chunks * owner // threads)
+            b.store(first_chunk, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, counters_field),
+                                             ir.Constant(I32, owner)]))
 
         data_type = I8.as_pointer()
         body_type = ir.FunctionType(VOID, [data_type])
@@ -185,19 +202,46 @@ class CPUCodegen(LLVMCodegenBase):
             for i, (buf, _) in enumerate(captured_buffers):
                 body_ctx.buffers[buf] = ob.load(ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, offset + i)]))
             thread = ob.sext(ob.call(self.declare("omp_get_thread_num", I32, []), []), I64)
-            team = ob.sext(ob.call(self.declare("omp_get_num_threads", I32, []), []), I64)
-            extent = ir.Constant(I64, loop.extent)
-            # Balanced static schedule: thread t runs [extent*t/team, extent*(t+1)/team).
-            start = ob.sdiv(ob.mul(extent, thread), team)
-            stop = ob.sdiv(ob.mul(extent, ob.add(thread, ir.Constant(I64, 1))), team)
+            team, total, extent = ir.Constant(I64, threads), ir.Constant(I64, chunks), ir.Constant(I64, loop.extent)
+            name = loop.var.name
+            entry = ob.block
+            owners = outlined.append_basic_block(f"{name}.owner")
+            claim = outlined.append_basic_block(f"{name}.claim")
+            work = outlined.append_basic_block(f"{name}.chunk")
+            next_owner = outlined.append_basic_block(f"{name}.next_owner")
+            done = outlined.append_basic_block(f"{name}.done")
+            ob.branch(owners)
+            # for step in range(team): owner = (thread + step) % team
+            ob.position_at_end(owners)
+            step = ob.phi(I64, name=f"{name}.step")
+            step.add_incoming(ir.Constant(I64, 0), entry)
+            owner = ob.urem(ob.add(thread, step), team)
+            limit = ob.sdiv(ob.mul(total, ob.add(owner, ir.Constant(I64, 1))), team)
+            counter = ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, counters_field), owner])
+            ob.branch(claim)
+            # while (chunk = counter++) < limit: run the chunk's iterations
+            ob.position_at_end(claim)
+            chunk = ob.atomic_rmw("add", counter, ir.Constant(I64, 1), "monotonic")
+            ob.cbranch(ob.icmp_signed("<", chunk, limit), work, next_owner)
+            ob.position_at_end(work)
+            start = ob.sdiv(ob.mul(extent, chunk), total)
+            stop = ob.sdiv(ob.mul(extent, ob.add(chunk, ir.Constant(I64, 1))), total)
 
             def body(iv: ir.Value) -> None:
                 self.bind(loop.var, iv, loop.extent)
                 self.emit_stmt(loop.body)
                 self.unbind(loop.var)
 
-            self.emit_loop(start, stop, body, loop.var.name)
-            self.builder.ret_void()
+            # chunks <= extent: every chunk has at least one iteration
+            self.emit_loop(start, stop, body, name, nonempty=True)
+            self.builder.branch(claim)
+            ob = self.builder
+            ob.position_at_end(next_owner)
+            following = ob.add(step, ir.Constant(I64, 1))
+            step.add_incoming(following, next_owner)
+            ob.cbranch(ob.icmp_signed("<", following, team), owners, done)
+            ob.position_at_end(done)
+            ob.ret_void()
         finally:
             self._ctx = saved
 

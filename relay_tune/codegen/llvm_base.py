@@ -239,6 +239,17 @@ class FunctionContext:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _reads_memory(expr: tir.PrimExpr) -> bool:
+    """Whether evaluating `expr` loads from a buffer."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tir.Load):
+            return True
+        stack.extend(affine.operands(node))
+    return False
+
+
 class LLVMCodegenBase:
     """Lowers PrimFuncs into an llvmlite module. Subclasses provide the target-specific hooks."""
 
@@ -695,6 +706,9 @@ class LLVMCodegenBase:
         contiguous load instead of a gather, and no lane outside the condition touches memory."""
         ctx = self.ctx
         cond = self.as_condition(self.eval(node.cond), node.cond.dtype)
+        if lanes_of(cond) == 1 and dtype_info(node.dtype).is_float and _reads_memory(node.true_value) \
+                and _reads_memory(node.false_value):
+            return self.branch_select(node, cond)
         true_value: tir.PrimExpr = node.true_value
         if lanes_of(cond) > 1:
             facts = affine.guard_facts(node.cond, ctx.extents)
@@ -712,6 +726,36 @@ class LLVMCodegenBase:
             finally:
                 ctx.mask, ctx.memo, ctx.memo_lane0 = saved
         return self.select(node, cond, t, self.eval(node.false_value))
+
+    def branch_select(self, node: tir.Select, cond: ir.Value) -> ir.Value:
+        """A `Select` whose condition is the same in every lane of the vector and whose both sides read memory
+        (a concatenation: which input a channel comes from): a branch, so only the chosen side is read. As a
+        `select` both sides would be loaded, twice the memory traffic of a copy."""
+        ctx = self.ctx
+        assert ctx.vector is not None
+        lanes = ctx.vector.lanes
+        fn = ctx.function
+        then_block = fn.append_basic_block("select.then")
+        else_block = fn.append_basic_block("select.else")
+        merge = fn.append_basic_block("select.end")
+        ctx.builder.cbranch(cond, then_block, else_block)
+        saved = ctx.memo, ctx.memo_lane0
+        incoming: list[tuple[ir.Value, ir.Block]] = []
+        try:
+            for block, value in ((then_block, node.true_value), (else_block, node.false_value)):
+                # Values computed in one arm dominate neither the other arm nor the code after the merge.
+                ctx.memo, ctx.memo_lane0 = dict(saved[0]), dict(saved[1])
+                ctx.builder.position_at_end(block)
+                result = self.broadcast(self.cast(self.eval(value), value.dtype, node.dtype), lanes)
+                incoming.append((result, ctx.builder.block))  # the arm may have added blocks of its own
+                ctx.builder.branch(merge)
+        finally:
+            ctx.memo, ctx.memo_lane0 = saved
+        ctx.builder.position_at_end(merge)
+        phi = ctx.builder.phi(incoming[0][0].type, name="select")
+        for value, block in incoming:
+            phi.add_incoming(value, block)
+        return phi
 
     def constant(self, dtype: str, value: float | int, lanes: int = 1) -> ir.Constant:
         info = dtype_info(dtype)

@@ -506,6 +506,12 @@ class Simplifier:
         if not math.isinf(lo) and not math.isinf(hi) and int(lo) // c == int(hi) // c:
             quotient.const += int(lo) // c
             return quotient
+        # Mixed radix: with d dividing c, a == d*Q + R where every coefficient of Q's terms is a multiple of d and
+        # R stays in one period [q0*d, (q0+1)*d); then a // c == (Q + q0) // (c // d). Channel shuffles and
+        # concatenations meet this: (784*f + 28*h + w) // 1568 == f // 2 for h, w < 28.
+        stepped = self._floordiv_mixed_radix(a, c)
+        if stepped is not None:
+            return stepped
         # floordiv(floordiv(x, m), c) == floordiv(x, m * c)
         if len(rest.coeffs) == 1 and rest.const == 0:
             (atom, k), = rest.coeffs.items()
@@ -513,6 +519,27 @@ class Simplifier:
                 inner = tir.BinaryOp("floordiv", atom.a, tir.IntImm(atom.b.value * c, a.dtype), a.dtype)
                 return quotient.add(Lin.atom(inner))
         return quotient.add(Lin.atom(tir.BinaryOp("floordiv", rest.to_expr(), tir.IntImm(c, a.dtype), a.dtype)))
+
+    def _radix_split(self, a: Lin, c: int) -> tuple[int, Lin, Lin, int] | None:
+        """The largest d (1 < d < c, d divides c) with a == d*Q + R, Q's terms those whose coefficients d divides
+        and R provably in [q0*d, (q0+1)*d): (d, Q, R, q0); None when there is none."""
+        candidates = sorted({math.gcd(c, abs(k)) for k in a.coeffs.values()} - {1, c}, reverse=True)
+        for d in candidates:
+            high = Lin({atom: k // d for atom, k in a.coeffs.items() if k % d == 0}, 0, a.dtype)
+            low = Lin({atom: k for atom, k in a.coeffs.items() if k % d != 0}, a.const, a.dtype)
+            if not high.coeffs:
+                continue
+            lo, hi = self.lin_interval(low)
+            if not math.isinf(lo) and not math.isinf(hi) and int(lo) // d == int(hi) // d:
+                return d, high, low, int(lo) // d
+        return None
+
+    def _floordiv_mixed_radix(self, a: Lin, c: int) -> Lin | None:
+        split = self._radix_split(a, c)
+        if split is None:
+            return None
+        d, high, _low, q0 = split
+        return self._floordiv(high.add(Lin({}, q0, a.dtype)), c // d)
 
     def _floormod(self, a: Lin, c: int) -> Lin:
         if c == 1:
@@ -523,6 +550,12 @@ class Simplifier:
         lo, hi = self.lin_interval(rest)
         if not math.isinf(lo) and not math.isinf(hi) and int(lo) // c == int(hi) // c:
             return rest.add(Lin({}, (int(lo) // c) * c, a.dtype), -1)
+        # Mixed radix (see `_floordiv`): (d*Q + R) % c == d * ((Q + q0) % (c // d)) + (R - q0*d)
+        split = self._radix_split(rest, c)
+        if split is not None:
+            d, high, low, q0 = split
+            wrapped = self._floormod(high.add(Lin({}, q0, a.dtype)), c // d).scale(d)
+            return wrapped.add(low).add(Lin({}, -q0 * d, a.dtype))
         return Lin.atom(tir.BinaryOp("floormod", rest.to_expr(), tir.IntImm(c, a.dtype), a.dtype))
 
 

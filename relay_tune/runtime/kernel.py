@@ -218,6 +218,15 @@ _jit: Any = None
 _library_ids = itertools.count()
 _libgomp: ctypes.CDLL | None = None
 _libgomp_tried = False
+
+# How long libgomp's idle workers spin before they sleep, in its spin iterations (a `pause` each). libgomp's own
+# default (300,000 when OMP_WAIT_POLICY is unset) keeps a worker spinning for milliseconds after every parallel
+# region: after a model run the team holds the cores away from whatever runs next (another library's threads, the
+# caller's own code), and under oversubscription a spinning thread takes the core a descheduled teammate needs to
+# finish its share. A model calls its kernels back to back, microseconds apart, so a
+# short spin still finds the next region; past that the workers sleep. Used only when neither GOMP_SPINCOUNT nor
+# OMP_WAIT_POLICY is set, and only if this process had not loaded libgomp already (it reads them at start-up).
+DEFAULT_GOMP_SPINCOUNT = 10_000
 _fallback_warned = False
 
 
@@ -235,6 +244,8 @@ def load_libgomp() -> ctypes.CDLL | None:
     global _libgomp, _libgomp_tried
     if not _libgomp_tried:
         _libgomp_tried = True
+        if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+            os.environ["GOMP_SPINCOUNT"] = str(DEFAULT_GOMP_SPINCOUNT)
         for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
             if not name:
                 continue
