@@ -239,21 +239,27 @@ def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
                                             "numerical check")
 
 
-def _median_latency(model: Any, seconds: float = 1.0) -> float:
-    """Median seconds per inference, timing about `seconds` in all (in turn with other tuning processes' timings
-    on this machine)."""
+def _costs(stats: Any) -> Sequence[float]:
+    """Seconds per inference of a `benchmark` result (CPU models return LatencyStats, GPU models a list)."""
+    return stats.costs if hasattr(stats, "costs") else stats
+
+
+def _median_latencies(models: Sequence[Any], seconds: float = 1.0, rounds: int = 5) -> list[float]:
+    """Median seconds per inference of each model, timed in interleaved rounds (about `seconds` per model in all,
+    in turn with other tuning processes' timings on this machine). Timing the default and the tuned model one
+    after the other let a small model's latency drift between them (117 vs 140 us, tuned "slower" than the default
+    it had been checked against); interleaved, both see the same machine."""
+    distinct = list({id(m): m for m in models}.values())
+    costs: dict[int, list[float]] = {id(m): [] for m in distinct}
+    per_round: dict[int, int] = {}
     with measurement_lock():
-        return _timed_latency(model, seconds)
-
-
-def _timed_latency(model: Any, seconds: float) -> float:
-    stats = model.benchmark(repeat=3, number=1)
-    costs = stats.costs if hasattr(stats, "costs") else stats
-    once = max(min(costs), 1e-6)
-    repeat = max(5, min(50, int(seconds / once)))
-    stats = model.benchmark(repeat=repeat, number=1)
-    costs = stats.costs if hasattr(stats, "costs") else stats
-    return float(statistics.median(costs))
+        for model in distinct:  # warm-up, and the number of inferences a round times
+            once = max(min(_costs(model.benchmark(repeat=3, number=1))), 1e-6)
+            per_round[id(model)] = max(1, min(10, int(seconds / once / rounds)))
+        for _ in range(rounds):
+            for model in distinct:
+                costs[id(model)].extend(_costs(model.benchmark(repeat=per_round[id(model)], number=1)))
+    return [float(statistics.median(costs[id(m)])) for m in models]
 
 
 def tune_model(
@@ -380,10 +386,7 @@ def tune_model(
     model = None
     saved: Path | None = None
     configs: dict[str, str] = {}
-    untuned = None
-    if measure_latency:
-        untuned = build(mod, target=resolved, opt_level=opt_level)
-        before = _median_latency(untuned)
+    untuned = build(mod, target=resolved, opt_level=opt_level) if measure_latency else None
     logs = [log_path] if log_path.is_file() else None
 
     if database is not None:
@@ -403,7 +406,7 @@ def tune_model(
         model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned) if lookup is not None
                  else untuned or build(mod, target=resolved, opt_level=opt_level))
     if measure_latency:
-        after = _median_latency(model)
+        before, after = _median_latencies([untuned, model])
     if output is not None and hasattr(model, "save"):
         saved = model.save(output)
     return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
