@@ -98,8 +98,8 @@ from search_space.defaults import default_steps
 from search_space.logged import config_steps
 
 __all__ = [
-    "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "read_params", "resolve_target",
-    "steps_from_config", "task_lookup",
+    "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "interleaved_latency", "read_params",
+    "resolve_target", "steps_from_config", "task_lookup",
 ]
 
 ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
@@ -825,7 +825,7 @@ def check_tuned_records(
             warnings.simplefilter("ignore", BuildWarning)
             result = build(mod, target, params, _SpecLookup(without_slower), opt_level, **relaxed)
     # End to end: tuned <= default, measured here rather than assumed from the per-task sums.
-    mine, theirs = _interleaved_latency((result, default), inputs, rounds)
+    mine, theirs = interleaved_latency((result, default), inputs, rounds)
     check.update(tuned_e2e_s=mine, default_e2e_s=theirs, kept_default=mine > theirs)
     chosen = default if mine > theirs else result
     chosen.build_info["tuned_check"] = check
@@ -853,13 +853,18 @@ def _task_seconds(models: Sequence[CompiledModel], inputs: Mapping[str, Any], ro
     return [{key: statistics.median(r[key] for r in rows) for key in rows[0]} for rows in per_round]
 
 
-def _interleaved_latency(models: Sequence[CompiledModel], inputs: Mapping[str, Any], rounds: int) -> list[float]:
-    """Per model, median seconds per inference over interleaved rounds of `benchmark` (which warms up first)."""
-    costs: list[list[float]] = [[] for _ in models]
+def interleaved_latency(models: Sequence[Any], inputs: Mapping[str, Any] | None = None, rounds: int = 5,
+                        repeat: int = 3) -> list[float]:
+    """Per model, median seconds per inference over interleaved rounds of `benchmark` (which warms up first), so
+    every model sees the same machine load; a model passed twice is timed once. GPU models' `benchmark` returns
+    the costs as a list."""
+    distinct = {id(model): model for model in models}
+    costs: dict[int, list[float]] = {key: [] for key in distinct}
     for _ in range(rounds):
-        for model, mine in zip(models, costs):
-            mine.extend(model.benchmark(repeat=3, inputs=inputs).costs)
-    return [statistics.median(c) for c in costs]
+        for key, model in distinct.items():
+            stats = model.benchmark(repeat=repeat, inputs=inputs)
+            costs[key].extend(stats.costs if hasattr(stats, "costs") else stats)
+    return [statistics.median(costs[id(model)]) for model in models]
 
 
 def _check_plan_fits(plan: Any, constants: Sequence[Any]) -> None:

@@ -21,7 +21,6 @@ built); `timeout` ends it after that many seconds (the model is still built from
 from __future__ import annotations
 
 import os
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from relay_tune.compiler import BuildWarning, build, check_tuned_records, resolve_target
+from relay_tune.compiler import BuildWarning, build, check_tuned_records, interleaved_latency, resolve_target
 from relay_tune.errors import RelayTuneError
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
@@ -239,29 +238,6 @@ def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
                                             "numerical check")
 
 
-def _costs(stats: Any) -> Sequence[float]:
-    """Seconds per inference of a `benchmark` result (CPU models return LatencyStats, GPU models a list)."""
-    return stats.costs if hasattr(stats, "costs") else stats
-
-
-def _median_latencies(models: Sequence[Any], seconds: float = 1.0, rounds: int = 5) -> list[float]:
-    """Median seconds per inference of each model, timed in interleaved rounds (about `seconds` per model in all,
-    in turn with other tuning processes' timings on this machine). Timing the default and the tuned model one
-    after the other let a small model's latency drift between them (117 vs 140 us, tuned "slower" than the default
-    it had been checked against); interleaved, both see the same machine."""
-    distinct = list({id(m): m for m in models}.values())
-    costs: dict[int, list[float]] = {id(m): [] for m in distinct}
-    per_round: dict[int, int] = {}
-    with measurement_lock():
-        for model in distinct:  # warm-up, and the number of inferences a round times
-            once = max(min(_costs(model.benchmark(repeat=3, number=1))), 1e-6)
-            per_round[id(model)] = max(1, min(10, int(seconds / once / rounds)))
-        for _ in range(rounds):
-            for model in distinct:
-                costs[id(model)].extend(_costs(model.benchmark(repeat=per_round[id(model)], number=1)))
-    return [float(statistics.median(costs[id(m)])) for m in models]
-
-
 def tune_model(
     mod: Any,
     target: Any = "llvm",
@@ -406,7 +382,14 @@ def tune_model(
         model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned) if lookup is not None
                  else untuned or build(mod, target=resolved, opt_level=opt_level))
     if measure_latency:
-        before, after = _median_latencies([untuned, model])
+        check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
+        if "default_e2e_s" in check:  # the check above timed both builds, interleaved: the faster one was kept
+            before, after = check["default_e2e_s"], min(check["default_e2e_s"], check["tuned_e2e_s"])
+        else:
+            # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs
+            # 140 us, the tuned build "slower" than the default it had just been checked against).
+            with measurement_lock():
+                before, after = interleaved_latency([untuned, model])
     if output is not None and hasattr(model, "save"):
         saved = model.save(output)
     return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
