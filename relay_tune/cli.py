@@ -696,9 +696,12 @@ def _tuning_cache(args: argparse.Namespace) -> Any:
     return TuningCache(args.cache) if getattr(args, "cache", None) else TuningCache.default()
 
 
+_CACHE_DIR_HELP = ("tuning cache folder (default: $RELAY_TUNE_CACHE, else $XDG_CACHE_HOME/relay-tune, else "
+                   "~/.cache/relay-tune)")
+
+
 def _add_cache_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", metavar="DIR", help="tuning cache folder (default: $RELAY_TUNE_CACHE, else "
-                   "$XDG_CACHE_HOME/relay-tune, else ~/.cache/relay-tune)")
+    p.add_argument("--cache", metavar="DIR", help=_CACHE_DIR_HELP)
     p.add_argument("--no-cache", action="store_true", help="neither read nor add to the tuning cache")
 
 
@@ -761,7 +764,7 @@ def _cache_prune(args: argparse.Namespace, cache: Any, console: Any) -> int:
 
 def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.database import top_k
+    from relay_tune.tuning.cache import fastest_per_workload
 
     if not args.output:
         raise RelayTuneError("cache export needs -o OUT.jsonl")
@@ -776,10 +779,7 @@ def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
         target = resolve_target(args.target)
         records = [r for r in records if r.target in (target.log_name, str(target))]
     if args.best is not None:
-        groups: dict[tuple[str, str, str], list[Any]] = {}
-        for record in records:
-            groups.setdefault((record.workload_key, record.target, record.host_cpu), []).append(record)
-        records = [r for group in groups.values() for r in top_k(group, args.best)]
+        records = fastest_per_workload(records, args.best)
     if out.exists():
         out.unlink()
     count = cache.export(out, records)
@@ -804,8 +804,7 @@ def _add_cache_parser(sub: Any) -> None:
         "export: the records (--target, --best N) to a log (-o).")
     p.add_argument("action", nargs="?", default="list", choices=sorted(_CACHE_ACTIONS),
                    help="list (default), prune or export")
-    p.add_argument("--cache", metavar="DIR", help="tuning cache folder (default: $RELAY_TUNE_CACHE, else "
-                   "$XDG_CACHE_HOME/relay-tune, else ~/.cache/relay-tune)")
+    p.add_argument("--cache", metavar="DIR", help=_CACHE_DIR_HELP)
     p.add_argument("--keep", type=int, metavar="N", help="prune: keep the N fastest records per workload, target and "
                    "CPU model")
     p.add_argument("--this-cpu", action="store_true", help="prune: drop the records of other CPU models")

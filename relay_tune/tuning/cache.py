@@ -34,6 +34,7 @@ __all__ = [
     "CacheEntry",
     "TuningCache",
     "default_cache_dir",
+    "fastest_per_workload",
     "records_since",
 ]
 
@@ -58,6 +59,32 @@ def _identity(record: TuningRecord) -> tuple[object, ...]:
 
 def _same_cpu(record: TuningRecord, cpu: str | None) -> bool:
     return not cpu or not record.host_cpu or record.host_cpu in (cpu, "unknown")
+
+
+def _unique_records(source: str | os.PathLike[str] | Sequence[str]) -> list[TuningRecord]:
+    """The records of a log file or of its lines, each measurement once (see `_identity`)."""
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for _, entry in iter_log(source):
+        if isinstance(entry, TuningRecord) and (ident := _identity(entry)) not in seen:
+            seen.add(ident)
+            out.append(entry)
+    return out
+
+
+def _by_workload(records: Iterable[TuningRecord]) -> dict[tuple[str, str, str], list[TuningRecord]]:
+    """`records` grouped by (workload, target, CPU model): what one cache entry stands for."""
+    groups: dict[tuple[str, str, str], list[TuningRecord]] = {}
+    for record in records:
+        groups.setdefault((record.workload_key, record.target, record.host_cpu), []).append(record)
+    return groups
+
+
+def fastest_per_workload(records: Sequence[TuningRecord], n: int) -> list[TuningRecord]:
+    """The `n` fastest valid records of each (workload, target, CPU model) in `records` (the fastest measurement
+    of each config, as `top_k`), in their order."""
+    chosen = {id(r) for group in _by_workload(records).values() for r in top_k(group, n)}
+    return [r for r in records if id(r) in chosen]
 
 
 @dataclass(frozen=True)
@@ -92,15 +119,7 @@ class TuningCache:
 
     def records(self) -> list[TuningRecord]:
         """Every readable record, duplicates dropped (unreadable lines: one `LogWarning`)."""
-        if not self.path.is_file():
-            return []
-        seen: set[tuple[object, ...]] = set()
-        out = []
-        for _, entry in iter_log(self.path):
-            if isinstance(entry, TuningRecord) and (ident := _identity(entry)) not in seen:
-                seen.add(ident)
-                out.append(entry)
-        return out
+        return _unique_records(self.path) if self.path.is_file() else []
 
     def usable(self, targets: Sequence[str], cpu: str | None = None) -> list[TuningRecord]:
         """The valid records a run for one of `targets` (the names one target goes by) on CPU `cpu` may use."""
@@ -113,11 +132,8 @@ class TuningCache:
         return {r.workload_key for r in self.usable(targets, cpu)}
 
     def entries(self) -> list[CacheEntry]:
-        groups: dict[tuple[str, str, str], list[TuningRecord]] = {}
-        for record in self.records():
-            groups.setdefault((record.workload_key, record.target, record.host_cpu), []).append(record)
         out = []
-        for (key, target, cpu), records in groups.items():
+        for (key, target, cpu), records in _by_workload(self.records()).items():
             best = top_k(records, 1)
             out.append(CacheEntry(key, records[-1].description, target, cpu, len(records),
                                   best[0].cost if best else None, best[0].gflops if best else None,
@@ -162,19 +178,10 @@ class TuningCache:
             with os.fdopen(os.dup(fd), "rb") as handle:
                 data = handle.read()
             lines = data.decode("utf-8", errors="replace").splitlines()
-            seen: set[tuple[object, ...]] = set()
-            records: list[TuningRecord] = []
-            for _, entry in iter_log(lines):
-                if isinstance(entry, TuningRecord) and (ident := _identity(entry)) not in seen:
-                    seen.add(ident)
-                    records.append(entry)
-            kept = [r for r in records if r.ok and _same_cpu(r, cpu) and (before is None or r.timestamp >= before)]
+            kept = [r for r in _unique_records(lines)
+                    if r.ok and _same_cpu(r, cpu) and (before is None or r.timestamp >= before)]
             if keep_best is not None:
-                groups: dict[tuple[str, str, str], list[TuningRecord]] = {}
-                for record in kept:
-                    groups.setdefault((record.workload_key, record.target, record.host_cpu), []).append(record)
-                chosen = {id(r) for group in groups.values() for r in top_k(group, keep_best)}
-                kept = [r for r in kept if id(r) in chosen]
+                kept = fastest_per_workload(kept, keep_best)
             payload = "".join(r.to_json() + "\n" for r in kept).encode("utf-8")
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
