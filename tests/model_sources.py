@@ -88,3 +88,30 @@ def write_zoo_files(folder: Path) -> Path:
 def program_path(name: str, zoo_dir: Path) -> Path:
     """The file of a program named in a parametrisation: a zoo file in `zoo_dir`, else a corpus file."""
     return (zoo_dir if name.startswith(ZOO_PREFIX) else CORPUS_DIR) / name
+
+
+# A tiny CNN for command-line tuning tests (conv + bias + relu, reshape, dense, softmax: four tasks that tune in
+# seconds), written as a `.relay` file with its `.consts.json` sidecar.
+TINY_CNN = """#[version = "0.0.5"]
+def @main(%data: Tensor[(1, 3, 12, 12), float32]) {
+  %0 = nn.conv2d(%data, meta[relay.Constant][0], padding=[1, 1, 1, 1], channels=6, kernel_size=[3, 3]);
+  %1 = nn.bias_add(%0, meta[relay.Constant][1]);
+  %2 = nn.relu(%1);
+  %3 = reshape(%2, newshape=[1, 864]);
+  %4 = nn.dense(%3, meta[relay.Constant][2]);
+  nn.softmax(%4)
+}
+"""
+TINY_CNN_CONSTS = {"relay.Constant": [
+    {"dtype": "float32", "shape": [6, 3, 3, 3]},
+    {"dtype": "float32", "shape": [6]},
+    {"dtype": "float32", "shape": [20, 864]},
+]}
+
+
+def write_tiny_cnn(folder: Path) -> Path:
+    """`folder/tiny.relay` (and its sidecar): the tiny CNN above."""
+    path = folder / "tiny.relay"
+    path.write_text(TINY_CNN)
+    (folder / "tiny.consts.json").write_text(json.dumps(TINY_CNN_CONSTS))
+    return path

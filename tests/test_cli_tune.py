@@ -3,7 +3,6 @@ Ctrl-C with its log intact and resumable."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,25 +12,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from model_sources import write_tiny_cnn
 
 from relay_tune.cli import main
 from relay_tune.tuning import read_events, read_records
-
-MODEL = """#[version = "0.0.5"]
-def @main(%data: Tensor[(1, 3, 12, 12), float32]) {
-  %0 = nn.conv2d(%data, meta[relay.Constant][0], padding=[1, 1, 1, 1], channels=6, kernel_size=[3, 3]);
-  %1 = nn.bias_add(%0, meta[relay.Constant][1]);
-  %2 = nn.relu(%1);
-  %3 = reshape(%2, newshape=[1, 864]);
-  %4 = nn.dense(%3, meta[relay.Constant][2]);
-  nn.softmax(%4)
-}
-"""
-CONSTS = {"relay.Constant": [
-    {"dtype": "float32", "shape": [6, 3, 3, 3]},
-    {"dtype": "float32", "shape": [6]},
-    {"dtype": "float32", "shape": [20, 864]},
-]}
 
 
 @pytest.fixture(autouse=True)
@@ -42,10 +26,7 @@ def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture()
 def model_file(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.relay"
-    path.write_text(MODEL)
-    (tmp_path / "tiny.consts.json").write_text(json.dumps(CONSTS))
-    return path
+    return write_tiny_cnn(tmp_path)
 
 
 def no_repeats(log: Path) -> bool:

@@ -27,27 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from model_sources import write_tiny_cnn
 
 from relay_tune.tuning import read_records
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_VAR = "RELAY_TUNE_TEST_POSTGRES"
 
-MODEL = """#[version = "0.0.5"]
-def @main(%data: Tensor[(1, 3, 12, 12), float32]) {
-  %0 = nn.conv2d(%data, meta[relay.Constant][0], padding=[1, 1, 1, 1], channels=6, kernel_size=[3, 3]);
-  %1 = nn.bias_add(%0, meta[relay.Constant][1]);
-  %2 = nn.relu(%1);
-  %3 = reshape(%2, newshape=[1, 864]);
-  %4 = nn.dense(%3, meta[relay.Constant][2]);
-  nn.softmax(%4)
-}
-"""
-CONSTS = {"relay.Constant": [
-    {"dtype": "float32", "shape": [6, 3, 3, 3]},
-    {"dtype": "float32", "shape": [6]},
-    {"dtype": "float32", "shape": [20, 864]},
-]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -145,10 +131,7 @@ def _simulated_worker(url: str, log: Path, trials: int, seconds: float, *, host:
 
 @pytest.fixture()
 def model_file(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.relay"
-    path.write_text(MODEL)
-    (tmp_path / "tiny.consts.json").write_text(json.dumps(CONSTS))
-    return path
+    return write_tiny_cnn(tmp_path)
 
 
 def test_without_the_driver_one_clear_message(model_file: Path, tmp_path: Path) -> None:
