@@ -293,14 +293,14 @@ def tune_model(
         if not tasks:
             raise RelayTuneError(f"no task matches {task_filter!r}")
     all_tasks = tasks
-    cached_records: list[Any] = []
-    if cache is not None and not retune and not distributed.is_database_url(storage):
+    # The cache's records for this target and CPU, read once: they decide what is skipped here and, with the log
+    # (which holds what this run adds to the cache), what the build below uses.
+    cached_records = cache.usable(sorted({t.target for t in tasks})) if cache is not None else []
+    if cached_records and not retune and not distributed.is_database_url(storage):
         # A task tuned before on this target and CPU (any model, any log) is not tuned again; a task this log has
         # records of is left to the log's budget, so a larger --trials still continues it.
-        cached_records = cache.usable(sorted({t.target for t in tasks}))
         cached_keys = {r.workload_key for r in cached_records}
-        if cached_keys and log_path.is_file():
-
+        if log_path.is_file():
             cached_keys -= {r.workload_key for r in read_records(log_path)}
         tasks = [t for t in tasks if t.key not in cached_keys]
     tuning = {t.key for t in tasks}
@@ -369,8 +369,7 @@ def tune_model(
         lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
     elif cache is not None:
         # the log's records and the cache's for this target and CPU: the fastest of either is built
-        known = MemoryDatabase((read_records(log_path) if log_path.is_file() else [])
-                               + cache.usable(sorted({t.target for t in tasks})))
+        known = MemoryDatabase((read_records(log_path) if log_path.is_file() else []) + cached_records)
         lookup = best_steps_lookup(tasks, database=known) if known.keys() else None
         configs = _chosen_configs(tasks, known)
     else:
