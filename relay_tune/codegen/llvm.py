@@ -289,7 +289,7 @@ def lower_module(
     return module
 
 
-def _target_machine(target: Target):  # -> llvm.TargetMachine
+def _target_machine(target: Target) -> llvm.TargetMachine:
     """One target machine per (thread, target): it is only used to optimize and emit, never handed to a JIT."""
     if target.kind != "llvm":
         raise UnsupportedError(f"LLVM CPU compilation needs an llvm target, got {target}")
@@ -316,8 +316,7 @@ def _optimized(
     target: Target,
     options: CodegenOptions | None,
     timings: MutableMapping[str, float] | None,
-):  # -> llvm.ModuleRef
-
+) -> llvm.ModuleRef:
     t0 = time.perf_counter()
     module = lower_module(funcs, target, options)
     text = str(module)

@@ -809,7 +809,7 @@ def _ensure_initialized() -> None:
             _initialized = True
 
 
-def _target_machine(arch: str):  # -> llvm.TargetMachine
+def _target_machine(arch: str) -> llvm.TargetMachine:
     """One NVPTX target machine per (thread, arch). No PTX version is forced: LLVM picks the lowest one
     the architecture needs (forcing one that is too old aborts the process)."""
     _ensure_initialized()
@@ -867,7 +867,7 @@ def _lower(
     return module, tuple(plans), tuple(all_kernels)
 
 
-def _optimized(module: ir.Module, arch: str, timings: MutableMapping[str, float] | None):  # -> llvm.ModuleRef
+def _optimized(module: ir.Module, arch: str, timings: MutableMapping[str, float] | None) -> llvm.ModuleRef:
 
     t0 = time.perf_counter()
     try:
