@@ -1111,3 +1111,21 @@ def tir_eval_max(expr: tir.PrimExpr, r: LoopVar, v: LoopVar, grid_r: np.ndarray,
                 "max": np.maximum(a, b)}[node.op]
 
     return int(value(expr).max())
+
+
+def test_float16_casts_load_in_a_fresh_process() -> None:
+    """LLVM lowers float16 conversions to calls into the compiler's runtime library (__truncdfhf2 ...); a model with
+    such casts must load in a process that has not happened to load that library globally before (it failed with
+    "Symbols not found" when this test file ran alone)."""
+    script = textwrap.dedent("""
+        import numpy as np
+        import relay_tune
+        from relay_tune.text import parse_module
+        mod = parse_module('#[version = "0.0.5"]\\n'
+                           'def @main(%x: Tensor[(3, 17), float64]) { cast(%x, dtype="float16") }')
+        x = np.random.default_rng(0).standard_normal((3, 17))
+        got = relay_tune.build(mod, target="llvm").run(x=x)
+        assert got.dtype == np.float16, got.dtype
+        np.testing.assert_array_equal(got, x.astype(np.float16))
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -235,6 +235,17 @@ def _lljit() -> Any:
     if _jit is None:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
+        # LLVM lowers some operations to calls into the compiler's runtime library (float16 conversions:
+        # __truncdfhf2, __extendhfsf2 ...), which the JIT resolves among the symbols the process has loaded
+        # globally. Python has libgcc_s loaded only on some paths, so a model with float16 casts loaded in a fresh
+        # process failed with "Symbols not found"; make it resolvable for every process.
+        for name in ("libgcc_s.so.1", ctypes.util.find_library("gcc_s")):
+            if name:
+                try:
+                    llvm.load_library_permanently(name)
+                    break
+                except RuntimeError:
+                    continue
         _jit = llvm.create_lljit_compiler()
     return _jit
 
