@@ -30,7 +30,11 @@ Families (`family_of`) and their knobs:
   first), `parallel` fused outer loops, `reduce_order` (input channels or kernel taps outermost, or `blocked`:
   blocks of `tile_ic` input channels around the taps), `unroll_kw` (unroll the kernel-column loop), `pad` (the
   padded input computed once ahead, or read through a guard).
-  1x1 stride-1 convolutions also have `row_vector`: a tile covers whole rows and one vector runs across them.
+  1x1 stride-1 convolutions also have `row_vector`: a tile covers whole rows and one vector runs across them;
+  and `tile_p` (flat mode when its inner factor is above 1): the convolution as the matrix product
+  W[C_out, C_in] x X[C_in, H*W], the map one flat axis of positions tiled by `tile_p` (vectorized) under each
+  block of `tile_c` channels, for maps whose rows are narrower than a few vectors (13x13: 169 positions fill 16-lane
+  vectors, 13-lane rows do not).
 - **conv2d_nhwc**: register tile of `tile_w` output columns (unrolled) by `tile_c` output channels (vectorized,
   contiguous in NHWC; weights packed `-> OHWI<bc>o`), plus `order`, `parallel`, `reduce_order`, `unroll_kw`, `pad`.
 - **conv2d_nchw_cl** (NCHW convolutions on narrow maps, whose sums the compute keeps channel-innermost): the same
@@ -74,6 +78,7 @@ __all__ = [
     "format_space_table",
     "input_index",
     "vector_registers",
+    "with_later_knobs",
 ]
 
 FAMILIES = ("dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw",
@@ -87,6 +92,9 @@ MAX_VECTOR = 64  # lanes of a vectorized tile axis
 MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
+MAX_FLAT_TILES = 16
+"""Position tiles of a pointwise convolution in flat mode, each one unrolled (the accumulator block must stay in
+registers, see `_flat_pointwise`): bounds the code size, and keeps flat mode to the small maps it is for."""
 
 PARALLEL_MIN_WORK = 1 << 14
 """Below this much work (output elements times reduction size) a default kernel runs on one core: starting a
@@ -372,6 +380,8 @@ def _matmul_registers_fit(config: Config, lanes: int, budget: int) -> bool:
 
 def _conv_nchw_registers_fit(config: Config, lanes: int, budget: int, width: int) -> bool:
     rows, channels = _inner(config, "tile_h"), _inner(config, "tile_c")
+    if _flat_positions(config) > 1:
+        return channels * vector_registers(_flat_positions(config), lanes) <= budget
     if config.get("row_vector"):
         return channels * vector_registers(rows * width, lanes) <= budget
     return channels * rows * vector_registers(_inner(config, "tile_w"), lanes) <= budget
@@ -388,6 +398,17 @@ def _depthwise_registers_fit(config: Config, lanes: int, budget: int) -> bool:
 def _pack_needs_block(config: Config, knob: str) -> bool:
     """Packing a weight by blocks of one output channel changes nothing (the same schedule as unpacked)."""
     return not config.get("pack_w") or _inner(config, knob) > 1
+
+
+def _flat_alone(config: Config, width: int, height: int) -> bool:
+    """In flat mode (`tile_p` > 1) the rows, columns and loop order of the other modes mean nothing: they stay
+    at one value (no row tile, whole rows, channel blocks outermost), so no two configs give the same schedule."""
+    if _flat_positions(config) == 1:
+        return True
+    tiles = -(-height * width // _flat_positions(config))
+    return (tiles <= MAX_FLAT_TILES and not config.get("row_vector") and config["tile_h"] == (height, 1)
+            and config["tile_w"] == (1, width) and config["order"] == "ch"
+            and int(config["parallel"]) < 2)  # type: ignore[arg-type]
 
 
 def _row_vector_whole_rows(config: Config, width: int, height: int) -> bool:
@@ -513,6 +534,9 @@ def cpu_space(workload: CpuWorkload) -> Space:
             knobs.append(BoolKnob("row_vector"))
             constraints.append(Constraint("row vectors cover whole rows", functools.partial(
                 _row_vector_whole_rows, width=dims["w"], height=dims["h"])))
+            knobs.append(TileKnob("tile_p", dims["h"] * dims["w"], 2, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)))
+            constraints.append(Constraint("flat tiles leave the row and column tiles unused", functools.partial(
+                _flat_alone, width=dims["w"], height=dims["h"])))
         constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
             _conv_nchw_registers_fit, lanes=lanes, budget=budget, width=dims["w"])))
     elif family in ("conv2d_nhwc", "conv2d_nchw_cl"):
@@ -578,6 +602,14 @@ def _conv_reduction_knobs(workload: CpuWorkload) -> list[Knob]:
     if workload.has_pad:
         knobs.append(ChoiceKnob("pad", ["root", "inline"]))
     return knobs
+
+
+def with_later_knobs(workload: CpuWorkload, config: Config) -> Config:
+    """`config` with the knobs added to the space after it may have been logged, at the value that gives the
+    schedule it described then (`tile_p` off: pointwise configs logged before flat mode existed)."""
+    if workload.family == "conv2d_nchw" and workload.pointwise and "tile_p" not in config:
+        return config.replace(tile_p=_split_value(workload.dims["h"] * workload.dims["w"], 1))
+    return config
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -649,7 +681,7 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
                       tile_w=_split_value(dims["w"], vx), order="hc", parallel=parallel, reduce_order="c_hw",
                       tile_ic=_split_value(dims["ic"], 1), unroll_kw=False, pad="root", pack_w=fc > 1,
-                      row_vector=False)
+                      row_vector=False, tile_p=_split_value(dims["h"] * dims["w"], 1))
         if workload.pointwise and dims["w"] < lanes:
             rows = max(r for r in range(1, dims["h"] + 1)
                        if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
@@ -658,6 +690,19 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             fc = _dividing_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
             values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
                           tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
+        positions = dims["h"] * dims["w"]
+        if workload.pointwise and dims["w"] < 2 * lanes and -(-positions // (3 * lanes)) <= MAX_FLAT_TILES:
+            # Narrow maps (7x7 to 27x27): the flat matrix product. 8 channels by two vectors of positions (three
+            # when two would need more tiles than unrolling allows): 1.5-2.5x the row and column modes on the
+            # 13x13 and 14x14 layers of SqueezeNet and ResNet-50, even on 7x7 (experiments/pointwise_flat.py).
+            vp = min(positions, 2 * lanes if -(-positions // (2 * lanes)) <= MAX_FLAT_TILES else 3 * lanes)
+            fit = workload.accumulator_budget // vector_registers(vp, lanes)
+            # channel blocks are the parallel loop: at least one per core
+            share = max(1, dims["c"] // workload.cores) if parallel else dims["c"]
+            fc = _dividing_factor(space.knob("tile_c"), min(share, 8, fit))  # type: ignore[arg-type]
+            values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
+                          tile_w=_split_value(dims["w"], dims["w"]), row_vector=False, pack_w=fc > 1, order="ch",
+                          parallel=min(parallel, 1), tile_p=_split_value(positions, vp))
     elif family in ("conv2d_nhwc", "conv2d_nchw_cl"):
         c = dims["c"]
         bc = 2 * lanes if c >= 2 * lanes else (-(-c // lanes) * lanes if c > lanes // 2 else c)
@@ -955,6 +1000,9 @@ def _template_conv2d_nchw(sch: Any, prim: Any, config: Config, target: Any) -> N
     n, c, h, w = sch.leaves(out)
     parallel = int(config["parallel"])  # type: ignore[arg-type]
     co, ci = sch.split(out, c, factor=fc)
+    if _flat_positions(config) > 1:
+        _flat_pointwise(sch, out, acc, n, co, ci, h, w, config, target)
+        return
     if config.get("row_vector"):
         ho, hi = sch.split(out, h, factor=rows)
         outer = [n, ho, co] if config["order"] == "hc" else [n, co, ho]
@@ -983,6 +1031,38 @@ def _template_conv2d_nchw(sch: Any, prim: Any, config: Config, target: Any) -> N
     if rows > 1:
         sch.unroll(acc, ah)
     sch.vectorize(acc, aw)
+
+
+def _flat_positions(config: Config) -> int:
+    """The positions per register tile of a pointwise convolution in flat mode (`tile_p`), 1 when off."""
+    return _inner(config, "tile_p") if "tile_p" in config else 1
+
+
+def _flat_pointwise(sch: Any, out: str, acc: str, n: str, co: str, ci: str, h: str, w: str, config: Config,
+                    target: Any) -> None:
+    """A 1x1 stride-1 NCHW convolution as the matrix product W[C_out, C_in] x X[C_in, H*W]: the accumulator of a
+    block of `tile_c` channels covers the whole map (in L1), and inside it the map is one flat axis of H*W
+    positions, tiled by `tile_p` (vectorized, the last tile shorter), so a 13x13 map fills 16-lane vectors
+    instead of one 13-lane row each. The epilogue then runs over the block's positions, flat as well."""
+    outer = [n, co]
+    if int(config["parallel"]) and target.num_cores > 1:  # type: ignore[arg-type]
+        head = sch.fuse(out, *outer)
+        sch.parallel(out, head)
+    else:
+        head = sch.fuse(out, *outer)
+    flat = sch.fuse(out, h, w)
+    po, pi = sch.split(out, flat, factor=_flat_positions(config))
+    sch.unroll(out, ci)
+    sch.unroll(out, po)
+    sch.vectorize(out, pi)
+    sch.compute_at(acc, out, head)
+    an, ac, ah, aw, *reduce = sch.leaves(acc)
+    positions = sch.fuse(acc, ah, aw)
+    po, pi = sch.split(acc, positions, factor=_flat_positions(config))
+    sch.reorder(acc, an, po, *reduce, ac, pi)
+    sch.unroll(acc, po)
+    sch.unroll(acc, ac)
+    sch.vectorize(acc, pi)
 
 
 def _fuse_outer(sch: Any, out: str, outer: Sequence[str], parallel: int, target: Any) -> str:

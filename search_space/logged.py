@@ -21,7 +21,7 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.kernel.compute import primitive_compute
 from search_space import gpu
 from search_space.config import Config
-from search_space.cpu import FAMILIES, analyze, cpu_space, input_index
+from search_space.cpu import FAMILIES, analyze, cpu_space, input_index, with_later_knobs
 from search_space.cpu import config_to_steps as cpu_template_steps
 
 __all__ = ["config_steps"]
@@ -49,6 +49,7 @@ def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]
     packs = "pack_b" in config or "pack_w" in config
     workload = analyze(prim, target, _weight_params(prim) if packs else ())
     space = cpu_space(workload)
+    config = with_later_knobs(workload, config)
     if not space.is_valid(config):
         raise RelayTuneError(
             f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "

@@ -1,0 +1,137 @@
+"""Flat mode of the conv2d_nchw template: a 1x1 stride-1 convolution on a narrow map as the matrix product
+W[C_out, C_in] x X[C_in, H*W], positions tiled by `tile_p` across row ends (search_space.cpu).
+
+Every kernel is compiled and compared with the reference interpreter: odd maps (7x7, 13x13, 27x27, 5x3), channel
+counts that are not multiples of the vector width, bias+relu and residual-add epilogues, the default config and
+random flat configs of the space (tails of every length). Also: which maps the default rule makes flat, the
+constraints that keep flat configs apart from the other modes, and configs logged before flat mode existed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relay_tune.compiler import bind_params, resolve_target
+from relay_tune.kernel.build import build_primitive
+from relay_tune.text import parse_module
+from relay_tune.tuning.relay_task import RelayTuneTask, config_to_steps, tasks_from_module
+from relay_tune.type_infer import infer_types
+from search_space import Config
+from search_space.cpu import MAX_FLAT_TILES, with_later_knobs
+
+HOST = resolve_target("llvm -num-cores=2")
+RNG = np.random.default_rng(11)
+
+
+def pointwise_task(cin: int, height: int, cout: int, width: int | None = None, residual: bool = False,
+                   target: object = HOST) -> RelayTuneTask:
+    """The fused conv2d+bias(+residual add)+relu task of a 1x1 convolution with constant weights."""
+    width = width or height
+    shape = f"(1, {cout}, {height}, {width})"
+    body = f"nn.bias_add(nn.conv2d(%x, %w, channels={cout}, kernel_size=[1, 1]), %b)"
+    if residual:
+        body = f"add({body}, %r)"
+    extra = f", %r: Tensor[{shape}, float32]" if residual else ""
+    source = f"""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {cin}, {height}, {width}), float32], %w: Tensor[({cout}, {cin}, 1, 1), float32],
+          %b: Tensor[({cout}), float32]{extra}) {{
+  nn.relu({body})
+}}"""
+    mod = infer_types(parse_module(source))
+    weights = {"w": (RNG.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype("float32"),
+               "b": RNG.standard_normal(cout).astype("float32")}
+    tasks = [t for t in tasks_from_module(infer_types(bind_params(mod, weights)), target) if t.family != "injective"]
+    assert len(tasks) == 1 and tasks[0].family == "conv2d_nchw"
+    return tasks[0]
+
+
+def flat(config: Config) -> int:
+    value = config.get("tile_p")
+    assert isinstance(value, tuple)
+    return int(value[-1])
+
+
+def check(task: RelayTuneTask, config: Config) -> None:
+    task.space.validate(config)
+    inputs = [RNG.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
+    expected = task.reference(inputs)
+    assert expected is not None
+    got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(config))(*inputs)
+    np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4, err_msg=f"{task.description} {config}")
+
+
+SHAPES = [  # (C_in, H, C_out, W): the narrow maps of SqueezeNet, ResNet-50 and MobileNet v2, odd channel counts
+    (64, 13, 24, None), (37, 7, 20, None), (24, 27, 10, None), (9, 14, 52, None), (16, 5, 40, 3),
+]
+
+
+@pytest.mark.parametrize(("cin", "height", "cout", "width"), SHAPES)
+@pytest.mark.parametrize("residual", [False, True], ids=["bias_relu", "residual"])
+def test_default_flat_kernel_matches_the_interpreter(cin: int, height: int, cout: int, width: int | None,
+                                                     residual: bool) -> None:
+    task = pointwise_task(cin, height, cout, width, residual)
+    config = task.default_config()
+    assert flat(config) > 1, f"{task.description}: the default rule should pick flat mode, got {config}"
+    check(task, config)
+
+
+@pytest.mark.parametrize(("cin", "height", "cout", "width"), SHAPES[:3])
+def test_random_flat_configs_match_the_interpreter(cin: int, height: int, cout: int, width: int | None) -> None:
+    task = pointwise_task(cin, height, cout, width, residual=True)
+    rng = np.random.default_rng(cin * height)
+    configs: list[Config] = []
+    for _ in range(4000):
+        config = task.space.sample(rng)
+        if flat(config) > 1 and config not in configs:
+            configs.append(config)
+        if len(configs) == 4:
+            break
+    assert len(configs) == 4
+    for config in configs:
+        check(task, config)
+
+
+def test_flat_tiles_of_every_tail_length() -> None:
+    """169 positions in tiles of 8..64: the last tile holds 1 to 63 positions (a peeled, shorter vector)."""
+    task = pointwise_task(20, 13, 12)
+    default = task.default_config()
+    for vp in (8, 16, 24, 40, 48, 56, 64):
+        config = default.replace(tile_p=(-(-169 // vp), vp), tile_c=(3, 4))
+        if task.space.is_valid(config):
+            check(task, config)
+
+
+def test_default_rule_keeps_wide_maps_out_of_flat_mode() -> None:
+    wide = pointwise_task(16, 56, 24)  # 56-column rows fill vectors already
+    assert flat(wide.default_config()) == 1
+    one_core = pointwise_task(64, 13, 24, target=resolve_target("llvm -num-cores=1"))
+    assert flat(one_core.default_config()) > 1
+    # channel blocks are the parallel loop: at least one per core
+    few = pointwise_task(32, 8, 8, target=resolve_target("llvm -num-cores=4"))
+    config = few.default_config()
+    assert flat(config) > 1 and int(config["tile_c"][0]) >= 4  # type: ignore[index]
+
+
+def test_flat_configs_do_not_duplicate_other_modes() -> None:
+    task = pointwise_task(64, 13, 24)
+    config = task.default_config()
+    for change in ({"row_vector": True}, {"tile_h": (7, 2)}, {"tile_w": (2, 8)}, {"order": "hc"},
+                   {"parallel": 2}, {"tile_p": (1, 169)}):
+        assert not task.space.is_valid(config.replace(**change)), change
+    # at most MAX_FLAT_TILES unrolled tiles: 27x27 = 729 positions in tiles of 16 are 46
+    wide = pointwise_task(16, 27, 24)
+    assert not wide.space.is_valid(wide.default_config().replace(tile_p=(46, 16)))
+    assert -(-729 // 16) > MAX_FLAT_TILES
+
+
+def test_configs_logged_before_flat_mode_still_build() -> None:
+    """A pointwise config without `tile_p` (logged before flat mode) decodes to the schedule it described."""
+    task = pointwise_task(64, 13, 24)
+    logged = task.default_config().replace(tile_p=(169, 1), order="hc", row_vector=True, parallel=2)
+    task.space.validate(logged)
+    old = Config({name: value for name, value in logged.items() if name != "tile_p"})
+    assert not task.space.is_valid(old)
+    assert with_later_knobs(task.workload, old) == logged
+    steps = config_to_steps(task.func, old, task.target_info)
+    assert [s.to_json() for s in steps] == [s.to_json() for s in task.steps(logged)]
