@@ -676,6 +676,14 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
                       order="nm", parallel=parallel, pack_b=True, k_block=0)
     elif family == "conv2d_nchw":
         vx = _closest_factor(space.knob("tile_w"), min(dims["w"], 2 * lanes))  # type: ignore[arg-type]
+        # The last column tile is peeled into power-of-two pieces, each a register per channel: 55 columns in
+        # tiles of 32 leave 23 = 16+4+2+1, and 8 channels of 4 pieces spill. Take the first width whose tail
+        # needs no more registers than a whole tile (55: tiles of 48, tail 7; 1.4x on SqueezeNet's 3x3 at 55x55).
+        for wider in (2 * lanes, 3 * lanes, lanes):
+            if vx == 2 * lanes and wider in space.knob("tile_w").candidates and dims["w"] > wider:  # type: ignore[attr-defined]
+                if vector_registers(dims["w"] % wider or wider, lanes) <= vector_registers(wider, lanes):
+                    vx = wider
+                    break
         fc = max(1, min(dims["c"], 8, workload.accumulator_budget // vector_registers(vx, lanes)))
         fc = _dividing_factor(space.knob("tile_c"), fc)  # type: ignore[arg-type]
         values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], 1),
@@ -691,10 +699,12 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             values.update(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
                           tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
         positions = dims["h"] * dims["w"]
-        if workload.pointwise and dims["w"] < 2 * lanes and -(-positions // (3 * lanes)) <= MAX_FLAT_TILES:
-            # Narrow maps (7x7 to 27x27): the flat matrix product. 8 channels by two vectors of positions (three
-            # when two would need more tiles than unrolling allows): 1.5-2.5x the row and column modes on the
-            # 13x13 and 14x14 layers of SqueezeNet and ResNet-50, even on 7x7 (experiments/pointwise_flat.py).
+        if (workload.pointwise and dims["w"] < 2 * lanes and positions > 4 * lanes
+                and -(-positions // (3 * lanes)) <= MAX_FLAT_TILES):
+            # Narrow maps (13x13 to 27x27): the flat matrix product. 8 channels by two vectors of positions (three
+            # when two would need more tiles than unrolling allows): 1.2-1.7x the row and column modes on the
+            # 13x13 and 27x27 layers of SqueezeNet, 1.06-1.16x on 14x14 (experiments/pointwise_flat.py). Maps of
+            # at most four vectors (7x7) stay in row mode, which covers them in one tile already (flat: 0.95-1.03x).
             vp = min(positions, 2 * lanes if -(-positions // (2 * lanes)) <= MAX_FLAT_TILES else 3 * lanes)
             fit = workload.accumulator_budget // vector_registers(vp, lanes)
             # channel blocks are the parallel loop: at least one per core
@@ -708,8 +718,11 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         bc = 2 * lanes if c >= 2 * lanes else (-(-c // lanes) * lanes if c > lanes // 2 else c)
         bc = _closest_factor(space.knob("tile_c"), min(bc, c))  # type: ignore[arg-type]
         tw = max(1, min(dims["w"], 8, workload.accumulator_budget // vector_registers(bc, lanes)))
-        if family == "conv2d_nchw_cl":  # whole row pieces: no partial tiles on a narrow map
-            tw = max(d for d in range(1, tw + 1) if dims["w"] % d == 0)
+        if family == "conv2d_nchw_cl":
+            # Balanced row pieces: the fewest tiles of at most `tw` columns, as even as they go (13 columns: 7 + 6).
+            # Only divisors of the width, as this rule took before, leave one column per tile on a prime width
+            # (2 accumulators of 28): 2.1-2.3x slower on SqueezeNet's 13x13 3x3 convolutions.
+            tw = -(-dims["w"] // -(-dims["w"] // tw))
         tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
         values.update(tile_w=_split_value(dims["w"], tw), tile_c=_split_value(c, bc),
                       order="ch" if family == "conv2d_nchw_cl" else "hc", parallel=parallel, reduce_order="c_hw",

@@ -52,6 +52,18 @@ def flat(config: Config) -> int:
     return int(value[-1])
 
 
+def flat_config(task: RelayTuneTask, positions: int = 32) -> Config:
+    """The default config, made flat where the default rule keeps row mode (maps of at most four vectors)."""
+    config = task.default_config()
+    if flat(config) > 1:
+        return config
+    dims = task.workload.dims
+    total = dims["h"] * dims["w"]
+    vp = min(positions, total)
+    return config.replace(tile_p=(-(-total // vp), vp), tile_h=(dims["h"], 1), tile_w=(1, dims["w"]),
+                          row_vector=False, order="ch", parallel=min(int(config["parallel"]), 1))  # type: ignore[arg-type]
+
+
 def check(task: RelayTuneTask, config: Config) -> None:
     task.space.validate(config)
     inputs = [RNG.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
@@ -62,7 +74,7 @@ def check(task: RelayTuneTask, config: Config) -> None:
 
 
 SHAPES = [  # (C_in, H, C_out, W): the narrow maps of SqueezeNet, ResNet-50 and MobileNet v2, odd channel counts
-    (64, 13, 24, None), (37, 7, 20, None), (24, 27, 10, None), (9, 14, 52, None), (16, 5, 40, 3),
+    (64, 13, 24, None), (37, 7, 20, None), (24, 27, 10, None), (9, 14, 52, None), (16, 5, 40, 3), (20, 9, 36, 11),
 ]
 
 
@@ -71,9 +83,9 @@ SHAPES = [  # (C_in, H, C_out, W): the narrow maps of SqueezeNet, ResNet-50 and 
 def test_default_flat_kernel_matches_the_interpreter(cin: int, height: int, cout: int, width: int | None,
                                                      residual: bool) -> None:
     task = pointwise_task(cin, height, cout, width, residual)
-    config = task.default_config()
-    assert flat(config) > 1, f"{task.description}: the default rule should pick flat mode, got {config}"
-    check(task, config)
+    if height * (width or height) > 64:  # maps of more than four vectors: flat by default
+        assert flat(task.default_config()) > 1, f"{task.description}: {task.default_config()}"
+    check(task, flat_config(task))
 
 
 @pytest.mark.parametrize(("cin", "height", "cout", "width"), SHAPES[:3])
@@ -105,10 +117,12 @@ def test_flat_tiles_of_every_tail_length() -> None:
 def test_default_rule_keeps_wide_maps_out_of_flat_mode() -> None:
     wide = pointwise_task(16, 56, 24)  # 56-column rows fill vectors already
     assert flat(wide.default_config()) == 1
+    small = pointwise_task(64, 7, 24)  # 49 positions: row mode covers the map in one tile
+    assert flat(small.default_config()) == 1 and small.default_config()["row_vector"]
     one_core = pointwise_task(64, 13, 24, target=resolve_target("llvm -num-cores=1"))
     assert flat(one_core.default_config()) > 1
     # channel blocks are the parallel loop: at least one per core
-    few = pointwise_task(32, 8, 8, target=resolve_target("llvm -num-cores=4"))
+    few = pointwise_task(32, 9, 8, target=resolve_target("llvm -num-cores=4"))
     config = few.default_config()
     assert flat(config) > 1 and int(config["tile_c"][0]) >= 4  # type: ignore[index]
 
@@ -135,3 +149,26 @@ def test_configs_logged_before_flat_mode_still_build() -> None:
     assert with_later_knobs(task.workload, old) == logged
     steps = config_to_steps(task.func, old, task.target_info)
     assert [s.to_json() for s in steps] == [s.to_json() for s in task.steps(logged)]
+
+
+def conv3x3_task(cin: int, size: int, cout: int) -> RelayTuneTask:
+    source = f"""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {cin}, {size}, {size}), float32], %w: Tensor[({cout}, {cin}, 3, 3), float32],
+          %b: Tensor[({cout}), float32]) {{
+  nn.relu(nn.bias_add(nn.conv2d(%x, %w, padding=[1, 1, 1, 1], channels={cout}, kernel_size=[3, 3]), %b))
+}}"""
+    weights = {"w": (RNG.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype("float32"),
+               "b": RNG.standard_normal(cout).astype("float32")}
+    mod = infer_types(bind_params(infer_types(parse_module(source)), weights))
+    return next(t for t in tasks_from_module(mod, HOST) if t.family != "injective")
+
+
+def test_default_tiles_of_odd_3x3_maps() -> None:
+    """13 columns (prime) in balanced pieces of 7 and 6, not 13 tiles of one column; 55 columns in tiles of 48 and
+    a tail of 7 (16 + 4 + 2 + 1 registers per channel for a tail of 23 would spill)."""
+    narrow = conv3x3_task(12, 13, 40)
+    assert narrow.family == "conv2d_nchw_cl" and narrow.default_config()["tile_w"] == (2, 7)
+    check(narrow, narrow.default_config())
+    wide = conv3x3_task(5, 55, 20)
+    assert wide.family == "conv2d_nchw" and wide.default_config()["tile_w"] == (2, 48)
+    check(wide, wide.default_config())
