@@ -40,6 +40,7 @@ def task() -> object:
 def test_a_run_time_weight_may_be_packed_and_the_artifact_packs_it_before_the_kernel(task: object) -> None:
     assert "pack_b" in task.space.names
     assert task.constants == ()  # the weight is an input of the model, not a constant
+    assert task.default_config()["pack_b"] is False  # the default is what an untuned build runs: no packing
     packed = task.build(task.default_config().replace(pack_b=True))
     ((symbol, index, position),) = packed.prologue
     assert index == 1 and packed.args[position].index == 1 and packed.args[position].layout  # the weight, packed

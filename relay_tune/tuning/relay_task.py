@@ -121,17 +121,21 @@ class RelayTuneTask:
     def _setup(self) -> None:
         self._prim = primitive_compute(self.func)
         self.workload = analyze(self._prim, self.target_info, self.constants)
+        self.space: Space = cpu_space(self.workload)
+        self._default = default_config(self.workload)
         if self.workload.family == "dense" and not self.workload.constant_weight:
             # A dense weight that the model receives at run time may be packed too: the build then packs it with a
             # packing kernel on every run, and `build` puts that kernel in the artifact's prologue, so the runner
             # times packing and kernel together. Without this the space had only schedules that read the weight
             # row-major across the vector lanes (a strided gather: 12x slower than packed on dense 1024^3).
+            # The default stays the unpacked schedule an untuned build runs, so the log's default record is that
+            # kernel; the search finds out whether packing on every run pays.
             packable = _weight_params(self._prim)
             workload = analyze(self._prim, self.target_info, packable)
-            if workload.constant_weight:
-                self.workload = workload
-        self.space: Space = cpu_space(self.workload)
-        self._default = default_config(self.workload)
+            unpacked = Config({**self._default, "pack_b": False}) if workload.constant_weight else None
+            space = cpu_space(workload)
+            if unpacked is not None and space.is_valid(unpacked):
+                self.workload, self.space, self._default = workload, space, unpacked
 
     @property
     def family(self) -> str:
