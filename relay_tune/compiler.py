@@ -191,6 +191,13 @@ def task_lookup(logs: Any) -> TaskLookup | None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def packing_kernel(layout: Any, name: str) -> tir.PrimFunc:
+    """The kernel `name(src, packed)` that packs a run-time input into `layout` (a `LayoutTransform`), as a model
+    runs it before the kernel that reads it packed (and as the tuner's runner times it with that kernel)."""
+    _src, packed = layout.pack_compute()
+    return lower(Schedule([packed]), name)
+
+
 @dataclass(frozen=True)
 class ParamBinding:
     """Where one kernel parameter comes from: flattened input `index` of the fused function (`kind` "input"),
@@ -459,8 +466,7 @@ class _Planner:
         for existing in self.packers.values():
             if dict(existing.attrs).get("packing") == layout_key:
                 return existing
-        _src, packed = lt.pack_compute()
-        primfunc = lower(Schedule([packed]), name)
+        primfunc = packing_kernel(lt, name)
         primfunc = replace(primfunc, attrs=(*primfunc.attrs, ("packing", layout_key)))
         self.packers[name] = primfunc
         return primfunc

@@ -265,9 +265,10 @@ class KernelLoader:
         self._counter = 0
         self._keep: list[Any] = []
         self._libraries: set[str] = set()
+        self.prologue: list[tuple[Callable[..., Any], int, int]] = []  # of the artifact loaded last
 
     def load(self, artifact: BuildArtifact) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
-        """The kernel, and its repeat entry point when the artifact has one."""
+        """The kernel, and its repeat entry point when the artifact has one (prologue kernels: `prologue`)."""
         for name in artifact.requires_libraries:
             if name not in self._libraries:
                 ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # make e.g. libgomp's symbols visible to JIT'd code
@@ -283,11 +284,15 @@ class KernelLoader:
         repeat = None
         if artifact.repeat_symbol is not None:
             repeat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(addresses[artifact.repeat_symbol])
+        packer = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+        self.prologue = [(packer(addresses[symbol]), index, position)
+                         for symbol, index, position in artifact.prologue]
         return prototype(addresses[artifact.kernel_name]), repeat
 
     @staticmethod
     def _symbols(artifact: BuildArtifact) -> list[str]:
-        return [artifact.kernel_name] + ([artifact.repeat_symbol] if artifact.repeat_symbol else [])
+        return ([artifact.kernel_name] + ([artifact.repeat_symbol] if artifact.repeat_symbol else [])
+                + [symbol for symbol, _, _ in artifact.prologue])
 
     def _load_object(self, artifact: BuildArtifact) -> dict[str, int]:
         if self._jit is None:
@@ -356,10 +361,22 @@ def compare_outputs(
 
 def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
-             tolerances: dict[str, tuple[float, float]], timing: TimingOptions) -> tuple[str, Any, str]:
+             tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
+             prologue: Sequence[tuple[Callable[..., Any], int, int]] = ()) -> tuple[str, Any, str]:
+    """Check one artifact's outputs, then time it (see the module docstring). `prologue`: packing kernels
+    (function, logical input, argument position) that fill a packed argument from its logical input; they run
+    before the kernel on every call, as in the model, and their time counts."""
     buffers: list[np.ndarray] = []
-    for arg in artifact.args:
-        if arg.role == "input":
+    packed_by = {position: (packer, index) for packer, index, position in prologue}
+    sources: dict[int, np.ndarray] = {}  # logical inputs of the packed arguments, by argument position
+    for position, arg in enumerate(artifact.args):
+        if position in packed_by:
+            packer, index = packed_by[position]
+            source = np.ascontiguousarray(inputs[index]).copy()
+            sources[position] = source
+            buffer = _sentinel_fill(arg.spec)
+            packer(source.ctypes.data, buffer.ctypes.data)  # the kernel's check below covers the packing too
+        elif arg.role == "input":
             buffer = apply_layout(inputs[arg.index].copy(), arg.layout)
             if buffer.shape != arg.spec.shape or str(buffer.dtype) != arg.spec.dtype:
                 return ("error", ErrorKind.COMPILE_ERROR.name,
@@ -387,7 +404,15 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
                 return ("error", ErrorKind.WRONG_RESULT.name, problem)
 
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
-    if repeat_entry is not None:
+    packing = [(packer, sources[position].ctypes.data, pointers[position])
+               for position, (packer, _) in packed_by.items()]
+    if packing:
+        def run_many(count: int) -> None:
+            for _ in range(count):
+                for packer, source_address, packed_address in packing:
+                    packer(source_address, packed_address)
+                function(*pointers)
+    elif repeat_entry is not None:
         packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
 
         def run_many(count: int) -> None:
@@ -415,7 +440,7 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
             for _ in range(number):
                 flush += 1.0  # touch every line of a buffer larger than the caches
                 start = clock()
-                function(*pointers)
+                run_many(1)
                 total += clock() - start
             costs.append(total / number)
     return ("ok", costs, "")
@@ -453,7 +478,8 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
                 reply: tuple[str, Any, str] = ("error", ErrorKind.COMPILE_ERROR.name,
                                                f"failed to load the kernel: {err}")
             else:
-                reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing)
+                reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
+                                 loader.prologue)
         except Exception as err:
             reply = ("error", ErrorKind.RUNTIME_ERROR.name,
                      "".join(traceback.format_exception_only(type(err), err)).strip())

@@ -100,6 +100,11 @@ class BuildArtifact:
     uses (e.g. "libgomp.so.1" for OpenMP); the loader makes them visible first. `repeat_symbol`, when set, names
     a companion `void f(void **args, int64 n)` that calls the kernel n times back to back; timing loops then run
     without Python between calls.
+
+    `prologue` names kernels of the same code that run before the kernel on every call, as the model runs them:
+    (symbol, logical input index, kernel argument position) packs that input, a weight the model receives at run
+    time, into the layout the kernel reads (argument `position`). The runner times prologue and kernel together,
+    so a schedule that packs a run-time weight pays for the packing in its measurement.
     """
 
     code: bytes
@@ -110,6 +115,7 @@ class BuildArtifact:
     requires_libraries: tuple[str, ...] = ()
     repeat_symbol: str | None = None
     info: dict[str, Any] = field(default_factory=dict, compare=False)
+    prologue: tuple[tuple[str, int, int], ...] = ()
 
 
 @runtime_checkable

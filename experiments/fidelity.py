@@ -1,0 +1,177 @@
+"""In-graph fidelity: does what the tuner logs for a kernel predict its time in the model?
+
+    python experiments/fidelity.py --onnx /work/exp/resnet50.onnx --log /work/exp/resnet50.jsonl
+    python experiments/fidelity.py --relay model.relay --log logs/model.jsonl [--repeats 3] [--top 6]
+
+For a model and its tuning log (the model is built from the log, best record per task, and with default
+schedules), in one run:
+
+1. per task: the logged time of the record the build picked (fastest repeat of the best record), the kernel's time
+   in the model (`CompiledModel.profile`: timestamps the native executor takes between its calls, median over
+   runs), and their ratio;
+2. repeat agreement: the best config of the `--top` tasks with the most logged time in the model (time x
+   occurrences) measured again `--repeats` times, each by a fresh `LocalRunner` (a fresh measurement process,
+   the tuner's own settings); the spread is max / min - 1;
+3. `benchmark()` against `run()` (both timed the same way a caller sees them, interleaved rounds, medians);
+4. tuned against default end to end (interleaved rounds, medians).
+
+Prints a table and writes experiments/results/fidelity_<model>.csv (one row per task; the whole-model figures are
+rows whose task column says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import relay_tune  # noqa: E402
+from relay_tune.compiler import resolve_target  # noqa: E402
+from relay_tune.runtime.model import CompiledModel  # noqa: E402
+from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
+from relay_tune.tuning.database import JsonLinesDatabase  # noqa: E402
+from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
+from relay_tune.tuning.tune_model import default_runner  # noqa: E402
+
+RESULTS = REPO_ROOT / "experiments" / "results"
+
+
+def load(args: argparse.Namespace) -> tuple[object, str]:
+    if args.onnx:
+        from relay_tune.frontend import from_onnx
+
+        mod, _params = from_onnx(args.onnx)
+        return mod, Path(args.onnx).stem
+    from relay_tune.text import load_module
+
+    return load_module(args.relay), Path(args.relay).stem
+
+
+def interleaved_run_vs_benchmark(model: CompiledModel, inputs: dict, rounds: int, number: int
+                                 ) -> tuple[float, float]:
+    """Median seconds per inference of `run()` (timed around each call from Python) and of `benchmark()` (its
+    own figure), alternating within each round."""
+    runs, benches = [], []
+    clock = time.perf_counter
+    model.run(**inputs)
+    for _ in range(rounds):
+        times = []
+        for _ in range(number):
+            start = clock()
+            model.run(**inputs)
+            times.append(clock() - start)
+        runs.append(statistics.median(times))
+        benches.append(model.benchmark(repeat=number, number=1, inputs=inputs, warmup=1).median)
+    return statistics.median(runs), statistics.median(benches)
+
+
+def interleaved_models(models: list[CompiledModel], inputs: dict, rounds: int, number: int) -> list[float]:
+    samples: list[list[float]] = [[] for _ in models]
+    for _ in range(rounds):
+        for model, out in zip(models, samples):
+            out.append(model.benchmark(repeat=number, number=1, inputs=inputs, warmup=1).median)
+    return [statistics.median(s) for s in samples]
+
+
+def repeat_agreement(mod: object, target: object, log: str, keys: list[str], repeats: int) -> dict[str, list[float]]:
+    """Per task key, the best config's cost measured `repeats` times, each in a fresh measurement process."""
+    database = JsonLinesDatabase([log])
+    tasks = {t.key: t for t in tasks_from_module(mod, target)}
+    found: dict[str, list[float]] = {}
+    for key in keys:
+        task = tasks.get(key)
+        if task is None:
+            continue
+        best = database.best(key, task.target, k=1)
+        if not best:
+            continue
+        artifact = task.build(best[0].config)
+        costs = []
+        for _ in range(repeats):
+            runner = default_runner()  # a new runner starts a new measurement process
+            try:
+                result = runner.run(task, artifact)
+            finally:
+                runner.close()
+            if result.costs:
+                costs.append(min(result.costs))
+        found[key] = costs
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--onnx")
+    source.add_argument("--relay")
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--target", default="native")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh measurement processes per config")
+    parser.add_argument("--top", type=int, default=6, help="tasks whose best config is measured again")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--number", type=int, default=5)
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    mod, name = load(args)
+    target = resolve_target(args.target)
+    tuned = relay_tune.build(mod, target=target, logs=args.log)
+    default = relay_tune.build(mod, target=target)
+    inputs = tuned.random_inputs(seed=0)
+    comparison = compare_with_logs(tuned, [args.log], repeat=10, inputs=inputs)
+    ranked = sorted((r for r in comparison if r.profile.key and r.logged),
+                    key=lambda r: -(r.logged or 0) * r.profile.calls)
+    agreement = repeat_agreement(mod, target, args.log, [r.profile.key for r in ranked[: args.top]], args.repeats)
+
+    rows = []
+    print(f"{'task':48s} {'calls':>5s} {'logged us':>10s} {'in-graph us':>11s} {'ratio':>6s} {'repeats us':>24s} "
+          f"{'spread':>7s}")
+    for r in comparison:
+        costs = agreement.get(r.profile.key, [])
+        spread = max(costs) / min(costs) - 1 if len(costs) > 1 else None
+        row = {"task": r.profile.description, "key": r.profile.key, "tuned": r.profile.tuned, "calls": r.profile.calls,
+               "logged_us": (r.logged or 0) * 1e6 or None, "in_graph_us": r.profile.per_call * 1e6,
+               "ratio": r.ratio, "repeat_costs_us": " ".join(f"{c * 1e6:.1f}" for c in costs),
+               "repeat_spread": spread}
+        rows.append(row)
+        logged = f"{row['logged_us']:.1f}" if row["logged_us"] else "-"
+        ratio = f"{r.ratio:.3f}" if r.ratio else "-"
+        print(f"{r.profile.description[:48]:48s} {r.profile.calls:5d} {logged:>10s} {row['in_graph_us']:11.1f} "
+              f"{ratio:>6s} {row['repeat_costs_us'][:24]:>24s} {'' if spread is None else f'{spread:.1%}':>7s}")
+    ratios = [r.ratio for r in comparison if r.ratio]
+    within = sum(1 for x in ratios if 1 / 1.15 <= x <= 1.15)
+    spreads = [max(c) / min(c) - 1 for c in agreement.values() if len(c) > 1]
+    run_s, bench_s = interleaved_run_vs_benchmark(tuned, inputs, args.rounds, args.number)
+    tuned_s, default_s = interleaved_models([tuned, default], inputs, args.rounds, args.number)
+    summary = {
+        "tasks within 15% of logged": f"{within} of {len(ratios)}",
+        "worst in-graph / logged": f"{max(ratios, key=lambda x: abs(x - 1)):.3f}" if ratios else "-",
+        "repeat spread (max over tasks)": f"{max(spreads):.1%}" if spreads else "-",
+        "run() ms": f"{run_s * 1e3:.3f}", "benchmark() ms": f"{bench_s * 1e3:.3f}",
+        "benchmark / run": f"{bench_s / run_s:.3f}",
+        "tuned ms": f"{tuned_s * 1e3:.3f}", "default ms": f"{default_s * 1e3:.3f}",
+        "tuned / default": f"{tuned_s / default_s:.3f}",
+    }
+    print()
+    for key, value in summary.items():
+        print(f"{key:32s} {value}")
+        rows.append({"task": f"[model] {key}", "logged_us": None, "in_graph_us": None, "ratio": value})
+    out_path = RESULTS / f"fidelity_{name}.csv"
+    fields = ["task", "key", "tuned", "calls", "logged_us", "in_graph_us", "ratio", "repeat_costs_us", "repeat_spread"]
+    with out_path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k) for k in fields})
+    print(f"\nwrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
