@@ -14,7 +14,9 @@ warm-up round measures only each task's default schedule (`warmup_trials=1`).
 Curve points. Every record of the log carries the time it was measured; the tuning time of a record is the time
 since its session started, plus the tuning time of the log's earlier sessions (so a run tuned in several pieces
 has one clock). At every `--checkpoint-s` of tuning time, and at the end of the run, the model is built from the
-records measured until then (the fastest record of each task, default schedules for tasks without one) and the
+records measured until then (the fastest record of each task, default schedules for tasks without one; built as
+the tuner builds its result, `check_tuned_records`: a record slower in the graph than the default kernel is
+dropped, and the default build is kept if it is faster end to end; `--no-check-tuned` builds every record) and the
 scheduler's estimate is taken (sum over tasks of weight x best time measured so far). All builds of a model (the
 default build and every checkpoint of every variant) are timed end to end together at the end, in interleaved
 rounds (`relay_tune.compiler.interleaved_latency`, median), so every point sees the same machine; each build's
@@ -202,10 +204,13 @@ def checkpoints(total: float, every: float) -> list[float]:
 
 
 def curve_points(model: str, variant: str, mod: Any, tasks: Sequence[Any], log: Path, every: float,
-                 target: Any, builds: dict[tuple[str, ...], Any], check: Any) -> list[Point]:
+                 target: Any, builds: dict[tuple[str, ...], Any], check: Any, check_tuned: bool = True
+                 ) -> list[Point]:
     """One point per checkpoint of `log`: the model built from the records so far (builds with the same configs
-    are shared through `builds`), the scheduler's estimate."""
-    from relay_tune.compiler import BuildWarning, build
+    are shared through `builds`, whose key () is the default build), the scheduler's estimate. check_tuned: build
+    as the tuner does (`check_tuned_records`: a record slower in the graph than the default kernel is not used,
+    and the default build is kept when it is faster end to end); False: every record as it is."""
+    from relay_tune.compiler import BuildWarning, build, check_tuned_records
     from relay_tune.tuning.database import MemoryDatabase
     from relay_tune.tuning.tune_model import _chosen_configs, best_steps_lookup
 
@@ -227,8 +232,9 @@ def curve_points(model: str, variant: str, mod: Any, tasks: Sequence[Any], log: 
         if key not in builds:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", BuildWarning)
-                lookup = best_steps_lookup(tasks, database=database) if configs else None
-                builds[key] = build(mod, target, logs=lookup)
+                lookup = best_steps_lookup(tasks, database=database)
+                builds[key] = (check_tuned_records(mod, target, None, lookup, default=builds[()]) if check_tuned
+                               else build(mod, target, logs=lookup))
             check(builds[key])
         points.append(Point(model, variant, at, len(so_far), estimate if not missing else None, missing,
                             builds[key]))
@@ -252,15 +258,16 @@ def reference_check(mod: Any, rtol: float) -> Any:
     return check
 
 
-def time_to_share(points: Sequence[Point], default_s: float, share: float) -> float | None:
-    """Tuning seconds until the end-to-end latency first achieved `share` of the run's improvement (default build
-    -> its last point); None without an improvement."""
-    final = points[-1].e2e_s
+def time_to_share(points: Sequence[Point], default_s: float, share: float, field: str = "e2e_s") -> float | None:
+    """Tuning seconds until the latency (`field`: "e2e_s" measured, "estimate_s" the scheduler's) first achieved
+    `share` of the run's improvement (`default_s` -> its last point); None without an improvement."""
+    values = [getattr(p, field) for p in points]
+    final = values[-1]
     if final is None or final >= default_s:
         return None
     goal = default_s - share * (default_s - final)
-    for point in points:
-        if point.e2e_s is not None and point.e2e_s <= goal:
+    for point, value in zip(points, values):
+        if value is not None and value <= goal:
             return point.seconds
     return None
 
@@ -285,7 +292,8 @@ def curves(args: argparse.Namespace, folder: Path) -> list[tuple[Point, float]]:
             if not log.is_file():
                 print(f"{model} {variant}: no log in {log.parent}; tune it first (--stage tune)")
                 continue
-            points += curve_points(model, variant, mod, tasks, log, args.checkpoint_s, target, builds, check)
+            points += curve_points(model, variant, mod, tasks, log, args.checkpoint_s, target, builds, check,
+                                   check_tuned=not args.no_check_tuned)
         distinct = list({id(b): b for b in builds.values()}.values())
         print(f"{model}: timing {len(distinct)} builds end to end, {args.rounds} interleaved rounds", flush=True)
         with measurement_lock():
@@ -301,12 +309,22 @@ def curves(args: argparse.Namespace, folder: Path) -> list[tuple[Point, float]]:
             if not mine:
                 continue
             last = mine[-1]
-            reach = time_to_share(mine, default_s, SHARE)
             assert last.e2e_s is not None
-            print(f"  {variant:>22}: {last.trials} trials, {last.seconds / 60:.1f} min of tuning -> "
-                  f"{last.e2e_s * 1e3:.2f} ms ({default_s / last.e2e_s:.2f}x); "
-                  f"{SHARE:.0%} of the improvement after "
-                  + (f"{reach / 60:.1f} min" if reach is not None else "- (no improvement)"))
+            speedup = default_s / last.e2e_s
+            reach = time_to_share(mine, default_s, SHARE)
+            print(f"  {variant}: {last.trials} trials, {last.seconds / 60:.1f} min of tuning -> "
+                  f"{last.e2e_s * 1e3:.2f} ms end to end ({speedup:.3f}x); {SHARE:.0%} of that improvement after "
+                  + (f"{reach / 60:.1f} min" if reach is not None else "- (no improvement)")
+                  + (f" (an improvement under {args.noise:.0%}: within the timing noise)"
+                     if reach is not None and speedup < 1 + args.noise else ""))
+            estimated = [p for p in mine if p.estimate_s is not None]
+            if estimated and estimated[-1].estimate_s is not None:
+                first, final = estimated[0].estimate_s, estimated[-1].estimate_s
+                assert first is not None
+                at = time_to_share(estimated, first, SHARE, "estimate_s")
+                print(f"  {'':>{len(variant)}}  scheduler's estimate {first * 1e3:.2f} -> {final * 1e3:.2f} ms "
+                      f"({first / final:.3f}x); {SHARE:.0%} of that improvement after "
+                      + (f"{at / 60:.1f} min" if at is not None else "- (no improvement)"))
     return rows
 
 
@@ -367,6 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, help="trials per round of a task (default: tune_model's)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the end-to-end timing")
+    parser.add_argument("--no-check-tuned", action="store_true", help="build every checkpoint from its records as "
+                        "they are, without the tuner's in-graph check against the default kernels")
+    parser.add_argument("--noise", type=float, default=0.03, help="an end-to-end improvement below this share "
+                        "is reported as within the timing noise (default 0.03)")
     parser.add_argument("--rtol", type=float, default=1e-3, help="tolerance of the check against the interpreter")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/tuning_curve"))
     args = parser.parse_args(argv)

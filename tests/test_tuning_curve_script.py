@@ -74,7 +74,8 @@ def test_a_short_curve_run_on_a_tiny_model(tmp_path: Path, capsys: pytest.Captur
     assert not (tmp_path / "logs" / "tiny_resnet18.gradient.done").exists()
     assert script.main(common) == 0
     out = capsys.readouterr().out
-    assert "tiny_resnet18: default schedules" in out and "90% of the improvement" in out
+    assert "tiny_resnet18: default schedules" in out and "90% of that improvement after" in out
+    assert "scheduler's estimate" in out
     for variant in ("gradient", "round-robin"):
         assert (tmp_path / "logs" / f"tiny_resnet18.{variant}.done").exists()
     rows = list(csv.DictReader((tmp_path / "curve.csv").open()))
