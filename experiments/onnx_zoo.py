@@ -4,7 +4,8 @@
     model = ZOO["resnet50"]()            # onnx.ModelProto, input "input" (1, 3, 224, 224)
 
 ResNet-50 v1, MobileNet v2, SqueezeNet 1.1, a ShuffleNet v2 (1.0x)-style net, DenseNet-121, VGG-16, an
-Inception (GoogLeNet)-style net and one BERT-base encoder layer (sequence 128, hidden 768, 12 heads). Layer shapes
+Inception (GoogLeNet)-style net and one BERT-base encoder layer (sequence 128, hidden 768, 12 heads); and, in
+RELATIVES, ResNet-18 and MobileNet v1. Layer shapes
 follow the published architectures; weights are seeded random values at a trained network's scale (He
 initialisation for convolutions and fully connected layers, batch-norm statistics near 1 and 0), so activations
 stay in a realistic range through the whole depth and comparisons between engines are meaningful.
@@ -120,6 +121,35 @@ def resnet50() -> onnx.ModelProto:
             x = n.relu(n.op("Add", [y, shortcut]))
             cin = width * 4
     return n.model(IMAGE, {n.classifier(x, cin): LOGITS}, "resnet50_v1")
+
+
+def resnet18() -> onnx.ModelProto:
+    """ResNet-18 v1: basic blocks (two 3x3 convolutions), the stride on the first of a stage's first block."""
+    n = Net(11)
+    x = n.maxpool(n.conv_bn("input", 3, 64, 7, 2, act=n.relu))
+    cin = 64
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if block == 0 and stage > 0 else 1
+            y = n.conv_bn(x, cin, width, 3, stride, act=n.relu)
+            y = n.bn(n.conv(y, width, width, 3), width, gamma=0.2)  # a trained residual branch's scale
+            shortcut = n.conv_bn(x, cin, width, 1, stride) if stride != 1 or cin != width else x
+            x = n.relu(n.op("Add", [y, shortcut]))
+            cin = width
+    return n.model(IMAGE, {n.classifier(x, cin): LOGITS}, "resnet18_v1")
+
+
+def mobilenet_v1() -> onnx.ModelProto:
+    """MobileNet v1 (1.0x): a 3x3 convolution, then 13 depthwise 3x3 + pointwise 1x1 pairs, batch norm and ReLU."""
+    n = Net(12)
+    x = n.conv_bn("input", 3, 32, 3, 2, act=n.relu)
+    cin = 32
+    for cout, stride in ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1), (512, 1), (512, 1),
+                         (512, 1), (512, 1), (1024, 2), (1024, 1)):
+        x = n.conv_bn(x, cin, cin, 3, stride, group=cin, act=n.relu)
+        x = n.conv_bn(x, cin, cout, 1, act=n.relu)
+        cin = cout
+    return n.model(IMAGE, {n.classifier(x, cin): LOGITS}, "mobilenet_v1")
 
 
 def mobilenet_v2() -> onnx.ModelProto:
@@ -297,4 +327,11 @@ ZOO: dict[str, Callable[[], onnx.ModelProto]] = {
     "vgg16": vgg16,
     "inception": inception,
     "bert_layer": bert_layer,
+}
+
+# Not in ZOO (whose eight networks the end-to-end benchmarks run): the smaller relatives that tuning logs are
+# transferred from (experiments/tuning_curve.py: ResNet-18 -> ResNet-50, MobileNet v1 -> v2).
+RELATIVES: dict[str, Callable[[], onnx.ModelProto]] = {
+    "resnet18": resnet18,
+    "mobilenet_v1": mobilenet_v1,
 }

@@ -26,6 +26,17 @@ The sources are ResNet-18's 3x3 convolutions of stages 2 and 3; the targets a Re
 convolution of a size ResNets lack, and a depthwise convolution (an operator the old logs do not contain).
 "xgb-transfer-operator" and "xgb-transfer-old" are the transfer of earlier versions (see ABLATIONS).
 
+Transfer between whole models: a workload "<model>:<index>" is a tuning task of a network of
+experiments/onnx_zoo.py (imported from ONNX as relay-tune does), "<model>:*" all of them, "<model>:topN" the N
+of the largest weight x FLOPs:
+
+    python experiments/search_efficiency.py --workloads mobilenet_v2:* --transfer-sources mobilenet_v1:* \
+        --strategies xgb,xgb-transfer --trials 40 --source-trials 40 --out experiments/results/transfer_models
+
+Besides the per-task rows, it prints per network the trials (all its tasks together, each tuned with the same
+number) until the model's estimated latency (sum of weight x FLOPs / best GFLOPS) is within 95% of the best any run
+reaches, median over seeds, and how many times fewer transfer needs (`whole_model.csv`).
+
 Measurements are shared between runs: the first time a config of a workload is measured its result is stored in
 `<out>/measurements/<workload>.jsonl`, and later runs (any strategy, any seed, any later invocation) are answered
 from it. Every strategy therefore sees the same noise for the same config, and the full experiment costs far less
@@ -120,7 +131,8 @@ EXTRA_WORKLOADS = tuple(w for w in RELAY_WORKLOADS if w not in WORKLOADS)
 
 
 def relay_task(name: str, cores: int) -> Any:
-    """The tuning task of a one-operator Relay model whose weight is a constant (as in a real model)."""
+    """The tuning task of a one-operator Relay model whose weight is a constant (as in a real model), or task
+    number N of a network of experiments/onnx_zoo.py ("mobilenet_v2:07", see `model_workloads`)."""
     import numpy as np
 
     from relay_tune.compiler import bind_params
@@ -128,11 +140,66 @@ def relay_task(name: str, cores: int) -> Any:
     from relay_tune.tuning.relay_task import tasks_from_module
     from relay_tune.type_infer import infer_types
 
+    if ":" in name:
+        model, index = name.split(":")
+        return model_tasks(model, cores)[int(index)]
     source, weight_shape = RELAY_WORKLOADS[name]
     weight = np.random.default_rng(0).standard_normal(weight_shape).astype("float32")
     mod = infer_types(bind_params(infer_types(parse_module(source)), {"w": weight}))
     (task,) = tasks_from_module(mod, f"llvm -num-cores={cores}")
     return task
+
+
+# Whole models: every task of a network (its tuning tasks, as `relay-tune MODEL` extracts them), for transfer
+# between models (`--workloads mobilenet_v2:* --transfer-sources mobilenet_v1:*`). Tasks are named
+# "<model>:<index>"; "<model>:topN" takes the N tasks of the largest weight x FLOPs.
+_MODEL_TASKS: dict[tuple[str, int], list[Any]] = {}
+
+
+def model_tasks(model: str, cores: int) -> list[Any]:
+    """The tuning tasks of an experiments/onnx_zoo.py network (imported from an ONNX file, as relay-tune does)."""
+    if (model, cores) not in _MODEL_TASKS:
+        import tempfile
+
+        import onnx
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from onnx_zoo import RELATIVES, ZOO
+
+        from relay_tune.frontend import from_onnx
+        from relay_tune.tuning.relay_task import tasks_from_module
+
+        networks = {**ZOO, **RELATIVES}
+        if model not in networks:
+            raise ValueError(f"unknown network {model!r}; choose from {', '.join(networks)}")
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"{model}.onnx"
+            onnx.save(networks[model](), str(path))
+            mod, _ = from_onnx(path)
+        _MODEL_TASKS[(model, cores)] = tasks_from_module(mod, f"llvm -num-cores={cores}")
+    return _MODEL_TASKS[(model, cores)]
+
+
+def model_workloads(names: Sequence[str], cores: int) -> list[str]:
+    """`names` with every "<model>:*" / "<model>:topN" replaced by the task names it stands for."""
+    out: list[str] = []
+    for name in names:
+        if ":" not in name:
+            out.append(name)
+            continue
+        model, which = name.split(":", 1)
+        tasks = model_tasks(model, cores)
+        if which == "*":
+            picked = range(len(tasks))
+        elif which.startswith("top"):
+            n = int(which.removeprefix("top"))
+            picked = sorted(sorted(range(len(tasks)), key=lambda i: -tasks[i].weight * tasks[i].flops)[:n])
+        else:
+            picked = [int(which)]
+            if not 0 <= picked[0] < len(tasks):
+                raise ValueError(f"{model} has {len(tasks)} tasks; no task {which}")
+        out += [f"{model}:{i:02d}" for i in picked]
+    return list(dict.fromkeys(out))
 
 
 SPACES = "relay"  # part of the measurement cache's file names (the spaces are the model tuner's)
@@ -437,6 +504,57 @@ def _fmt_trials(values: list[int | None], cap: int) -> str:
     return text + (f" ({missed} missed)" if missed else "")
 
 
+def whole_model_table(outcomes: list[RunOutcome], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """For the networks among the workloads ("<model>:<index>"): the model's estimated latency after i trials of
+    every task (sum over its tasks of weight x FLOPs / best GFLOPS after i trials) against the best estimate any
+    run reaches; per strategy, the median over seeds of the trials (i x tasks) until the estimate is within
+    `TARGET_SHARE` of that best. Tasks whose operator family no --transfer-sources task has are listed apart."""
+    rows: list[dict[str, Any]] = []
+    source_families = {str(relay_task(w, args.cores).family) for w in args.transfer_sources}
+    for model in dict.fromkeys(w.split(":")[0] for w in args.workloads if ":" in w):
+        names = [w for w in args.workloads if w.startswith(model + ":")]
+        tasks = {w: relay_task(w, args.cores) for w in names}
+        best = {w: max((max(o.best_curve, default=0.0) for o in outcomes if o.workload == w), default=0.0)
+                for w in names}
+        if any(b <= 0 for b in best.values()):
+            continue
+        best_s = sum(t.weight * t.flops / (best[w] * 1e9) for w, t in tasks.items())
+        print()
+        print(f"{model}, {len(names)} tasks: trials (all tasks together) until the estimated model latency is within "
+              f"{TARGET_SHARE:.0%} of the best any run reaches ({best_s * 1e3:.3f} ms), median over seeds")
+        medians: dict[str, float] = {}
+        for strategy in args.strategies:
+            reach: list[float] = []
+            for seed in sorted({o.seed for o in outcomes}):
+                runs = {o.workload: o for o in outcomes if o.strategy == strategy and o.seed == seed}
+                if not all(w in runs for w in names):
+                    continue
+                length = min(len(runs[w].best_curve) for w in names)
+                hit = math.inf
+                for i in range(length):
+                    values = [runs[w].best_curve[i] for w in names]
+                    if min(values) <= 0:
+                        continue
+                    estimate = sum(tasks[w].weight * tasks[w].flops / (v * 1e9) for w, v in zip(names, values))
+                    if estimate * TARGET_SHARE <= best_s:
+                        hit = (i + 1) * len(names)
+                        break
+                reach.append(hit)
+            if not reach:
+                continue
+            medians[strategy] = statistics.median(reach)
+            text = " ".join("-" if math.isinf(r) else f"{r:g}" for r in reach)
+            ratio = medians.get("xgb", math.nan) / medians[strategy] if strategy != "xgb" else math.nan
+            print(f"  {strategy:<22} median {medians[strategy]:g} trials (seeds: {text})"
+                  + (f"; {ratio:.2f}x fewer than xgb" if not math.isnan(ratio) and not math.isinf(ratio) else ""))
+            rows.append({"model": model, "strategy": strategy, "tasks": len(names),
+                         "median_trials_to_95pct": medians[strategy], "trials_per_seed": text})
+        unseen = [w for w, t in tasks.items() if args.transfer_sources and str(t.family) not in source_families]
+        if unseen:
+            print(f"  tasks of a family the old logs lack: {', '.join(unseen)} (see their rows above)")
+    return rows
+
+
 def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "curves.csv").open("w", newline="") as out:
@@ -477,6 +595,12 @@ def report(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
                              "median_measure_s": f"{statistics.median(o.measure_s for o in mine):.2f}"})
     if any(o.first_curve and o.first_curve != o.best_curve for o in outcomes):
         print("(leading configs re-measured together; summary.csv also has the table as first measured)")
+    model_rows = whole_model_table(outcomes, args)
+    if model_rows:
+        with (args.out / "whole_model.csv").open("w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=list(model_rows[0]))
+            writer.writeheader()
+            writer.writerows(model_rows)
     for share in args.also_share:
         print()
         print(f"trials to reach {share:.0%} of the best (a stricter bar, within the timing noise of the plateau)")
@@ -587,8 +711,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.strategies = [s for s in args.strategies.split(",") if s]
     args.transfer_sources = [w for w in args.transfer_sources.split(",") if w]
+    try:
+        args.workloads = model_workloads(args.workloads, args.cores)
+        args.transfer_sources = model_workloads(args.transfer_sources, args.cores)
+    except ValueError as err:
+        parser.error(str(err))
     for w in args.workloads + args.transfer_sources:
-        if w not in RELAY_WORKLOADS:
+        if w not in RELAY_WORKLOADS and ":" not in w:
             parser.error(f"unknown workload {w!r}")
     for s in args.strategies:
         if s not in STRATEGIES + ABLATIONS:

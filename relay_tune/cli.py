@@ -33,6 +33,7 @@ from relay_tune.version import __version__
 # `relay_tune.tuning.tune_model.SEARCH_STRATEGIES`, written out: the parser is built for `relay-tune --help`, which
 # must not import the tuner (about 0.5 s with the compiler and Optuna); tests/test_import_contracts.py compares them.
 SEARCH_STRATEGIES: tuple[str, ...] = ("xgb", "tpe", "random")
+SCHEDULERS: tuple[str, ...] = ("gradient", "round-robin")  # `tune_model.SCHEDULERS`, written out for the same reason
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
@@ -435,6 +436,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--tasks", args.tasks]
     if args.search != "xgb":
         words += ["--search", args.search]
+    if getattr(args, "scheduler", "gradient") != "gradient":
+        words += ["--scheduler", args.scheduler]
     if args.storage:
         words += ["--storage", args.storage]
     if args.seed:
@@ -477,7 +480,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             search=args.search, transfer_from=args.transfer_from, seed=args.seed,
                             timeout=args.timeout, jobs=args.jobs,
                             progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
-                            check=not args.no_check, cache=_tuning_cache(args), retune=args.retune)
+                            check=not args.no_check, cache=_tuning_cache(args), retune=args.retune,
+                            scheduler=args.scheduler)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -841,6 +845,10 @@ def _add_tune_parser(sub: Any) -> None:
                    help="search strategy: xgb (an XGBoost cost model trained on the measurements picks what to "
                    "measure; saved beside the log as <log>.xgb.json), tpe (Optuna's TPE sampler) or random "
                    "(default xgb)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="gradient",
+                   help="how the trials are shared between tasks: gradient (the rounds go to the tasks whose "
+                   "improvement cuts the estimated model latency most) or round-robin (every task in turn) "
+                   "(default gradient)")
     p.add_argument("--transfer-from", nargs="+", action="extend", default=[], metavar="LOG",
                    help="earlier tuning logs (files, folders or quoted glob patterns) whose measurements of other "
                    "workloads, models or targets of the same kind warm the xgb cost model")

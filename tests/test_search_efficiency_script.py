@@ -3,6 +3,7 @@ measurement cache, the joint re-measurement of the leading configs, and its CSV/
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.util
 import json
@@ -69,3 +70,27 @@ def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: py
     rows_again = list(csv.DictReader((tmp_path / "curves.csv").open()))
     random_rows = [r for r in rows if r["strategy"] == "random"]
     assert [r for r in rows_again if r["strategy"] == "random"] == random_rows
+
+
+def test_whole_model_workloads_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    script = _load_script()
+    tasks = script.model_tasks("mobilenet_v1", 1)
+    assert len(tasks) > 10
+    names = script.model_workloads(["mobilenet_v1:top3", "mobilenet_v1:02", "dense"], 1)
+    top = sorted(range(len(tasks)), key=lambda i: -tasks[i].weight * tasks[i].flops)[:3]
+    assert names[:3] == [f"mobilenet_v1:{i:02d}" for i in sorted(top)] and names[-1] == "dense"
+    assert script.model_workloads(["mobilenet_v1:*"], 1) == [f"mobilenet_v1:{i:02d}" for i in range(len(tasks))]
+    assert script.relay_task("mobilenet_v1:02", 1).key == tasks[2].key
+    with pytest.raises(ValueError, match="no task 99"):
+        script.model_workloads(["mobilenet_v1:99"], 1)
+
+    # Two tasks, two seeds: "xgb-transfer" reaches the best estimate after 2 trials per task, "xgb" after 4.
+    workloads = [f"mobilenet_v1:{i:02d}" for i in sorted(top[:2])]
+    slow, fast = [1.0, 2.0, 5.0, 10.0, 10.0], [5.0, 10.0, 10.0, 10.0, 10.0]
+    outcomes = [script.RunOutcome(w, strategy, seed, list(curve), 0.0, 0.0, 0.0)
+                for w in workloads for seed in (0, 1)
+                for strategy, curve in (("xgb", slow), ("xgb-transfer", fast))]
+    args = argparse.Namespace(workloads=workloads, strategies=["xgb", "xgb-transfer"], transfer_sources=[], cores=1)
+    rows = script.whole_model_table(outcomes, args)
+    assert [(r["strategy"], r["median_trials_to_95pct"]) for r in rows] == [("xgb", 8), ("xgb-transfer", 4)]
+    assert "2.00x fewer than xgb" in capsys.readouterr().out

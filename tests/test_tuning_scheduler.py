@@ -136,3 +136,82 @@ def test_progress_is_rebuilt_from_records() -> None:
     assert progress.best_history == [3.0, 2.0, 2.0]
     assert progress.consecutive_failures == 2
     assert progress.trials_since_improvement == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round-robin, short warm-up rounds, the scheduler the tuner is given by name
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_round_robin_ignores_weights_and_improvement() -> None:
+    # the gradient scheduler sends most rounds to the heavy, improving task; round-robin shares them evenly
+    curves = [improving(1e-3, 0.95), [1e-3] * 400, [1e-3] * 400]
+    picks, _ = simulate(RoundRobinScheduler(), curves, [20, 1, 1], budget=30 * ROUND)
+    assert [picks.count(i) for i in range(3)] == [10, 10, 10]
+    assert picks[:6] == [0, 1, 2, 0, 1, 2]
+    gradient, _ = simulate(GradientScheduler(), curves, [20, 1, 1], budget=30 * ROUND)
+    assert gradient.count(0) > 12  # round-robin: 10
+
+
+def test_round_robin_skips_stopped_tasks() -> None:
+    scheduler = RoundRobinScheduler(max_consecutive_failures=2 * ROUND)
+    picks, progress = simulate(scheduler, [[None], improving(1.0, 0.9), improving(1.0, 0.9)], [1, 1, 1],
+                               budget=12 * ROUND)
+    assert progress[0].stopped is not None
+    assert picks.count(0) == 2 and picks[6:] == [1, 2] * 3
+
+
+def test_short_warm_up_round_and_then_the_objective_decides() -> None:
+    scheduler = GradientScheduler(warmup_trials=1)
+    fresh = TaskProgress(0, 1.0)
+    assert scheduler.allowance(fresh) == 1
+    assert scheduler.allowance(TaskProgress(0, 1.0, trials=1, best_history=[1e-3])) is None
+    assert GradientScheduler(warmup_trials=1, max_trials_per_task=5).allowance(TaskProgress(0, 1.0, trials=5)) == 0
+    assert RoundRobinScheduler(warmup_trials=2).allowance(fresh) == 2
+    with pytest.raises(ValueError, match="warmup_trials"):
+        GradientScheduler(warmup_trials=0)
+
+    # With one-trial warm-ups, tasks holding 1% of the estimated latency each wait while the heavy one improves;
+    # a full warm-up round spends a whole batch on each of them first.
+    def heavy_share(scheduler: GradientScheduler, budget: int) -> tuple[list[int], list[TaskProgress]]:
+        progress = [TaskProgress(i, w) for i, w in enumerate([1.0] + [0.01] * 9)]
+        picks: list[int] = []
+        while sum(p.trials for p in progress) < budget:
+            index = scheduler.next_task(progress)
+            assert index is not None
+            picks.append(index)
+            state = progress[index]
+            for _ in range(min(ROUND, scheduler.allowance(state) or ROUND)):
+                state.observe(ok(1e-3 * 0.97 ** state.trials))
+            state.end_round()
+        return picks, progress
+
+    picks, progress = heavy_share(GradientScheduler(warmup_trials=1), 30 * ROUND)
+    assert picks[:10] == list(range(10))  # the warm-up: one trial each
+    assert picks[10:20] == [0] * 10
+    _, full = heavy_share(GradientScheduler(), 30 * ROUND)
+    assert sum(p.trials for p in full[1:]) >= 9 * ROUND
+    assert progress[0].trials > full[0].trials
+    assert progress[0].best_cost is not None and full[0].best_cost is not None
+    assert progress[0].best_cost < full[0].best_cost
+
+
+def test_the_tuner_takes_a_scheduler_by_name() -> None:
+    from relay_tune import cli
+    from relay_tune.errors import RelayTuneError
+    from relay_tune.tuning.tune_model import SCHEDULERS, DeadlineScheduler, make_scheduler
+
+    assert cli.SCHEDULERS == SCHEDULERS  # the command line's copy (it does not import the tuner)
+    assert isinstance(make_scheduler("round-robin"), RoundRobinScheduler)
+    gradient = make_scheduler("gradient", seed=3, early_stopping=5, warmup_trials=1)
+    assert isinstance(gradient, GradientScheduler) and gradient.early_stopping == 5
+    with pytest.raises(RelayTuneError, match="unknown task scheduler 'fifo'; choose one of gradient, round-robin"):
+        make_scheduler("fifo")
+
+    # the deadline wrapper keeps the inner scheduler's choices, limits and stopping rules
+    wrapped = DeadlineScheduler(None, RoundRobinScheduler(max_trials_per_task=2 * ROUND, warmup_trials=1))
+    picks, _ = simulate(wrapped, [improving(1.0, 0.9)] * 2, [9, 1], budget=100 * ROUND)
+    assert picks == [0, 1, 0, 1]
+    assert wrapped.allowance(TaskProgress(0, 1.0)) == 1
+    expired = DeadlineScheduler(0.0, RoundRobinScheduler())
+    assert expired.next_task([TaskProgress(0, 1.0)]) is None and expired.expired

@@ -9,6 +9,11 @@ Tasks stop for good when their best has not improved (by more than `min_improvem
 `early_stopping` trials, after `max_consecutive_failures` failed trials in a row, when they reach
 `max_trials_per_task`, or when the search has no unvisited config left. The driver owns `TaskProgress` and updates
 it after every measurement; a resumed run rebuilds it from the log with `TaskProgress.from_records`.
+
+`warmup_trials` sets the size of the warm-up round. A full round for every task spends `tasks x batch` trials
+before the objective decides anything, many of them on tasks whose weight x time is a sliver of the model. With
+`warmup_trials=1` the warm-up measures only each task's default schedule, and from then on every round goes where
+weight x (improvement) is largest, so a task too small to matter gets rounds only once the big ones pay less.
 """
 
 from __future__ import annotations
@@ -95,10 +100,14 @@ class TaskScheduler(ABC):
         early_stopping: int | None = None,
         max_consecutive_failures: int = 64,
         max_trials_per_task: int | None = None,
+        warmup_trials: int | None = None,
     ) -> None:
+        if warmup_trials is not None and warmup_trials < 1:
+            raise ValueError("warmup_trials must be at least 1 (or None: a full round)")
         self.early_stopping = early_stopping
         self.max_consecutive_failures = max_consecutive_failures
         self.max_trials_per_task = max_trials_per_task
+        self.warmup_trials = warmup_trials
 
     def next_task(self, progress: Sequence[TaskProgress]) -> int | None:
         live = [p for p in progress if p.live]
@@ -106,7 +115,9 @@ class TaskScheduler(ABC):
             return None
         warming = [p for p in live if p.rounds == 0]
         if warming:
-            return warming[0].index  # warm-up: every task gets one round before any comparison
+            # warm-up: every task gets one round before any comparison, in task order (the tasks' weights are
+            # known before anything is measured, their times are not)
+            return warming[0].index
         return self._pick(live)
 
     @abstractmethod
@@ -124,10 +135,14 @@ class TaskScheduler(ABC):
         return None
 
     def allowance(self, progress: TaskProgress) -> int | None:
-        """How many more trials the task may get (None: unlimited)."""
-        if self.max_trials_per_task is None:
-            return None
-        return max(0, self.max_trials_per_task - progress.trials)
+        """The most trials the task's next round may have (None: no limit but the batch size): what is left of
+        the per-task limit, and `warmup_trials` for the warm-up round."""
+        limits = []
+        if self.max_trials_per_task is not None:
+            limits.append(max(0, self.max_trials_per_task - progress.trials))
+        if self.warmup_trials is not None and progress.rounds == 0:
+            limits.append(self.warmup_trials)
+        return min(limits) if limits else None
 
 
 class RoundRobinScheduler(TaskScheduler):
@@ -148,8 +163,9 @@ class GradientScheduler(TaskScheduler):
         early_stopping: int | None = None,
         max_consecutive_failures: int = 64,
         max_trials_per_task: int | None = None,
+        warmup_trials: int | None = None,
     ) -> None:
-        super().__init__(early_stopping, max_consecutive_failures, max_trials_per_task)
+        super().__init__(early_stopping, max_consecutive_failures, max_trials_per_task, warmup_trials)
         self.alpha = alpha
         self.window = window
         self._rng = np.random.default_rng(seed)

@@ -48,11 +48,12 @@ from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, T
 from relay_tune.tuning.records import LogEvent, LogWriter, read_records
 from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
-from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress
+from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
 from relay_tune.tuning.xgb_search import xgb_search
 
 __all__ = [
+    "SCHEDULERS",
     "SEARCH_STRATEGIES",
     "DeadlineScheduler",
     "RichProgress",
@@ -61,6 +62,7 @@ __all__ = [
     "best_steps_lookup",
     "default_log_path",
     "default_runner",
+    "make_scheduler",
     "make_search",
     "tune_model",
 ]
@@ -93,12 +95,20 @@ def make_search(search: str, *, storage: Any = None, seed: int = 0,
     raise RelayTuneError(f"unknown search strategy {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}")
 
 
-class DeadlineScheduler(GradientScheduler):
-    """The gradient scheduler, ending the run (no task picked) once `deadline` (a `time.monotonic()` value)
-    has passed. Checked between rounds, so a run ends at most one round late."""
+SCHEDULERS: tuple[str, ...] = ("gradient", "round-robin")
+"""Names `make_scheduler` (and `relay-tune --scheduler`) accepts: the gradient allocation by the estimated model
+latency, or every task in turn (the baseline to compare it with)."""
 
-    def __init__(self, deadline: float | None = None, **options: Any) -> None:
-        super().__init__(**options)
+
+class DeadlineScheduler(TaskScheduler):
+    """A task scheduler (the gradient one unless `inner` is given) that ends the run (no task picked) once
+    `deadline` (a `time.monotonic()` value) has passed. Checked between rounds, so a run ends at most one round
+    late. `options` configure the default gradient scheduler."""
+
+    def __init__(self, deadline: float | None = None, inner: TaskScheduler | None = None, **options: Any) -> None:
+        self.inner = inner if inner is not None else GradientScheduler(**options)
+        super().__init__(self.inner.early_stopping, self.inner.max_consecutive_failures,
+                         self.inner.max_trials_per_task, self.inner.warmup_trials)
         self.deadline = deadline
         self.expired = False
 
@@ -106,7 +116,27 @@ class DeadlineScheduler(GradientScheduler):
         if self.deadline is not None and time.monotonic() >= self.deadline:
             self.expired = True
             return None
-        return super().next_task(progress)
+        return self.inner.next_task(progress)
+
+    def _pick(self, live: Sequence[TaskProgress]) -> int:
+        return self.inner._pick(live)
+
+    def stop_reason(self, progress: TaskProgress) -> str | None:
+        return self.inner.stop_reason(progress)
+
+    def allowance(self, progress: TaskProgress) -> int | None:
+        return self.inner.allowance(progress)
+
+
+def make_scheduler(name: str = "gradient", *, seed: int = 0, early_stopping: int | None = None,
+                   warmup_trials: int | None = None) -> TaskScheduler:
+    """The task scheduler a `--scheduler` name stands for ("gradient": `GradientScheduler`, seeded; "round-robin":
+    `RoundRobinScheduler`). warmup_trials: trials of each task's warm-up round (None: a full batch)."""
+    if name == "gradient":
+        return GradientScheduler(seed=seed, early_stopping=early_stopping, warmup_trials=warmup_trials)
+    if name == "round-robin":
+        return RoundRobinScheduler(early_stopping=early_stopping, warmup_trials=warmup_trials)
+    raise RelayTuneError(f"unknown task scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
 
 def target_tag(target: Any) -> str:
@@ -262,6 +292,8 @@ def tune_model(
     check: bool = True,
     cache: TuningCache | None = None,
     retune: bool = False,
+    scheduler: str = "gradient",
+    warmup_trials: int | None = None,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
@@ -278,8 +310,11 @@ def tune_model(
     cache: a tuning cache (`TuningCache.default()` is the user's): tasks with a valid record in it for this target
     and CPU model, and none in this log, are not tuned (unless `retune`); the run's valid records are added to it
     (also when interrupted); the build also takes its best records. None (the default here): no cache.
+    scheduler: a name of `SCHEDULERS` (how the budget is shared between tasks). warmup_trials: trials of each
+    task's first round (None: a full batch; 1: only its default schedule, see `relay_tune.tuning.scheduler`).
     """
     started = time.monotonic()
+    chosen = make_scheduler(scheduler, seed=seed, early_stopping=early_stopping, warmup_trials=warmup_trials)
     if isinstance(target, str) and target.split() and target.split()[0] == "cuda":
         resolved = _cuda_target(target)
     else:
@@ -322,7 +357,7 @@ def tune_model(
         database = distributed.PostgresDatabase(os.fspath(store), mirror=log_path)  # type: ignore[arg-type]
     strategy = make_search(search, storage=store, seed=seed, log_path=log_path, transfer_from=transfer_from)
     deadline = started + timeout if timeout is not None else None
-    scheduler = DeadlineScheduler(deadline, seed=seed, early_stopping=early_stopping)
+    pick = DeadlineScheduler(deadline, chosen)
     own_builder, own_runner = builder is None, runner is None and gpu_runner is None
     builder = builder or LocalBuilder(n_parallel=jobs)
     runner = runner or gpu_runner or default_runner(check)
@@ -335,7 +370,7 @@ def tune_model(
     try:
         if tasks:
             summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
-                           scheduler=scheduler, progress=progress, batch_size=batch_size, seed=seed,
+                           scheduler=pick, progress=progress, batch_size=batch_size, seed=seed,
                            database=database)
         else:  # every task is in the tuning cache: nothing to measure
             summary = TuneSummary(tasks=(), total_trials=total_trials, trials_done=0, trials_this_session=0,
@@ -354,7 +389,7 @@ def tune_model(
     tasks = all_tasks  # the build and its lookup cover the cached tasks too
     common = dict(tasks=reports, summary=summary, target=resolved.log_name, log_path=log_path,
                   storage=None if store is None else os.fspath(store), search=search,
-                  timed_out=scheduler.expired, cached_tasks=len(skipped),
+                  timed_out=pick.expired, cached_tasks=len(skipped),
                   cache_path=cache.path if cache is not None else None, cache_added=added)
     if summary.interrupted:
         return TuneModelResult(**common, seconds={"tune": tuned_at - started})  # type: ignore[arg-type]
