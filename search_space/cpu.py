@@ -1056,13 +1056,14 @@ def _flat_pointwise(sch: Any, out: str, acc: str, n: str, co: str, ci: str, h: s
     """A 1x1 stride-1 NCHW convolution as the matrix product W[C_out, C_in] x X[C_in, H*W]: the accumulator of a
     block of `tile_c` channels covers the whole map (in L1), and inside it the map is one flat axis of H*W
     positions, tiled by `tile_p` (vectorized, the last tile shorter), so a 13x13 map fills 16-lane vectors
-    instead of one 13-lane row each. The epilogue then runs over the block's positions, flat as well."""
-    outer = [n, co]
+    instead of one 13-lane row each. The epilogue then runs over the block's positions, flat as well.
+
+    Every tile loop is unrolled (`MAX_FLAT_TILES` bounds them), in the accumulation and in the epilogue alike:
+    with constant offsets only, LLVM splits the block's scratch buffer into registers; a loop over tiles left it
+    in memory, with a store after every FMA (4x slower)."""
+    head = sch.fuse(out, n, co)
     if int(config["parallel"]) and target.num_cores > 1:  # type: ignore[arg-type]
-        head = sch.fuse(out, *outer)
         sch.parallel(out, head)
-    else:
-        head = sch.fuse(out, *outer)
     flat = sch.fuse(out, h, w)
     po, pi = sch.split(out, flat, factor=_flat_positions(config))
     sch.unroll(out, ci)
