@@ -80,3 +80,16 @@ def test_a_model_built_from_a_packed_record_packs_its_weight_input_every_run(tas
         a = rng.standard_normal((24, 48)).astype(np.float32)
         b = rng.standard_normal((40, 48)).astype(np.float32)
         np.testing.assert_allclose(model.run(a=a, b=b), a @ b.T, rtol=1e-4, atol=1e-4)
+
+
+def test_the_measurement_process_gives_libgomp_the_settings_of_a_model_process() -> None:
+    from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
+    from relay_tune.tuning.runner import model_thread_team
+
+    environ: dict[str, str] = {}
+    model_thread_team(environ)
+    assert environ == {"GOMP_SPINCOUNT": str(DEFAULT_GOMP_SPINCOUNT)}
+    for own in ({"GOMP_SPINCOUNT": "7"}, {"OMP_WAIT_POLICY": "passive"}):
+        kept = dict(own)
+        model_thread_team(kept)
+        assert kept == own  # a user's own setting applies to models and measurements alike

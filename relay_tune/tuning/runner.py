@@ -29,7 +29,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -38,6 +38,7 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 
+from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
 from relay_tune.tuning.measure import ErrorKind, RunResult
 from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
@@ -446,10 +447,20 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     return ("ok", costs, "")
 
 
+def model_thread_team(environ: MutableMapping[str, str]) -> None:
+    """Give libgomp the settings it has in a model's process (`relay_tune.runtime.kernel.load_libgomp`); call
+    before libgomp is loaded (it reads them once). With libgomp's own default its workers spin some hundred times
+    longer between parallel regions than in a model, so the runner timed kernels under other conditions than the
+    ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies to both alike."""
+    if "GOMP_SPINCOUNT" not in environ and "OMP_WAIT_POLICY" not in environ:
+        environ["GOMP_SPINCOUNT"] = str(DEFAULT_GOMP_SPINCOUNT)
+
+
 def worker_main(conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the measurement worker process."""
     ignore_interrupts()
     die_with_parent()
+    model_thread_team(os.environ)
     loader = KernelLoader()
     data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None, dict[str, tuple[float, float]]]]
     data = OrderedDict()
