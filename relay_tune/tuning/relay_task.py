@@ -157,6 +157,11 @@ class RelayTuneTask:
 
     # -- the TuneTask protocol ---------------------------------------------------------------------------------
 
+    @property
+    def weight_inputs(self) -> tuple[int, ...]:
+        """The logical inputs that are model constants: weights that a model reads from memory at every call."""
+        return self.constants
+
     def default_config(self) -> Config:
         return self._default
 

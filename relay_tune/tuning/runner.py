@@ -15,6 +15,14 @@ sent to the worker once and cached there. For each artifact the worker:
    with the reference under a dtype-dependent tolerance (mismatch: WRONG_RESULT, never timed);
 2. runs `warmup` calls, then raises `number` until one repeat lasts at least `min_repeat_ms`, and records
    `repeat` costs (seconds per call, averaged over `number` calls), optionally evicting caches before each call.
+
+Cold weights (`cold_weights_bytes`). In a model each kernel reads its weights from memory: between two uses of
+a convolution's weights the other layers stream the rest of the model's weights (ResNet-50: 100 MB) through the
+caches. Called back to back on one buffer, the kernel finds its weights in cache, and the log then promises a
+time the model never sees (most ResNet-50 convolutions ran 1.2-1.7x their logged time in the model). So the
+runner gives the task's weight arguments (the inputs that are model constants, `TuneTask.weight_inputs`) that
+many bytes of copies and rotates through them, call by call: every call reads weights that are not in cache,
+while activations stay where the previous call left them, as after the previous kernel in a model.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -76,6 +84,10 @@ class TimingOptions:
     warmup: int = 1
     flush_cache: bool = False
     flush_bytes: int = 64 << 20  # larger than any last-level cache we target
+    cold_weights_bytes: int = 0  # 0: weights stay in one buffer (warm); else rotate copies of this many bytes
+
+
+MAX_WEIGHT_COPIES = 4096  # small weights: the copies' count, not their bytes, bounds the set-up time
 
 
 def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
@@ -111,6 +123,7 @@ class LocalRunner(Runner):
         min_repeat_ms: float = 50.0,
         warmup: int = 1,
         flush_cache: bool = False,
+        cold_weights_bytes: int = 0,
         cooldown_s: float = 0.0,
         check_correctness: bool = True,
         seed: int = 0,
@@ -121,7 +134,8 @@ class LocalRunner(Runner):
         if number < 1 or repeat < 1:
             raise ValueError("number and repeat must be >= 1")
         self.timeout = timeout
-        self.timing = TimingOptions(number, repeat, min_repeat_ms, warmup, flush_cache)
+        self.timing = TimingOptions(number, repeat, min_repeat_ms, warmup, flush_cache,
+                                    cold_weights_bytes=cold_weights_bytes)
         self.cooldown_s = cooldown_s
         self.check_correctness = check_correctness
         self.seed = seed
@@ -158,7 +172,8 @@ class LocalRunner(Runner):
         start = time.monotonic()
         try:
             if task.key not in worker.loaded:
-                worker.send(("load", task.key, inputs, expected, self.tolerances))
+                weights = tuple(getattr(task, "weight_inputs", ()))
+                worker.send(("load", task.key, inputs, expected, self.tolerances, weights))
                 worker.loaded[task.key] = None
                 while len(worker.loaded) > _WORKER_TASKS:  # the worker drops its oldest task data likewise
                     del worker.loaded[next(iter(worker.loaded))]
@@ -363,10 +378,12 @@ def compare_outputs(
 def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
              tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
-             prologue: Sequence[tuple[Callable[..., Any], int, int]] = ()) -> tuple[str, Any, str]:
+             prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
+             weights: Sequence[int] = ()) -> tuple[str, Any, str]:
     """Check one artifact's outputs, then time it (see the module docstring). `prologue`: packing kernels
     (function, logical input, argument position) that fill a packed argument from its logical input; they run
-    before the kernel on every call, as in the model, and their time counts."""
+    before the kernel on every call, as in the model, and their time counts. `weights`: the logical inputs that
+    are model constants, rotated through copies when `timing.cold_weights_bytes` is set."""
     buffers: list[np.ndarray] = []
     packed_by = {position: (packer, index) for packer, index, position in prologue}
     sources: dict[int, np.ndarray] = {}  # logical inputs of the packed arguments, by argument position
@@ -407,12 +424,28 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
     packing = [(packer, sources[position].ctypes.data, pointers[position])
                for position, (packer, _) in packed_by.items()]
+    pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
+                                             timing.cold_weights_bytes)
     if packing:
         def run_many(count: int) -> None:
             for _ in range(count):
                 for packer, source_address, packed_address in packing:
                     packer(source_address, packed_address)
                 function(*pointers)
+    elif pointer_sets:
+        # One argument array per copy of the weights; the repeat entry runs each once (a Python call per kernel
+        # call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
+        arrays = [(ctypes.c_void_p * len(ps))(*ps) for ps in pointer_sets]
+        cursor = [0]
+
+        def run_many(count: int) -> None:
+            for _ in range(count):
+                args = arrays[cursor[0]]
+                cursor[0] = (cursor[0] + 1) % len(arrays)
+                if repeat_entry is not None:
+                    repeat_entry(ctypes.addressof(args), 1)
+                else:
+                    function(*args)
     elif repeat_entry is not None:
         packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
 
@@ -447,6 +480,29 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     return ("ok", costs, "")
 
 
+def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray], pointers: list[int],
+                              weights: set[int], packed_by: Mapping[int, Any], cold_bytes: int) -> list[list[int]]:
+    """Argument pointers for each copy of the weight arguments (empty: no rotation). The copies together hold at
+    least `cold_bytes` (at most `MAX_WEIGHT_COPIES` copies); the first set is the checked buffers themselves."""
+    positions = [p for p, arg in enumerate(artifact.args)
+                 if arg.role == "input" and arg.index in weights and p not in packed_by]
+    weight_bytes = sum(buffers[p].nbytes for p in positions)
+    if cold_bytes <= 0 or not positions or weight_bytes == 0:
+        return []
+    copies = max(2, min(MAX_WEIGHT_COPIES, math.ceil(cold_bytes / weight_bytes)))
+    sets = [list(pointers)]
+    keep: list[np.ndarray] = []
+    for _ in range(copies - 1):
+        current = list(pointers)
+        for p in positions:
+            copy = buffers[p].copy()
+            keep.append(copy)
+            current[p] = copy.ctypes.data
+        sets.append(current)
+    buffers.extend(keep)  # the caller's buffer list keeps the copies alive while the pointers are in use
+    return sets
+
+
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
     """Give libgomp the settings it has in a model's process (`relay_tune.runtime.kernel.load_libgomp`); call
     before libgomp is loaded (it reads them once). With libgomp's own default its workers spin some hundred times
@@ -472,8 +528,8 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
             return  # the driver went away
         kind = message[0]
         if kind == "load":
-            _, key, inputs, expected, tolerances = message
-            data[key] = (inputs, expected, tolerances)
+            _, key, inputs, expected, tolerances, weights = message
+            data[key] = (inputs, expected, tolerances, weights)
             while len(data) > _WORKER_TASKS:
                 data.popitem(last=False)
             continue
@@ -482,7 +538,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
             continue
         _, key, artifact, timing = message
         try:
-            inputs, expected, tolerances = data[key]
+            inputs, expected, tolerances, weights = data[key]
             try:
                 function, repeat_entry = loader.load(artifact)
             except Exception as err:
@@ -490,7 +546,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
                                                f"failed to load the kernel: {err}")
             else:
                 reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
-                                 loader.prologue)
+                                 loader.prologue, weights)
         except Exception as err:
             reply = ("error", ErrorKind.RUNTIME_ERROR.name,
                      "".join(traceback.format_exception_only(type(err), err)).strip())

@@ -124,7 +124,8 @@ class TuneTask(Protocol):
 
     key: stable workload key (structural, name-independent); description: human-readable summary;
     flops: floating-point operations of one kernel call; weight: occurrences in the model;
-    target: target string; space: the schedule search space.
+    target: target string; space: the schedule search space. Optional: `weight_inputs`, the logical inputs that
+    are model constants (weights), which a runner measuring with cold weights rotates through copies.
     """
 
     key: str
