@@ -144,7 +144,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     ok = True
     for label, logs in builds:
         start = time.perf_counter()
-        compiled = relay_tune.build(mod, target=target, logs=logs)
+        # The tuned build is what `relay-tune build --log` and the tuner's final build make: records whose kernels
+        # are slower in the graph than the default ones are dropped (`--no-check-tuned`: every record is used).
+        check = logs is not None and not args.no_check_tuned
+        compiled = relay_tune.build(mod, target=target, logs=logs, check_tuned=check)
         row[f"{label}_build_s"] = round(time.perf_counter() - start, 2)
         good, error = matches(label, first_output(compiled.run(input=x)), want, args.rtol)
         row[f"{label}_error"] = f"{error:.2e}"
@@ -195,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--per-round", type=int, default=3, help="inferences per engine per round")
     parser.add_argument("--log", action="append", default=[], help="tuning log(s) for the tuned build")
+    parser.add_argument("--no-check-tuned", action="store_true", help="build the tuned model from every best record, "
+                        "without dropping the ones slower in the graph than the default kernels (as the CLI does)")
     parser.add_argument("--rtol", type=float, default=1e-3, help="largest error relative to the output's scale")
     parser.add_argument("--interpreter", action="store_true", help="also check the reference interpreter (slow)")
     parser.add_argument("--settle", type=float, default=2.0,
