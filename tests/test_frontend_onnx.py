@@ -7,7 +7,6 @@ conversion allows it, so the converters are exercised rather than folded away at
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from relay_tune.ir import Call, Constant, post_order
 from relay_tune.ir.types import ANY, TensorType
 from relay_tune.op.registry import get_op
 from relay_tune.text import load_module, print_module
+from tests.experiment_scripts import load_experiment
 
 RNG = np.random.default_rng(1234)
 
@@ -464,27 +464,15 @@ def test_multiple_outputs_and_dropout_mask() -> None:
     assert_matches_onnxruntime(model, {"x": rand(2, 4)})
 
 
-def _experiments_module(name: str) -> Any:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"experiments_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[f"experiments_{name}"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_small_cnn_matches_onnxruntime() -> None:
-    model = _experiments_module("onnx_models").small_cnn(batch=2)
+    model = load_experiment("onnx_models").small_cnn(batch=2)
     x = rand(2, 3, 32, 32)
     assert_matches_onnxruntime(model, {"input": x}, rtol=1e-4, atol=1e-4)
 
 
 def test_bench_e2e_runs_on_the_example_model(capsys: pytest.CaptureFixture[str]) -> None:
     """The end-to-end benchmark script: compiled example CNN vs onnxruntime, outputs compared (exit 0)."""
-    bench = _experiments_module("bench_e2e")
+    bench = load_experiment("bench_e2e")
     code = bench.main(["--example", "small_cnn", "--repeat", "2", "--warmup", "0", "--min-time", "0",
                        "--threads", "1"])
     out = capsys.readouterr().out

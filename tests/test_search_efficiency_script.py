@@ -5,32 +5,23 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from relay_tune.tuning import read_records
+from tests.experiment_scripts import load_experiment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "experiments" / "search_efficiency.py"
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("search_efficiency_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
 def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = _load_script()
+    script = load_experiment("search_efficiency")
     argv = ["--trials", "10", "--seeds", "1", "--workloads", "depthwise", "--strategies", "random,xgb",
             "--warmup", "4", "--batch", "4", "--build-jobs", "1", "--remeasure-rounds", "2", "--out", str(tmp_path)]
     assert script.main(argv) == 0
@@ -73,7 +64,7 @@ def test_search_efficiency_runs_caches_and_remeasures(tmp_path: Path, capsys: py
 
 
 def test_whole_model_workloads_and_table(capsys: pytest.CaptureFixture[str]) -> None:
-    script = _load_script()
+    script = load_experiment("search_efficiency")
     tasks = script.model_tasks("mobilenet_v1", 1)
     assert len(tasks) > 10
     names = script.model_workloads(["mobilenet_v1:top3", "mobilenet_v1:02", "dense"], 1)

@@ -5,26 +5,17 @@ interleaved end-to-end timings, CSV and PNG)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from relay_tune.tuning.records import LogEvent, LogWriter, TuningRecord
 from search_space import Config
+from tests.experiment_scripts import load_experiment
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "tuning_curve.py"
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tuning_curve_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def _record(i: int, session: str, at: float, cost: float | None = 1e-3) -> TuningRecord:
@@ -33,7 +24,7 @@ def _record(i: int, session: str, at: float, cost: float | None = 1e-3) -> Tunin
 
 
 def test_the_tuning_clock_sums_sessions_and_skips_the_gaps(tmp_path: Path) -> None:
-    script = _load_script()
+    script = load_experiment("tuning_curve")
     log = tmp_path / "run.jsonl"
     writer = LogWriter(log)
     # session a: 1000..1030, then an hour's pause, session b: 5000..5010 (a resumed run)
@@ -50,7 +41,7 @@ def test_the_tuning_clock_sums_sessions_and_skips_the_gaps(tmp_path: Path) -> No
 
 
 def test_checkpoints_and_time_to_share() -> None:
-    script = _load_script()
+    script = load_experiment("tuning_curve")
     assert script.checkpoints(130.0, 60.0) == [0.0, 60.0, 120.0, 130.0]
     assert script.checkpoints(120.0, 60.0) == [0.0, 60.0, 120.0]
     assert script.checkpoints(0.0, 60.0) == [0.0]
@@ -65,7 +56,7 @@ def test_checkpoints_and_time_to_share() -> None:
 
 @pytest.mark.slow
 def test_a_short_curve_run_on_a_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = _load_script()
+    script = load_experiment("tuning_curve")
     common = ["--models", "tiny_resnet18", "--variants", "gradient,round-robin", "--trials", "20",
               "--batch", "1", "--checkpoint-s", "2", "--rounds", "2", "--out", str(tmp_path)]
     # a piece of tuning that ends this invocation early; the same command continues
