@@ -95,7 +95,7 @@ from relay_tune.target import Target
 from relay_tune.tuning.database import best_for_target
 from relay_tune.type_infer import infer_types
 from search_space.defaults import default_steps
-from search_space.logged import config_steps
+from search_space.logged import ConfigNotInSpace, config_steps
 
 __all__ = [
     "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "interleaved_latency", "read_params",
@@ -170,20 +170,31 @@ def task_lookup(logs: Any) -> TaskLookup | None:
         if not os.path.isfile(path):
             raise RelayTuneError(f"tuning log {os.fspath(path)}: no such file")
 
-    cache: dict[str, Mapping[str, Any]] = {}
+    cache: dict[str, Mapping[str, Sequence[Any]]] = {}
 
     def lookup(spec: Any, target: Target) -> Sequence[Any] | None:
-        best = cache.get(str(target))
-        if best is None:
+        ranked = cache.get(str(target))
+        if ranked is None:
             # logs name targets by `log_name`; records of other targets or CPUs are left out, counted in one warning
-            best, skipped = best_for_target(paths, (target.log_name, str(target)), target.mcpu or None)
-            cache[str(target)] = best
+            ranked, skipped = best_for_target(paths, (target.log_name, str(target)), target.mcpu or None,
+                                              k=LOOKUP_CANDIDATES)
+            cache[str(target)] = ranked
             if skipped is not None:
                 warnings.warn(skipped, BuildWarning, stacklevel=4)
-        config = best.get(spec.key)
-        return None if config is None else steps_from_config(spec.func, config, target)
+        # The fastest record that is a point of the task's current space; records of an older space (another
+        # version, or a compute that changed) are passed over, and with none left the task is untuned.
+        for config in ranked.get(spec.key, ()):
+            try:
+                return steps_from_config(spec.func, config, target)
+            except ConfigNotInSpace:
+                continue
+        return None
 
     return lookup
+
+
+LOOKUP_CANDIDATES = 64
+"""Records per task a log lookup considers, fastest first, for one that fits the task's current space."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -37,8 +37,9 @@ Families (`family_of`) and their knobs:
   vectors, 13-lane rows do not).
 - **conv2d_nhwc**: register tile of `tile_w` output columns (unrolled) by `tile_c` output channels (vectorized,
   contiguous in NHWC; weights packed `-> OHWI<bc>o`), plus `order`, `parallel`, `reduce_order`, `unroll_kw`, `pad`.
-- **conv2d_nchw_cl** (NCHW convolutions on narrow maps, whose sums the compute keeps channel-innermost): the same
-  knobs as NHWC (weights packed `OIHW -> OIHW<bc>o`); the tile is written back to NCHW with the epilogue.
+- **conv2d_nchw_cl** (NCHW convolutions on maps narrower than `relay_tune.op.nn.NARROW_MAP`, whose sums the
+  compute keeps channel-innermost): the same knobs as NHWC (weights packed `OIHW -> OIHW<bc>o`); the tile is
+  written back to NCHW with the epilogue.
 - **depthwise_conv2d_nchw**: `tile_h` rows by `tile_w` columns per tile, `parallel`, `unroll_kw`, `pad`.
 - **reduction** (pooling, reductions, softmax, normalisations, other convolutions): `vector` (tile width along
   the innermost output axis) where the reductions read it contiguously, `parallel`.

@@ -24,7 +24,13 @@ from search_space.config import Config
 from search_space.cpu import FAMILIES, analyze, cpu_space, input_index, with_later_knobs
 from search_space.cpu import config_to_steps as cpu_template_steps
 
-__all__ = ["config_steps"]
+__all__ = ["ConfigNotInSpace", "config_steps"]
+
+
+class ConfigNotInSpace(RelayTuneError):
+    """A logged config that is not a point of the workload's current schedule space: the log was written by another
+    version, or the operator's compute changed (e.g. a convolution that now accumulates channel-innermost). A build
+    passes such a record over; it is not the user's mistake."""
 
 
 def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
@@ -40,7 +46,7 @@ def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]
         if isinstance(decoded, list):
             return decoded
     if config.get("family") not in FAMILIES or target.kind != "llvm":
-        raise RelayTuneError(
+        raise ConfigNotInSpace(
             f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): it is not a "
             "config of a CPU schedule space and carries no steps")
     config = config if isinstance(config, Config) else Config(dict(config))
@@ -51,7 +57,7 @@ def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]
     space = cpu_space(workload)
     config = with_later_knobs(workload, config)
     if not space.is_valid(config):
-        raise RelayTuneError(
+        raise ConfigNotInSpace(
             f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
             "schedule space of this workload (a log written by another relay-tune version?)")
     return cpu_template_steps(prim, config, target)

@@ -46,7 +46,8 @@ _FAMILIES_SOURCE = """#[version = "0.0.5"]
 def @main(%x: Tensor[(2, 9, 24), float32], %w: Tensor[(20, 24), float32], %a: Tensor[(3, 10, 12), float32],
           %b: Tensor[(3, 19, 12), float32], %img: Tensor[(1, 8, 20, 20), float32], %k: Tensor[(16, 8, 3, 3), float32],
           %dw: Tensor[(8, 1, 3, 3), float32], %nhwc: Tensor[(1, 9, 9, 8), float32],
-          %kh: Tensor[(3, 3, 8, 24), float32], %g: Tensor[(8, 2, 3, 3), float32]) {
+          %kh: Tensor[(3, 3, 8, 24), float32], %g: Tensor[(8, 2, 3, 3), float32],
+          %k12: Tensor[(12, 8, 3, 3), float32]) {
   %0 = nn.dense(%x, %w);
   %1 = nn.softmax(%0, axis=-1);
   %2 = nn.batch_matmul(%a, %b, transpose_b=True);
@@ -60,7 +61,7 @@ def @main(%x: Tensor[(2, 9, 24), float32], %w: Tensor[(20, 24), float32], %a: Te
   %9 = mean(%3, axis=[1], keepdims=True);
   %10 = sum(%2, axis=[2]);
   %11 = transpose(%5, axes=[0, 3, 1, 2]);
-  %12 = nn.relu(nn.conv2d(%img, %k, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]));
+  %12 = nn.relu(nn.conv2d(%img, %k12, padding=[1, 1, 1, 1], channels=12, kernel_size=[3, 3]));
   (%1, %2, %7, %8, %9, %10, %11, sigmoid(%x), nn.global_avg_pool2d(%3), %12)
 }
 """

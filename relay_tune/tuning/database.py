@@ -188,10 +188,11 @@ def apply_best(
 
 
 def best_for_target(
-    paths: Sequence[str | os.PathLike[str]], targets: Sequence[str], cpu: str | None = None
-) -> tuple[dict[str, Config], str | None]:
-    """The best config per workload key among the records of the logs that a build for `targets` (the names one
-    target goes by) may use, and one sentence on the records it left out (None when it left none out).
+    paths: Sequence[str | os.PathLike[str]], targets: Sequence[str], cpu: str | None = None, k: int = 1
+) -> tuple[dict[str, list[Config]], str | None]:
+    """The `k` best configs per workload key (fastest first, distinct configs) among the records of the logs that a
+    build for `targets` (the names one target goes by) may use, and one sentence on the records it left out (None
+    when it left none out). A build takes the first config that is a point of the task's current space.
 
     A record is left out when it is for another target, or when it was measured on a CPU other than `cpu`, the
     one being built for (its timings say nothing about this CPU). Unreadable lines are counted by the reader's
@@ -208,7 +209,7 @@ def best_for_target(
             other_hosts[record.host_cpu] = other_hosts.get(record.host_cpu, 0) + 1
         else:
             usable.setdefault(record.workload_key, []).append(record)
-    chosen = {key: best[0].config for key, records in usable.items() if (best := top_k(records, 1))}
+    chosen = {key: [r.config for r in best] for key, records in usable.items() if (best := top_k(records, k))}
     parts = []
     if other_targets:
         names = sorted(other_targets, key=lambda t: -other_targets[t])
