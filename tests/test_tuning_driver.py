@@ -255,3 +255,30 @@ def test_two_tuning_processes_share_one_log_and_budget(tmp_path: Path) -> None:
     records = read_records(log)
     assert budget <= len(records) <= budget + batch  # at most one round of overshoot by the second process
     assert max(Counter((r.workload_key, r.config_key) for r in records).values()) == 1
+
+
+def test_records_of_another_space_neither_count_nor_warm_the_search(tmp_path: Path) -> None:
+    """A log written under another schedule space (an older version, or an operator whose compute changed) keeps
+    its lines, but the run tunes those tasks anew: the budget counts only records that are points of the task's
+    current space."""
+    from relay_tune.tuning import TuningRecord
+    from relay_tune.tuning.database import CurrentSpaces
+    from relay_tune.tuning.simulated import SimulatedBuilder, SleepRunner
+    from search_space import Config
+
+    task = small_tasks()[0]
+    foreign = Config({"family": "conv2d_nchw", "tile_c": [4, 8]})
+    assert not task.space.is_valid(foreign)
+    log = tmp_path / "old.jsonl"
+    current = task.default_config()
+    lines = [TuningRecord(task.key, task.target, foreign, (1e-9,)).to_json() for _ in range(5)]
+    lines.append(TuningRecord(task.key, task.target, current, (1e-3,)).to_json())
+    log.write_text("\n".join(lines) + "\n")
+    view = CurrentSpaces(JsonLinesDatabase(log), [task])
+    assert [r.config for r in view.records(task.key, task.target)] == [current]
+    assert view.best(task.key, task.target)[0].config == current  # the foreign 1 ns never wins
+
+    summary = tune([task], 4, log, builder=SimulatedBuilder(), runner=SleepRunner(0.0), strategy=random_search(),
+                   storage=None)
+    assert summary.trials_this_session == 3  # 4 - the one current record; the 5 foreign ones do not count
+    assert len(read_records(log)) == 6 + 3

@@ -7,6 +7,7 @@ logs are merged, the fastest valid record per (workload key, target) wins, which
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -101,6 +102,60 @@ class MemoryDatabase(Database):
 
     def keys(self) -> list[TaskTarget]:
         return [key for key, records in self._by_task.items() if records]
+
+
+class CurrentSpaces(Database):
+    """A view of `database` in which each task's records are only those whose config is a point of the task's
+    current schedule space (`tasks`: `TuneTask`s by key and target), as the task would decode them.
+
+    A log written under another space (another version, or an operator whose compute changed) keeps its lines, but
+    they neither count against a run's budget nor warm its search: the task is tuned anew. A task may say how it
+    reads an old config with `logged_config(config) -> Config | None` (e.g. filling knobs added since); otherwise
+    a config counts when `task.space.is_valid(config)`. Records of workloads that are not among `tasks` pass
+    unchanged. Writes, events and budget claims go to `database`.
+    """
+
+    def __init__(self, database: Database, tasks: Iterable[Any]) -> None:
+        self.inner = database
+        self._tasks = {(t.key, t.target): t for t in tasks}
+        self._decoded: dict[tuple[str, str, str], Config | None] = {}
+
+    def _current(self, task: Any, record: TuningRecord) -> TuningRecord | None:
+        memo = (task.key, task.target, record.config_key)
+        if memo not in self._decoded:
+            reader = getattr(task, "logged_config", None)
+            if reader is not None:
+                self._decoded[memo] = reader(record.config)
+            else:
+                self._decoded[memo] = record.config if task.space.is_valid(record.config) else None
+        config = self._decoded[memo]
+        if config is None:
+            return None
+        return record if config == record.config else dataclasses.replace(record, config=config)
+
+    def records(self, task_key: str, target: str) -> list[TuningRecord]:
+        found = self.inner.records(task_key, target)
+        task = self._tasks.get((task_key, target))
+        if task is None:
+            return found
+        return [r for r in (self._current(task, record) for record in found) if r is not None]
+
+    def commit(self, record: TuningRecord) -> bool | None:
+        return self.inner.commit(record)
+
+    def log_event(self, event: LogEvent) -> None:
+        self.inner.log_event(event)
+
+    def keys(self) -> list[TaskTarget]:
+        return self.inner.keys()
+
+    def claim(self, tasks: Sequence[Any], total: int, task: Any, configs: Sequence[Config]) \
+            -> tuple[list[Config], int, int]:
+        return self.inner.claim(tasks, total, task, configs)
+
+    @property
+    def shared_budget(self) -> bool:
+        return self.inner.shared_budget
 
 
 class JsonLinesDatabase(Database):

@@ -27,7 +27,7 @@ import llvmlite
 import numpy
 
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.tuning.database import Database, JsonLinesDatabase
+from relay_tune.tuning.database import CurrentSpaces, Database, JsonLinesDatabase
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
 from relay_tune.tuning.records import LogEvent, TuningRecord, host_cpu_name
@@ -145,6 +145,9 @@ def tune(
     log_path = Path(log_path)
     if database is None:
         database = JsonLinesDatabase(log_path, fsync=fsync)
+    # Records written under another schedule space (an older version, a compute that changed) stay in the log but
+    # neither count against the budget nor warm the search: those tasks are tuned anew.
+    database = CurrentSpaces(database, tasks)
     if strategy is None:
         store = default_storage_path(log_path) if storage == DEFAULT_STORAGE else storage
         strategy = optuna_search(storage=store, seed=seed)

@@ -40,7 +40,7 @@ from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError, Space
-from search_space.cpu import analyze, cpu_space, default_config
+from search_space.cpu import analyze, cpu_space, default_config, with_later_knobs
 from search_space.cpu import config_to_steps as template_steps
 from search_space.logged import _weight_params, config_steps
 
@@ -185,6 +185,14 @@ class RelayTuneTask:
                           "checked", ReferenceWarning, stacklevel=2)
             return None
         return outputs
+
+    def logged_config(self, config: Config) -> Config | None:
+        """A logged config as a point of this task's current space (knobs added since filled with the value that
+        reproduces the logged schedule), or None when it belongs to another space (`CurrentSpaces`)."""
+        if config.get("family") != self.family:
+            return None
+        current = with_later_knobs(self.workload, config)
+        return current if self.space.is_valid(current) else None
 
     def steps(self, config: Config) -> list[Any]:
         """The schedule steps of a config: its family's template applied to it."""

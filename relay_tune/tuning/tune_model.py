@@ -452,8 +452,9 @@ def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str
         if task is None:
             return None
         for record in database.best(key, task.target, k=64):
-            if task.space.is_valid(record.config):
-                return list(task.steps(record.config))
+            config = _current_config(task, record.config)
+            if config is not None:
+                return list(task.steps(config))
         return None
 
     return lookup
@@ -464,10 +465,18 @@ def _chosen_configs(tasks: Sequence[Any], database: Any) -> dict[str, str]:
     chosen = {}
     for task in tasks:
         for record in database.best(task.key, task.target, k=64):
-            if task.space.is_valid(record.config):
+            if _current_config(task, record.config) is not None:
                 chosen[task.key] = record.config.key
                 break
     return chosen
+
+
+def _current_config(task: Any, config: Any) -> Any:
+    """`config` as a point of the task's current space, or None (see `relay_tune.tuning.database.CurrentSpaces`)."""
+    reader = getattr(task, "logged_config", None)
+    if reader is not None:
+        return reader(config)
+    return config if task.space.is_valid(config) else None
 
 
 def _cached_report(task: Any, records: Sequence[Any]) -> TaskReport:
