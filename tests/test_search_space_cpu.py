@@ -185,7 +185,8 @@ def test_tails_of_non_dividing_tiles_are_correct() -> None:
 
 
 def test_every_knob_value_is_exercised_on_dense_and_conv() -> None:
-    for name in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise", "injective", "softmax"):
+    for name in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise", "injective", "softmax",
+                 "pool"):
         task = task_of(name)
         default = task.default_config()
         for knob in task.space.knobs:
@@ -425,3 +426,25 @@ def test_space_size_table(model: str, capsys: pytest.CaptureFixture[str]) -> Non
         assert task.space.is_valid(task.default_config()), task.description
         if task.family in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
             assert task.space.size() >= 100, task.description
+
+
+def test_pooling_reads_its_padding_either_way() -> None:
+    """A padded pooling window: the padded input written once ahead (`pad` root) or read through a guard
+    (inline), in every mode of the reduction template; configs logged before the knob decode to the padded copy."""
+    task = task_of("pool")
+    assert "pad" in task.space.names
+    for pad in ("root", "inline"):
+        for parallel in task.space.knob("parallel").values():
+            config = task.default_config().replace(pad=pad, parallel=parallel)
+            if task.space.is_valid(config):
+                check_config(task, config)
+    assert task.steps(task.default_config().replace(pad="root")) != task.steps(task.default_config().replace(
+        pad="inline"))
+    old = {k: v for k, v in task.default_config().to_dict().items() if k != "pad"}
+    assert config_to_steps(task.func, old, HOST) == task.steps(task.default_config().replace(pad="root"))
+    (narrow,) = tasks_from_module(module_of("""
+def @main(%x: Tensor[(1, 20, 14, 14), float32]) {
+  nn.max_pool2d(%x, pool_size=[3, 3], padding=[1, 1, 1, 1])
+}""", {}), HOST)
+    assert "vector" not in narrow.space.names and narrow.default_config()["pad"] == "inline"
+    check_config(narrow, narrow.default_config())
