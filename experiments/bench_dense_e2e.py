@@ -11,12 +11,16 @@ Two models:
 
 Each is tuned with the given budget into a log under logs/ (or taken from `--log-*`; with a log
 whose budget is already spent nothing new is measured), built from that log and with default schedules, and its
-outputs checked against numpy. Then, in interleaved rounds, each engine runs a few back-to-back inferences and the
-round's median is kept: the tuned model (`CompiledModel.run`, what a caller gets), the default model, and numpy's
-matmul (+ relu). OpenBLAS's threads spin for a while after each call and our kernels' threads briefly too, so every
-engine's turn starts after a pause. Printed and written to experiments/results/dense_e2e.csv: medians over
-rounds, the logged time of the tuned kernel (the fastest repeat of the best record, what the build picks), and the
-ratios model / logged kernel and numpy / model (above 1: the model is faster than numpy).
+outputs checked against numpy. Then, in interleaved rounds, each engine runs a block of back-to-back inferences
+(at least `--per-round` calls and `--block-ms` milliseconds, as the tuner's runner times a kernel) and the block's
+median is kept: the tuned model (`CompiledModel.run`, what a caller gets), the default model, and numpy's matmul
+(+ relu). OpenBLAS's threads spin for a while after each call and our kernels' threads briefly too, so every
+block starts once the process has *settled*: its threads together used less than 5% of one core over 10 ms
+(`--settle`, at most that many seconds; the median wait after each engine is printed as its spin time). Printed
+and written to experiments/results/dense_e2e.csv: medians over rounds, the logged time of the tuned kernel (the
+fastest repeat of the best record, what the build picks, and the median of that record's repeats), the kernel's
+in-graph time (`CompiledModel.profile`), and the ratios model / logged kernel and numpy / model (above 1: the
+model is faster than numpy).
 threadpoolctl reports which OpenBLAS kernel numpy runs; OPENBLAS_CORETYPE in the environment can pin a slower one
 (unset it, as above, for numpy at its best).
 """
@@ -30,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -38,9 +43,13 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import relay_tune  # noqa: E402
+from relay_tune import compiler  # noqa: E402
 from relay_tune.compiler import bind_params  # noqa: E402
+from relay_tune.kernel.lower import lower  # noqa: E402
+from relay_tune.kernel.schedule import Schedule  # noqa: E402
 from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
+from relay_tune.tuning.database import JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.tune_model import tune_model  # noqa: E402
 
 RESULTS = REPO_ROOT / "experiments" / "results"
@@ -67,26 +76,67 @@ def blas_kernel() -> str:
     return "; ".join(found) or "unknown"
 
 
-def interleaved(engines: dict[str, Callable[[], object]], rounds: int, per_round: int, pause: float
-                ) -> dict[str, float]:
-    """Seconds per call of each engine: per round, after a pause, `per_round` back-to-back calls (median kept);
-    the median over rounds. Engines take turns within each round, so drift hits them alike."""
+def settle(limit: float, window: float = 0.01, idle: float = 0.05) -> float:
+    """Wait until the process's threads (`time.process_time` counts all of them) stop using the CPUs (below `idle`
+    of one core over `window` seconds), at most `limit` seconds; return the seconds waited. The spinning workers
+    of the engine timed before (OpenBLAS's, libgomp's) would otherwise share the cores with the engine timed next."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        before, began = time.process_time(), time.perf_counter()
+        time.sleep(window)
+        if time.process_time() - before < idle * (time.perf_counter() - began):
+            break
+    return time.perf_counter() - start
+
+
+def interleaved(engines: dict[str, Callable[[], object]], rounds: int, per_round: int, block: float, limit: float
+                ) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per call of each engine and how long the process kept spinning after its blocks (medians). Per
+    round each engine, once the process has settled, runs a block of back-to-back calls (at least `per_round`
+    and at least `block` seconds, as the tuner's runner times a kernel: the first calls after an idle pause wake
+    sleeping threads and refill caches, which a short block would mostly measure); the block's median call is
+    kept, and the median over rounds reported. Engines take turns within each round, so drift hits them alike."""
     for run in engines.values():
         run()
         run()
     samples: dict[str, list[float]] = {name: [] for name in engines}
+    spins: dict[str, list[float]] = {name: [] for name in engines}
     clock = time.perf_counter
+    names = list(engines)
     for _ in range(rounds):
-        for name, run in engines.items():
-            time.sleep(pause)
+        for position, (name, run) in enumerate(engines.items()):
+            spins[names[position - 1]].append(settle(limit))  # the wait is the previous engine's spinning
             run()  # the first call after the pause wakes the thread team; the timed calls follow it
-            times = []
-            for _ in range(per_round):
+            times: list[float] = []
+            began = clock()
+            while len(times) < per_round or clock() - began < block:
                 start = clock()
                 run()
                 times.append(clock() - start)
             samples[name].append(statistics.median(times))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return ({name: statistics.median(values) for name, values in samples.items()},
+            {name: statistics.median(values) for name, values in spins.items()})
+
+
+def logged_median(log: Path, key: str, target_names: list[str]) -> float:
+    """The median of the repeats of the best record of `key` (the build takes the record by its fastest repeat)."""
+    database = JsonLinesDatabase([str(log)])
+    for name in target_names:
+        best = database.best(key, name, k=1)
+        if best and best[0].costs:
+            return statistics.median(best[0].costs)
+    return float("nan")
+
+
+def build_with_plain_packing(mod: object, target: str, log: Path) -> object:
+    """The tuned build with its run-time packing kernels as they were before they were scheduled (one serial loop
+    nest, what a GPU build still gets), for comparison in the same run."""
+    def plain(layout: object, name: str, target: object = None) -> object:
+        _source, packed = layout.pack_compute()
+        return lower(Schedule([packed]), name)
+
+    with mock.patch.object(compiler, "packing_kernel", plain):
+        return relay_tune.build(mod, target=target, logs=str(log))
 
 
 def tuned_log(name: str, mod: object, trials: int, given: str | None, target: str) -> Path:
@@ -105,8 +155,10 @@ def main() -> None:
     parser.add_argument("--log-small", help="tuning log of the 256x512 model (skips its tuning)")
     parser.add_argument("--log-large", help="tuning log of the 1024^3 model (skips its tuning)")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--per-round", type=int, default=5)
-    parser.add_argument("--pause", type=float, default=0.15, help="seconds before each engine's turn")
+    parser.add_argument("--per-round", type=int, default=5, help="at least this many calls per block")
+    parser.add_argument("--block-ms", type=float, default=40.0, help="and at least this many milliseconds")
+    parser.add_argument("--settle", type=float, default=0.5,
+                        help="at most this many seconds of waiting for the process to go idle before each block")
     parser.add_argument("--target", default="native")
     parser.add_argument("--only", choices=("small", "large"))
     args = parser.parse_args()
@@ -114,7 +166,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
 
     rows = []
-    print(f"numpy BLAS: {blas_kernel()}")
+    blas = blas_kernel()
+    print(f"numpy BLAS: {blas}")
     for name in ("small", "large"):
         if args.only and name != args.only:
             continue
@@ -147,30 +200,51 @@ def main() -> None:
         want = reference().copy()
         for model in (tuned, default):
             np.testing.assert_allclose(model.run(**inputs), want, rtol=1e-3, atol=1e-3)
-        comparison = [row for row in compare_with_logs(tuned, [log], repeat=10, inputs=inputs) if row.profile.key]
+        # numpy's threads spin for ~0.1 s after the reference ran: profiled next to them, a kernel runs at half speed
+        settle(args.settle)
+        comparison = [row for row in compare_with_logs(tuned, [log], repeat=30, inputs=inputs) if row.profile.key]
         logged = comparison[0].logged or float("nan")
         in_graph = comparison[0].profile.per_call
-        packing = sum(r.per_call for r in tuned.profile(repeat=10, inputs=inputs) if not r.key)
-        times = interleaved({"tuned": lambda m=tuned, x=inputs: m.run(**x),
-                             "default": lambda m=default, x=inputs: m.run(**x), "numpy": reference},
-                            args.rounds, args.per_round, args.pause)
+        settle(args.settle)
+        packing = sum(r.per_call for r in tuned.profile(repeat=30, inputs=inputs) if not r.key)
+        logged_med = logged_median(log, comparison[0].profile.key,
+                                   list(dict.fromkeys((tuned.target.log_name, str(tuned.target)))))
+        engines: dict[str, Callable[[], object]] = {
+            "tuned": lambda m=tuned, x=inputs: m.run(**x), "default": lambda m=default, x=inputs: m.run(**x),
+            "numpy": reference}
+        if any(not c.kernel.startswith("k") for c in tuned.plan.calls):  # the model packs a weight input
+            serial = build_with_plain_packing(mod, args.target, log)
+            np.testing.assert_allclose(serial.run(**inputs), want, rtol=1e-3, atol=1e-3)
+            engines["serial_packing"] = lambda m=serial, x=inputs: m.run(**x)
+        times, spins = interleaved(engines, args.rounds, args.per_round, args.block_ms / 1e3, args.settle)
         calls = ", ".join(f"{c.kernel}" for c in tuned.plan.calls)
         row = {
             "model": label, "log": str(log), "calls": calls,
             "tuned_ms": times["tuned"] * 1e3, "default_ms": times["default"] * 1e3, "numpy_ms": times["numpy"] * 1e3,
-            "logged_kernel_ms": logged * 1e3, "in_graph_kernel_ms": in_graph * 1e3,
+            "logged_kernel_ms": logged * 1e3, "logged_median_ms": logged_med * 1e3,
+            "in_graph_kernel_ms": in_graph * 1e3,
             "in_graph_packing_ms": packing * 1e3,
             "tuned_over_logged": times["tuned"] / logged, "tuned_over_default": times["tuned"] / times["default"],
             "numpy_over_tuned": times["numpy"] / times["tuned"],
+            "tuned_spin_ms": spins["tuned"] * 1e3, "default_spin_ms": spins["default"] * 1e3,
+            "numpy_spin_ms": spins["numpy"] * 1e3, "blas": blas,
+            "serial_packing_ms": times.get("serial_packing", float("nan")) * 1e3,
+            "numpy_over_serial_packing": times["numpy"] / times.get("serial_packing", float("nan")),
         }
         rows.append(row)
         print(f"\n{label}: calls {calls}")
         print(f"  tuned model {row['tuned_ms']:.3f} ms | default model {row['default_ms']:.3f} ms | "
               f"numpy {row['numpy_ms']:.3f} ms")
-        print(f"  logged kernel {row['logged_kernel_ms']:.3f} ms (with its packing when it packs a run-time input) | "
+        print(f"  logged kernel {row['logged_kernel_ms']:.3f} ms, median repeat {row['logged_median_ms']:.3f} ms "
+              "(with its packing when it packs a run-time input) | "
               f"in graph: kernel {row['in_graph_kernel_ms']:.3f} ms, packing {row['in_graph_packing_ms']:.3f} ms")
         print(f"  tuned / logged {row['tuned_over_logged']:.3f}x | tuned / default {row['tuned_over_default']:.3f}x"
               f" | numpy / tuned {row['numpy_over_tuned']:.3f}x (above 1: faster than numpy)")
+        if "serial_packing" in times:
+            print(f"  the same build with the packing as one serial loop nest: {row['serial_packing_ms']:.3f} ms, "
+                  f"numpy / it {row['numpy_over_serial_packing']:.3f}x")
+        print(f"  spinning after each block: tuned {row['tuned_spin_ms']:.1f} ms, "
+              f"default {row['default_spin_ms']:.1f} ms, numpy {row['numpy_spin_ms']:.1f} ms")
     out_path = RESULTS / "dense_e2e.csv"
     if out_path.exists():  # keep the other model's row from an earlier run with --only
         with out_path.open(newline="") as handle:

@@ -202,11 +202,16 @@ LOOKUP_CANDIDATES = 64
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def packing_kernel(layout: Any, name: str) -> tir.PrimFunc:
+def packing_kernel(layout: Any, name: str, target: Target | None = None) -> tir.PrimFunc:
     """The kernel `name(src, packed)` that packs a run-time input into `layout` (a `LayoutTransform`), as a model
-    runs it before the kernel that reads it packed (and as the tuner's runner times it with that kernel)."""
-    _src, packed = layout.pack_compute()
-    return lower(Schedule([packed]), name)
+    runs it before the kernel that reads it packed (and as the tuner's runner times it with that kernel).
+
+    On a CPU target (`None`: a CPU) the copy runs on all cores and reads the source a cache line at a time
+    (`LayoutTransform.pack_schedule`); a GPU build gets the plain loop nest (its back end runs it on one thread)."""
+    if target is not None and target.kind != "llvm":
+        _src, packed = layout.pack_compute()
+        return lower(Schedule([packed]), name)
+    return lower(layout.pack_schedule(), name)
 
 
 @dataclass(frozen=True)
@@ -301,6 +306,7 @@ class _Planner:
     task_index: dict[str, int] = field(default_factory=dict)
     call_keys: dict[int, str] = field(default_factory=dict)  # id(call site) -> workload key, from task extraction
     keep: list[Any] = field(default_factory=list)  # constants whose ids are keys of constant_ids
+    target: Target | None = None  # what the run-time packing kernels are scheduled for
 
     # -- values -------------------------------------------------------------------------------------------------
     def new_value(self, shape: tuple[int, ...], dtype: str, storage: int) -> int:
@@ -477,7 +483,7 @@ class _Planner:
         for existing in self.packers.values():
             if dict(existing.attrs).get("packing") == layout_key:
                 return existing
-        primfunc = packing_kernel(lt, name)
+        primfunc = packing_kernel(lt, name, self.target)
         primfunc = replace(primfunc, attrs=(*primfunc.attrs, ("packing", layout_key)))
         self.packers[name] = primfunc
         return primfunc
@@ -753,7 +759,7 @@ def build(
         TaskInfo(t.key, t.description, "" if t.alias else t.kernel_name, t.tuned, t.occurrences, t.flops)
         for t in task_list
     )
-    planner = _Planner(lowered)
+    planner = _Planner(lowered, target=resolved)
     planner.task_index = {t.key: i for i, t in enumerate(task_list)}
     planner.call_keys = {id(site): spec.key for spec in specs for site in spec.call_sites}
     inputs, outputs = planner.run(fused["main"])

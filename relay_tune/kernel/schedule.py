@@ -28,6 +28,7 @@ region its consumer needs, which bound inference decides when the schedule is lo
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -366,6 +367,72 @@ class LayoutTransform:
 
         packed = te.compute(self.packed_shape, fcompute, self.packed)
         return src, packed
+
+    def pack_schedule(self) -> Schedule:
+        """The CPU schedule of the run-time packing kernel (`pack_compute`), lowered with `lower(...)`.
+
+        Packing a weight that is a model input runs before its kernel on every call, so it is scheduled, not left
+        as one serial loop nest (experiments/bench_packing.py measures the variants):
+
+        - when the last packed axis is the source's innermost axis the copy is contiguous on both sides: that
+          loop is vectorized;
+        - otherwise (e.g. `NK -> NK16n`) the packing is a transposition: the last packed axis walks the source
+          with a large stride. Vectorizing it turns every store into a gather of 16 rows (measured no faster
+          than the serial nest), and walking source rows one element at a time misses the caches (rows 4 KiB
+          apart all map to the same L1 sets). So the loop over the source's innermost axis is blocked by
+          `PACK_BLOCK` elements (a 64-byte line of fp32) and that block is unrolled innermost, each row read a
+          line at a time; a last packed axis wider than `PACK_PANEL_MAX` is split in two so the unrolled body
+          stays small;
+        - the outer loops (fused while fewer than `PACK_PARALLEL_MIN_EXTENT` iterations) run in parallel,
+          when the packed tensor has at least `PACK_PARALLEL_MIN_ELEMENTS` elements (smaller ones cost less
+          than waking the thread team).
+        """
+        _src, packed = self.pack_compute()
+        sch = Schedule([packed])
+        stage = packed.name
+        rank = len(self.tokens)
+        extents = list(self.packed_shape)
+        leaves = [f"ax{i}" for i in range(rank)]
+        # the packed axis that walks the source with stride 1: the source's innermost axis (its sub-axis if split)
+        inner = self.src_layout[-1]
+        wanted = (inner.lower(), self._factor(inner)) if self._factor(inner) is not None else (inner, None)
+        contiguous = self.tokens.index(wanted)
+        outer = leaves[: rank - 1]  # the loops that may run in parallel, outermost first
+        if contiguous == rank - 1:
+            if extents[-1] > 1:
+                sch.vectorize(stage, leaves[-1])
+        elif extents[contiguous] > 1:
+            block_loops = [leaves[contiguous]]
+            if extents[contiguous] > PACK_BLOCK:
+                block_loops = list(sch.split(stage, leaves[contiguous], factor=PACK_BLOCK))
+            panel_loops = [leaves[-1]]
+            if extents[-1] > PACK_PANEL_MAX:
+                panel_loops = list(sch.split(stage, leaves[-1], factor=PACK_PANEL_SPLIT))
+                sch.unroll(stage, panel_loops[-1])
+            between = leaves[contiguous + 1 : rank - 1]
+            sch.reorder(stage, *block_loops[:-1], *between, *panel_loops, block_loops[-1])
+            sch.unroll(stage, block_loops[-1])
+            outer = leaves[:contiguous] + block_loops[:-1]
+        if outer and math.prod(extents) >= PACK_PARALLEL_MIN_ELEMENTS:
+            fused, extent = outer[0], sch[stage].loop_extents()[outer[0]]
+            for name in outer[1:]:
+                if extent >= PACK_PARALLEL_MIN_EXTENT:
+                    break
+                extent *= sch[stage].loop_extents()[name]
+                fused = sch.fuse(stage, fused, name)
+            if extent > 1:
+                sch.parallel(stage, fused)
+        return sch
+
+
+# Run-time packing kernels (`LayoutTransform.pack_schedule`): elements of a source row read per unrolled block
+# (16 fp32: one cache line), the widest last packed axis unrolled whole and the part it is split into beyond that,
+# and when the outer loops run on a thread team.
+PACK_BLOCK = 16
+PACK_PANEL_MAX = 32
+PACK_PANEL_SPLIT = 8
+PACK_PARALLEL_MIN_EXTENT = 8
+PACK_PARALLEL_MIN_ELEMENTS = 4096
 
 
 # ---------------------------------------------------------------------------------------------
