@@ -17,7 +17,7 @@ from typing import Any
 from relay_tune.codegen.nvptx import arch_of
 from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from search_space.config import Config
-from search_space.cpu import analyze, config_to_steps, default_config, input_index
+from search_space.cpu import config_to_steps, input_index, task_workload
 from search_space.gpu import default_config as gpu_default
 from search_space.gpu import steps_of_prim
 
@@ -38,7 +38,7 @@ def default_config_of(func_or_prim: Any, target: Any, constants: Iterable[int] |
     if target.kind == "cuda":
         return gpu_default(prim, arch_of(target))
 
-    return default_config(analyze(prim, target, constants))
+    return task_workload(prim, target, constants)[1]
 
 
 def default_steps(func_or_prim: Any, target: Any, constants: Iterable[int] | None = ()) -> list[Any]:

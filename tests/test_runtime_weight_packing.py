@@ -40,7 +40,7 @@ def task() -> object:
 def test_a_run_time_weight_may_be_packed_and_the_artifact_packs_it_before_the_kernel(task: object) -> None:
     assert "pack_b" in task.space.names
     assert task.constants == ()  # the weight is an input of the model, not a constant
-    assert task.default_config()["pack_b"] is False  # the default is what an untuned build runs: no packing
+    assert task.default_config()["pack_b"] is True  # the default packs it too: what an untuned build runs
     packed = task.build(task.default_config().replace(pack_b=True))
     ((symbol, index, position),) = packed.prologue
     assert index == 1 and packed.args[position].index == 1 and packed.args[position].layout  # the weight, packed
@@ -93,3 +93,21 @@ def test_the_measurement_process_gives_libgomp_the_settings_of_a_model_process()
         kept = dict(own)
         model_thread_team(kept)
         assert kept == own  # a user's own setting applies to models and measurements alike
+
+
+def test_the_untuned_build_packs_a_run_time_weight_before_every_call() -> None:
+    """The untuned build runs the task's default config, which packs the weight before every call with the
+    packing kernel the runner times with the dense (tests/test_default_schedules.py compares the steps; this
+    checks the model end to end)."""
+    rows = 67
+    source = DENSE_INPUT_WEIGHT.replace("(24, 48)", f"({rows}, 48)")
+    (tall,) = tasks_from_module(parse_module(source), "llvm")
+    assert tall.default_config()["pack_b"] is True
+    model = relay_tune.build(parse_module(source), target="llvm")
+    assert [c.task for c in model.plan.calls] == [PACKING_TASK, 0]  # the packing kernel, then the dense
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((rows, 48)).astype("float32")
+    b = rng.standard_normal((40, 48)).astype("float32")
+    np.testing.assert_allclose(model.run(a=a, b=b), a @ b.T, rtol=1e-4, atol=1e-4)
+    b2 = rng.standard_normal((40, 48)).astype("float32")  # packed again on the next run, not cached
+    np.testing.assert_allclose(model.run(a=a, b=b2), a @ b2.T, rtol=1e-4, atol=1e-4)

@@ -40,9 +40,9 @@ from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError, Space
-from search_space.cpu import analyze, cpu_space, default_config, with_later_knobs
 from search_space.cpu import config_to_steps as template_steps
-from search_space.logged import _weight_params, config_steps
+from search_space.cpu import cpu_space, task_workload, with_later_knobs
+from search_space.logged import config_steps
 
 __all__ = [
     "RelayTuneTask", "ReferenceWarning", "config_to_steps", "constant_inputs", "layout_steps", "tasks_from_module",
@@ -120,22 +120,10 @@ class RelayTuneTask:
 
     def _setup(self) -> None:
         self._prim = primitive_compute(self.func)
-        self.workload = analyze(self._prim, self.target_info, self.constants)
+        # A dense weight received at run time may be packed on every run (`task_workload`): the artifact then
+        # carries the packing kernel in its prologue, so the runner times packing and kernel together.
+        self.workload, self._default = task_workload(self._prim, self.target_info, self.constants)
         self.space: Space = cpu_space(self.workload)
-        self._default = default_config(self.workload)
-        if self.workload.family == "dense" and not self.workload.constant_weight:
-            # A dense weight that the model receives at run time may be packed too: the build then packs it with a
-            # packing kernel on every run, and `build` puts that kernel in the artifact's prologue, so the runner
-            # times packing and kernel together. Without this the space had only schedules that read the weight
-            # row-major across the vector lanes (a strided gather: 12x slower than packed on dense 1024^3).
-            # The default stays the unpacked schedule an untuned build runs, so the log's default record is that
-            # kernel; the search finds out whether packing on every run pays.
-            packable = _weight_params(self._prim)
-            workload = analyze(self._prim, self.target_info, packable)
-            unpacked = Config({**self._default, "pack_b": False}) if workload.constant_weight else None
-            space = cpu_space(workload)
-            if unpacked is not None and space.is_valid(unpacked):
-                self.workload, self.space, self._default = workload, space, unpacked
 
     @property
     def family(self) -> str:
