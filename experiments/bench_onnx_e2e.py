@@ -149,6 +149,11 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         check = logs is not None and not args.no_check_tuned
         compiled = relay_tune.build(mod, target=target, logs=logs, check_tuned=check)
         row[f"{label}_build_s"] = round(time.perf_counter() - start, 2)
+        decided = compiled.build_info.get("tuned_check")
+        if decided:  # what the build's own in-graph check saw: records dropped, and tuned / default end to end
+            row["check_rejected"] = f"{len(decided['rejected'])} of {len(decided['tasks'])}"
+            row["check_ratio"] = round(decided["tuned_e2e_s"] / decided["default_e2e_s"], 3)
+            row["check_kept_default"] = decided["kept_default"]
         good, error = matches(label, first_output(compiled.run(input=x)), want, args.rtol)
         row[f"{label}_error"] = f"{error:.2e}"
         ok = ok and good
@@ -234,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name:<15} {row['kernel_calls']:>5} {row['onnxruntime_ms']:>8.2f} {row['ort-nospin_ms']:>10.2f} "
               f"{cells}  {row['onnxruntime_spin_ms']:>8.1f} {row['default_spin_ms']:>6.1f}    "
               f"{'yes' if row['matches'] else 'NO'} ({row['default_error']})", flush=True)
+        if "check_ratio" in row:
+            print(f"{'':<15} the build's in-graph check: {row['check_rejected']} tuned records dropped, tuned / "
+                  f"default {row['check_ratio']:.3f} end to end, "
+                  f"{'default build kept' if row['check_kept_default'] else 'tuned build kept'}", flush=True)
     for label in labels:
         ratios = [r[f"{label}_ratio"] for r in rows]
         print(f"geometric mean ratio, {label}: {math.exp(statistics.fmean(math.log(v) for v in ratios)):.3f}")
