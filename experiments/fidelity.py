@@ -36,7 +36,7 @@ import relay_tune  # noqa: E402
 from relay_tune.compiler import resolve_target  # noqa: E402
 from relay_tune.runtime.model import CompiledModel  # noqa: E402
 from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
-from relay_tune.tuning.database import JsonLinesDatabase  # noqa: E402
+from relay_tune.tuning.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.tune_model import default_runner  # noqa: E402
 
@@ -80,10 +80,10 @@ def interleaved_models(models: list[CompiledModel], inputs: dict, rounds: int, n
     return [statistics.median(s) for s in samples]
 
 
-def repeat_agreement(mod: object, target: object, log: str, keys: list[str], repeats: int) -> dict[str, list[float]]:
-    """Per task key, the best config's cost measured `repeats` times, each in a fresh measurement process."""
-    database = JsonLinesDatabase([log])
-    tasks = {t.key: t for t in tasks_from_module(mod, target)}
+def repeat_agreement(tasks: dict[str, object], log: str, keys: list[str], repeats: int) -> dict[str, list[float]]:
+    """Per task key, the best config's cost measured `repeats` times, each in a fresh measurement process (records
+    of another schedule space, which the build passes over, left out)."""
+    database = CurrentSpaces(JsonLinesDatabase([log]), tasks.values())
     found: dict[str, list[float]] = {}
     for key in keys:
         task = tasks.get(key)
@@ -125,10 +125,11 @@ def main() -> None:
     tuned = relay_tune.build(mod, target=target, logs=args.log)
     default = relay_tune.build(mod, target=target)
     inputs = tuned.random_inputs(seed=0)
-    comparison = compare_with_logs(tuned, [args.log], repeat=10, inputs=inputs)
+    tasks = {t.key: t for t in tasks_from_module(mod, target)}
+    comparison = compare_with_logs(tuned, [args.log], repeat=10, inputs=inputs, tasks=list(tasks.values()))
     ranked = sorted((r for r in comparison if r.profile.key and r.logged),
                     key=lambda r: -(r.logged or 0) * r.profile.calls)
-    agreement = repeat_agreement(mod, target, args.log, [r.profile.key for r in ranked[: args.top]], args.repeats)
+    agreement = repeat_agreement(tasks, args.log, [r.profile.key for r in ranked[: args.top]], args.repeats)
 
     rows = []
     print(f"{'task':48s} {'calls':>5s} {'logged us':>10s} {'in-graph us':>11s} {'ratio':>6s} {'repeats us':>24s} "

@@ -93,6 +93,13 @@ def test_build_passes_over_records_of_the_previous_rule(tmp_path: Path, monkeypa
     model = relay_tune.build(mod, target=HOST, logs=log)  # the faster old record is passed over, not fatal
     assert model.build_info["tuned_tasks"] == 1
     np.testing.assert_allclose(model.run(x=x), expected, rtol=1e-4, atol=1e-4)
+    # the profile beside the log shows the record the build used, given the tasks to tell the spaces apart
+    from relay_tune.runtime.profile import compare_with_logs
+
+    logged = {r.profile.key: r.logged for r in compare_with_logs(model, [log], repeat=1, tasks=[task])}
+    assert logged[task.key] == pytest.approx(1e-3)
+    assert {r.profile.key: r.logged for r in compare_with_logs(model, [log], repeat=1)}[task.key] == \
+        pytest.approx(1e-6)
 
     log.write_text(_record(task, old_config, 1e-6) + "\n")
     with warnings.catch_warnings(record=True) as caught:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay_tune.runtime.model import CompiledModel, TaskProfile
-from relay_tune.tuning.database import JsonLinesDatabase
+from relay_tune.tuning.database import CurrentSpaces, JsonLinesDatabase
 
 __all__ = ["ProfileComparison", "compare_with_logs"]
 
@@ -34,13 +34,18 @@ class ProfileComparison:
 
 
 def compare_with_logs(
-    model: CompiledModel, logs: Sequence[str | os.PathLike[str]], repeat: int = 10, inputs: Any = None
+    model: CompiledModel, logs: Sequence[str | os.PathLike[str]], repeat: int = 10, inputs: Any = None,
+    tasks: Sequence[Any] = (),
 ) -> list[ProfileComparison]:
     """The model's profile (slowest task first), each task beside its best logged time on the model's target.
 
     The logged time is the fastest repeat of the fastest valid record, what the build would have picked; for a
-    task built with its default schedule it is still shown (the best the tuner found, not what runs)."""
-    database = JsonLinesDatabase([os.fspath(p) for p in logs])
+    task built with its default schedule it is still shown (the best the tuner found, not what runs). `tasks`:
+    the model's tuning tasks, when known; their records written under another schedule space (which the build
+    passes over) are then left out here too."""
+    database: Any = JsonLinesDatabase([os.fspath(p) for p in logs])
+    if tasks:
+        database = CurrentSpaces(database, tasks)
     names = list(dict.fromkeys((model.target.log_name, str(model.target))))
     rows: list[ProfileComparison] = []
     for row in model.profile(repeat=repeat, inputs=inputs):
