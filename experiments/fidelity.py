@@ -11,7 +11,8 @@ schedules), in one run:
    runs), and their ratio;
 2. repeat agreement: the best config of the `--top` tasks with the most logged time in the model (time x
    occurrences) measured again `--repeats` times, each by a fresh `LocalRunner` (a fresh measurement process,
-   the tuner's own settings); the spread is max / min - 1;
+   the tuner's own settings); the spread is max / min - 1, and the in-graph time is compared with the median of
+   those repeats too (the logged time, a minimum over many noisy records, is biased low);
 3. `benchmark()` against `run()` (both timed the same way a caller sees them, interleaved rounds, medians);
 4. tuned against default end to end (interleaved rounds, medians).
 
@@ -149,12 +150,19 @@ def main() -> None:
     ratios = [r.ratio for r in comparison if r.ratio]
     within = sum(1 for x in ratios if 1 / 1.15 <= x <= 1.15)
     spreads = [max(c) / min(c) - 1 for c in agreement.values() if len(c) > 1]
+    # The logged time is the fastest repeat of the fastest of many records: a minimum over noisy measurements, so
+    # biased low (the more trials, the more). The same config measured again in fresh processes has no such bias.
+    remeasured = [r.profile.per_call / statistics.median(agreement[r.profile.key]) for r in comparison
+                  if agreement.get(r.profile.key)]
+    within_remeasured = sum(1 for x in remeasured if 1 / 1.15 <= x <= 1.15)
     run_s, bench_s = interleaved_run_vs_benchmark(tuned, inputs, args.rounds, args.number)
     tuned_s, default_s = interleaved_models([tuned, default], inputs, args.rounds, args.number)
     summary = {
         "tasks within 15% of logged": f"{within} of {len(ratios)}",
         "worst in-graph / logged": f"{max(ratios, key=lambda x: abs(x - 1)):.3f}" if ratios else "-",
         "repeat spread (max over tasks)": f"{max(spreads):.1%}" if spreads else "-",
+        "measured again: within 15% of in-graph": f"{within_remeasured} of {len(remeasured)}",
+        "in-graph / measured again": " ".join(f"{x:.3f}" for x in remeasured) or "-",
         "run() ms": f"{run_s * 1e3:.3f}", "benchmark() ms": f"{bench_s * 1e3:.3f}",
         "benchmark / run": f"{bench_s / run_s:.3f}",
         "tuned ms": f"{tuned_s * 1e3:.3f}", "default ms": f"{default_s * 1e3:.3f}",
@@ -162,7 +170,7 @@ def main() -> None:
     }
     print()
     for key, value in summary.items():
-        print(f"{key:32s} {value}")
+        print(f"{key:40s} {value}")
         rows.append({"task": f"[model] {key}", "logged_us": None, "in_graph_us": None, "ratio": value})
     out_path = RESULTS / f"fidelity_{name}.csv"
     fields = ["task", "key", "tuned", "calls", "logged_us", "in_graph_us", "ratio", "repeat_costs_us", "repeat_spread"]
