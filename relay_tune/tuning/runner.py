@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
+from threadpoolctl import threadpool_limits
 
 from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
@@ -85,6 +86,8 @@ class TimingOptions:
     flush_cache: bool = False
     flush_bytes: int = 64 << 20  # larger than any last-level cache we target
     cold_weights_bytes: int = 0  # 0: weights stay in one buffer (warm); else rotate copies of this many bytes
+    warmup_ms: float = 0.0  # untimed warm-up calls go on (after `warmup` calls) until they took this long
+    reuse_weight_copies: bool = True  # keep the copies across configs of a task (`WeightCopies`); False: per run
 
 
 MAX_WEIGHT_COPIES = 4096  # small weights: the copies' count, not their bytes, bounds the set-up time
@@ -124,6 +127,8 @@ class LocalRunner(Runner):
         warmup: int = 1,
         flush_cache: bool = False,
         cold_weights_bytes: int = 0,
+        reuse_weight_copies: bool = True,
+        warmup_ms: float = 0.0,
         cooldown_s: float = 0.0,
         check_correctness: bool = True,
         seed: int = 0,
@@ -135,7 +140,8 @@ class LocalRunner(Runner):
             raise ValueError("number and repeat must be >= 1")
         self.timeout = timeout
         self.timing = TimingOptions(number, repeat, min_repeat_ms, warmup, flush_cache,
-                                    cold_weights_bytes=cold_weights_bytes)
+                                    cold_weights_bytes=cold_weights_bytes,
+                                    warmup_ms=warmup_ms, reuse_weight_copies=reuse_weight_copies)
         self.cooldown_s = cooldown_s
         self.check_correctness = check_correctness
         self.seed = seed
@@ -155,10 +161,16 @@ class LocalRunner(Runner):
         inputs = random_inputs(task.input_specs(), self.seed)
         expected: list[np.ndarray] | None = None
         if self.check_correctness:
-            reference = task.reference([a.copy() for a in inputs])
+            # numpy's BLAS on one thread: its pool threads busy-wait for about 0.1 s after a call, and the kernel
+            # measured next (on the same cores) ran 1.5-3x slower in its first repeats while they did.
+            with threadpool_limits(limits=1, user_api="blas"):
+                reference = task.reference([a.copy() for a in inputs])
             expected = None if reference is None else [np.asarray(r) for r in reference]
         self._task_data[task.key] = (inputs, expected)
-        while len(self._task_data) > 4:
+        # Kept while they fit in `_TASK_DATA_BYTES`: the scheduler returns to a task after others, and computing
+        # its reference again costs time (and, before, a disturbed first measurement).
+        while len(self._task_data) > 1 and sum(_nbytes(entry) for entry in self._task_data.values()) \
+                > _TASK_DATA_BYTES:
             self._task_data.popitem(last=False)
         return inputs, expected
 
@@ -196,6 +208,21 @@ class LocalRunner(Runner):
             return RunResult(tuple(float(c) for c in payload), None, "", elapsed)
         return RunResult(None, ErrorKind[payload], message, elapsed)
 
+    def worker_stats(self) -> dict[str, int]:
+        """Counters of the current measurement worker (empty when none runs): "copy_sets_built" and
+        "copy_sets_reused", the cold-weight copy sets it built and reused (`WeightCopies`), "copy_bytes" held."""
+        worker = self._worker
+        if worker is None or not worker.process.is_alive():
+            return {}
+        try:
+            worker.send(("stats",))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            return {}
+        reply = worker.receive(self.timeout)
+        if reply is _DIED or reply is _TIMED_OUT or reply[0] != "stats":
+            return {}
+        return dict(reply[1])
+
     def _ready_worker(self) -> _WorkerHandle:
         if self._worker is None or not self._worker.process.is_alive():
             self._discard_worker()
@@ -217,6 +244,12 @@ class LocalRunner(Runner):
         self._discard_worker()
 
 
+def _nbytes(entry: tuple[list[np.ndarray], list[np.ndarray] | None]) -> int:
+    inputs, expected = entry
+    return sum(a.nbytes for a in inputs) + sum(a.nbytes for a in expected or ())
+
+
+_TASK_DATA_BYTES = 512 << 20  # inputs and expected outputs the runner keeps per task, all tasks together
 _WORKER_TASKS = 4  # tasks whose inputs and expected outputs a measurement worker keeps
 _DIED = object()
 _TIMED_OUT = object()
@@ -379,11 +412,13 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
              tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
              prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
-             weights: Sequence[int] = ()) -> tuple[str, Any, str]:
+             weights: Sequence[int] = (), copies: WeightCopies | None = None,
+             task_key: str = "") -> tuple[str, Any, str]:
     """Check one artifact's outputs, then time it (see the module docstring). `prologue`: packing kernels
     (function, logical input, argument position) that fill a packed argument from its logical input; they run
     before the kernel on every call, as in the model, and their time counts. `weights`: the logical inputs that
-    are model constants, rotated through copies when `timing.cold_weights_bytes` is set."""
+    are model constants, rotated through copies when `timing.cold_weights_bytes` is set: `copies` keeps them
+    across the runs of task `task_key` (None, or `timing.reuse_weight_copies` False: built for this run only)."""
     buffers: list[np.ndarray] = []
     packed_by = {position: (packer, index) for packer, index, position in prologue}
     sources: dict[int, np.ndarray] = {}  # logical inputs of the packed arguments, by argument position
@@ -424,8 +459,12 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
     packing = [(packer, sources[position].ctypes.data, pointers[position])
                for position, (packer, _) in packed_by.items()]
-    pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
-                                             timing.cold_weights_bytes)
+    if copies is not None and timing.reuse_weight_copies:
+        pointer_sets = copies.pointer_sets(task_key, artifact, buffers, pointers, set(weights), packed_by,
+                                           timing.cold_weights_bytes)
+    else:
+        pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
+                                                 timing.cold_weights_bytes)
     if packing:
         def run_many(count: int) -> None:
             for _ in range(count):
@@ -459,7 +498,16 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     clock = time.perf_counter
     start = clock()
     run_many(max(1, timing.warmup))
-    per_call = max((clock() - start) / max(1, timing.warmup), 1e-9)
+    calls = max(1, timing.warmup)
+    per_call = max((clock() - start) / calls, 1e-9)
+    if timing.warmup_ms > 0:
+        budget = timing.warmup_ms / 1000.0
+        while clock() - start < budget:
+            batch = max(1, min(10_000_000, math.ceil((budget - (clock() - start)) / per_call)))
+            run_many(batch)
+            calls += batch
+        # the later calls ran warm: they, not the first, say how many calls a repeat needs
+        per_call = max((clock() - start) / calls, 1e-9)
     number = timing.number
     if timing.min_repeat_ms > 0:
         number = max(number, min(10_000_000, math.ceil(timing.min_repeat_ms / 1000.0 / per_call)))
@@ -480,16 +528,26 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     return ("ok", costs, "")
 
 
+def _weight_positions(artifact: BuildArtifact, weights: set[int], packed_by: Mapping[int, Any]) -> list[int]:
+    """Argument positions of the weight inputs that rotate (a weight packed by a prologue kernel does not)."""
+    return [p for p, arg in enumerate(artifact.args)
+            if arg.role == "input" and arg.index in weights and p not in packed_by]
+
+
+def _copy_count(weight_bytes: int, cold_bytes: int) -> int:
+    return max(2, min(MAX_WEIGHT_COPIES, math.ceil(cold_bytes / weight_bytes)))
+
+
 def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray], pointers: list[int],
                               weights: set[int], packed_by: Mapping[int, Any], cold_bytes: int) -> list[list[int]]:
     """Argument pointers for each copy of the weight arguments (empty: no rotation). The copies together hold at
-    least `cold_bytes` (at most `MAX_WEIGHT_COPIES` copies); the first set is the checked buffers themselves."""
-    positions = [p for p, arg in enumerate(artifact.args)
-                 if arg.role == "input" and arg.index in weights and p not in packed_by]
+    least `cold_bytes` (at most `MAX_WEIGHT_COPIES` copies); the first set is the checked buffers themselves.
+    Builds the copies afresh; the worker reuses them across configs with `WeightCopies` instead."""
+    positions = _weight_positions(artifact, weights, packed_by)
     weight_bytes = sum(buffers[p].nbytes for p in positions)
     if cold_bytes <= 0 or not positions or weight_bytes == 0:
         return []
-    copies = max(2, min(MAX_WEIGHT_COPIES, math.ceil(cold_bytes / weight_bytes)))
+    copies = _copy_count(weight_bytes, cold_bytes)
     sets = [list(pointers)]
     keep: list[np.ndarray] = []
     for _ in range(copies - 1):
@@ -501,6 +559,75 @@ def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray]
         sets.append(current)
     buffers.extend(keep)  # the caller's buffer list keeps the copies alive while the pointers are in use
     return sets
+
+
+WEIGHT_COPY_SETS = 4  # layouts of one task's weights whose copies a worker keeps (LRU), within the byte bound
+
+
+class WeightCopies:
+    """The copies of a task's weight arguments that a measurement worker rotates through, kept across configs.
+
+    Building `cold_bytes` of copies costs tens of milliseconds per measurement (64 MiB of fresh pages), as much
+    as timing a fast kernel, and the copies of two configs of a task are the same arrays: the weights' values
+    after the argument's layout. So copies are keyed by task and by each rotated argument's position and
+    `KernelArg` (shape, dtype, layout): a config whose kernel reads packed weights in another layout gets copies
+    in that layout, and a config with the same layout reuses them. At most `WEIGHT_COPY_SETS` keys of the current
+    task are kept, and at most `limit_factor` x `cold_bytes` in all; the copies of other tasks are freed when the
+    task changes. Pages of the copies are written when built, so a timed call never takes their first-touch
+    faults."""
+
+    def __init__(self, limit_factor: int = 4) -> None:
+        self.limit_factor = limit_factor
+        self._task: str | None = None
+        self._sets: OrderedDict[tuple[Any, ...], list[list[np.ndarray]]] = OrderedDict()
+        self.built = 0  # copy sets built since the worker started (the runner's tests count them)
+        self.reused = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(a.nbytes for copies in self._sets.values() for copy in copies for a in copy)
+
+    def pointer_sets(self, task_key: str, artifact: BuildArtifact, buffers: Sequence[np.ndarray],
+                     pointers: Sequence[int], weights: set[int], packed_by: Mapping[int, Any],
+                     cold_bytes: int) -> list[list[int]]:
+        """Argument pointers for each copy of the weight arguments (empty: no rotation); `buffers` are the
+        artifact's checked arguments, the weights among them in the kernel's layout."""
+        positions = _weight_positions(artifact, weights, packed_by)
+        weight_bytes = sum(buffers[p].nbytes for p in positions)
+        if cold_bytes <= 0 or not positions or weight_bytes == 0:
+            return []
+        if task_key != self._task:
+            self._sets.clear()  # a new task: free the last one's copies before building these
+            self._task = task_key
+        key = (cold_bytes, *((p, artifact.args[p]) for p in positions))
+        copies = self._sets.get(key)
+        # The key says the copies hold these values; checking one copy against the checked buffers (as cheap as
+        # one weight read) keeps a kernel from being timed on weights other than the ones its outputs were
+        # checked with, should a layout ever produce other values under an equal key.
+        if copies is not None and all(np.array_equal(c, buffers[p]) for c, p in zip(copies[0], positions)):
+            self._sets.move_to_end(key)
+            self.reused += 1
+        else:
+            self._sets.pop(key, None)
+            count = _copy_count(weight_bytes, cold_bytes)
+            limit = self.limit_factor * max(cold_bytes, weight_bytes * count)
+            while self._sets and (len(self._sets) >= WEIGHT_COPY_SETS
+                                  or self.held_bytes + weight_bytes * count > limit):
+                self._sets.popitem(last=False)
+            copies = [[np.array(buffers[p], copy=True) for p in positions] for _ in range(count)]
+            self._sets[key] = copies
+            self.built += 1
+        sets: list[list[int]] = []
+        for copy in copies:
+            current = list(pointers)
+            for p, array in zip(positions, copy):
+                current[p] = array.ctypes.data
+            sets.append(current)
+        return sets
+
+    def clear(self) -> None:
+        self._sets.clear()
+        self._task = None
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
@@ -518,6 +645,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
     die_with_parent()
     model_thread_team(os.environ)
     loader = KernelLoader()
+    copies = WeightCopies()
     data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None, dict[str, tuple[float, float]]]]
     data = OrderedDict()
     conn.send(("ready",))
@@ -533,6 +661,10 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
             while len(data) > _WORKER_TASKS:
                 data.popitem(last=False)
             continue
+        if kind == "stats":
+            conn.send(("stats", {"copy_sets_built": copies.built, "copy_sets_reused": copies.reused,
+                                 "copy_bytes": copies.held_bytes}))
+            continue
         if kind != "run":
             conn.send(("error", ErrorKind.RUNTIME_ERROR.name, f"unknown message {kind!r}"))
             continue
@@ -546,7 +678,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
                                                f"failed to load the kernel: {err}")
             else:
                 reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
-                                 loader.prologue, weights)
+                                 loader.prologue, weights, copies, key)
         except Exception as err:
             reply = ("error", ErrorKind.RUNTIME_ERROR.name,
                      "".join(traceback.format_exception_only(type(err), err)).strip())
