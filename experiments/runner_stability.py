@@ -189,16 +189,19 @@ def part_speed(args: argparse.Namespace) -> list[dict]:
             with tempfile.TemporaryDirectory() as folder, VARIANTS[name]() as runner:
                 start = time.monotonic()
                 result = tune_model(mod, "llvm", args.trials, Path(folder) / "log.jsonl", storage=None,
-                                    search="random", runner=runner, measure_latency=False, seed=round_)
+                                    search=args.search, runner=runner, measure_latency=False, seed=round_)
                 seconds = time.monotonic() - start
                 stats = runner.worker_stats()
             trials = result.summary.trials_this_session
             run_s = result.summary.seconds.get("run", 0.0)
             rows.append({"variant": name, "round": round_, "trials": trials, "seconds": seconds,
                          "trials_per_s": trials / seconds, "run_seconds": run_s,
-                         "copy_sets_built": stats.get("copy_sets_built", "")})
+                         "copy_sets_built": stats.get("copy_sets_built", ""),
+                         "copy_sets_reused": stats.get("copy_sets_reused", ""),
+                         "copy_seconds": stats.get("copy_seconds", "")})
             print(f"  {name:9s} round {round_}: {trials} trials in {seconds:.1f} s ({trials / seconds:.2f}/s; "
-                  f"measuring {run_s:.1f} s; copy sets built {stats.get('copy_sets_built', '-')})")
+                  f"measuring {run_s:.1f} s, of which making weight copies {stats.get('copy_seconds', 0):.2f} s; "
+                  f"copy sets built {stats.get('copy_sets_built', '-')}, reused {stats.get('copy_sets_reused', '-')})")
     base = statistics.median(r["trials_per_s"] for r in rows if r["variant"] == "baseline")
     now = statistics.median(r["trials_per_s"] for r in rows if r["variant"] == "current")
     base_run = statistics.median(r["run_seconds"] for r in rows if r["variant"] == "baseline")
@@ -216,6 +219,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=48, help="trials of each tuning run (speed)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=[*VARIANTS, *DIAGNOSTIC],
                         help="runners compared (first)")
+    parser.add_argument("--search", default="xgb", help="search strategy of the tuning runs (speed)")
     parser.add_argument("--rounds", type=int, default=2, help="tuning runs per variant (speed)")
     args = parser.parse_args()
     rows = {"first": part_first, "agreement": part_agreement, "speed": part_speed}[args.part](args)

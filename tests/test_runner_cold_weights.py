@@ -174,6 +174,9 @@ def test_weight_copies_are_kept_per_layout_and_checked_against_the_weights() -> 
         copies.pointer_sets("other", _artifact(KernelArg(plain.spec, "input", 1, layout)), buffers, pointers, {1},
                             {}, cold_bytes=512 * 8)
     assert copies.held_bytes == WEIGHT_COPY_SETS * 8 * logical.nbytes
+    assert copies.built == 3 + WEIGHT_COPY_SETS + 2 and copies.refilled == 2  # the last two in pushed-out pages
+    _check_sets(copies.pointer_sets("other", _artifact(plain), buffers, pointers, {1}, {}, cold_bytes=512 * 8),
+                buffers, pointers, 8)
     # Nothing to rotate: rotation off, or no weight among the arguments.
     assert copies.pointer_sets("other", _artifact(plain), buffers, pointers, {1}, {}, cold_bytes=0) == []
     assert copies.pointer_sets("other", _artifact(plain), buffers, pointers, set(), {}, cold_bytes=1 << 20) == []

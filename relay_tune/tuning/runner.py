@@ -208,9 +208,10 @@ class LocalRunner(Runner):
             return RunResult(tuple(float(c) for c in payload), None, "", elapsed)
         return RunResult(None, ErrorKind[payload], message, elapsed)
 
-    def worker_stats(self) -> dict[str, int]:
-        """Counters of the current measurement worker (empty when none runs): "copy_sets_built" and
-        "copy_sets_reused", the cold-weight copy sets it built and reused (`WeightCopies`), "copy_bytes" held."""
+    def worker_stats(self) -> dict[str, float]:
+        """Counters of the current measurement worker (empty when none runs): "copy_sets_built" (of which
+        "copy_sets_refilled" in the pages of an older set) and "copy_sets_reused", the cold-weight copy sets it
+        filled and reused (`WeightCopies`), "copy_bytes" held, "copy_seconds" spent making copies."""
         worker = self._worker
         if worker is None or not worker.process.is_alive():
             return {}
@@ -463,8 +464,11 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
         pointer_sets = copies.pointer_sets(task_key, artifact, buffers, pointers, set(weights), packed_by,
                                            timing.cold_weights_bytes)
     else:
+        started = time.perf_counter()
         pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
                                                  timing.cold_weights_bytes)
+        if copies is not None:
+            copies.seconds += time.perf_counter() - started
     if packing:
         def run_many(count: int) -> None:
             for _ in range(count):
@@ -567,21 +571,25 @@ WEIGHT_COPY_SETS = 4  # layouts of one task's weights whose copies a worker keep
 class WeightCopies:
     """The copies of a task's weight arguments that a measurement worker rotates through, kept across configs.
 
-    Building `cold_bytes` of copies costs tens of milliseconds per measurement (64 MiB of fresh pages), as much
-    as timing a fast kernel, and the copies of two configs of a task are the same arrays: the weights' values
-    after the argument's layout. So copies are keyed by task and by each rotated argument's position and
-    `KernelArg` (shape, dtype, layout): a config whose kernel reads packed weights in another layout gets copies
-    in that layout, and a config with the same layout reuses them. At most `WEIGHT_COPY_SETS` keys of the current
-    task are kept, and at most `limit_factor` x `cold_bytes` in all; the copies of other tasks are freed when the
-    task changes. Pages of the copies are written when built, so a timed call never takes their first-touch
-    faults."""
+    Building `cold_bytes` of copies costs 10-60 ms per measurement (64 MiB copied into fresh pages), and the copies
+    of two configs of a task are the same bytes when their weight arguments are laid out alike. So copies are
+    keyed by task and by each rotated argument's position and `KernelArg` (shape, dtype, layout): a config whose
+    kernel reads packed weights in another layout gets copies in that layout, and a config with the same layout
+    reuses them without copying anything. At most `WEIGHT_COPY_SETS` layouts of the current task are kept, and at
+    most `limit_factor` x `cold_bytes` in all; a set pushed out whose arguments have the bytes of the new one's is
+    refilled in place (a copy into pages already mapped) rather than freed and allocated again. The copies of
+    other tasks are freed when the task changes. Pages of the copies are written when built, so a timed call
+    never takes their first-touch faults."""
 
     def __init__(self, limit_factor: int = 4) -> None:
         self.limit_factor = limit_factor
         self._task: str | None = None
+        # key -> copies, each a list of flat byte arrays (one per rotated argument)
         self._sets: OrderedDict[tuple[Any, ...], list[list[np.ndarray]]] = OrderedDict()
-        self.built = 0  # copy sets built since the worker started (the runner's tests count them)
+        self.built = 0  # copy sets filled since the worker started (the runner's tests count them) ...
+        self.refilled = 0  # ... of which in the pages of a set pushed out
         self.reused = 0
+        self.seconds = 0.0  # spent making copies and argument sets, reused or not (the per-run path too)
 
     @property
     def held_bytes(self) -> int:
@@ -591,39 +599,54 @@ class WeightCopies:
                      pointers: Sequence[int], weights: set[int], packed_by: Mapping[int, Any],
                      cold_bytes: int) -> list[list[int]]:
         """Argument pointers for each copy of the weight arguments (empty: no rotation); `buffers` are the
-        artifact's checked arguments, the weights among them in the kernel's layout."""
+        artifact's checked arguments (C-contiguous), the weights among them in the kernel's layout."""
         positions = _weight_positions(artifact, weights, packed_by)
         weight_bytes = sum(buffers[p].nbytes for p in positions)
         if cold_bytes <= 0 or not positions or weight_bytes == 0:
             return []
+        started = time.perf_counter()
         if task_key != self._task:
             self._sets.clear()  # a new task: free the last one's copies before building these
             self._task = task_key
+        sources = [buffers[p].reshape(-1).view(np.uint8) for p in positions]
         key = (cold_bytes, *((p, artifact.args[p]) for p in positions))
         copies = self._sets.get(key)
-        # The key says the copies hold these values; checking one copy against the checked buffers (as cheap as
-        # one weight read) keeps a kernel from being timed on weights other than the ones its outputs were
-        # checked with, should a layout ever produce other values under an equal key.
-        if copies is not None and all(np.array_equal(c, buffers[p]) for c, p in zip(copies[0], positions)):
+        # The key says the copies hold these bytes; checking one copy against the checked buffers (as cheap as one
+        # weight read) keeps a kernel from being timed on weights other than the ones its outputs were checked
+        # with, should a layout ever produce other values under an equal key.
+        if copies is not None and all(np.array_equal(c, s) for c, s in zip(copies[0], sources)):
             self._sets.move_to_end(key)
             self.reused += 1
         else:
             self._sets.pop(key, None)
-            count = _copy_count(weight_bytes, cold_bytes)
-            limit = self.limit_factor * max(cold_bytes, weight_bytes * count)
-            while self._sets and (len(self._sets) >= WEIGHT_COPY_SETS
-                                  or self.held_bytes + weight_bytes * count > limit):
-                self._sets.popitem(last=False)
-            copies = [[np.array(buffers[p], copy=True) for p in positions] for _ in range(count)]
-            self._sets[key] = copies
-            self.built += 1
+            copies = self._fill(key, sources, _copy_count(weight_bytes, cold_bytes), cold_bytes)
         sets: list[list[int]] = []
         for copy in copies:
             current = list(pointers)
             for p, array in zip(positions, copy):
                 current[p] = array.ctypes.data
             sets.append(current)
+        self.seconds += time.perf_counter() - started
         return sets
+
+    def _fill(self, key: tuple[Any, ...], sources: list[np.ndarray], count: int,
+              cold_bytes: int) -> list[list[np.ndarray]]:
+        sizes = [s.nbytes for s in sources]
+        limit = self.limit_factor * max(cold_bytes, sum(sizes) * count)
+        spare: list[list[np.ndarray]] | None = None
+        while self._sets and (len(self._sets) >= WEIGHT_COPY_SETS or self.held_bytes + sum(sizes) * count > limit):
+            _, evicted = self._sets.popitem(last=False)
+            if spare is None and len(evicted) == count and [a.nbytes for a in evicted[0]] == sizes:
+                spare = evicted
+        if spare is not None:
+            self.refilled += 1
+        copies = spare or [[np.empty(size, dtype=np.uint8) for size in sizes] for _ in range(count)]
+        for copy in copies:
+            for target, source in zip(copy, sources):
+                np.copyto(target, source)
+        self._sets[key] = copies
+        self.built += 1
+        return copies
 
     def clear(self) -> None:
         self._sets.clear()
@@ -662,8 +685,9 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
                 data.popitem(last=False)
             continue
         if kind == "stats":
-            conn.send(("stats", {"copy_sets_built": copies.built, "copy_sets_reused": copies.reused,
-                                 "copy_bytes": copies.held_bytes}))
+            conn.send(("stats", {"copy_sets_built": copies.built, "copy_sets_refilled": copies.refilled,
+                                 "copy_sets_reused": copies.reused, "copy_bytes": copies.held_bytes,
+                                 "copy_seconds": copies.seconds}))
             continue
         if kind != "run":
             conn.send(("error", ErrorKind.RUNTIME_ERROR.name, f"unknown message {kind!r}"))
