@@ -460,13 +460,15 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
     packing = [(packer, sources[position].ctypes.data, pointers[position])
                for position, (packer, _) in packed_by.items()]
+    table: np.ndarray | None = None
     if copies is not None and timing.reuse_weight_copies:
-        pointer_sets = copies.pointer_sets(task_key, artifact, buffers, pointers, set(weights), packed_by,
-                                           timing.cold_weights_bytes)
+        table = copies.argument_table(task_key, artifact, buffers, pointers, set(weights), packed_by,
+                                      timing.cold_weights_bytes)
     else:
         started = time.perf_counter()
         pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
                                                  timing.cold_weights_bytes)
+        table = np.array(pointer_sets, dtype=np.uint64) if pointer_sets else None
         if copies is not None:
             copies.seconds += time.perf_counter() - started
     if packing:
@@ -475,20 +477,21 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
                 for packer, source_address, packed_address in packing:
                     packer(source_address, packed_address)
                 function(*pointers)
-    elif pointer_sets:
-        # One argument array per copy of the weights; the repeat entry runs each once (a Python call per kernel
-        # call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
-        arrays = [(ctypes.c_void_p * len(ps))(*ps) for ps in pointer_sets]
+    elif table is not None:
+        # One row of argument pointers per copy of the weights; the repeat entry runs each once (a Python call per
+        # kernel call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
+        first, stride = table.ctypes.data, table.strides[0]
+        rows = [first + i * stride for i in range(len(table))]
         cursor = [0]
 
         def run_many(count: int) -> None:
             for _ in range(count):
-                args = arrays[cursor[0]]
-                cursor[0] = (cursor[0] + 1) % len(arrays)
+                row = cursor[0]
+                cursor[0] = (row + 1) % len(rows)
                 if repeat_entry is not None:
-                    repeat_entry(ctypes.addressof(args), 1)
+                    repeat_entry(rows[row], 1)
                 else:
-                    function(*args)
+                    function(*table[row].tolist())
     elif repeat_entry is not None:
         packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
 
@@ -568,85 +571,108 @@ def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray]
 WEIGHT_COPY_SETS = 4  # layouts of one task's weights whose copies a worker keeps (LRU), within the byte bound
 
 
+_COPY_ALIGN = 64  # bytes: every copy of a weight starts on a cache line, as numpy's own buffers of that size do
+
+
+@dataclass
+class _CopySet:
+    """`count` copies of some weight arguments in one block: row i holds copy i of each, at `offsets`."""
+
+    block: np.ndarray  # uint8, `_COPY_ALIGN` bytes longer than the rows, so that they can start aligned
+    rows: np.ndarray  # (count, row bytes) view of the block
+    offsets: list[int]
+    sizes: list[int]
+    addresses: np.ndarray  # (count, arguments) uint64: where each copy of each argument starts
+
+
 class WeightCopies:
     """The copies of a task's weight arguments that a measurement worker rotates through, kept across configs.
 
-    Building `cold_bytes` of copies costs 10-60 ms per measurement (64 MiB copied into fresh pages), and the copies
-    of two configs of a task are the same bytes when their weight arguments are laid out alike. So copies are
-    keyed by task and by each rotated argument's position and `KernelArg` (shape, dtype, layout): a config whose
-    kernel reads packed weights in another layout gets copies in that layout, and a config with the same layout
-    reuses them without copying anything. At most `WEIGHT_COPY_SETS` layouts of the current task are kept, and at
-    most `limit_factor` x `cold_bytes` in all; a set pushed out whose arguments have the bytes of the new one's is
-    refilled in place (a copy into pages already mapped) rather than freed and allocated again. The copies of
-    other tasks are freed when the task changes. Pages of the copies are written when built, so a timed call
-    never takes their first-touch faults."""
+    Building `cold_bytes` of copies cost 10-80 ms per measurement (64 MiB copied into fresh pages, and thousands
+    of arrays when the weights are small), and the copies of two configs of a task are the same bytes when their
+    weight arguments are laid out alike. So copies are keyed by task and by each rotated argument's position and
+    `KernelArg` (shape, dtype, layout): a config whose kernel reads packed weights in another layout gets copies
+    in that layout, and a config with the same layout reuses them without copying anything. At most
+    `WEIGHT_COPY_SETS` layouts of the current task are kept, and at most `limit_factor` x `cold_bytes` in all; a
+    set pushed out whose arguments have the bytes of the new one's is refilled in place (a copy into pages already
+    mapped) rather than freed and allocated again. The copies of other tasks are freed when the task changes. The
+    copies of a set lie in one block, filled by whole-array copies (no Python work per copy); their pages are
+    written when built, so a timed call never takes their first-touch faults."""
 
     def __init__(self, limit_factor: int = 4) -> None:
         self.limit_factor = limit_factor
         self._task: str | None = None
-        # key -> copies, each a list of flat byte arrays (one per rotated argument)
-        self._sets: OrderedDict[tuple[Any, ...], list[list[np.ndarray]]] = OrderedDict()
+        self._sets: OrderedDict[tuple[Any, ...], _CopySet] = OrderedDict()
         self.built = 0  # copy sets filled since the worker started (the runner's tests count them) ...
         self.refilled = 0  # ... of which in the pages of a set pushed out
         self.reused = 0
-        self.seconds = 0.0  # spent making copies and argument sets, reused or not (the per-run path too)
+        self.seconds = 0.0  # spent making copies and argument tables, reused or not (the per-run path too)
 
     @property
     def held_bytes(self) -> int:
-        return sum(a.nbytes for copies in self._sets.values() for copy in copies for a in copy)
+        return sum(entry.block.nbytes for entry in self._sets.values())
 
-    def pointer_sets(self, task_key: str, artifact: BuildArtifact, buffers: Sequence[np.ndarray],
-                     pointers: Sequence[int], weights: set[int], packed_by: Mapping[int, Any],
-                     cold_bytes: int) -> list[list[int]]:
-        """Argument pointers for each copy of the weight arguments (empty: no rotation); `buffers` are the
-        artifact's checked arguments (C-contiguous), the weights among them in the kernel's layout."""
+    def argument_table(self, task_key: str, artifact: BuildArtifact, buffers: Sequence[np.ndarray],
+                       pointers: Sequence[int], weights: set[int], packed_by: Mapping[int, Any],
+                       cold_bytes: int) -> np.ndarray | None:
+        """The argument pointers for each copy of the weight arguments, one row per copy (uint64, C order: a row
+        is the `void **args` of the kernel's repeat entry); None: no rotation. `buffers` are the artifact's
+        checked arguments (C-contiguous), the weights among them in the kernel's layout; `pointers` theirs."""
         positions = _weight_positions(artifact, weights, packed_by)
         weight_bytes = sum(buffers[p].nbytes for p in positions)
         if cold_bytes <= 0 or not positions or weight_bytes == 0:
-            return []
+            return None
         started = time.perf_counter()
         if task_key != self._task:
             self._sets.clear()  # a new task: free the last one's copies before building these
             self._task = task_key
-        sources = [buffers[p].reshape(-1).view(np.uint8) for p in positions]
+        sources = [np.ascontiguousarray(buffers[p]).reshape(-1).view(np.uint8) for p in positions]
         key = (cold_bytes, *((p, artifact.args[p]) for p in positions))
-        copies = self._sets.get(key)
+        entry = self._sets.get(key)
         # The key says the copies hold these bytes; checking one copy against the checked buffers (as cheap as one
         # weight read) keeps a kernel from being timed on weights other than the ones its outputs were checked
         # with, should a layout ever produce other values under an equal key.
-        if copies is not None and all(np.array_equal(c, s) for c, s in zip(copies[0], sources)):
+        if entry is not None and entry.sizes == [s.nbytes for s in sources] and all(
+                np.array_equal(entry.rows[0, o:o + s.nbytes], s) for o, s in zip(entry.offsets, sources)):
             self._sets.move_to_end(key)
             self.reused += 1
         else:
             self._sets.pop(key, None)
-            copies = self._fill(key, sources, _copy_count(weight_bytes, cold_bytes), cold_bytes)
-        sets: list[list[int]] = []
-        for copy in copies:
-            current = list(pointers)
-            for p, array in zip(positions, copy):
-                current[p] = array.ctypes.data
-            sets.append(current)
+            entry = self._fill(key, sources, _copy_count(weight_bytes, cold_bytes), cold_bytes)
+        table = np.empty((len(entry.addresses), len(pointers)), dtype=np.uint64)
+        table[:] = np.asarray(pointers, dtype=np.uint64)
+        table[:, positions] = entry.addresses
         self.seconds += time.perf_counter() - started
-        return sets
+        return table
 
-    def _fill(self, key: tuple[Any, ...], sources: list[np.ndarray], count: int,
-              cold_bytes: int) -> list[list[np.ndarray]]:
+    def _fill(self, key: tuple[Any, ...], sources: list[np.ndarray], count: int, cold_bytes: int) -> _CopySet:
         sizes = [s.nbytes for s in sources]
-        limit = self.limit_factor * max(cold_bytes, sum(sizes) * count)
-        spare: list[list[np.ndarray]] | None = None
-        while self._sets and (len(self._sets) >= WEIGHT_COPY_SETS or self.held_bytes + sum(sizes) * count > limit):
+        offsets: list[int] = []
+        row = 0
+        for size in sizes:
+            offsets.append(row)
+            row += -(-size // _COPY_ALIGN) * _COPY_ALIGN
+        length = count * row + _COPY_ALIGN
+        limit = self.limit_factor * max(cold_bytes, length)
+        spare: np.ndarray | None = None
+        while self._sets and (len(self._sets) >= WEIGHT_COPY_SETS or self.held_bytes + length > limit):
             _, evicted = self._sets.popitem(last=False)
-            if spare is None and len(evicted) == count and [a.nbytes for a in evicted[0]] == sizes:
-                spare = evicted
+            if spare is None and evicted.block.nbytes == length:
+                spare = evicted.block
         if spare is not None:
             self.refilled += 1
-        copies = spare or [[np.empty(size, dtype=np.uint8) for size in sizes] for _ in range(count)]
-        for copy in copies:
-            for target, source in zip(copy, sources):
-                np.copyto(target, source)
-        self._sets[key] = copies
+        block = spare if spare is not None else np.empty(length, dtype=np.uint8)
+        base = block.__array_interface__["data"][0]
+        skip = -base % _COPY_ALIGN
+        rows = block[skip:skip + count * row].reshape(count, row)
+        for offset, source in zip(offsets, sources):
+            rows[:, offset:offset + source.nbytes] = source  # every copy at once
+        addresses = (np.uint64(base + skip) + np.arange(count, dtype=np.uint64)[:, None] * np.uint64(row)
+                     + np.asarray(offsets, dtype=np.uint64)[None, :])
+        entry = _CopySet(block, rows, offsets, sizes, addresses)
+        self._sets[key] = entry
         self.built += 1
-        return copies
+        return entry
 
     def clear(self) -> None:
         self._sets.clear()
