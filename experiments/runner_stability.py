@@ -12,7 +12,7 @@ one measurement; the spread is max / min of its repeats. Variants, interleaved t
 `agreement`: `--configs` configs per task measured by two fresh runners of each variant (fresh measurement
 processes); per config the disagreement of the two runners' costs, |a - b| / min(a, b), for the fastest repeat
 (what the log ranks by before) and for the cost the log ranks by now (`MeasureResult.cost`).
-`speed`: `tune_model` on a model of three such convolutions (`SPEED_SHAPES`), a fixed number of trials, with the
+`speed`: `tune_model` on a model of six such convolutions (`SPEED_SHAPES`), a fixed number of trials, with the
 baseline runner and the current one alternately (`--rounds` each); trials per second of the whole tuning run.
 
 Writes experiments/results/runner_stability_<part>.csv.
@@ -46,8 +46,10 @@ RESULTS = REPO_ROOT / "experiments" / "results"
 # (channels in, height = width, channels out, kernel, stride): ResNet-50 convolutions
 SHAPES = [(64, 56, 64, 3, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1), (512, 28, 128, 1, 1),
           (256, 14, 256, 3, 1), (512, 7, 512, 3, 1)]
-# `speed`: small weights (16-64 KiB: 1,024-4,096 copies) and a larger one, all from ResNet-50
-SPEED_SHAPES = [(64, 56, 64, 1, 1), (64, 56, 256, 1, 1), (128, 28, 128, 3, 1)]
+# `speed`: small weights (16-64 KiB: 1,024-4,096 copies) and larger ones, all from ResNet-50; more tasks than the
+# baseline kept reference outputs of, as in a whole model
+SPEED_SHAPES = [(64, 56, 64, 1, 1), (64, 56, 256, 1, 1), (128, 28, 128, 3, 1), (256, 56, 64, 1, 1),
+                (256, 14, 256, 3, 1), (512, 7, 512, 3, 1)]
 
 
 def conv_module(shapes: list[tuple[int, int, int, int, int]], seed: int = 0) -> object:
@@ -79,15 +81,19 @@ def conv_tasks(shapes: list[tuple[int, int, int, int, int]]) -> list[object]:
 
 
 class _BaselineRunner(LocalRunner):
-    """The reference outputs computed as the runner did before: numpy's BLAS on all its threads."""
+    """Reference outputs as the runner had them before: computed with numpy's BLAS on all its threads, kept for
+    the last four tasks."""
 
     def _data_for(self, task: object) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         cached = self._task_data.get(task.key)
         if cached is not None:
+            self._task_data.move_to_end(task.key)
             return cached
         inputs = random_inputs(task.input_specs(), self.seed)
         expected = [np.asarray(r) for r in task.reference([a.copy() for a in inputs])]
         self._task_data[task.key] = (inputs, expected)
+        while len(self._task_data) > 4:
+            self._task_data.popitem(last=False)
         return inputs, expected
 
 
@@ -218,7 +224,7 @@ def main() -> None:
     parser.add_argument("part", choices=("first", "agreement", "speed"))
     parser.add_argument("--configs", type=int, default=5, help="configs per task besides the default (first), "
                         "configs per task (agreement)")
-    parser.add_argument("--trials", type=int, default=48, help="trials of each tuning run (speed)")
+    parser.add_argument("--trials", type=int, default=96, help="trials of each tuning run (speed)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=[*VARIANTS, *DIAGNOSTIC],
                         help="runners compared (first)")
     parser.add_argument("--search", default="xgb", help="search strategy of the tuning runs (speed)")

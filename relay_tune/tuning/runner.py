@@ -594,15 +594,17 @@ class WeightCopies:
     `KernelArg` (shape, dtype, layout): a config whose kernel reads packed weights in another layout gets copies
     in that layout, and a config with the same layout reuses them without copying anything. At most
     `WEIGHT_COPY_SETS` layouts of the current task are kept, and at most `limit_factor` x `cold_bytes` in all; a
-    set pushed out whose arguments have the bytes of the new one's is refilled in place (a copy into pages already
-    mapped) rather than freed and allocated again. The copies of other tasks are freed when the task changes. The
-    copies of a set lie in one block, filled by whole-array copies (no Python work per copy); their pages are
-    written when built, so a timed call never takes their first-touch faults."""
+    set pushed out, and the sets of the previous task, leave their blocks as spares (within the same bound), and a
+    new set is copied into a spare block large enough: a copy into pages already mapped, 5-10 ms for 64 MiB, where
+    a fresh block first took its page faults (100+ ms). The copies of a set lie in one block, filled by
+    whole-array copies (no Python work per copy); their pages are written when built, so a timed call never takes
+    their first-touch faults."""
 
     def __init__(self, limit_factor: int = 4) -> None:
         self.limit_factor = limit_factor
         self._task: str | None = None
         self._sets: OrderedDict[tuple[Any, ...], _CopySet] = OrderedDict()
+        self._spare: list[np.ndarray] = []  # blocks of sets pushed out, to copy new sets into
         self.built = 0  # copy sets filled since the worker started (the runner's tests count them) ...
         self.refilled = 0  # ... of which in the pages of a set pushed out
         self.reused = 0
@@ -610,7 +612,7 @@ class WeightCopies:
 
     @property
     def held_bytes(self) -> int:
-        return sum(entry.block.nbytes for entry in self._sets.values())
+        return sum(entry.block.nbytes for entry in self._sets.values()) + sum(b.nbytes for b in self._spare)
 
     def argument_table(self, task_key: str, artifact: BuildArtifact, buffers: Sequence[np.ndarray],
                        pointers: Sequence[int], weights: set[int], packed_by: Mapping[int, Any],
@@ -624,7 +626,8 @@ class WeightCopies:
             return None
         started = time.perf_counter()
         if task_key != self._task:
-            self._sets.clear()  # a new task: free the last one's copies before building these
+            self._spare += [entry.block for entry in self._sets.values()]  # a new task: the last one's blocks
+            self._sets.clear()
             self._task = task_key
         sources = [np.ascontiguousarray(buffers[p]).reshape(-1).view(np.uint8) for p in positions]
         key = (cold_bytes, *((p, artifact.args[p]) for p in positions))
@@ -637,7 +640,8 @@ class WeightCopies:
             self._sets.move_to_end(key)
             self.reused += 1
         else:
-            self._sets.pop(key, None)
+            if entry is not None:
+                self._spare.append(self._sets.pop(key).block)
             entry = self._fill(key, sources, _copy_count(weight_bytes, cold_bytes), cold_bytes)
         table = np.empty((len(entry.addresses), len(pointers)), dtype=np.uint64)
         table[:] = np.asarray(pointers, dtype=np.uint64)
@@ -653,15 +657,23 @@ class WeightCopies:
             offsets.append(row)
             row += -(-size // _COPY_ALIGN) * _COPY_ALIGN
         length = count * row + _COPY_ALIGN
-        limit = self.limit_factor * max(cold_bytes, length)
-        spare: np.ndarray | None = None
-        while self._sets and (len(self._sets) >= WEIGHT_COPY_SETS or self.held_bytes + length > limit):
-            _, evicted = self._sets.popitem(last=False)
-            if spare is None and evicted.block.nbytes == length:
-                spare = evicted.block
-        if spare is not None:
+        while len(self._sets) >= WEIGHT_COPY_SETS:
+            self._spare.append(self._sets.popitem(last=False)[1].block)
+        fitting = [b for b in self._spare if b.nbytes >= length]
+        block = min(fitting, key=lambda b: b.nbytes) if fitting else None
+        if block is not None:
+            self._spare = [b for b in self._spare if b is not block]
             self.refilled += 1
-        block = spare if spare is not None else np.empty(length, dtype=np.uint8)
+        # Within the bound: spare blocks go first (largest first), then the least recently used sets.
+        limit = self.limit_factor * max(cold_bytes, length)
+        self._spare.sort(key=lambda b: b.nbytes)
+        while (self._spare or self._sets) and self.held_bytes + (0 if block is not None else length) > limit:
+            if self._spare:
+                self._spare.pop()
+            else:
+                self._sets.popitem(last=False)
+        if block is None:
+            block = np.empty(length, dtype=np.uint8)
         base = block.__array_interface__["data"][0]
         skip = -base % _COPY_ALIGN
         rows = block[skip:skip + count * row].reshape(count, row)
@@ -676,6 +688,7 @@ class WeightCopies:
 
     def clear(self) -> None:
         self._sets.clear()
+        self._spare.clear()
         self._task = None
 
 
