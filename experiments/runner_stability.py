@@ -11,7 +11,7 @@ one measurement; the spread is max / min of its repeats. Variants, interleaved t
   current    - the runner as it is now (`default_runner`'s settings).
 `agreement`: `--configs` configs per task measured by two fresh runners of each variant (fresh measurement
 processes); per config the disagreement of the two runners' costs, |a - b| / min(a, b), for the fastest repeat
-(what the log ranks by before) and for the cost the log ranks by now (`MeasureResult.cost`).
+(what the log ranks by), the median repeat, and `MeasureResult.cost`.
 `speed`: `tune_model` on a model of six such convolutions (`SPEED_SHAPES`), a fixed number of trials, with the
 baseline runner and the current one alternately (`--rounds` each); trials per second of the whole tuning run.
 
@@ -173,16 +173,19 @@ def part_agreement(args: argparse.Namespace) -> list[dict]:
                     assert result.costs is not None, result.error_msg
                     costs.setdefault((name, i), []).append(result.costs)
     rows = []
+
+    def disagreement(x: float, y: float) -> float:
+        return abs(x - y) / min(x, y)
+
     for (name, i), (a, b) in sorted(costs.items()):
-        fastest = abs(min(a) - min(b)) / min(min(a), min(b))
-        ranked_a, ranked_b = MeasureResult(a).cost, MeasureResult(b).cost
-        ranked = abs(ranked_a - ranked_b) / min(ranked_a, ranked_b)
         rows.append({"variant": name, "task": work[i][0].description, "config": i,
                      "run1_us": " ".join(f"{c * 1e6:.1f}" for c in a), "run2_us": " ".join(f"{c * 1e6:.1f}" for c in b),
-                     "disagreement_min": fastest, "disagreement_cost": ranked})
+                     "disagreement_min": disagreement(min(a), min(b)),
+                     "disagreement_median": disagreement(statistics.median(a), statistics.median(b)),
+                     "disagreement_cost": disagreement(MeasureResult(a).cost, MeasureResult(b).cost)})
     print(f"{'variant':10s} {'statistic':10s} {'median':>7s} {'max':>7s} {'> 5%':>5s}   (of {len(work)} configs)")
     for name in VARIANTS:
-        for column in ("disagreement_min", "disagreement_cost"):
+        for column in ("disagreement_min", "disagreement_median", "disagreement_cost"):
             values = [r[column] for r in rows if r["variant"] == name]
             print(f"{name:10s} {column[13:]:10s} {statistics.median(values):7.1%} {max(values):7.1%} "
                   f"{sum(v > 0.05 for v in values):5d}")
