@@ -39,3 +39,13 @@ def test_the_reference_runs_on_one_blas_thread() -> None:
     assert result.error_kind is None, result.error_msg
     assert task.seen == [[1] * len(before)]
     assert _blas_threads() == before  # the process's own setting is back
+
+
+def test_a_warm_up_time_runs_the_kernel_that_long_before_timing() -> None:
+    task = MatmulTask(32, 48, 40)
+    artifact = task.build(task.default_config())
+    with LocalRunner(timeout=30.0, number=1, repeat=2, min_repeat_ms=1) as plain, \
+            LocalRunner(timeout=30.0, number=1, repeat=2, min_repeat_ms=1, warmup_ms=300.0) as warmed:
+        quick, slow = plain.run(task, artifact), warmed.run(task, artifact)
+    assert quick.error_kind is None and slow.error_kind is None, (quick.error_msg, slow.error_msg)
+    assert slow.run_seconds >= 0.3 > quick.run_seconds

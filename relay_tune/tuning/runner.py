@@ -13,8 +13,9 @@ sent to the worker once and cached there. For each artifact the worker:
 1. fills output buffers with NaN (integers: a sentinel) so that a kernel that skips elements cannot pass because
    an earlier kernel wrote them, calls the kernel once on fresh copies of the inputs, and compares the outputs
    with the reference under a dtype-dependent tolerance (mismatch: WRONG_RESULT, never timed);
-2. runs `warmup` calls, then raises `number` until one repeat lasts at least `min_repeat_ms`, and records
-   `repeat` costs (seconds per call, averaged over `number` calls), optionally evicting caches before each call.
+2. runs `warmup` calls (and more until `warmup_ms` passed), then raises `number` until one repeat lasts at least
+   `min_repeat_ms`, and records `repeat` costs (seconds per call, averaged over `number` calls), optionally
+   evicting caches before each call.
 
 Cold weights (`cold_weights_bytes`). In a model each kernel reads its weights from memory: between two uses of
 a convolution's weights the other layers stream the rest of the model's weights (ResNet-50: 100 MB) through the
@@ -22,7 +23,8 @@ caches. Called back to back on one buffer, the kernel finds its weights in cache
 time the model never sees (most ResNet-50 convolutions ran 1.2-1.7x their logged time in the model). So the
 runner gives the task's weight arguments (the inputs that are model constants, `TuneTask.weight_inputs`) that
 many bytes of copies and rotates through them, call by call: every call reads weights that are not in cache,
-while activations stay where the previous call left them, as after the previous kernel in a model.
+while activations stay where the previous call left them, as after the previous kernel in a model. The worker
+keeps the copies from one config of a task to the next (`WeightCopies`).
 """
 
 from __future__ import annotations
