@@ -38,3 +38,10 @@ def _private_tuning_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     folder = tmp_path_factory.mktemp("tuning-cache")
     monkeypatch.setenv("RELAY_TUNE_CACHE", str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _small_cold_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's runner rotates weights through 1 MiB of copies, not 64 MiB: copying them costs the suite time
+    and tests nothing that the size matters for (tests/test_runner_cold_weights.py checks the real size)."""
+    monkeypatch.setenv("RELAY_TUNE_COLD_WEIGHTS_BYTES", str(1 << 20))

@@ -173,7 +173,8 @@ def tune(
 
     database.log_event(LogEvent("session_start", session, data={
         "total_trials": total_trials, "trials_in_log": spent, "batch_size": batch_size, "seed": seed,
-        "scheduler": type(scheduler).__name__, "search": getattr(strategy, "description", repr(strategy)),
+        "scheduler": getattr(scheduler, "description", type(scheduler).__name__),
+        "search": getattr(strategy, "description", repr(strategy)),
         "host_cpu": host_cpu_name(), "versions": _versions(),
         "tasks": [{"workload_key": t.key, "target": t.target, "description": t.description, "weight": t.weight,
                    "flops": t.flops, "space_size": t.space.size(), "default_config": d.to_dict()}

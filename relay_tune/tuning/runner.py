@@ -13,8 +13,9 @@ sent to the worker once and cached there. For each artifact the worker:
 1. fills output buffers with NaN (integers: a sentinel) so that a kernel that skips elements cannot pass because
    an earlier kernel wrote them, calls the kernel once on fresh copies of the inputs, and compares the outputs
    with the reference under a dtype-dependent tolerance (mismatch: WRONG_RESULT, never timed);
-2. runs `warmup` calls, then raises `number` until one repeat lasts at least `min_repeat_ms`, and records
-   `repeat` costs (seconds per call, averaged over `number` calls), optionally evicting caches before each call.
+2. runs `warmup` calls (and more until `warmup_ms` passed), then raises `number` until one repeat lasts at least
+   `min_repeat_ms`, and records `repeat` costs (seconds per call, averaged over `number` calls), optionally
+   evicting caches before each call.
 
 Cold weights (`cold_weights_bytes`). In a model each kernel reads its weights from memory: between two uses of
 a convolution's weights the other layers stream the rest of the model's weights (ResNet-50: 100 MB) through the
@@ -22,7 +23,8 @@ caches. Called back to back on one buffer, the kernel finds its weights in cache
 time the model never sees (most ResNet-50 convolutions ran 1.2-1.7x their logged time in the model). So the
 runner gives the task's weight arguments (the inputs that are model constants, `TuneTask.weight_inputs`) that
 many bytes of copies and rotates through them, call by call: every call reads weights that are not in cache,
-while activations stay where the previous call left them, as after the previous kernel in a model.
+while activations stay where the previous call left them, as after the previous kernel in a model. The worker
+keeps the copies from one config of a task to the next (`WeightCopies`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
+from threadpoolctl import threadpool_limits
 
 from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
@@ -85,6 +88,8 @@ class TimingOptions:
     flush_cache: bool = False
     flush_bytes: int = 64 << 20  # larger than any last-level cache we target
     cold_weights_bytes: int = 0  # 0: weights stay in one buffer (warm); else rotate copies of this many bytes
+    warmup_ms: float = 0.0  # untimed warm-up calls go on (after `warmup` calls) until they took this long
+    reuse_weight_copies: bool = True  # keep the copies across configs of a task (`WeightCopies`); False: per run
 
 
 MAX_WEIGHT_COPIES = 4096  # small weights: the copies' count, not their bytes, bounds the set-up time
@@ -124,6 +129,8 @@ class LocalRunner(Runner):
         warmup: int = 1,
         flush_cache: bool = False,
         cold_weights_bytes: int = 0,
+        reuse_weight_copies: bool = True,
+        warmup_ms: float = 0.0,
         cooldown_s: float = 0.0,
         check_correctness: bool = True,
         seed: int = 0,
@@ -135,7 +142,8 @@ class LocalRunner(Runner):
             raise ValueError("number and repeat must be >= 1")
         self.timeout = timeout
         self.timing = TimingOptions(number, repeat, min_repeat_ms, warmup, flush_cache,
-                                    cold_weights_bytes=cold_weights_bytes)
+                                    cold_weights_bytes=cold_weights_bytes,
+                                    warmup_ms=warmup_ms, reuse_weight_copies=reuse_weight_copies)
         self.cooldown_s = cooldown_s
         self.check_correctness = check_correctness
         self.seed = seed
@@ -155,10 +163,16 @@ class LocalRunner(Runner):
         inputs = random_inputs(task.input_specs(), self.seed)
         expected: list[np.ndarray] | None = None
         if self.check_correctness:
-            reference = task.reference([a.copy() for a in inputs])
+            # numpy's BLAS on one thread: its pool threads busy-wait for about 0.1 s after a call, and the kernel
+            # measured next (on the same cores) ran 1.5-3x slower in its first repeats while they did.
+            with threadpool_limits(limits=1, user_api="blas"):
+                reference = task.reference([a.copy() for a in inputs])
             expected = None if reference is None else [np.asarray(r) for r in reference]
         self._task_data[task.key] = (inputs, expected)
-        while len(self._task_data) > 4:
+        # Kept while they fit in `_TASK_DATA_BYTES`: the scheduler returns to a task after others, and computing
+        # its reference again costs time (and, before, a disturbed first measurement).
+        while len(self._task_data) > 1 and sum(_nbytes(entry) for entry in self._task_data.values()) \
+                > _TASK_DATA_BYTES:
             self._task_data.popitem(last=False)
         return inputs, expected
 
@@ -196,6 +210,22 @@ class LocalRunner(Runner):
             return RunResult(tuple(float(c) for c in payload), None, "", elapsed)
         return RunResult(None, ErrorKind[payload], message, elapsed)
 
+    def worker_stats(self) -> dict[str, float]:
+        """Counters of the current measurement worker (empty when none runs): "copy_sets_built" (of which
+        "copy_sets_refilled" in the pages of an older set) and "copy_sets_reused", the cold-weight copy sets it
+        filled and reused (`WeightCopies`), "copy_bytes" held, "copy_seconds" spent making copies."""
+        worker = self._worker
+        if worker is None or not worker.process.is_alive():
+            return {}
+        try:
+            worker.send(("stats",))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            return {}
+        reply = worker.receive(self.timeout)
+        if reply is _DIED or reply is _TIMED_OUT or reply[0] != "stats":
+            return {}
+        return dict(reply[1])
+
     def _ready_worker(self) -> _WorkerHandle:
         if self._worker is None or not self._worker.process.is_alive():
             self._discard_worker()
@@ -217,6 +247,12 @@ class LocalRunner(Runner):
         self._discard_worker()
 
 
+def _nbytes(entry: tuple[list[np.ndarray], list[np.ndarray] | None]) -> int:
+    inputs, expected = entry
+    return sum(a.nbytes for a in inputs) + sum(a.nbytes for a in expected or ())
+
+
+_TASK_DATA_BYTES = 512 << 20  # inputs and expected outputs the runner keeps per task, all tasks together
 _WORKER_TASKS = 4  # tasks whose inputs and expected outputs a measurement worker keeps
 _DIED = object()
 _TIMED_OUT = object()
@@ -379,11 +415,13 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
              tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
              prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
-             weights: Sequence[int] = ()) -> tuple[str, Any, str]:
+             weights: Sequence[int] = (), copies: WeightCopies | None = None,
+             task_key: str = "") -> tuple[str, Any, str]:
     """Check one artifact's outputs, then time it (see the module docstring). `prologue`: packing kernels
     (function, logical input, argument position) that fill a packed argument from its logical input; they run
     before the kernel on every call, as in the model, and their time counts. `weights`: the logical inputs that
-    are model constants, rotated through copies when `timing.cold_weights_bytes` is set."""
+    are model constants, rotated through copies when `timing.cold_weights_bytes` is set: `copies` keeps them
+    across the runs of task `task_key` (None, or `timing.reuse_weight_copies` False: built for this run only)."""
     buffers: list[np.ndarray] = []
     packed_by = {position: (packer, index) for packer, index, position in prologue}
     sources: dict[int, np.ndarray] = {}  # logical inputs of the packed arguments, by argument position
@@ -424,28 +462,38 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
     packing = [(packer, sources[position].ctypes.data, pointers[position])
                for position, (packer, _) in packed_by.items()]
-    pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
-                                             timing.cold_weights_bytes)
+    table: np.ndarray | None = None
+    if copies is not None and timing.reuse_weight_copies:
+        table = copies.argument_table(task_key, artifact, buffers, pointers, set(weights), packed_by,
+                                      timing.cold_weights_bytes)
+    else:
+        started = time.perf_counter()
+        pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
+                                                 timing.cold_weights_bytes)
+        table = np.array(pointer_sets, dtype=np.uint64) if pointer_sets else None
+        if copies is not None:
+            copies.seconds += time.perf_counter() - started
     if packing:
         def run_many(count: int) -> None:
             for _ in range(count):
                 for packer, source_address, packed_address in packing:
                     packer(source_address, packed_address)
                 function(*pointers)
-    elif pointer_sets:
-        # One argument array per copy of the weights; the repeat entry runs each once (a Python call per kernel
-        # call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
-        arrays = [(ctypes.c_void_p * len(ps))(*ps) for ps in pointer_sets]
+    elif table is not None:
+        # One row of argument pointers per copy of the weights; the repeat entry runs each once (a Python call per
+        # kernel call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
+        first, stride = table.ctypes.data, table.strides[0]
+        rows = [first + i * stride for i in range(len(table))]
         cursor = [0]
 
         def run_many(count: int) -> None:
             for _ in range(count):
-                args = arrays[cursor[0]]
-                cursor[0] = (cursor[0] + 1) % len(arrays)
+                row = cursor[0]
+                cursor[0] = (row + 1) % len(rows)
                 if repeat_entry is not None:
-                    repeat_entry(ctypes.addressof(args), 1)
+                    repeat_entry(rows[row], 1)
                 else:
-                    function(*args)
+                    function(*table[row].tolist())
     elif repeat_entry is not None:
         packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
 
@@ -459,7 +507,16 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     clock = time.perf_counter
     start = clock()
     run_many(max(1, timing.warmup))
-    per_call = max((clock() - start) / max(1, timing.warmup), 1e-9)
+    calls = max(1, timing.warmup)
+    per_call = max((clock() - start) / calls, 1e-9)
+    if timing.warmup_ms > 0:
+        budget = timing.warmup_ms / 1000.0
+        while clock() - start < budget:
+            batch = max(1, min(10_000_000, math.ceil((budget - (clock() - start)) / per_call)))
+            run_many(batch)
+            calls += batch
+        # the later calls ran warm: they, not the first, say how many calls a repeat needs
+        per_call = max((clock() - start) / calls, 1e-9)
     number = timing.number
     if timing.min_repeat_ms > 0:
         number = max(number, min(10_000_000, math.ceil(timing.min_repeat_ms / 1000.0 / per_call)))
@@ -480,16 +537,26 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     return ("ok", costs, "")
 
 
+def _weight_positions(artifact: BuildArtifact, weights: set[int], packed_by: Mapping[int, Any]) -> list[int]:
+    """Argument positions of the weight inputs that rotate (a weight packed by a prologue kernel does not)."""
+    return [p for p, arg in enumerate(artifact.args)
+            if arg.role == "input" and arg.index in weights and p not in packed_by]
+
+
+def _copy_count(weight_bytes: int, cold_bytes: int) -> int:
+    return max(2, min(MAX_WEIGHT_COPIES, math.ceil(cold_bytes / weight_bytes)))
+
+
 def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray], pointers: list[int],
                               weights: set[int], packed_by: Mapping[int, Any], cold_bytes: int) -> list[list[int]]:
     """Argument pointers for each copy of the weight arguments (empty: no rotation). The copies together hold at
-    least `cold_bytes` (at most `MAX_WEIGHT_COPIES` copies); the first set is the checked buffers themselves."""
-    positions = [p for p, arg in enumerate(artifact.args)
-                 if arg.role == "input" and arg.index in weights and p not in packed_by]
+    least `cold_bytes` (at most `MAX_WEIGHT_COPIES` copies); the first set is the checked buffers themselves.
+    Builds the copies afresh; the worker reuses them across configs with `WeightCopies` instead."""
+    positions = _weight_positions(artifact, weights, packed_by)
     weight_bytes = sum(buffers[p].nbytes for p in positions)
     if cold_bytes <= 0 or not positions or weight_bytes == 0:
         return []
-    copies = max(2, min(MAX_WEIGHT_COPIES, math.ceil(cold_bytes / weight_bytes)))
+    copies = _copy_count(weight_bytes, cold_bytes)
     sets = [list(pointers)]
     keep: list[np.ndarray] = []
     for _ in range(copies - 1):
@@ -501,6 +568,130 @@ def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray]
         sets.append(current)
     buffers.extend(keep)  # the caller's buffer list keeps the copies alive while the pointers are in use
     return sets
+
+
+WEIGHT_COPY_SETS = 4  # layouts of one task's weights whose copies a worker keeps (LRU), within the byte bound
+
+
+_COPY_ALIGN = 64  # bytes: every copy of a weight starts on a cache line, as numpy's own buffers of that size do
+
+
+@dataclass
+class _CopySet:
+    """`count` copies of some weight arguments in one block: row i holds copy i of each, at `offsets`."""
+
+    block: np.ndarray  # uint8, `_COPY_ALIGN` bytes longer than the rows, so that they can start aligned
+    rows: np.ndarray  # (count, row bytes) view of the block
+    offsets: list[int]
+    sizes: list[int]
+    addresses: np.ndarray  # (count, arguments) uint64: where each copy of each argument starts
+
+
+class WeightCopies:
+    """The copies of a task's weight arguments that a measurement worker rotates through, kept across configs.
+
+    Building `cold_bytes` of copies cost 10-80 ms per measurement (64 MiB copied into fresh pages, and thousands
+    of arrays when the weights are small), and the copies of two configs of a task are the same bytes when their
+    weight arguments are laid out alike. So copies are keyed by task and by each rotated argument's position and
+    `KernelArg` (shape, dtype, layout): a config whose kernel reads packed weights in another layout gets copies
+    in that layout, and a config with the same layout reuses them without copying anything. At most
+    `WEIGHT_COPY_SETS` layouts of the current task are kept, and at most `limit_factor` x `cold_bytes` in all; a
+    set pushed out, and the sets of the previous task, leave their blocks as spares (within the same bound), and a
+    new set is copied into a spare block large enough: a copy into pages already mapped, 5-10 ms for 64 MiB, where
+    a fresh block first took its page faults (100+ ms). The copies of a set lie in one block, filled by
+    whole-array copies (no Python work per copy); their pages are written when built, so a timed call never takes
+    their first-touch faults."""
+
+    def __init__(self, limit_factor: int = 4) -> None:
+        self.limit_factor = limit_factor
+        self._task: str | None = None
+        self._sets: OrderedDict[tuple[Any, ...], _CopySet] = OrderedDict()
+        self._spare: list[np.ndarray] = []  # blocks of sets pushed out, to copy new sets into
+        self.built = 0  # copy sets filled since the worker started (the runner's tests count them) ...
+        self.refilled = 0  # ... of which in the pages of a set pushed out
+        self.reused = 0
+        self.seconds = 0.0  # spent making copies and argument tables, reused or not (the per-run path too)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(entry.block.nbytes for entry in self._sets.values()) + sum(b.nbytes for b in self._spare)
+
+    def argument_table(self, task_key: str, artifact: BuildArtifact, buffers: Sequence[np.ndarray],
+                       pointers: Sequence[int], weights: set[int], packed_by: Mapping[int, Any],
+                       cold_bytes: int) -> np.ndarray | None:
+        """The argument pointers for each copy of the weight arguments, one row per copy (uint64, C order: a row
+        is the `void **args` of the kernel's repeat entry); None: no rotation. `buffers` are the artifact's
+        checked arguments (C-contiguous), the weights among them in the kernel's layout; `pointers` theirs."""
+        positions = _weight_positions(artifact, weights, packed_by)
+        weight_bytes = sum(buffers[p].nbytes for p in positions)
+        if cold_bytes <= 0 or not positions or weight_bytes == 0:
+            return None
+        started = time.perf_counter()
+        if task_key != self._task:
+            self._spare += [entry.block for entry in self._sets.values()]  # a new task: the last one's blocks
+            self._sets.clear()
+            self._task = task_key
+        sources = [np.ascontiguousarray(buffers[p]).reshape(-1).view(np.uint8) for p in positions]
+        key = (cold_bytes, *((p, artifact.args[p]) for p in positions))
+        entry = self._sets.get(key)
+        # The key says the copies hold these bytes; checking one copy against the checked buffers (as cheap as one
+        # weight read) keeps a kernel from being timed on weights other than the ones its outputs were checked
+        # with, should a layout ever produce other values under an equal key.
+        if entry is not None and entry.sizes == [s.nbytes for s in sources] and all(
+                np.array_equal(entry.rows[0, o:o + s.nbytes], s) for o, s in zip(entry.offsets, sources)):
+            self._sets.move_to_end(key)
+            self.reused += 1
+        else:
+            if entry is not None:
+                self._spare.append(self._sets.pop(key).block)
+            entry = self._fill(key, sources, _copy_count(weight_bytes, cold_bytes), cold_bytes)
+        table = np.empty((len(entry.addresses), len(pointers)), dtype=np.uint64)
+        table[:] = np.asarray(pointers, dtype=np.uint64)
+        table[:, positions] = entry.addresses
+        self.seconds += time.perf_counter() - started
+        return table
+
+    def _fill(self, key: tuple[Any, ...], sources: list[np.ndarray], count: int, cold_bytes: int) -> _CopySet:
+        sizes = [s.nbytes for s in sources]
+        offsets: list[int] = []
+        row = 0
+        for size in sizes:
+            offsets.append(row)
+            row += -(-size // _COPY_ALIGN) * _COPY_ALIGN
+        length = count * row + _COPY_ALIGN
+        while len(self._sets) >= WEIGHT_COPY_SETS:
+            self._spare.append(self._sets.popitem(last=False)[1].block)
+        fitting = [b for b in self._spare if b.nbytes >= length]
+        block = min(fitting, key=lambda b: b.nbytes) if fitting else None
+        if block is not None:
+            self._spare = [b for b in self._spare if b is not block]
+            self.refilled += 1
+        # Within the bound: spare blocks go first (largest first), then the least recently used sets.
+        limit = self.limit_factor * max(cold_bytes, length)
+        self._spare.sort(key=lambda b: b.nbytes)
+        while (self._spare or self._sets) and self.held_bytes + (0 if block is not None else length) > limit:
+            if self._spare:
+                self._spare.pop()
+            else:
+                self._sets.popitem(last=False)
+        if block is None:
+            block = np.empty(length, dtype=np.uint8)
+        base = block.__array_interface__["data"][0]
+        skip = -base % _COPY_ALIGN
+        rows = block[skip:skip + count * row].reshape(count, row)
+        for offset, source in zip(offsets, sources):
+            rows[:, offset:offset + source.nbytes] = source  # every copy at once
+        addresses = (np.uint64(base + skip) + np.arange(count, dtype=np.uint64)[:, None] * np.uint64(row)
+                     + np.asarray(offsets, dtype=np.uint64)[None, :])
+        entry = _CopySet(block, rows, offsets, sizes, addresses)
+        self._sets[key] = entry
+        self.built += 1
+        return entry
+
+    def clear(self) -> None:
+        self._sets.clear()
+        self._spare.clear()
+        self._task = None
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
@@ -518,6 +709,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
     die_with_parent()
     model_thread_team(os.environ)
     loader = KernelLoader()
+    copies = WeightCopies()
     data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None, dict[str, tuple[float, float]]]]
     data = OrderedDict()
     conn.send(("ready",))
@@ -533,6 +725,11 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
             while len(data) > _WORKER_TASKS:
                 data.popitem(last=False)
             continue
+        if kind == "stats":
+            conn.send(("stats", {"copy_sets_built": copies.built, "copy_sets_refilled": copies.refilled,
+                                 "copy_sets_reused": copies.reused, "copy_bytes": copies.held_bytes,
+                                 "copy_seconds": copies.seconds}))
+            continue
         if kind != "run":
             conn.send(("error", ErrorKind.RUNTIME_ERROR.name, f"unknown message {kind!r}"))
             continue
@@ -546,7 +743,7 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
                                                f"failed to load the kernel: {err}")
             else:
                 reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
-                                 loader.prologue, weights)
+                                 loader.prologue, weights, copies, key)
         except Exception as err:
             reply = ("error", ErrorKind.RUNTIME_ERROR.name,
                      "".join(traceback.format_exception_only(type(err), err)).strip())

@@ -112,6 +112,12 @@ class DeadlineScheduler(TaskScheduler):
         self.deadline = deadline
         self.expired = False
 
+    @property
+    def description(self) -> str:
+        """What the log's session header calls it: the inner scheduler, and the wrapper when a deadline is set."""
+        inner = getattr(self.inner, "description", type(self.inner).__name__)
+        return inner if self.deadline is None else f"DeadlineScheduler({inner})"
+
     def next_task(self, progress: Sequence[TaskProgress]) -> int | None:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             self.expired = True
@@ -240,14 +246,32 @@ def _cuda_target(text: str | Any) -> Any:
 # Weights rotate through this many bytes of copies while a kernel is timed: more than the last-level cache of the
 # CPUs we target (32 MiB here), so each call reads its weights from memory, as in a model (runner's docstring).
 COLD_WEIGHTS_BYTES = 64 << 20
+COLD_WEIGHTS_ENV = "RELAY_TUNE_COLD_WEIGHTS_BYTES"
+"""Overrides `COLD_WEIGHTS_BYTES`: a CPU with a larger last-level cache needs more; 0 times weights warm. The test
+suite sets a small size where the size does not matter (64 MiB of copies per task cost time, not coverage)."""
+
+
+def cold_weights_bytes() -> int:
+    """The bytes of weight copies the tuner's runner rotates through: `$RELAY_TUNE_COLD_WEIGHTS_BYTES`, else
+    `COLD_WEIGHTS_BYTES`."""
+    text = os.environ.get(COLD_WEIGHTS_ENV, "").strip()
+    if not text:
+        return COLD_WEIGHTS_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise RelayTuneError(f"{COLD_WEIGHTS_ENV}={text!r} is not a number of bytes (an integer >= 0)")
+    return value
 
 
 def default_runner(check: bool = True) -> Runner:
     """The CPU runner `tune_model` measures with: at least 40 ms per timing (a slow kernel is timed call by call,
     not three calls at a time), three timings per candidate, outputs checked against the reference (`check`),
-    weights cold (`COLD_WEIGHTS_BYTES`)."""
+    weights cold (`cold_weights_bytes()`)."""
     return LocalRunner(number=1, repeat=3, min_repeat_ms=40.0, check_correctness=check,
-                       cold_weights_bytes=COLD_WEIGHTS_BYTES)
+                       cold_weights_bytes=cold_weights_bytes())
 
 
 class ReferenceUnavailableError(RelayTuneError):
