@@ -100,9 +100,11 @@ def test_params_become_constants_and_are_checked(mlp: IRModule) -> None:
 
 
 def test_weights_given_at_run_time_are_packed_by_a_kernel(mlp: IRModule) -> None:
-    # The default packs only model constants (a packed input costs a copy on every run); a schedule that packs an
-    # input weight (here: the template's default as if the weights were constants) gets a packing kernel.
-    assert not any(c.task == PACKING_TASK for c in relay_tune.build(mlp).plan.calls)
+    # A schedule that reads an input weight packed gets a packing kernel that runs before it on every run: the
+    # untuned build's default does (search_space.cpu.task_workload), and so does a record with such steps (here:
+    # the template's default as if the weights were constants).
+    assert sum(c.task == PACKING_TASK for c in relay_tune.build(mlp).plan.calls) == 2
+    check(relay_tune.build(mlp), mlp)
     tasks = task_keys(mlp, {})
     host = resolve_target("llvm")
     model = relay_tune.build(mlp, logs=lambda key, _t: [
@@ -233,8 +235,15 @@ def test_tuning_logs_by_path(mlp: IRModule, tmp_path: Path) -> None:
 
     no_steps = tmp_path / "knobs.jsonl"
     no_steps.write_text(TuningRecord(next(iter(tasks)), target, Config({"tile": 8}), (1e-3,)).to_json() + "\n")
-    with pytest.raises(RelayTuneError, match="cannot turn a tuning config into schedule steps"):
-        relay_tune.build(mlp, params=params, logs=no_steps)
+    # a record that is no point of the task's schedule space (another version's) is passed over, with a warning
+    with pytest.warns(BuildWarning, match="2 of 2 tasks have no tuning record"):
+        passed_over = relay_tune.build(mlp, params=params, logs=no_steps)
+    assert not any(t.tuned for t in passed_over.plan.tasks)
+    check(passed_over, mlp, params)
+    bad_steps = tmp_path / "bad-steps.jsonl"
+    bad_steps.write_text(TuningRecord(next(iter(tasks)), target, Config({"steps": "[{"}), (1e-3,)).to_json() + "\n")
+    with pytest.raises(RelayTuneError, match="steps are not valid JSON"):  # a hand-pinned schedule that is broken
+        relay_tune.build(mlp, params=params, logs=bad_steps)
     with pytest.raises(RelayTuneError, match="no such file"):
         relay_tune.build(mlp, params=params, logs=tmp_path / "missing.jsonl")
 
