@@ -39,8 +39,11 @@ from unittest import mock
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
+
+from timing import settle  # noqa: E402
 
 import relay_tune  # noqa: E402
 from relay_tune import compiler  # noqa: E402
@@ -74,19 +77,6 @@ def blas_kernel() -> str:
     found = [f"{i.get('internal_api')} {i.get('architecture', '')} ({i.get('num_threads')} threads)"
              for i in threadpool_info() if i.get("user_api") == "blas"]
     return "; ".join(found) or "unknown"
-
-
-def settle(limit: float, window: float = 0.01, idle: float = 0.05) -> float:
-    """Wait until the process's threads (`time.process_time` counts all of them) stop using the CPUs (below `idle`
-    of one core over `window` seconds), at most `limit` seconds; return the seconds waited. The spinning workers
-    of the engine timed before (OpenBLAS's, libgomp's) would otherwise share the cores with the engine timed next."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < limit:
-        before, began = time.process_time(), time.perf_counter()
-        time.sleep(window)
-        if time.process_time() - before < idle * (time.perf_counter() - began):
-            break
-    return time.perf_counter() - start
 
 
 def interleaved(engines: dict[str, Callable[[], object]], rounds: int, per_round: int, block: float, limit: float

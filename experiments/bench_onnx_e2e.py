@@ -55,6 +55,7 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
         sys.path.insert(0, str(entry))
 
 from onnx_zoo import ZOO  # noqa: E402
+from timing import settle  # noqa: E402
 
 
 def ort_session(model: Any, threads: int, spinning: bool = True) -> Any:
@@ -68,20 +69,6 @@ def ort_session(model: Any, threads: int, spinning: bool = True) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def settle(limit: float, window: float = 0.01, idle: float = 0.05) -> float:
-    """Wait until the process's threads (`time.process_time` counts all of them, in nanoseconds, from the
-    scheduler) stop using the CPUs (below `idle` of one core over `window` seconds), at
-    most `limit` seconds; return the seconds waited. Spinning workers of the engine timed before would otherwise
-    share the cores with the engine timed next."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < limit:
-        before, began = time.process_time(), time.perf_counter()
-        time.sleep(window)
-        if time.process_time() - before < idle * (time.perf_counter() - began):
-            break
-    return time.perf_counter() - start
 
 
 def python_loop(model: Any, inputs: dict[str, np.ndarray]) -> Callable[[], None]:
