@@ -449,7 +449,8 @@ def tune_model(
     if measure_latency:
         check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
         if "default_e2e_s" in check:  # the check above timed both builds, interleaved: the faster one was kept
-            before, after = check["default_e2e_s"], min(check["default_e2e_s"], check["tuned_e2e_s"])
+            before = check["default_e2e_s"]
+            after = before if check["kept_default"] else check["tuned_e2e_s"]
         else:
             # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs
             # 140 us, the tuned build "slower" than the default it had just been checked against).
