@@ -78,6 +78,7 @@ __all__ = [
     "family_of",
     "format_space_table",
     "input_index",
+    "parameter_numbers",
     "task_workload",
     "vector_registers",
     "with_later_knobs",
@@ -210,6 +211,11 @@ def input_index(tensor: Any) -> int | None:
     return int(head) if head.isdigit() else None
 
 
+def parameter_numbers(prim: Any) -> tuple[int, ...]:
+    """The parameter number of every kernel input (as constants: every weight a schedule may pack)."""
+    return tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)
+
+
 def family_of(prim: Any) -> str:
     """The template family of a fused function."""
     sch = Schedule(prim.outputs)
@@ -292,9 +298,8 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
     if family == "reduction":
         mode, last = _reduction_mode(prim, target)
         work = max(_work(st) for st in sch.stages.values() if st.op is not None)
-        pads = [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
         return CpuWorkload(dims={"last": last}, lanes=lanes, default_parallel=_parallel_worthwhile(target, work),
-                           has_pad=bool(pads) and mode != "scalar", extras={"mode": mode}, **common)
+                           has_pad=bool(_pad_stages(sch)) and mode != "scalar", extras={"mode": mode}, **common)
     # injective: every root stage gets flat loops
     stages = [st for st in sch.stages.values() if st.op is not None and st.attach == ROOT]
     inner = min((st.op.axes[-1].extent for st in stages if len(st.op.axes) >= 2), default=0)
@@ -656,8 +661,7 @@ def task_workload(prim: Any, target: Any, constants: Iterable[int]) -> tuple[Cpu
     default = default_config(workload)
     if workload.family != "dense" or workload.constant_weight:
         return workload, default
-    everything = tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)
-    packable = analyze(prim, target, everything)
+    packable = analyze(prim, target, parameter_numbers(prim))
     if not packable.constant_weight:
         return workload, default
     space = cpu_space(packable)
@@ -1202,12 +1206,17 @@ def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> Non
     sch.vectorize(acc, aw)
 
 
+def _pad_stages(sch: Any) -> list[Any]:
+    """The stages of `sch` that pad an input (a pooling window's border), not the output."""
+    return [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
+
+
 def _prepare_reduction(prim: Any) -> tuple[Any, Any, list[Any]]:
     """A schedule with the reduction family's common start: the output's reduction (if any) accumulated in a
     local tile, cheap stages inlined, pads kept. Returns (schedule, output stage, the other root stages)."""
     sch = Schedule(prim.outputs)
     out = sch[prim.outputs[0]]
-    pads = [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
+    pads = _pad_stages(sch)
     keep = {p.name for p in pads}
     if out.op is not None and out.op.is_reduction:
         keep.add(_cache_accumulator(sch, out))
@@ -1233,7 +1242,7 @@ def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> Non
     mine, out, inner = _prepare_reduction(prim)
     mode, last = _reduction_mode(prim, target)
     parallel = bool(config.get("parallel", 0)) and target.num_cores > 1
-    for pad in [st for st in mine.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]:
+    for pad in _pad_stages(mine):
         if config.get("pad", "root") == "inline":
             mine.compute_inline(pad.name)
         else:

@@ -17,7 +17,7 @@ from typing import Any
 from relay_tune.codegen.nvptx import arch_of
 from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from search_space.config import Config
-from search_space.cpu import config_to_steps, input_index, task_workload
+from search_space.cpu import config_to_steps, parameter_numbers, task_workload
 from search_space.gpu import default_config as gpu_default
 from search_space.gpu import steps_of_prim
 
@@ -34,7 +34,7 @@ def default_config_of(func_or_prim: Any, target: Any, constants: Iterable[int] |
     counts every parameter as one (a kernel called on its own, which packs its inputs on every call)."""
     prim = _prim(func_or_prim)
     if constants is None:
-        constants = [i for i in (input_index(t) for t in prim.inputs) if i is not None]
+        constants = parameter_numbers(prim)
     if target.kind == "cuda":
         return gpu_default(prim, arch_of(target))
 

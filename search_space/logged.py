@@ -21,7 +21,7 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.kernel.compute import primitive_compute
 from search_space import gpu
 from search_space.config import Config
-from search_space.cpu import FAMILIES, analyze, cpu_space, input_index, with_later_knobs
+from search_space.cpu import FAMILIES, analyze, cpu_space, parameter_numbers, with_later_knobs
 from search_space.cpu import config_to_steps as cpu_template_steps
 
 __all__ = ["ConfigNotInSpace", "config_steps"]
@@ -53,7 +53,7 @@ def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]
     prim = primitive_compute(func)
     # The space has a weight-packing knob exactly when the weight is a model constant.
     packs = "pack_b" in config or "pack_w" in config
-    workload = analyze(prim, target, _weight_params(prim) if packs else ())
+    workload = analyze(prim, target, parameter_numbers(prim) if packs else ())
     space = cpu_space(workload)
     config = with_later_knobs(workload, config)
     if not space.is_valid(config):
@@ -61,8 +61,3 @@ def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]
             f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
             "schedule space of this workload (a log written by another relay-tune version?)")
     return cpu_template_steps(prim, config, target)
-
-
-def _weight_params(prim: Any) -> tuple[int, ...]:
-    """Every parameter number of the function (packing decides by the config; any weight may be packed)."""
-    return tuple(i for i in (input_index(t) for t in prim.inputs) if i is not None)

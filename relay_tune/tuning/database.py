@@ -104,14 +104,23 @@ class MemoryDatabase(Database):
         return [key for key, records in self._by_task.items() if records]
 
 
+def current_config(task: Any, config: Config) -> Config | None:
+    """`config` as a point of `task`'s current schedule space, or None when it belongs to another space: the task's
+    own `logged_config(config)` when it has one (e.g. filling knobs added since), else `config` if
+    `task.space.is_valid(config)`."""
+    reader = getattr(task, "logged_config", None)
+    if reader is not None:
+        return reader(config)
+    return config if task.space.is_valid(config) else None
+
+
 class CurrentSpaces(Database):
     """A view of `database` in which each task's records are only those whose config is a point of the task's
     current schedule space (`tasks`: `TuneTask`s by key and target), as the task would decode them.
 
     A log written under another space (another version, or an operator whose compute changed) keeps its lines, but
     they neither count against a run's budget nor warm its search: the task is tuned anew. A task may say how it
-    reads an old config with `logged_config(config) -> Config | None` (e.g. filling knobs added since); otherwise
-    a config counts when `task.space.is_valid(config)`. Records of workloads that are not among `tasks` pass
+    reads an old config (`current_config`). Records of workloads that are not among `tasks` pass
     unchanged. Writes, events and budget claims go to `database`.
     """
 
@@ -123,11 +132,7 @@ class CurrentSpaces(Database):
     def _current(self, task: Any, record: TuningRecord) -> TuningRecord | None:
         memo = (task.key, task.target, record.config_key)
         if memo not in self._decoded:
-            reader = getattr(task, "logged_config", None)
-            if reader is not None:
-                self._decoded[memo] = reader(record.config)
-            else:
-                self._decoded[memo] = record.config if task.space.is_valid(record.config) else None
+            self._decoded[memo] = current_config(task, record.config)
         config = self._decoded[memo]
         if config is None:
             return None

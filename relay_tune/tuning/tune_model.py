@@ -31,7 +31,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from relay_tune.compiler import BuildWarning, build, check_tuned_records, interleaved_latency, resolve_target
+from relay_tune.compiler import (
+    LOOKUP_CANDIDATES,
+    BuildWarning,
+    build,
+    check_tuned_records,
+    interleaved_latency,
+    resolve_target,
+)
 from relay_tune.errors import RelayTuneError
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
@@ -39,7 +46,7 @@ from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
 from relay_tune.tuning.cache import TuningCache, records_since
 from relay_tune.tuning.cuda_runner import CudaRunner
-from relay_tune.tuning.database import JsonLinesDatabase, MemoryDatabase, top_k
+from relay_tune.tuning.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.tuning.distributed import is_database_url
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
@@ -476,8 +483,8 @@ def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str
         task = by_key.get(key)
         if task is None:
             return None
-        for record in database.best(key, task.target, k=64):
-            config = _current_config(task, record.config)
+        for record in database.best(key, task.target, k=LOOKUP_CANDIDATES):
+            config = current_config(task, record.config)
             if config is not None:
                 return list(task.steps(config))
         return None
@@ -489,19 +496,11 @@ def _chosen_configs(tasks: Sequence[Any], database: Any) -> dict[str, str]:
     """Per task, the key of the config `best_steps_lookup` builds it from (its fastest valid record in the space)."""
     chosen = {}
     for task in tasks:
-        for record in database.best(task.key, task.target, k=64):
-            if _current_config(task, record.config) is not None:
+        for record in database.best(task.key, task.target, k=LOOKUP_CANDIDATES):
+            if current_config(task, record.config) is not None:
                 chosen[task.key] = record.config.key
                 break
     return chosen
-
-
-def _current_config(task: Any, config: Any) -> Any:
-    """`config` as a point of the task's current space, or None (see `relay_tune.tuning.database.CurrentSpaces`)."""
-    reader = getattr(task, "logged_config", None)
-    if reader is not None:
-        return reader(config)
-    return config if task.space.is_valid(config) else None
 
 
 def _cached_report(task: Any, records: Sequence[Any]) -> TaskReport:
