@@ -14,7 +14,7 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.text import parse_module
 from relay_tune.tuning import LocalRunner
 from relay_tune.tuning.relay_task import tasks_from_module
-from relay_tune.tuning.runner import MAX_WEIGHT_COPIES, WEIGHT_COPY_SETS, WeightCopies, _cold_weight_pointer_sets
+from relay_tune.tuning.runner import MAX_WEIGHT_COPIES, WEIGHT_COPY_SETS, WeightCopies
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec, apply_layout
 from relay_tune.tuning.tune_model import COLD_WEIGHTS_BYTES, COLD_WEIGHTS_ENV, cold_weights_bytes, default_runner
 
@@ -45,7 +45,7 @@ def test_a_tasks_weight_inputs_are_its_model_constants() -> None:
     assert activation and activation[0] not in task.weight_inputs
 
 
-def test_pointer_sets_copy_the_weights_and_keep_the_activations() -> None:
+def test_argument_tables_copy_the_weights_and_keep_the_activations() -> None:
     spec_x, spec_w = TensorSpec((4, 8), "float32"), TensorSpec((16, 8), "float32")
     spec_y = TensorSpec((4, 16), "float32")
     artifact = BuildArtifact(code=b"", code_format="elf-object", kernel_name="k", args=(
@@ -53,19 +53,23 @@ def test_pointer_sets_copy_the_weights_and_keep_the_activations() -> None:
     buffers = [np.arange(32, dtype="float32").reshape(4, 8), np.arange(128, dtype="float32").reshape(16, 8) + 0.5,
                np.zeros((4, 16), "float32")]
     pointers = [b.ctypes.data for b in buffers]
-    sets = _cold_weight_pointer_sets(artifact, buffers, pointers, {1}, {}, cold_bytes=512 * 8)
-    assert len(sets) == 8  # 4 KiB of copies of a 512-byte weight
-    assert sets[0] == pointers
-    assert len({s[1] for s in sets}) == 8  # every copy is its own buffer
-    assert {s[0] for s in sets} == {pointers[0]} and {s[2] for s in sets} == {pointers[2]}
-    copies = [b for b in buffers[3:]]
-    assert len(copies) == 7 and all(np.array_equal(c, buffers[1]) for c in copies)
+    store = WeightCopies()
+    table = store.argument_table("t", artifact, buffers, pointers, {1}, {}, cold_bytes=512 * 8)
+    assert table is not None and table.shape == (8, 3)  # 4 KiB of copies of a 512-byte weight
+    assert len(set(table[:, 1].tolist())) == 8 and pointers[1] not in table[:, 1]  # every copy its own bytes
+    assert set(table[:, 0].tolist()) == {pointers[0]} and set(table[:, 2].tolist()) == {pointers[2]}
+    (held,) = store._sets.values()
+    for address in table[:, 1].tolist():  # each copy holds the weight's values, on a cache line
+        offset = address - held.block.__array_interface__["data"][0]
+        assert address % 64 == 0
+        assert np.array_equal(held.block[offset:offset + buffers[1].nbytes].view("float32").reshape(16, 8),
+                              buffers[1])
     # Nothing to rotate: rotation off, no weight among the arguments, or an empty weight.
-    assert _cold_weight_pointer_sets(artifact, buffers, pointers, {1}, {}, cold_bytes=0) == []
-    assert _cold_weight_pointer_sets(artifact, buffers, pointers, set(), {}, cold_bytes=1 << 20) == []
+    assert store.argument_table("t", artifact, buffers, pointers, {1}, {}, cold_bytes=0) is None
+    assert store.argument_table("t", artifact, buffers, pointers, set(), {}, cold_bytes=1 << 20) is None
     # Tiny weights: the number of copies is bounded, not their bytes.
-    many = _cold_weight_pointer_sets(artifact, list(buffers[:3]), pointers, {1}, {}, cold_bytes=1 << 30)
-    assert len(many) == MAX_WEIGHT_COPIES
+    many = WeightCopies().argument_table("t", artifact, buffers, pointers, {1}, {}, cold_bytes=1 << 30)
+    assert many is not None and len(many) == MAX_WEIGHT_COPIES
 
 
 def _weight_args(task: object, artifact: BuildArtifact) -> tuple[KernelArg, ...]:

@@ -462,17 +462,12 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
     packing = [(packer, sources[position].ctypes.data, pointers[position])
                for position, (packer, _) in packed_by.items()]
-    table: np.ndarray | None = None
-    if copies is not None and timing.reuse_weight_copies:
-        table = copies.argument_table(task_key, artifact, buffers, pointers, set(weights), packed_by,
-                                      timing.cold_weights_bytes)
-    else:
-        started = time.perf_counter()
-        pointer_sets = _cold_weight_pointer_sets(artifact, buffers, pointers, set(weights), packed_by,
-                                                 timing.cold_weights_bytes)
-        table = np.array(pointer_sets, dtype=np.uint64) if pointer_sets else None
-        if copies is not None:
-            copies.seconds += time.perf_counter() - started
+    # Without reuse the copies are built for this run only, in a store of their own that lives while they are used.
+    store = copies if copies is not None and timing.reuse_weight_copies else WeightCopies()
+    table = store.argument_table(task_key, artifact, buffers, pointers, set(weights), packed_by,
+                                 timing.cold_weights_bytes)
+    if copies is not None and store is not copies:
+        copies.seconds += store.seconds
     if packing:
         def run_many(count: int) -> None:
             for _ in range(count):
@@ -545,29 +540,6 @@ def _weight_positions(artifact: BuildArtifact, weights: set[int], packed_by: Map
 
 def _copy_count(weight_bytes: int, cold_bytes: int) -> int:
     return max(2, min(MAX_WEIGHT_COPIES, math.ceil(cold_bytes / weight_bytes)))
-
-
-def _cold_weight_pointer_sets(artifact: BuildArtifact, buffers: list[np.ndarray], pointers: list[int],
-                              weights: set[int], packed_by: Mapping[int, Any], cold_bytes: int) -> list[list[int]]:
-    """Argument pointers for each copy of the weight arguments (empty: no rotation). The copies together hold at
-    least `cold_bytes` (at most `MAX_WEIGHT_COPIES` copies); the first set is the checked buffers themselves.
-    Builds the copies afresh; the worker reuses them across configs with `WeightCopies` instead."""
-    positions = _weight_positions(artifact, weights, packed_by)
-    weight_bytes = sum(buffers[p].nbytes for p in positions)
-    if cold_bytes <= 0 or not positions or weight_bytes == 0:
-        return []
-    copies = _copy_count(weight_bytes, cold_bytes)
-    sets = [list(pointers)]
-    keep: list[np.ndarray] = []
-    for _ in range(copies - 1):
-        current = list(pointers)
-        for p in positions:
-            copy = buffers[p].copy()
-            keep.append(copy)
-            current[p] = copy.ctypes.data
-        sets.append(current)
-    buffers.extend(keep)  # the caller's buffer list keeps the copies alive while the pointers are in use
-    return sets
 
 
 WEIGHT_COPY_SETS = 4  # layouts of one task's weights whose copies a worker keeps (LRU), within the byte bound
