@@ -224,7 +224,7 @@ class _Planner:
             bias = self._per_channel(call.args[1], channels)
             if bias is None:
                 return None
-            return Call(op("add"), (self.get(call.args[0], self.blocked), bias), span=call.span), self.blocked
+            return _op_call("add", (self.get(call.args[0], self.blocked), bias)), self.blocked
         args: list[Expr] = []
         for arg in call.args:
             fitted = self._operand(arg, channels)
@@ -260,7 +260,12 @@ class _Planner:
             return None
         b = self.block
         shape = [channels // b, 1, 1, b] if ty.ndim in (1, 3) else [1, channels // b, 1, 1, b]
-        return Call(op("reshape"), (self.get(arg),), {"newshape": tuple(shape)})
+        return _op_call("reshape", (self.get(arg),), newshape=tuple(shape))
+
+
+def _op_call(name: str, args: tuple[Expr, ...], **attrs: object) -> Call:
+    """A call of operator `name` with its attrs completed by their defaults, as the parser builds calls."""
+    return Call(op(name), args, get_op(name).make_attrs(attrs))
 
 
 def _transform(value: Expr, src: str, dst: str) -> Expr:
@@ -268,7 +273,7 @@ def _transform(value: Expr, src: str, dst: str) -> Expr:
     if isinstance(value, Call) and value.op_name == "layout_transform":
         if value.attrs.get("src_layout") == dst and value.attrs.get("dst_layout") == src:
             return value.args[0]
-    return Call(op("layout_transform"), (value,), {"src_layout": src, "dst_layout": dst})
+    return _op_call("layout_transform", (value,), src_layout=src, dst_layout=dst)
 
 
 def _plannable(func: Function, block: int) -> bool:
