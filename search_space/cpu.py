@@ -1313,7 +1313,9 @@ def _template_conv2d_nchwc(sch: Any, prim: Any, config: Config, target: Any) -> 
     sch.compute_at(acc, out, wo)
     an, ac, ah, aw, alane, rcb, rh, rw, rci = sch.leaves(acc)
     reduce = [rh, rw, rcb, rci] if config.get("reduce_order") == "hw_c" else [rcb, rh, rw, rci]
-    sch.reorder(acc, *reduce, an, ac, ah, aw, alane)
+    # Columns outside the channel blocks: one broadcast input value feeds the blocks' FMAs and dies (blocks outside
+    # the columns keep every column's broadcast live across them, and the tile spills).
+    sch.reorder(acc, *reduce, an, ah, aw, ac, alane)
     if config.get("unroll_kw"):
         sch.unroll(acc, rw)
     sch.unroll(acc, ac)
