@@ -85,7 +85,10 @@ __all__ = [
 ]
 
 FAMILIES = ("dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw",
-            "reduction", "injective")
+            "conv2d_nchwc", "depthwise_conv2d_nchwc", "reduction", "injective")
+
+BLOCKED_CONVS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
+"""Families of convolutions on channel-blocked layouts (`NCHW{b}c`): the output block is the vector."""
 
 SPARE_REGISTERS = 4
 """Vector registers left for operands (broadcast inputs, weight vectors) besides the accumulator tile."""
@@ -95,6 +98,7 @@ MAX_VECTOR = 64  # lanes of a vectorized tile axis
 MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
+MAX_CHANNEL_BLOCKS = 8  # output channel blocks of a blocked convolution's register tile
 MAX_FLAT_TILES = 16
 """Position tiles of a pointwise convolution in flat mode, each one unrolled (the accumulator block must stay in
 registers, see `_flat_pointwise`): bounds the code size, and keeps flat mode to the small maps it is for."""
@@ -175,11 +179,12 @@ def _weight_input(anchor: Any) -> Any:
     return None
 
 
-def _conv_weight(anchor: Any, channel_axis: int) -> Any:
-    """The 4-D weight placeholder of a convolution: the one read with the output channel as an index."""
+def _conv_weight(anchor: Any, channel_axis: int, ndim: int = 4) -> Any:
+    """The weight placeholder of a convolution (4-D; 6-D blocked): the one read with the output channel (block)
+    as an index."""
     channel = anchor.op.axes[channel_axis]
     for node in te.iter_exprs(anchor.op.body):
-        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
+        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == ndim
                 and any(i is channel for i in node.indices)):
             return node.tensor
     return None
@@ -227,7 +232,7 @@ def family_of(prim: Any) -> str:
         return "dense"
     if tag == "batch_matmul":
         return "batch_matmul"
-    if tag in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+    if tag in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw", *BLOCKED_CONVS):
         return str(tag)
     return "reduction"
 
@@ -272,6 +277,19 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         index = input_index(weight) if weight is not None else None
         return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
                            constant_weight=index is not None and index in constants,
+                           default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
+    if family in BLOCKED_CONVS:
+        n, cb, h, w, block = anchor.shape
+        # reduce axes as the compute orders them: (rcb, rh, rw, rci) dense, (rh, rw) depthwise
+        reduce = [ax.extent for ax in anchor.op.reduce_axes]
+        kh, kw = reduce[1:3] if family == "conv2d_nchwc" else reduce[:2]
+        weight = _conv_weight(anchor, 1, ndim=6)
+        index = input_index(weight) if weight is not None else None
+        dims = {"n": n, "cb": cb, "h": h, "w": w, "block": block, "kh": kh, "kw": kw, "taps": kh * kw,
+                "icb": reduce[0] if family == "conv2d_nchwc" else 1}
+        return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
+                           constant_weight=index is not None and index in constants,
+                           has_pad=bool(_producers_tagged(sch, anchor, "pad")), weight_layout="blocked",
                            default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
     if family in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
         if family in ("conv2d_nhwc", "conv2d_nchw_cl"):  # sums kept channel-innermost
@@ -401,6 +419,11 @@ def _conv_nhwc_registers_fit(config: Config, lanes: int, budget: int) -> bool:
 
 def _depthwise_registers_fit(config: Config, lanes: int, budget: int) -> bool:
     return accumulator_registers(_inner(config, "tile_h"), _inner(config, "tile_w"), lanes) <= budget
+
+
+def _blocked_registers_fit(config: Config, lanes: int, budget: int, block: int, rows: str, columns: str) -> bool:
+    """A blocked convolution's accumulators: `rows` x `columns` tiles of one output block each."""
+    return _inner(config, rows) * _inner(config, columns) * vector_registers(block, lanes) <= budget
 
 
 def _pack_needs_block(config: Config, knob: str) -> bool:
@@ -576,6 +599,35 @@ def cpu_space(workload: CpuWorkload) -> Space:
             knobs.append(ChoiceKnob("pad", ["root", "inline"]))
         constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
             _depthwise_registers_fit, lanes=lanes, budget=budget)))
+    elif family == "conv2d_nchwc":
+        knobs += [
+            TileKnob("tile_w", dims["w"], 2, budget, _row_sizes(budget)),
+            TileKnob("tile_cb", dims["cb"], 2, MAX_CHANNEL_BLOCKS, _row_sizes(MAX_CHANNEL_BLOCKS)),
+            ChoiceKnob("order", ["hc", "ch"]),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        if dims["taps"] > 1 and dims["icb"] > 1:
+            knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c"]))
+        if dims["kw"] > 1:
+            knobs.append(BoolKnob("unroll_kw"))
+        if workload.has_pad:
+            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
+            _blocked_registers_fit, lanes=lanes, budget=budget, block=dims["block"], rows="tile_cb",
+            columns="tile_w")))
+    elif family == "depthwise_conv2d_nchwc":
+        knobs += [
+            TileKnob("tile_h", dims["h"], 2, MAX_CONV_ROWS, _row_sizes(MAX_CONV_ROWS)),
+            TileKnob("tile_w", dims["w"], 2, budget, _row_sizes(budget)),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        if dims["kw"] > 1:
+            knobs.append(BoolKnob("unroll_kw"))
+        if workload.has_pad:
+            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
+            _blocked_registers_fit, lanes=lanes, budget=budget, block=dims["block"], rows="tile_h",
+            columns="tile_w")))
     elif family == "reduction":
         mode = workload.extras["mode"]
         if mode == "tiles":
@@ -779,6 +831,11 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         # depthwise layer: 1.2-12x on one core.
         values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx),
                       parallel=min(parallel, 1), unroll_kw=False, pad="inline")
+    elif family == "conv2d_nchwc":
+        values.update(_nchwc_default(workload, space), order="ch", parallel=parallel, reduce_order="c_hw",
+                      unroll_kw=False, pad="root")
+    elif family == "depthwise_conv2d_nchwc":
+        values.update(_depthwise_nchwc_default(workload, space), parallel=parallel, unroll_kw=False, pad="root")
     elif family == "reduction":
         mode = workload.extras["mode"]
         wanted = min(dims["last"], 2 * lanes) if mode == "tiles" else lanes
@@ -806,6 +863,38 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
                 values.update(mode="split", vector=max(dividing))  # type: ignore[type-var]
         values["parallel"] = 1 if parallel else 0
     return values
+
+
+def _balanced(extent: int, most: int) -> int:
+    """The widest piece of the fewest pieces of at most `most` that cover `extent`, as even as they go (13 in
+    pieces of at most 8: 7 + 6)."""
+    most = max(1, min(extent, most))
+    return -(-extent // -(-extent // most))
+
+
+def _nchwc_default(workload: CpuWorkload, space: Space) -> dict[str, Any]:
+    """Register tile of a blocked convolution: `tile_w` columns (unrolled) by `tile_cb` output blocks, each
+    accumulator one vector of the block. Per input channel the tile loads `tile_cb` weight vectors and broadcasts
+    `tile_w` input values for `tile_w * tile_cb` FMAs, so two blocks (four on maps of 7 columns, whose rows end
+    the tile early) share every broadcast; the columns fill the rest of the registers, in balanced row pieces."""
+    dims, budget = workload.dims, workload.accumulator_budget
+    per = vector_registers(dims["block"], workload.lanes)
+    blocks = min(dims["cb"], 2)
+    tw = _balanced(dims["w"], max(1, budget // (blocks * per)))
+    tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
+    blocks = max(1, min(dims["cb"], 4, budget // (tw * per)))
+    blocks = _dividing_factor(space.knob("tile_cb"), blocks)  # type: ignore[arg-type]
+    return {"tile_w": _split_value(dims["w"], tw), "tile_cb": _split_value(dims["cb"], blocks)}
+
+
+def _depthwise_nchwc_default(workload: CpuWorkload, space: Space) -> dict[str, Any]:
+    """Register tile of a blocked depthwise convolution: `tile_h` rows by `tile_w` columns of one block."""
+    dims, budget = workload.dims, workload.accumulator_budget
+    per = vector_registers(dims["block"], workload.lanes)
+    tw = _closest_factor(space.knob("tile_w"), _balanced(dims["w"], max(1, min(8, budget // per))))  # type: ignore[arg-type]
+    rows = max(1, min(dims["h"], 2, budget // (tw * per)))
+    rows = _dividing_factor(space.knob("tile_h"), rows)  # type: ignore[arg-type]
+    return {"tile_h": _split_value(dims["h"], rows), "tile_w": _split_value(dims["w"], tw)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1206,6 +1295,62 @@ def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> Non
     sch.vectorize(acc, aw)
 
 
+def _template_conv2d_nchwc(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    """Output `(n, cb, h, w, b)`: a tile of `tile_w` columns (unrolled) by `tile_cb` channel blocks (unrolled) by
+    the block's `b` lanes (vectorized); the reduction outside the tile, input channels of a block innermost, so
+    every step broadcasts `x[n, rcb, y, x, rci]` and loads the contiguous weight row `w[f, rcb, rh, rw, rci, :]`.
+    The epilogue (bias, activation, residual) runs on the tile's vectors as they leave the registers."""
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, c, h, w, lane = sch.leaves(out)
+    co, ci = sch.split(out, c, factor=_inner(config, "tile_cb"))
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    outer = [n, h, co] if config["order"] == "hc" else [n, co, h]
+    sch.reorder(out, *outer, wo, ci, wi, lane)
+    _fuse_outer(sch, out, outer, int(config["parallel"]), target)  # type: ignore[arg-type]
+    sch.vectorize(out, lane)
+    sch.compute_at(acc, out, wo)
+    an, ac, ah, aw, alane, rcb, rh, rw, rci = sch.leaves(acc)
+    reduce = [rh, rw, rcb, rci] if config.get("reduce_order") == "hw_c" else [rcb, rh, rw, rci]
+    # Columns outside the channel blocks: one broadcast input value feeds the blocks' FMAs and dies (blocks outside
+    # the columns keep every column's broadcast live across them, and the tile spills).
+    sch.reorder(acc, *reduce, an, ah, aw, ac, alane)
+    if config.get("unroll_kw"):
+        sch.unroll(acc, rw)
+    sch.unroll(acc, ac)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, alane)
+
+
+def _template_depthwise_nchwc(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    """Output `(n, cb, h, w, b)`: a tile of `tile_h` rows by `tile_w` columns (both unrolled) of one block, the
+    block's lanes vectorized; each tap is one vector load of the input block and one FMA per tile position."""
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, c, h, w, lane = sch.leaves(out)
+    ho, hi = sch.split(out, h, factor=_inner(config, "tile_h"))
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    sch.reorder(out, n, c, ho, wo, hi, wi, lane)
+    parallel = int(config["parallel"])  # type: ignore[arg-type]
+    if parallel == 2 and target.num_cores > 1:
+        sch.parallel(out, sch.fuse(out, n, c, ho))
+    else:
+        outer = sch.fuse(out, n, c)
+        if parallel == 1 and target.num_cores > 1:
+            sch.parallel(out, outer)
+    sch.vectorize(out, lane)
+    sch.compute_at(acc, out, wo)
+    an, ac, ah, aw, alane, rh, rw = sch.leaves(acc)
+    sch.reorder(acc, rh, rw, an, ac, ah, aw, alane)
+    if config.get("unroll_kw"):
+        sch.unroll(acc, rw)
+    sch.unroll(acc, ah)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, alane)
+
+
 def _pad_stages(sch: Any) -> list[Any]:
     """The stages of `sch` that pad an input (a pooling window's border), not the output."""
     return [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
@@ -1297,6 +1442,8 @@ _TEMPLATES: dict[str, Callable[[Any, Any, Config, Any], None]] = {
     "conv2d_nchw_cl": _template_conv2d_nchw_cl,
     "conv2d_nhwc": _template_conv2d_nhwc,
     "depthwise_conv2d_nchw": _template_depthwise,
+    "conv2d_nchwc": _template_conv2d_nchwc,
+    "depthwise_conv2d_nchwc": _template_depthwise_nchwc,
     "reduction": _template_reduction,
     "injective": _template_injective,
 }
