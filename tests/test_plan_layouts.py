@@ -297,6 +297,28 @@ def test_depthwise_blocking_can_be_turned_off() -> None:
 }""", depthwise=False)
 
 
+def test_depthwise_convolution_with_nchw_input_stays_nchw() -> None:
+    # MobileNet v2 between 24-channel projections: the expansion cannot be blocked (24 input channels), and a
+    # depthwise kernel would not win back the transform of its input; the next blocked convolution transforms.
+    check_golden("""def @main(%x: Tensor[(1, 24, 8, 8), float32], %w1: Tensor[(32, 24, 1, 1), float32],
+          %w2: Tensor[(32, 1, 3, 3), float32], %w3: Tensor[(32, 32, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, channels=32, kernel_size=[1, 1]);
+  %1 = nn.relu(%0);
+  %2 = nn.conv2d(%1, %w2, padding=[1, 1, 1, 1], groups=32, channels=32, kernel_size=[3, 3]);
+  nn.conv2d(%2, %w3, channels=32, kernel_size=[1, 1])
+}""", """def @main(%x: Tensor[(1, 24, 8, 8), float32], %w1: Tensor[(32, 24, 1, 1), float32],
+          %w2: Tensor[(32, 1, 3, 3), float32], %w3: Tensor[(32, 32, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, channels=32, kernel_size=[1, 1]);
+  %1 = nn.relu(%0);
+  %2 = nn.conv2d(%1, %w2, padding=[1, 1, 1, 1], groups=32, channels=32, kernel_size=[3, 3]);
+  %3 = layout_transform(%2, src_layout="NCHW", dst_layout="NCHW16c");
+  %4 = layout_transform(%w3, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %5 = nn.contrib_conv2d_NCHWc(%3, %4, channels=32, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  layout_transform(%5, src_layout="NCHW16c", dst_layout="NCHW")
+}""")
+
+
 def test_squeeze_excitation_scale_broadcasts_in_the_blocked_layout() -> None:
     # The (1, C, 1, 1) scale of the block and the (1, C, H, W) features are both blocked: the multiply needs no
     # transform. A (1, H, W) spatial map does not fit a blocked result: that add is done in NCHW.

@@ -17,7 +17,9 @@ appearing as a pair A->B->A).
   `nn.contrib_conv2d_NCHWc` on `NCHW{b}c` data with an `OIHW{b}i{b}o` kernel and `NCHW{b}c` output. Its weight is
   wrapped in `layout_transform(w, "OIHW", "OIHW{b}i{b}o")`: the FoldConstant after this pass packs a constant
   weight once at build time; a weight that is a model input is packed by the model on every run (still correct).
-  Depthwise convolutions (groups == channels, a multiple of `b`) become `OIHW1i{b}o` kernels when `depthwise`.
+  Depthwise convolutions (groups == channels, a multiple of `b`) become `OIHW1i{b}o` kernels when `depthwise`, and
+  only when their input is blocked already: a memory-bound depthwise kernel cannot win back the transform of its
+  input (MobileNet v2's 144-channel depthwise convolutions between 24-channel projections stay NCHW).
 - A convolution whose input channels are not a multiple of `b` (an RGB stem of 3 channels) or whose output channels
   are not (ShuffleNet's 58, 116...) stays `nn.conv2d` in NCHW. A stem's NCHW output is transformed to `NCHW{b}c`
   once, where the first blocked consumer (the next convolution) needs it; what lies between (bias, ReLU, pooling)
@@ -174,7 +176,10 @@ class _Planner:
         c_in, c_out, groups = _channels(data), _channels(out), int(attrs.get("groups", 1))  # type: ignore[arg-type]
         if groups == 1 and c_in % b == 0 and c_out % b == 0:
             kernel_layout = f"OIHW{b}i{b}o"
-        elif self.depthwise and groups == c_in == c_out and c_in % b == 0 and int(weight.shape[1]) == 1:  # type: ignore[arg-type]
+        elif (self.depthwise and groups == c_in == c_out and c_in % b == 0 and int(weight.shape[1]) == 1  # type: ignore[arg-type]
+              and self.is_blocked(call.args[0])):
+            # A depthwise convolution does a few FLOPs per byte: blocking it cannot pay for a transform of its
+            # input, so it is blocked only where its input already is (and a blocked chain continues through it).
             kernel_layout = f"OIHW1i{b}o"
         else:
             return None
