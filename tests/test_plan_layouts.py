@@ -57,8 +57,7 @@ def check_golden(source: str, expected: str, constants: Sequence[np.ndarray] | N
     want = typed(expected, constants)
     assert structural_equal(planned["main"], want["main"]), "planned program:\n" + print_module(planned)
     assert_same_values(mod, planned)
-    depthwise = bool(options.get("depthwise", True))
-    pipeline = optimize(mod, layout_block=B) if depthwise else planned
+    pipeline = optimize(mod, layout_block=B) if not options else planned
     assert_same_values(mod, pipeline)
     return planned
 
@@ -144,8 +143,7 @@ def test_residual_block_shares_one_transform_of_its_input_and_reshapes_per_chann
     assert not ops(fused, "reshape")
 
 
-def test_rgb_stem_stays_nchw_and_its_output_is_transformed_once_where_blocking_starts() -> None:
-    check_golden("""def @main(%x: Tensor[(1, 3, 16, 16), float32], %w0: Tensor[(16, 3, 3, 3), float32],
+RGB_STEM = """def @main(%x: Tensor[(1, 3, 16, 16), float32], %w0: Tensor[(16, 3, 3, 3), float32],
           %w1: Tensor[(16, 16, 3, 3), float32], %w2: Tensor[(16, 16, 1, 1), float32]) {
   %0 = nn.conv2d(%x, %w0, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]);
   %1 = nn.relu(%0);
@@ -153,7 +151,31 @@ def test_rgb_stem_stays_nchw_and_its_output_is_transformed_once_where_blocking_s
   %3 = nn.conv2d(%2, %w1, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]);
   %4 = nn.conv2d(%2, %w2, channels=16, kernel_size=[1, 1]);
   add(%3, %4)
-}""", """def @main(%x: Tensor[(1, 3, 16, 16), float32], %w0: Tensor[(16, 3, 3, 3), float32],
+}"""
+
+
+def test_rgb_stem_reads_its_three_channels_as_one_block_and_writes_the_blocked_layout() -> None:
+    check_golden(RGB_STEM, """def @main(%x: Tensor[(1, 3, 16, 16), float32], %w0: Tensor[(16, 3, 3, 3), float32],
+          %w1: Tensor[(16, 16, 3, 3), float32], %w2: Tensor[(16, 16, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW3c");
+  %1 = layout_transform(%w0, src_layout="OIHW", dst_layout="OIHW3i16o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3],
+                               data_layout="NCHW3c", kernel_layout="OIHW3i16o", out_layout="NCHW16c");
+  %3 = nn.relu(%2);
+  %4 = nn.max_pool2d(%3, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1], layout="NCHW16c");
+  %5 = layout_transform(%w1, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %6 = nn.contrib_conv2d_NCHWc(%4, %5, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %7 = layout_transform(%w2, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %8 = nn.contrib_conv2d_NCHWc(%4, %7, channels=16, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %9 = add(%6, %8);
+  layout_transform(%9, src_layout="NCHW16c", dst_layout="NCHW")
+}""")
+
+
+def test_without_the_stem_rule_the_stem_stays_nchw_and_its_output_is_transformed_once() -> None:
+    check_golden(RGB_STEM, """def @main(%x: Tensor[(1, 3, 16, 16), float32], %w0: Tensor[(16, 3, 3, 3), float32],
           %w1: Tensor[(16, 16, 3, 3), float32], %w2: Tensor[(16, 16, 1, 1), float32]) {
   %0 = nn.conv2d(%x, %w0, padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]);
   %1 = nn.relu(%0);
@@ -167,7 +189,7 @@ def test_rgb_stem_stays_nchw_and_its_output_is_transformed_once_where_blocking_s
                                data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
   %8 = add(%5, %7);
   layout_transform(%8, src_layout="NCHW16c", dst_layout="NCHW")
-}""")
+}""", stem=False)
 
 
 def test_flatten_dense_tail_gets_nchw_after_blocked_global_pooling() -> None:
@@ -406,11 +428,11 @@ def test_planned_zoo_models_compute_what_the_unplanned_ones_do(name: str) -> Non
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50"])
 def test_resnets_transform_activations_only_at_the_boundaries(name: str) -> None:
-    # The RGB stem (3 input channels) stays NCHW; its pooled output enters the blocked chain once, and the global
-    # pool's result leaves it once for the classifier. Weights are packed at build time: no other transform.
+    # The RGB image enters the blocked chain at the stem (as one block of its 3 channels), and the global pool's
+    # result leaves it once for the classifier. Weights are packed at build time: no other transform.
     planned = optimize(infer_types(ZOO_16[name]()), layout_block=B)
-    assert sorted(transforms(planned)) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
-    assert not ops(planned, "nn.conv2d")[1:]  # every convolution but the stem is blocked
+    assert sorted(transforms(planned)) == [("NCHW", "NCHW3c"), ("NCHW16c", "NCHW")]
+    assert not ops(planned, "nn.conv2d")  # every convolution is blocked
 
 
 def test_planning_is_off_at_block_zero_and_below_opt_level_3() -> None:
