@@ -10,7 +10,9 @@ What happens:
 
 1. **Graph passes.** `params` are bound into the entry function as constants; the module is type-checked,
    optimised and fused (`relay_tune.passes.optimize`): the entry function now calls one `Primitive=1` function
-   per fused group.
+   per fused group. With `layout_planning` on a CPU target, convolution chains run on channel-blocked
+   activations (`relay_tune.passes.PlanLayouts`, block = the target's float32 lanes) and constant weights are
+   packed into their blocked layouts here, once.
 2. **Tasks.** Every distinct fused function (`relay_tune.passes.extract_tasks`: same workload key) is lowered
    once, with tuned schedule steps when the tuning logs have a record for its key on this target, else with
    its default schedule. Tasks without a record are named in one warning.

@@ -4,14 +4,17 @@ line on the same layouts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
+from test_passes_corpus import CORPUS_FILES, ZOO_FILES, flatten, load
+from test_passes_corpus import random_inputs as corpus_inputs
 
 import relay_tune
 from relay_tune.cli import main
-from relay_tune.interpreter import Interpreter
+from relay_tune.interpreter import Interpreter, evaluate
 from relay_tune.ir import Call, IRModule, post_order
 from relay_tune.ir.expr import structural_equal
 from relay_tune.passes import PassConfig, PlanLayouts, layout_block, optimize
@@ -424,6 +427,29 @@ def test_planned_zoo_models_compute_what_the_unplanned_ones_do(name: str) -> Non
     assert ops(planned, "nn.contrib_conv2d_NCHWc"), "nothing was blocked"
     _no_transform_pairs(planned)
     assert_same_values(optimize(mod, layout_block=0), planned)
+
+
+PLAN_CORPUS = CORPUS_FILES + ZOO_FILES
+
+
+@pytest.mark.parametrize("block", [4, 16])
+@pytest.mark.parametrize("name", PLAN_CORPUS)
+def test_planning_preserves_the_outputs_of_every_corpus_and_zoo_program(
+        program: Callable[[str], Path], name: str, block: int) -> None:
+    # Block 4 plans far more of these programs than 16 would (channel counts of 8, 12, 20...).
+    mod = load(program(name))
+    inputs = corpus_inputs(mod["main"])
+    expected = flatten(evaluate(mod, inputs))
+    planned = optimize(mod, opt_level=3, layout_block=block)
+    _no_transform_pairs(planned)
+    actual = flatten(evaluate(planned, inputs))
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert isinstance(a, np.ndarray) and isinstance(e, np.ndarray)
+        assert a.shape == e.shape and a.dtype == e.dtype
+        tolerance = 2e-3 if e.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=tolerance * 10,
+                                   atol=tolerance * max(1.0, float(np.abs(e.astype(np.float64)).max(initial=0))))
 
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50"])
