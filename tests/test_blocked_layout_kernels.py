@@ -144,8 +144,17 @@ def test_blocked_pooling_vectorizes_the_block(pool: str) -> None:
     mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 4, 13, 13, 16), float32]) {{\n  {pool}\n}}\n")
     task = next(iter(tasks_from_module(mod, HOST)))
     assert task.family == "reduction"
-    assert task.default_config()["vector"] == 16  # one vector along the block's channels
+    default = task.default_config()
+    assert default["vector"] == 16  # one vector along the block's channels
     check_configs(task, samples=2)
+    if "pad" in default:  # the guard is one condition per block: read through it; the padded copy still works
+        assert default["pad"] == "inline"
+        root = default.replace(pad="root")
+        assert "w in range(" in format_func(task.lower(root))  # written row by row, a vector per column
+        rng = np.random.default_rng(1)
+        inputs = [rng.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
+        got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(root))(*inputs)
+        np.testing.assert_allclose(got, task.reference(inputs)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("expr", [
