@@ -45,6 +45,13 @@ def check_configs(task: RelayTuneTask, samples: int, seed: int = 0) -> None:
         np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4, err_msg=f"{task.description} {config}")
 
 
+def check_configs_with(task: RelayTuneTask, config: object) -> None:
+    rng = np.random.default_rng(2)
+    inputs = [rng.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
+    got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(config))(*inputs)
+    np.testing.assert_allclose(got, task.reference(inputs)[0], rtol=1e-5, atol=1e-5, err_msg=str(config))
+
+
 def blocked_task(layer: object, lanes: int = LANES) -> RelayTuneTask:
     mod = bench.blocked_module(layer, lanes)
     assert mod is not None
@@ -165,14 +172,19 @@ def test_blocked_pooling_vectorizes_the_block(pool: str) -> None:
 def test_layout_transforms_match_reference(expr: str) -> None:
     mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 32, 14, 14), float32]) {{\n  {expr}\n}}\n")
     for task in tasks_from_module(mod, HOST):
+        blocked = len(task.func.ret_type.shape) == 5  # written in NCHW16c: a row's columns and blocks at once
+        assert (task.default_config()["mode"] == "rows") == blocked
         check_configs(task, samples=2)
+        if blocked:
+            check_configs_with(task, task.default_config().replace(vector=LANES // 2))  # a row tail of 8 lanes
 
 
 def test_blocked_concatenate_matches_reference() -> None:
     mod = _module("#[version = \"0.0.5\"]\ndef @main(%a: Tensor[(1, 2, 7, 7, 16), float32], "
                   "%b: Tensor[(1, 3, 7, 7, 16), float32]) {\n  concatenate((%a, %b), axis=1)\n}\n")
-    for task in tasks_from_module(mod, HOST):
-        check_configs(task, samples=2)
+    (task,) = tasks_from_module(mod, HOST)
+    assert task.default_config()["mode"] == "rows"  # 7 x 16 = 112 lanes per row: vectors of 64, a tail of 48
+    check_configs(task, samples=2)
 
 
 def test_generic_conv_keeps_other_layouts() -> None:
