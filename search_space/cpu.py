@@ -41,10 +41,20 @@ Families (`family_of`) and their knobs:
   compute keeps channel-innermost): the same knobs as NHWC (weights packed `OIHW -> OIHW<bc>o`); the tile is
   written back to NCHW with the epilogue.
 - **depthwise_conv2d_nchw**: `tile_h` rows by `tile_w` columns per tile, `parallel`, `unroll_kw`, `pad`.
+- **conv2d_nchwc** (`nn.contrib_conv2d_NCHWc` on `NCHW{bi}c` data, an `OIHW{bi}i{bo}o` weight, `NCHW{bo}c` output,
+  the weight constant and already in that layout): register tile of `tile_w` output columns (unrolled) by
+  `tile_cb` output channel blocks (unrolled) by the block's `bo` lanes (vectorized), each input value broadcast
+  from `(n, icb, h, w, bi)` and each weight row read contiguously; `order`, `parallel`, `reduce_order` (input
+  channel blocks outside or inside the kernel taps; the channels of a block innermost either way), `unroll_kw`,
+  `pad`. Fused epilogues run on the tile's vectors.
+- **depthwise_conv2d_nchwc** (grouped one channel per group, `OIHW1i{b}o` weight): `tile_h` rows by `tile_w`
+  columns of one block (the block's lanes vectorized), `parallel`, `unroll_kw`, `pad`.
 - **reduction** (pooling, reductions, softmax, normalisations, other convolutions): `vector` (tile width along
-  the innermost output axis) where the reductions read it contiguously, `parallel`.
+  the innermost output axis) where the reductions read it contiguously, `parallel`; on `NCHW{b}c` pooling that
+  axis is the block, one vector of channels.
 - **injective** (element-wise groups, transposes, concatenations...): `mode` (vectorize the innermost axis
-  whole, split it by `vector`, or fuse every axis and split by `vector`), `vector`, `parallel`.
+  whole, split it by `vector`, fuse every axis and split by `vector`, or, for outputs in `NCHW{b}c`, fuse the
+  columns and the block and split them by `vector`), `vector`, `parallel`.
 
 `relay-tune tasks MODEL --spaces` prints each task's family and space size.
 """

@@ -200,3 +200,20 @@ def @main(%x: Tensor[(1, 4, 7, 7, 8), float32], %w: Tensor[(2, 2, 3, 3, 16, 16),
     task = anchor_task(mod)
     assert task.family == "reduction"
     check_configs(task, samples=1)
+
+
+def test_cost_model_features_of_blocked_families() -> None:
+    """The loop-nest features describe the blocked templates (finite, and different configs differ), and transfer
+    counts them as the convolution operators they are."""
+    from cost_model.features import loop_nest_features
+    from cost_model.transfer import operator_family
+
+    for layer, operator in ((Layer(32, 14, 14, 64, 3, 1, 1, 1, ("bias", "relu")), "conv2d"),
+                            (Layer(32, 14, 14, 32, 3, 1, 1, 32, ("bias",)), "depthwise_conv2d")):
+        task = blocked_task(layer)
+        assert operator_family(task) == operator
+        rng = np.random.default_rng(4)
+        configs = [task.default_config(), *(task.space.sample(rng) for _ in range(4))]
+        vectors = [loop_nest_features(task.lower(c)) for c in configs]
+        assert all(np.all(np.isfinite(v)) for v in vectors)
+        assert len({v.tobytes() for v in vectors}) == len({str(c) for c in configs})
