@@ -217,3 +217,17 @@ def test_cost_model_features_of_blocked_families() -> None:
         vectors = [loop_nest_features(task.lower(c)) for c in configs]
         assert all(np.all(np.isfinite(v)) for v in vectors)
         assert len({v.tobytes() for v in vectors}) == len({str(c) for c in configs})
+
+
+@pytest.mark.parametrize("layer", [Layer(32, 14, 14, 64, 3, 1, 1, 1, ("bias", "relu")),
+                                   Layer(48, 13, 13, 48, 3, 2, 1, 48, ("bias",)),
+                                   Layer(24, 28, 28, 40, 1, 1, 0, 1, ("bias", "add"))])
+def test_avx2_blocks_of_eight(layer: object) -> None:
+    """On an AVX2 target (8 lanes, 16 registers) blocks of 8: the defaults fit its registers and compute right."""
+    avx2 = resolve_target("llvm -mcpu=haswell -num-cores=2")
+    mod = bench.blocked_module(layer, avx2.vector_lanes("float32"))
+    task = next(t for t in tasks_from_module(mod, avx2) if t.family != "injective")
+    config = task.default_config()
+    rows = config["tile_cb"] if "tile_cb" in config else config["tile_h"]
+    assert rows[-1] * config["tile_w"][-1] <= 16 - 4
+    check_configs(task, samples=1)
