@@ -45,6 +45,13 @@ def check_configs(task: RelayTuneTask, samples: int, seed: int = 0) -> None:
         np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4, err_msg=f"{task.description} {config}")
 
 
+def check_configs_with(task: RelayTuneTask, config: object) -> None:
+    rng = np.random.default_rng(2)
+    inputs = [rng.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
+    got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(config))(*inputs)
+    np.testing.assert_allclose(got, task.reference(inputs)[0], rtol=1e-5, atol=1e-5, err_msg=str(config))
+
+
 def blocked_task(layer: object, lanes: int = LANES) -> RelayTuneTask:
     mod = bench.blocked_module(layer, lanes)
     assert mod is not None
@@ -144,8 +151,17 @@ def test_blocked_pooling_vectorizes_the_block(pool: str) -> None:
     mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 4, 13, 13, 16), float32]) {{\n  {pool}\n}}\n")
     task = next(iter(tasks_from_module(mod, HOST)))
     assert task.family == "reduction"
-    assert task.default_config()["vector"] == 16  # one vector along the block's channels
+    default = task.default_config()
+    assert default["vector"] == 16  # one vector along the block's channels
     check_configs(task, samples=2)
+    if "pad" in default:  # the guard is one condition per block: read through it; the padded copy still works
+        assert default["pad"] == "inline"
+        root = default.replace(pad="root")
+        assert "w in range(" in format_func(task.lower(root))  # written row by row, a vector per column
+        rng = np.random.default_rng(1)
+        inputs = [rng.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
+        got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(root))(*inputs)
+        np.testing.assert_allclose(got, task.reference(inputs)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("expr", [
@@ -156,14 +172,19 @@ def test_blocked_pooling_vectorizes_the_block(pool: str) -> None:
 def test_layout_transforms_match_reference(expr: str) -> None:
     mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 32, 14, 14), float32]) {{\n  {expr}\n}}\n")
     for task in tasks_from_module(mod, HOST):
+        blocked = len(task.func.ret_type.shape) == 5  # written in NCHW16c: a row's columns and blocks at once
+        assert (task.default_config()["mode"] == "rows") == blocked
         check_configs(task, samples=2)
+        if blocked:
+            check_configs_with(task, task.default_config().replace(vector=LANES // 2))  # a row tail of 8 lanes
 
 
 def test_blocked_concatenate_matches_reference() -> None:
     mod = _module("#[version = \"0.0.5\"]\ndef @main(%a: Tensor[(1, 2, 7, 7, 16), float32], "
                   "%b: Tensor[(1, 3, 7, 7, 16), float32]) {\n  concatenate((%a, %b), axis=1)\n}\n")
-    for task in tasks_from_module(mod, HOST):
-        check_configs(task, samples=2)
+    (task,) = tasks_from_module(mod, HOST)
+    assert task.default_config()["mode"] == "rows"  # 7 x 16 = 112 lanes per row: vectors of 64, a tail of 48
+    check_configs(task, samples=2)
 
 
 def test_generic_conv_keeps_other_layouts() -> None:
@@ -178,4 +199,35 @@ def @main(%x: Tensor[(1, 4, 7, 7, 8), float32], %w: Tensor[(2, 2, 3, 3, 16, 16),
                                                      .astype("float32")}))
     task = anchor_task(mod)
     assert task.family == "reduction"
+    check_configs(task, samples=1)
+
+
+def test_cost_model_features_of_blocked_families() -> None:
+    """The loop-nest features describe the blocked templates (finite, and different configs differ), and transfer
+    counts them as the convolution operators they are."""
+    from cost_model.features import loop_nest_features
+    from cost_model.transfer import operator_family
+
+    for layer, operator in ((Layer(32, 14, 14, 64, 3, 1, 1, 1, ("bias", "relu")), "conv2d"),
+                            (Layer(32, 14, 14, 32, 3, 1, 1, 32, ("bias",)), "depthwise_conv2d")):
+        task = blocked_task(layer)
+        assert operator_family(task) == operator
+        rng = np.random.default_rng(4)
+        configs = [task.default_config(), *(task.space.sample(rng) for _ in range(4))]
+        vectors = [loop_nest_features(task.lower(c)) for c in configs]
+        assert all(np.all(np.isfinite(v)) for v in vectors)
+        assert len({v.tobytes() for v in vectors}) == len({str(c) for c in configs})
+
+
+@pytest.mark.parametrize("layer", [Layer(32, 14, 14, 64, 3, 1, 1, 1, ("bias", "relu")),
+                                   Layer(48, 13, 13, 48, 3, 2, 1, 48, ("bias",)),
+                                   Layer(24, 28, 28, 40, 1, 1, 0, 1, ("bias", "add"))])
+def test_avx2_blocks_of_eight(layer: object) -> None:
+    """On an AVX2 target (8 lanes, 16 registers) blocks of 8: the defaults fit its registers and compute right."""
+    avx2 = resolve_target("llvm -mcpu=haswell -num-cores=2")
+    mod = bench.blocked_module(layer, avx2.vector_lanes("float32"))
+    task = next(t for t in tasks_from_module(mod, avx2) if t.family != "injective")
+    config = task.default_config()
+    rows = config["tile_cb"] if "tile_cb" in config else config["tile_h"]
+    assert rows[-1] * config["tile_w"][-1] <= 16 - 4
     check_configs(task, samples=1)
