@@ -532,3 +532,30 @@ def test_command_line_tasks_follow_the_layout_planning_switch(tmp_path, capsys) 
     plain = capsys.readouterr().out
     assert "conv2d_nchw" in plain and "NCHWc" not in plain
     assert ("NCHWc" in planned) == (_lanes() > 0)
+
+
+def test_a_log_tuned_with_planning_serves_builds_with_planning(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tasks are extracted after planning: the log has records of the blocked kernels, which a build with planning
+    # finds for every task, and a build without planning does not.
+    monkeypatch.setenv("COLUMNS", "400")
+    path = tmp_path / "chain.relay"
+    path.write_text(HEADER + CONV_BIAS_RELU)
+    log = tmp_path / "chain.jsonl"
+    assert main([str(path), "--trials", "16", "--layout-planning", "--no-cache", "--log", str(log),
+                 "-o", str(tmp_path / "tuned.rtmod")]) == 0
+    assert "contrib_conv2d_NCHWc" in capsys.readouterr().out or _lanes() == 0  # the tuned tasks are blocked
+    build = ["build", str(path), "-o", str(tmp_path / "built.rtmod"), "--log", str(log), "--no-cache",
+             "--require-tuned", "--no-check-tuned"]
+    assert main([*build, "--layout-planning"]) == 0
+    assert ("NCHWc" in capsys.readouterr().out) == (_lanes() > 0)
+    if _lanes() > 0:
+        assert main([*build, "--no-layout-planning"]) == 1
+        assert "no tuning record" in capsys.readouterr().err
+
+
+def test_check_fused_prints_the_planned_program(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "chain.relay"
+    path.write_text(HEADER + CONV_BIAS_RELU)
+    assert main(["check", str(path), "--fused", "--layout-planning"]) == 0
+    assert ("contrib_conv2d_NCHWc" in capsys.readouterr().out) == (_lanes() > 0)
