@@ -231,3 +231,26 @@ def test_avx2_blocks_of_eight(layer: object) -> None:
     rows = config["tile_cb"] if "tile_cb" in config else config["tile_h"]
     assert rows[-1] * config["tile_w"][-1] <= 16 - 4
     check_configs(task, samples=1)
+
+
+def test_five_dimensional_bias_and_residual_epilogue() -> None:
+    """A bias shaped `(1, C/b, 1, 1, b)` and a residual add, fused into the blocked convolution: the epilogue reads
+    both along the block's lanes."""
+    source = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 2, 9, 9, 16), float32], %w: Tensor[(3, 2, 3, 3, 16, 16), float32],
+          %b: Tensor[(1, 3, 1, 1, 16), float32], %r: Tensor[(1, 3, 9, 9, 16), float32]) {
+  nn.relu(add(add(nn.contrib_conv2d_NCHWc(%x, %w, padding=[1, 1, 1, 1], channels=48, kernel_size=[3, 3],
+                                          data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c"),
+                  %b), %r))
+}"""
+    rng = np.random.default_rng(6)
+    mod = infer_types(bind_params(_module(source), {
+        "w": (rng.standard_normal((3, 2, 3, 3, 16, 16)) * 0.1).astype("float32"),
+        "b": rng.standard_normal((1, 3, 1, 1, 16)).astype("float32")}))
+    task = anchor_task(mod)
+    assert task.family == "conv2d_nchwc"
+    lines = format_func(task.lower(task.default_config())).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("relu["))
+    assert "p2[0, " in lines[at] and "p3[0, " in lines[at]
+    assert lines[at - 1].rstrip().endswith("in range(16) vectorized:")  # the block's lanes, one vector
+    check_configs(task, samples=2)
