@@ -67,6 +67,7 @@ CONVS = [  # cin, size, cout, kernel, stride, pad, epilogue
     (32, 14, 32, 3, 2, 1, ("bias", "relu")),             # stride-2 3x3
     (24, 14, 144, 1, 1, 0, ("bias", "clip")),            # input block 8, output block 16
     (144, 7, 24, 1, 1, 0, ("bias", "add")),              # input block 16, output block 8
+    (3, 23, 32, 7, 2, 3, ("bias", "relu")),              # an image stem: NCHW3c x OIHW3i16o
 ]
 
 
@@ -136,6 +137,7 @@ def test_bench_parses_task_descriptions() -> None:
     dw = bench.parse_layer("conv2d_nchw+bias+clip 1x96x112x112 * 96x1x3x3 s2 p1 g96")
     assert dw is not None and dw.groups == 96
     assert bench.channel_block(24, 16) == 8 and bench.channel_block(3, 16) is None
+    assert "NCHW3c" in bench.blocked_source(Layer(3, 9, 9, 16, 3, 2, 1, 1, ()), 16)[0]
 
 
 def _module(source: str) -> object:
