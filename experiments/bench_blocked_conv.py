@@ -16,7 +16,8 @@ configs and timed in interleaved rounds (NCHW, blocked, NCHW, blocked, ...) by t
 
 Each kernel is valued at the median of its rounds. Prints per layer both times and nchw / blocked (above 1: the
 blocked kernel is faster), and per model the sum over the model's calls (each layer times how often it occurs).
-Layers whose input channels no vector block divides (the 3-channel stem) are listed and skipped. Writes a CSV
+An image stem's 3 input channels are one block (`NCHW3c` data, `OIHW3i{b}o` weight); layers whose channels no
+other block divides are listed and skipped. Writes a CSV
 to experiments/results/bench_blocked_conv.csv.
 """
 
@@ -90,6 +91,8 @@ def blocked_source(layer: ConvLayer, lanes: int) -> tuple[str, dict[str, tuple[i
     """Relay text of the blocked form of `layer` and the shapes of its constants (weight, bias), or None when its
     channels have no block."""
     bi, bo = channel_block(layer.cin, lanes), channel_block(layer.cout, lanes)
+    if bi is None and layer.groups == 1 and layer.cin < 4:
+        bi = layer.cin  # an image's 3 channels: one block of all of them (`NCHW3c`), broadcast one at a time
     if bi is None or bo is None:
         return None
     depthwise = layer.groups > 1
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 mod = blocked_module(layer, lanes)
                 if mod is None:
-                    print(f"{layer.name:44} {task.weight:>2} skipped: no channel block divides {layer.cin}")
+                    print(f"{layer.name:44} {task.weight:>2} skipped: no channel block divides its channels")
                     continue
                 blocked = next(t for t in tasks_from_module(mod, target) if t.family != "injective")
                 pair = [task, blocked]

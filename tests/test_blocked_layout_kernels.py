@@ -67,6 +67,7 @@ CONVS = [  # cin, size, cout, kernel, stride, pad, epilogue
     (32, 14, 32, 3, 2, 1, ("bias", "relu")),             # stride-2 3x3
     (24, 14, 144, 1, 1, 0, ("bias", "clip")),            # input block 8, output block 16
     (144, 7, 24, 1, 1, 0, ("bias", "add")),              # input block 16, output block 8
+    (3, 23, 32, 7, 2, 3, ("bias", "relu")),              # an image stem: NCHW3c x OIHW3i16o
 ]
 
 
@@ -136,6 +137,7 @@ def test_bench_parses_task_descriptions() -> None:
     dw = bench.parse_layer("conv2d_nchw+bias+clip 1x96x112x112 * 96x1x3x3 s2 p1 g96")
     assert dw is not None and dw.groups == 96
     assert bench.channel_block(24, 16) == 8 and bench.channel_block(3, 16) is None
+    assert "NCHW3c" in bench.blocked_source(Layer(3, 9, 9, 16, 3, 2, 1, 1, ()), 16)[0]
 
 
 def _module(source: str) -> object:
@@ -231,3 +233,26 @@ def test_avx2_blocks_of_eight(layer: object) -> None:
     rows = config["tile_cb"] if "tile_cb" in config else config["tile_h"]
     assert rows[-1] * config["tile_w"][-1] <= 16 - 4
     check_configs(task, samples=1)
+
+
+def test_five_dimensional_bias_and_residual_epilogue() -> None:
+    """A bias shaped `(1, C/b, 1, 1, b)` and a residual add, fused into the blocked convolution: the epilogue reads
+    both along the block's lanes."""
+    source = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 2, 9, 9, 16), float32], %w: Tensor[(3, 2, 3, 3, 16, 16), float32],
+          %b: Tensor[(1, 3, 1, 1, 16), float32], %r: Tensor[(1, 3, 9, 9, 16), float32]) {
+  nn.relu(add(add(nn.contrib_conv2d_NCHWc(%x, %w, padding=[1, 1, 1, 1], channels=48, kernel_size=[3, 3],
+                                          data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c"),
+                  %b), %r))
+}"""
+    rng = np.random.default_rng(6)
+    mod = infer_types(bind_params(_module(source), {
+        "w": (rng.standard_normal((3, 2, 3, 3, 16, 16)) * 0.1).astype("float32"),
+        "b": rng.standard_normal((1, 3, 1, 1, 16)).astype("float32")}))
+    task = anchor_task(mod)
+    assert task.family == "conv2d_nchwc"
+    lines = format_func(task.lower(task.default_config())).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("relu["))
+    assert "p2[0, " in lines[at] and "p3[0, " in lines[at]
+    assert lines[at - 1].rstrip().endswith("in range(16) vectorized:")  # the block's lanes, one vector
+    check_configs(task, samples=2)
