@@ -31,6 +31,10 @@ what the executor's tolerance to a busy core is measured with.
 Columns: `default` is `CompiledModel.run` (the native executor); `py loop` runs the same build's kernels from a
 Python loop of ctypes calls over the same buffers, as models ran before the native executor, for comparison in
 the same run; `tuned` appears with `--log`. A CSV with one row per network goes to `--csv`.
+
+`--layout-planning on|off|both` builds with graph-level layout planning (`relay_tune.passes.PlanLayouts`: blocked
+NCHW16c convolution chains) on, off, or both ways, timed in the same interleaved rounds; the builds with planning on
+are labelled `default_lp` and `tuned_lp`. Without the option the builds take the library's default.
 """
 
 from __future__ import annotations
@@ -110,6 +114,24 @@ def first_output(result: Any) -> np.ndarray:
     return np.asarray(result)
 
 
+def build_plan(args: argparse.Namespace) -> list[tuple[str, list[str] | None, bool | None]]:
+    """(label, logs, layout_planning) of every build to time: default schedules, and tuned ones with `--log`, with
+    layout planning as `--layout-planning` says (None: the library's default)."""
+    choices: dict[str | None, list[bool | None]] = {None: [None], "off": [False], "on": [True], "both": [False, True]}
+    builds: list[tuple[str, list[str] | None, bool | None]] = []
+    for planning in choices[args.layout_planning]:
+        suffix = "_lp" if planning else ""
+        builds.append((f"default{suffix}", None, planning))
+        if args.log:
+            builds.append((f"tuned{suffix}", args.log, planning))
+    return builds
+
+
+def first_label(args: argparse.Namespace) -> str:
+    """The build whose kernels the `py loop` column runs from Python."""
+    return build_plan(args)[0][0]
+
+
 def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import relay_tune
     from relay_tune.frontend import from_onnx
@@ -127,25 +149,25 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     quiet = ort_session(onnx_model, args.threads, spinning=False)
     runners: dict[str, Callable[[], Any]] = {"onnxruntime": lambda: session.run(None, {"input": x}),
                                              "ort-nospin": lambda: quiet.run(None, {"input": x})}
-    builds = [("default", None)] + ([("tuned", args.log)] if args.log else [])
     ok = True
-    for label, logs in builds:
+    for label, logs, planning in build_plan(args):
         start = time.perf_counter()
         # The tuned build is what `relay-tune build --log` and the tuner's final build make: records whose kernels
         # are slower in the graph than the default ones are dropped (`--no-check-tuned`: every record is used).
         check = logs is not None and not args.no_check_tuned
-        compiled = relay_tune.build(mod, target=target, logs=logs, check_tuned=check)
+        compiled = relay_tune.build(mod, target=target, logs=logs, check_tuned=check, layout_planning=planning)
         row[f"{label}_build_s"] = round(time.perf_counter() - start, 2)
         decided = compiled.build_info.get("tuned_check")
         if decided:  # what the build's own in-graph check saw: records dropped, and tuned / default end to end
-            row["check_rejected"] = f"{len(decided['rejected'])} of {len(decided['tasks'])}"
-            row["check_ratio"] = round(decided["tuned_e2e_s"] / decided["default_e2e_s"], 3)
-            row["check_kept_default"] = decided["kept_default"]
+            prefix = "" if label == "tuned" else f"{label}_"
+            row[f"{prefix}check_rejected"] = f"{len(decided['rejected'])} of {len(decided['tasks'])}"
+            row[f"{prefix}check_ratio"] = round(decided["tuned_e2e_s"] / decided["default_e2e_s"], 3)
+            row[f"{prefix}check_kept_default"] = decided["kept_default"]
         good, error = matches(label, first_output(compiled.run(input=x)), want, args.rtol)
         row[f"{label}_error"] = f"{error:.2e}"
         ok = ok and good
         runners[label] = (lambda m: lambda: m.run(input=x))(compiled)
-        if label == "default":
+        if label == first_label(args):
             runners["py loop"] = python_loop(compiled, {"input": x})
             row["kernel_calls"] = compiled.num_kernel_calls
     if args.interpreter:
@@ -197,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=2.0,
                         help="longest wait (s) for the process to go idle before each engine's block")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layout-planning", choices=("on", "off", "both"), default=None,
+                        help="build with graph-level layout planning on, off or both ways, timed in the same rounds "
+                        "(default: the library's default)")
     parser.add_argument("--csv", type=Path, default=REPO_ROOT / "experiments" / "results" / "onnx_e2e.csv")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -209,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"threads {args.threads}; {args.rounds} rounds x {args.per_round} inferences per engine, interleaved; "
           f"load average {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} usable cores")
-    labels = ["default", "py loop"] + (["tuned"] if args.log else [])
+    planned = [label for label, _, _ in build_plan(args)]
+    labels = [*planned[:1], "py loop", *planned[1:]]
     from relay_tune.runtime.kernel import load_libgomp
 
     load_libgomp()  # before onnxruntime starts any thread: the spin limit is read when libgomp starts
@@ -224,12 +250,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
         cells = " ".join(f"{row[lb + '_ms']:>11.2f} {row[lb + '_ratio']:>6.2f}" for lb in labels)
         print(f"{name:<15} {row['kernel_calls']:>5} {row['onnxruntime_ms']:>8.2f} {row['ort-nospin_ms']:>10.2f} "
-              f"{cells}  {row['onnxruntime_spin_ms']:>8.1f} {row['default_spin_ms']:>6.1f}    "
-              f"{'yes' if row['matches'] else 'NO'} ({row['default_error']})", flush=True)
-        if "check_ratio" in row:
-            print(f"{'':<15} the build's in-graph check: {row['check_rejected']} tuned records dropped, tuned / "
-                  f"default {row['check_ratio']:.3f} end to end, "
-                  f"{'default build kept' if row['check_kept_default'] else 'tuned build kept'}", flush=True)
+              f"{cells}  {row['onnxruntime_spin_ms']:>8.1f} {row[planned[0] + '_spin_ms']:>6.1f}    "
+              f"{'yes' if row['matches'] else 'NO'} ({row[planned[0] + '_error']})", flush=True)
+        for prefix in ("", "tuned_lp_"):
+            if f"{prefix}check_ratio" in row:
+                print(f"{'':<15} the {prefix or 'tuned_'}build's in-graph check: {row[prefix + 'check_rejected']} "
+                      f"tuned records dropped, tuned / default {row[prefix + 'check_ratio']:.3f} end to end, "
+                      f"{'default build kept' if row[prefix + 'check_kept_default'] else 'tuned build kept'}",
+                      flush=True)
     for label in labels:
         ratios = [r[f"{label}_ratio"] for r in rows]
         print(f"geometric mean ratio, {label}: {math.exp(statistics.fmean(math.log(v) for v in ratios)):.3f}")

@@ -118,9 +118,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     if args.fused:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-        from relay_tune.passes import optimize
+        from relay_tune.compiler import resolve_target
+        from relay_tune.passes import layout_block, optimize
 
-        mod = optimize(mod, opt_level=args.opt_level)
+        block = layout_block(resolve_target("llvm"), args.layout_planning)  # as `build` would for this CPU
+        mod = optimize(mod, opt_level=args.opt_level, layout_block=block)
     if args.summary:
         _print_summary(mod, args.model, elapsed)
         return 0
@@ -170,22 +172,23 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-    from relay_tune.passes import optimize
+    from relay_tune.compiler import resolve_target
+    from relay_tune.passes import layout_block, optimize
     from relay_tune.passes.extract_tasks import extract_tasks
 
     loaded = load_model(args.model, args.consts, params=args.params)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
         # start-up: imported on use, not by `relay-tune --help`: the compiler (~0.4 s with LLVM), the tuner (~0.1 s)
-        from relay_tune.compiler import resolve_target
         from relay_tune.tuning.relay_task import tasks_from_module
         from search_space.cpu import format_space_table
 
         target = resolve_target(args.target)
-        specs = tasks_from_module(loaded, target, opt_level=args.opt_level)
+        specs = tasks_from_module(loaded, target, opt_level=args.opt_level, layout_planning=args.layout_planning)
         print(f"{args.model}: {len(specs)} tasks on {target.log_name}")
         print(format_space_table([(t.description, t.family, t.space) for t in specs]))
         return 0
-    tasks = extract_tasks(optimize(loaded, opt_level=args.opt_level))
+    block = layout_block(resolve_target(args.target), args.layout_planning)  # the workloads tuning and builds see
+    tasks = extract_tasks(optimize(loaded, opt_level=args.opt_level, layout_block=block))
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -278,7 +281,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             warnings.simplefilter("always", BuildWarning)
             warnings.simplefilter("always", LogWarning)  # unreadable lines of --log files: one warning per log
             model = build(mod, target=args.target, logs=logs or None, opt_level=args.opt_level, jobs=args.jobs,
-                          require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned)
+                          require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned,
+                          layout_planning=args.layout_planning)
     path = model.save(args.output)
     table = Table(title=f"kernels of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -444,6 +448,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--seed", str(args.seed)]
     if args.params:
         words += ["--params", args.params]
+    if getattr(args, "layout_planning", None) is not None:  # the resumed run must tune the same workloads
+        words += ["--layout-planning" if args.layout_planning else "--no-layout-planning"]
     if getattr(args, "no_check", False):
         words += ["--no-check"]
     return " ".join(shlex.quote(w) for w in words)
@@ -481,7 +487,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             timeout=args.timeout, jobs=args.jobs,
                             progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
                             check=not args.no_check, cache=_tuning_cache(args), retune=args.retune,
-                            scheduler=args.scheduler)
+                            scheduler=args.scheduler, layout_planning=args.layout_planning)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -907,6 +913,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opt-level", type=int, default=3, choices=range(4), help="graph optimisation level (default 3)")
     p.add_argument("--params", metavar="FILE.npz", help="values for model inputs (by input name) to bind as "
                    "constants: weights given this way are packed once, at build time")
+    p.add_argument("--layout-planning", action=argparse.BooleanOptionalAction, default=None,
+                   help="plan channel-blocked (NCHW16c on AVX-512) activation layouts for convolution chains on CPU "
+                   "targets (default: off); tuning, `tasks` and `build` must agree for logs to match")
 
 
 def build_parser() -> argparse.ArgumentParser:

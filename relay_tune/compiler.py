@@ -10,7 +10,9 @@ What happens:
 
 1. **Graph passes.** `params` are bound into the entry function as constants; the module is type-checked,
    optimised and fused (`relay_tune.passes.optimize`): the entry function now calls one `Primitive=1` function
-   per fused group.
+   per fused group. With `layout_planning` on a CPU target, convolution chains run on channel-blocked
+   activations (`relay_tune.passes.PlanLayouts`, block = the target's float32 lanes) and constant weights are
+   packed into their blocked layouts here, once.
 2. **Tasks.** Every distinct fused function (`relay_tune.passes.extract_tasks`: same workload key) is lowered
    once, with tuned schedule steps when the tuning logs have a record for its key on this target, else with
    its default schedule. Tasks without a record are named in one warning.
@@ -71,7 +73,7 @@ from relay_tune.kernel import tir
 from relay_tune.kernel.build import OUTPUT, lower_primitive
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import Schedule
-from relay_tune.passes import optimize
+from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.base import dataflow_post_order
 from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks, workload_key
 from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
@@ -704,6 +706,7 @@ def build(
     require_tuned: bool = False,
     threading_runtime: str = "auto",
     check_tuned: bool = False,
+    layout_planning: bool | None = None,
 ) -> CompiledModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see the module docstring).
 
@@ -717,10 +720,13 @@ def build(
         executor's in-graph profile), and keep a tuned record only where its kernel is faster in the graph than
         the default's; the result is never slower end to end than the default build (CPU targets; see
         `check_tuned_records`). Costs a second build and a few model runs.
+    layout_planning: plan channel-blocked activation layouts on CPU targets (`relay_tune.passes.PlanLayouts`);
+        None: the pipeline's default (`relay_tune.passes.LAYOUT_PLANNING_DEFAULT`). Tuning must have used the same
+        setting (`tune_model(..., layout_planning=...)`): the records are of the workloads it produces.
     """
     if check_tuned and logs is not None:
         return check_tuned_records(mod, target, params, logs, opt_level, jobs=jobs, require_tuned=require_tuned,
-                                   threading_runtime=threading_runtime)
+                                   threading_runtime=threading_runtime, layout_planning=layout_planning)
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -732,7 +738,7 @@ def build(
         raise RelayTuneError("the module has no @main function to build")
     mod = infer_types(mod)
     mod = infer_types(bind_params(mod, params or {}))
-    fused = optimize(mod, opt_level=opt_level)
+    fused = optimize(mod, opt_level=opt_level, layout_block=layout_block(resolved, layout_planning))
     t_passes = time.perf_counter()
     timings["passes_s"] = t_passes - start
 

@@ -41,10 +41,20 @@ Families (`family_of`) and their knobs:
   compute keeps channel-innermost): the same knobs as NHWC (weights packed `OIHW -> OIHW<bc>o`); the tile is
   written back to NCHW with the epilogue.
 - **depthwise_conv2d_nchw**: `tile_h` rows by `tile_w` columns per tile, `parallel`, `unroll_kw`, `pad`.
+- **conv2d_nchwc** (`nn.contrib_conv2d_NCHWc` on `NCHW{bi}c` data, an `OIHW{bi}i{bo}o` weight, `NCHW{bo}c` output,
+  the weight constant and already in that layout): register tile of `tile_w` output columns (unrolled) by
+  `tile_cb` output channel blocks (unrolled) by the block's `bo` lanes (vectorized), each input value broadcast
+  from `(n, icb, h, w, bi)` and each weight row read contiguously; `order`, `parallel`, `reduce_order` (input
+  channel blocks outside or inside the kernel taps; the channels of a block innermost either way), `unroll_kw`,
+  `pad`. Fused epilogues run on the tile's vectors.
+- **depthwise_conv2d_nchwc** (grouped one channel per group, `OIHW1i{b}o` weight): `tile_h` rows by `tile_w`
+  columns of one block (the block's lanes vectorized), `parallel`, `unroll_kw`, `pad`.
 - **reduction** (pooling, reductions, softmax, normalisations, other convolutions): `vector` (tile width along
-  the innermost output axis) where the reductions read it contiguously, `parallel`.
+  the innermost output axis) where the reductions read it contiguously, `parallel`; on `NCHW{b}c` pooling that
+  axis is the block, one vector of channels.
 - **injective** (element-wise groups, transposes, concatenations...): `mode` (vectorize the innermost axis
-  whole, split it by `vector`, or fuse every axis and split by `vector`), `vector`, `parallel`.
+  whole, split it by `vector`, fuse every axis and split by `vector`, or, for outputs in `NCHW{b}c`, fuse the
+  columns and the block and split them by `vector`), `vector`, `parallel`.
 
 `relay-tune tasks MODEL --spaces` prints each task's family and space size.
 """
@@ -85,7 +95,10 @@ __all__ = [
 ]
 
 FAMILIES = ("dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw",
-            "reduction", "injective")
+            "conv2d_nchwc", "depthwise_conv2d_nchwc", "reduction", "injective")
+
+BLOCKED_CONVS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
+"""Families of convolutions on channel-blocked layouts (`NCHW{b}c`): the output block is the vector."""
 
 SPARE_REGISTERS = 4
 """Vector registers left for operands (broadcast inputs, weight vectors) besides the accumulator tile."""
@@ -95,6 +108,7 @@ MAX_VECTOR = 64  # lanes of a vectorized tile axis
 MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
+MAX_CHANNEL_BLOCKS = 8  # output channel blocks of a blocked convolution's register tile
 MAX_FLAT_TILES = 16
 """Position tiles of a pointwise convolution in flat mode, each one unrolled (the accumulator block must stay in
 registers, see `_flat_pointwise`): bounds the code size, and keeps flat mode to the small maps it is for."""
@@ -175,11 +189,12 @@ def _weight_input(anchor: Any) -> Any:
     return None
 
 
-def _conv_weight(anchor: Any, channel_axis: int) -> Any:
-    """The 4-D weight placeholder of a convolution: the one read with the output channel as an index."""
+def _conv_weight(anchor: Any, channel_axis: int, ndim: int = 4) -> Any:
+    """The weight placeholder of a convolution (4-D; 6-D blocked): the one read with the output channel (block)
+    as an index."""
     channel = anchor.op.axes[channel_axis]
     for node in te.iter_exprs(anchor.op.body):
-        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == 4
+        if (isinstance(node, te.TensorRead) and node.tensor.is_placeholder and node.tensor.ndim == ndim
                 and any(i is channel for i in node.indices)):
             return node.tensor
     return None
@@ -227,7 +242,7 @@ def family_of(prim: Any) -> str:
         return "dense"
     if tag == "batch_matmul":
         return "batch_matmul"
-    if tag in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
+    if tag in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw", *BLOCKED_CONVS):
         return str(tag)
     return "reduction"
 
@@ -273,6 +288,19 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
                            constant_weight=index is not None and index in constants,
                            default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
+    if family in BLOCKED_CONVS:
+        n, cb, h, w, block = anchor.shape
+        # reduce axes as the compute orders them: (rcb, rh, rw, rci) dense, (rh, rw) depthwise
+        reduce = [ax.extent for ax in anchor.op.reduce_axes]
+        kh, kw = reduce[1:3] if family == "conv2d_nchwc" else reduce[:2]
+        weight = _conv_weight(anchor, 1, ndim=6)
+        index = input_index(weight) if weight is not None else None
+        dims = {"n": n, "cb": cb, "h": h, "w": w, "block": block, "kh": kh, "kw": kw, "taps": kh * kw,
+                "icb": reduce[0] if family == "conv2d_nchwc" else 1}
+        return CpuWorkload(dims=dims, lanes=target.vector_lanes(anchor.tensor.dtype),
+                           constant_weight=index is not None and index in constants,
+                           has_pad=bool(_producers_tagged(sch, anchor, "pad")), weight_layout="blocked",
+                           default_parallel=_parallel_worthwhile(target, _work(anchor)), **common)
     if family in ("conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):
         if family in ("conv2d_nhwc", "conv2d_nchw_cl"):  # sums kept channel-innermost
             n, h, w, c = anchor.shape
@@ -299,7 +327,8 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
         mode, last = _reduction_mode(prim, target)
         work = max(_work(st) for st in sch.stages.values() if st.op is not None)
         return CpuWorkload(dims={"last": last}, lanes=lanes, default_parallel=_parallel_worthwhile(target, work),
-                           has_pad=bool(_pad_stages(sch)) and mode != "scalar", extras={"mode": mode}, **common)
+                           has_pad=bool(_pad_stages(sch)) and mode != "scalar",
+                           extras={"mode": mode, "blocked": out.op is not None and _blocked_stage(out)}, **common)
     # injective: every root stage gets flat loops
     stages = [st for st in sch.stages.values() if st.op is not None and st.attach == ROOT]
     inner = min((st.op.axes[-1].extent for st in stages if len(st.op.axes) >= 2), default=0)
@@ -313,6 +342,8 @@ def analyze(prim: Any, target: Any, constant_inputs: Iterable[int] = ()) -> CpuW
                                  _trailing_axes([ax.extent for ax in st.op.axes], lanes) < len(st.op.axes) - 1
                                  for st in stages):
         dims["narrow_rows"] = 1  # rows narrower than a vector: the "inner" mode fuses trailing axes
+    if written and all(st.op is not None and _blocked_stage(st) for st in written):
+        dims["blocked"] = 1  # NCHW{b}c outputs: the "rows" mode vectorizes a row's columns and blocks together
     return CpuWorkload(dims=dims, lanes=lanes,
                        default_parallel=_parallel_worthwhile(target, work), **common)
 
@@ -401,6 +432,25 @@ def _conv_nhwc_registers_fit(config: Config, lanes: int, budget: int) -> bool:
 
 def _depthwise_registers_fit(config: Config, lanes: int, budget: int) -> bool:
     return accumulator_registers(_inner(config, "tile_h"), _inner(config, "tile_w"), lanes) <= budget
+
+
+def _blocked_registers_fit(config: Config, lanes: int, budget: int, block: int, rows: str, columns: str,
+                           registers: int = 0) -> bool:
+    """A blocked convolution's accumulators: `rows` x `columns` tiles of one output block each. With `registers`
+    (the dense blocked convolution) the operands count too: one weight vector per channel block and the broadcast
+    input value, all live at once in the tile's innermost step (7 columns by 4 blocks: 28 + 4 + 1 = 33 of 32
+    registers spilled, 1.8x slower than any tile that fits)."""
+    per = vector_registers(block, lanes)
+    accumulators = _inner(config, rows) * _inner(config, columns) * per
+    if registers:
+        return accumulators + _inner(config, rows) * per + 1 <= registers
+    return accumulators <= budget
+
+
+def _divides(config: Config, knob: str, extent: int) -> bool:
+    """A tile of channel blocks divides the blocks: a tail tile of blocks is guarded inside the reduction (a
+    third of the speed on ResNet-50's 256-channel 3x3 convolution in tiles of 3 blocks)."""
+    return extent % _inner(config, knob) == 0
 
 
 def _pack_needs_block(config: Config, knob: str) -> bool:
@@ -576,6 +626,39 @@ def cpu_space(workload: CpuWorkload) -> Space:
             knobs.append(ChoiceKnob("pad", ["root", "inline"]))
         constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
             _depthwise_registers_fit, lanes=lanes, budget=budget)))
+    elif family == "conv2d_nchwc":
+        knobs += [
+            TileKnob("tile_w", dims["w"], 2, budget, _row_sizes(budget)),
+            TileKnob("tile_cb", dims["cb"], 2, MAX_CHANNEL_BLOCKS, _row_sizes(MAX_CHANNEL_BLOCKS)),
+            ChoiceKnob("order", ["hc", "ch"]),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        if dims["taps"] > 1 and dims["icb"] > 1:
+            knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c"]))
+        if dims["kw"] > 1:
+            knobs.append(BoolKnob("unroll_kw"))
+        if workload.has_pad:
+            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        constraints += [
+            Constraint("accumulator tile and its operands fit the vector registers", functools.partial(
+                _blocked_registers_fit, lanes=lanes, budget=budget, block=dims["block"], rows="tile_cb",
+                columns="tile_w", registers=workload.registers)),
+            Constraint("channel-block tiles divide the blocks", functools.partial(
+                _divides, knob="tile_cb", extent=dims["cb"])),
+        ]
+    elif family == "depthwise_conv2d_nchwc":
+        knobs += [
+            TileKnob("tile_h", dims["h"], 2, MAX_CONV_ROWS, _row_sizes(MAX_CONV_ROWS)),
+            TileKnob("tile_w", dims["w"], 2, budget, _row_sizes(budget)),
+            ChoiceKnob("parallel", _parallel_choices(workload, 2)),
+        ]
+        if dims["kw"] > 1:
+            knobs.append(BoolKnob("unroll_kw"))
+        if workload.has_pad:
+            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
+            _blocked_registers_fit, lanes=lanes, budget=budget, block=dims["block"], rows="tile_h",
+            columns="tile_w")))
     elif family == "reduction":
         mode = workload.extras["mode"]
         if mode == "tiles":
@@ -592,6 +675,8 @@ def cpu_space(workload: CpuWorkload) -> Space:
             modes = ["inner", "split", "flat"]
         elif dims.get("narrow_rows") and lanes > 1:
             modes = ["inner", "flat"]
+        if dims.get("blocked") and lanes > 1:
+            modes = [*modes, "rows"]
         knobs.append(ChoiceKnob("mode", modes))
         if lanes > 1:
             knobs.append(ChoiceKnob("vector", _vector_choices(dims["total"], lanes)))
@@ -779,6 +864,11 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
         # depthwise layer: 1.2-12x on one core.
         values.update(tile_h=_split_value(dims["h"], rows), tile_w=_split_value(dims["w"], vx),
                       parallel=min(parallel, 1), unroll_kw=False, pad="inline")
+    elif family == "conv2d_nchwc":
+        values.update(_nchwc_default(workload, space), order="ch", parallel=parallel, reduce_order="c_hw",
+                      unroll_kw=False, pad="root")
+    elif family == "depthwise_conv2d_nchwc":
+        values.update(_depthwise_nchwc_default(workload, space), parallel=parallel, unroll_kw=False, pad="root")
     elif family == "reduction":
         mode = workload.extras["mode"]
         wanted = min(dims["last"], 2 * lanes) if mode == "tiles" else lanes
@@ -791,6 +881,10 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             # 1.05-1.6x faster than a padded copy); a padded copy where they are (3-7x slower inlined: the guard
             # turns each vector load into a masked one).
             values["pad"] = "root" if "vector" in space.names else "inline"
+            if workload.extras.get("blocked"):
+                # On a blocked layout (NCHW16c) the guard is one condition for the whole vector of a block: read
+                # through it (ResNet-50's 3x3 stride-2 max pool, 1x256x112x112: 2.4x faster than a padded copy).
+                values["pad"] = "inline"
     else:
         modes = list(space.knob("mode").values())
         values["mode"] = "inner" if "inner" in modes else "flat"
@@ -804,8 +898,52 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             dividing = [c for c in choices if period and period % c == 0 and c >= lanes]  # type: ignore[operator]
             if "split" in modes and dividing:
                 values.update(mode="split", vector=max(dividing))  # type: ignore[type-var]
+            if "rows" in modes:
+                # Blocked tensors (layout transforms into NCHW16c, concatenations of blocks): a row's columns and
+                # blocks are one contiguous run, vectorized four vectors at a time. One 16-lane vector per
+                # column ("inner") paid the index arithmetic of the fused outer loop per vector: concatenating two
+                # 1x128x56x56 in NCHW16c 3.1x slower than "rows", NCHW -> NCHW16c 1.7x.
+                values.update(mode="rows", vector=max(c for c in choices if c <= 4 * lanes))  # type: ignore[operator]
         values["parallel"] = 1 if parallel else 0
     return values
+
+
+def _balanced(extent: int, most: int) -> int:
+    """The widest piece of the fewest pieces of at most `most` that cover `extent`, as even as they go (13 in
+    pieces of at most 8: 7 + 6)."""
+    most = max(1, min(extent, most))
+    return -(-extent // -(-extent // most))
+
+
+def _nchwc_default(workload: CpuWorkload, space: Space) -> dict[str, Any]:
+    """Register tile of a blocked convolution: `tile_w` columns (unrolled) by `tile_cb` output blocks, each
+    accumulator one vector of the block. Per input channel the tile loads `tile_cb` weight vectors and broadcasts
+    `tile_w` input values for `tile_w * tile_cb` FMAs: two blocks share every broadcast (three where the blocks
+    are an odd multiple of 3: 24 channels in blocks of 8, 8x3 tiles 1.25x faster than 14x1), the columns fill the
+    rest of the registers in balanced row pieces, and rows shorter than that (7 columns) take a third block where
+    the blocks divide by 3."""
+    dims, budget, registers = workload.dims, workload.accumulator_budget, workload.registers
+    per = vector_registers(dims["block"], workload.lanes)
+
+    def widest(blocks: int) -> int:  # columns whose accumulators, weights and broadcast fit the registers
+        return max(1, min(budget // (blocks * per), (registers - 1 - blocks * per) // (blocks * per)))
+
+    blocks = 2 if dims["cb"] % 2 == 0 else max(b for b in (1, 3) if dims["cb"] % b == 0)
+    tw = _balanced(dims["w"], widest(blocks))
+    tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
+    blocks = max(b for b in range(1, min(dims["cb"], 4) + 1) if dims["cb"] % b == 0 and widest(b) >= tw)
+    return {"tile_w": _split_value(dims["w"], tw), "tile_cb": _split_value(dims["cb"], blocks)}
+
+
+def _depthwise_nchwc_default(workload: CpuWorkload, space: Space) -> dict[str, Any]:
+    """Register tile of a blocked depthwise convolution: one row of at most 8 columns (balanced pieces) of one
+    block. Each tap costs a vector load per FMA whatever the tile, so a larger tile only saves weight loads: on
+    MobileNet v2's 3x3 layers (28-112 columns) one row of 8 was 2-9% faster than 2 rows of 7-8 or 4 rows of 4."""
+    dims = workload.dims
+    per = vector_registers(dims["block"], workload.lanes)
+    tw = _closest_factor(space.knob("tile_w"),  # type: ignore[arg-type]
+                         _balanced(dims["w"], max(1, min(8, workload.accumulator_budget // per))))
+    return {"tile_h": _split_value(dims["h"], 1), "tile_w": _split_value(dims["w"], tw)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -854,6 +992,7 @@ def _flat_loops(sch: Any, stage: Any, target: Any, mode: str = "inner", vector: 
     """Loops of a root stage without reduction.
 
     mode "inner": the innermost axis vectorized whole when it is at least a vector wide, else as "flat";
+    "rows": the two innermost axes fused and split by `vector` (vectorized inside), the others fused outside;
     "split": the innermost axis split by `vector` (vectorized inside), the other axes fused outside;
     "flat": every axis fused into one loop split by `vector`. The outer loop is parallel when `parallel` (None:
     when the work is large enough). A stage with a reduction gets its spatial loops fused (and parallel).
@@ -883,6 +1022,13 @@ def _flat_loops(sch: Any, stage: Any, target: Any, mode: str = "inner", vector: 
         lead = spatial[:-count]
         outer = lead[0] if len(lead) == 1 else sch.fuse(name, *lead)
         sch.vectorize(name, ii)
+    elif mode == "rows" and len(spatial) >= 3:
+        # the two innermost axes (columns and channel block of NCHW{b}c) as one run, in vectors of `width`
+        row = sch.fuse(name, spatial[-2], spatial[-1])
+        inner = sch.split(name, row, factor=width)[1] if extents[-2] * extents[-1] > width else row
+        lead = spatial[:-2]
+        outer = lead[0] if len(lead) == 1 else sch.fuse(name, *lead)
+        sch.vectorize(name, inner)
     elif mode == "split" and len(spatial) >= 2 and extents[-1] > width:
         _, ii = sch.split(name, spatial[-1], factor=width)
         outer = spatial[0] if len(spatial) == 2 else sch.fuse(name, *spatial[:-1])
@@ -1010,19 +1156,39 @@ def _matmul_k_blocked(sch: Any, out: str, acc: str, batch: str | None, rows: lis
     sch.vectorize(acc, j)
 
 
-def _prepare_conv(sch: Any, anchor: Any, config: Config, target: Any) -> str:
+def _prepare_conv(sch: Any, anchor: Any, config: Config, target: Any, blocked: bool = False) -> str:
     """Accumulator tile; the padded input computed once at the root (or inlined into the reads); the rest
-    inlined."""
+    inlined. `blocked`: the padded input is `(n, c, h, w, b)`, its rows written one at a time (the loop over
+    columns kept apart from the parallel loop over rows, each column one vector of the block): with every axis
+    but the block fused, the index arithmetic of each 16-lane copy cost as much as a depthwise convolution's
+    FMAs."""
     pads = _producers_tagged(sch, anchor, "pad")
     acc = _cache_accumulator(sch, anchor)
     at_root = config.get("pad", "root") == "root"
     _inline_cheap(sch, keep={acc, *(p.name for p in pads)})
     for pad in pads:
-        if at_root:
-            _flat_loops(sch, pad, target)
-        else:
+        if not at_root:
             sch.compute_inline(pad.name)
+        elif blocked:
+            _blocked_rows(sch, pad, target)
+        else:
+            _flat_loops(sch, pad, target)
     return acc
+
+
+def _blocked_rows(sch: Any, stage: Any, target: Any) -> None:
+    """Loops of a root stage `(n, c, h, w, b)` on a blocked layout: rows in parallel, the columns of a row a
+    serial loop, each column one vector of the block. `_flat_loops` fuses every axis but the block, and the index
+    arithmetic of one 16-lane copy then costs more than the copy."""
+    leaves = list(sch.leaves(stage.name))
+    if len(leaves) != 5:
+        _flat_loops(sch, stage, target)
+        return
+    n, c, h, _w, lane = leaves
+    rows = sch.fuse(stage.name, n, c, h)
+    if _parallel_worthwhile(target, _work(stage)):
+        sch.parallel(stage.name, rows)
+    sch.vectorize(stage.name, lane)
 
 
 def _order_reduction(sch: Any, acc: str, spatial: Sequence[str], reduce: Sequence[str], config: Config) -> None:
@@ -1206,6 +1372,70 @@ def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> Non
     sch.vectorize(acc, aw)
 
 
+def _template_conv2d_nchwc(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    """Output `(n, cb, h, w, b)`: a tile of `tile_w` columns (unrolled) by `tile_cb` channel blocks (unrolled) by
+    the block's `b` lanes (vectorized); the reduction outside the tile, input channels of a block innermost, so
+    every step broadcasts `x[n, rcb, y, x, rci]` and loads the contiguous weight row `w[f, rcb, rh, rw, rci, :]`.
+    The epilogue (bias, activation, residual) runs on the tile's vectors as they leave the registers."""
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    acc = _prepare_conv(sch, anchor, config, target, blocked=True)
+    n, c, h, w, lane = sch.leaves(out)
+    co, ci = sch.split(out, c, factor=_inner(config, "tile_cb"))
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    outer = [n, h, co] if config["order"] == "hc" else [n, co, h]
+    sch.reorder(out, *outer, wo, ci, wi, lane)
+    _fuse_outer(sch, out, outer, int(config["parallel"]), target)  # type: ignore[arg-type]
+    sch.vectorize(out, lane)
+    sch.compute_at(acc, out, wo)
+    an, ac, ah, aw, alane, rcb, rh, rw, rci = sch.leaves(acc)
+    reduce = [rh, rw, rcb, rci] if config.get("reduce_order") == "hw_c" else [rcb, rh, rw, rci]
+    # Columns outside the channel blocks: one broadcast input value feeds the blocks' FMAs and dies (blocks outside
+    # the columns keep every column's broadcast live across them, and the tile spills).
+    sch.reorder(acc, *reduce, an, ah, aw, ac, alane)
+    if config.get("unroll_kw"):
+        sch.unroll(acc, rw)
+    sch.unroll(acc, ac)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, alane)
+
+
+def _template_depthwise_nchwc(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    """Output `(n, cb, h, w, b)`: a tile of `tile_h` rows by `tile_w` columns (both unrolled) of one block, the
+    block's lanes vectorized; each tap is one vector load of the input block and one FMA per tile position."""
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    acc = _prepare_conv(sch, anchor, config, target, blocked=True)
+    n, c, h, w, lane = sch.leaves(out)
+    ho, hi = sch.split(out, h, factor=_inner(config, "tile_h"))
+    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
+    sch.reorder(out, n, c, ho, wo, hi, wi, lane)
+    parallel = int(config["parallel"])  # type: ignore[arg-type]
+    if parallel == 2 and target.num_cores > 1:
+        sch.parallel(out, sch.fuse(out, n, c, ho))
+    else:
+        outer = sch.fuse(out, n, c)
+        if parallel == 1 and target.num_cores > 1:
+            sch.parallel(out, outer)
+    sch.vectorize(out, lane)
+    sch.compute_at(acc, out, wo)
+    an, ac, ah, aw, alane, rh, rw = sch.leaves(acc)
+    sch.reorder(acc, rh, rw, an, ac, ah, aw, alane)
+    if config.get("unroll_kw"):
+        sch.unroll(acc, rw)
+    sch.unroll(acc, ah)
+    sch.unroll(acc, aw)
+    sch.vectorize(acc, alane)
+
+
+def _blocked_stage(stage: Any) -> bool:
+    """A 5-D stage whose innermost axis looks like a channel block (`NCHW{b}c`: a power of two from 4 to
+    `MAX_VECTOR` lanes; a 5-D channel shuffle `(n, g, c/g, h, w)` on maps of 7, 14, 28... columns does not)."""
+    axes = stage.op.axes
+    block = axes[-1].extent if len(axes) == 5 else 0
+    return 4 <= block <= MAX_VECTOR and block & (block - 1) == 0
+
+
 def _pad_stages(sch: Any) -> list[Any]:
     """The stages of `sch` that pad an input (a pooling window's border), not the output."""
     return [st for st in sch.stages.values() if st.op is not None and st.op.tag == "pad" and not st.is_output]
@@ -1245,6 +1475,8 @@ def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> Non
     for pad in _pad_stages(mine):
         if config.get("pad", "root") == "inline":
             mine.compute_inline(pad.name)
+        elif _blocked_stage(pad):
+            _blocked_rows(mine, pad, target)  # a blocked pooling's input (NCHW16c)
         else:
             _flat_loops(mine, pad, target)
     leaves = list(mine.leaves(out.name))
@@ -1297,6 +1529,8 @@ _TEMPLATES: dict[str, Callable[[Any, Any, Config, Any], None]] = {
     "conv2d_nchw_cl": _template_conv2d_nchw_cl,
     "conv2d_nhwc": _template_conv2d_nhwc,
     "depthwise_conv2d_nchw": _template_depthwise,
+    "conv2d_nchwc": _template_conv2d_nchwc,
+    "depthwise_conv2d_nchwc": _template_depthwise_nchwc,
     "reduction": _template_reduction,
     "injective": _template_injective,
 }

@@ -1205,6 +1205,10 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
     ksize = [logical_weight[s] for s in spatial_letters]
 
     padded = conv_pad_stage(data, dl, pad_before, pad_after, spatial_letters)
+    if op_name == "nn.contrib_conv2d_NCHWc":
+        blocked = _blocked_conv_compute(padded, weight, dl, kl, ol, groups, strides, dilation, out_ty)
+        if blocked is not None:
+            return blocked
     rc = te.reduce_axis(cg, "rc")
     rk = [te.reduce_axis(k, f"r{s.lower()}") for s, k in zip(spatial_letters, ksize)]
     depthwise = groups > 1 and cg == 1 and og == 1
@@ -1254,6 +1258,73 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
                            "nhwc", "conv2d_nchw_cl")
         return te.compute(out_shape, named(names, lambda b, f, y, x: te.cast(out_dtype, total[b, y, x, f])),
                           "conv", "injective")
+    if acc == out_dtype:
+        return te.compute(out_shape, named(names, body), "conv", tag)
+    total = te.compute(out_shape, named(names, body), "acc", tag)
+    return te.compute(out_shape, named(names, lambda *i: te.cast(out_dtype, total[i])), "conv", "elemwise")
+
+
+def _blocked_factors(dl: LayoutMap, kl: LayoutMap, ol: LayoutMap) -> tuple[int, int, int, int] | None:
+    """(data block, kernel input block, kernel output block, output block) when the layouts are exactly
+    `NCHW{a}c`, `OIHW{b}i{c}o` and `NCHW{d}c`; None for any other arrangement."""
+    data = re.fullmatch(r"NCHW(\d+)c", dl.name)
+    kernel = re.fullmatch(r"OIHW(\d+)i(\d+)o", kl.name)
+    out = re.fullmatch(r"NCHW(\d+)c", ol.name)
+    if not (data and kernel and out):
+        return None
+    return int(data[1]), int(kernel[1]), int(kernel[2]), int(out[1])
+
+
+def _blocked_conv_compute(padded: te.Tensor, weight: te.Tensor, dl: LayoutMap, kl: LayoutMap, ol: LayoutMap,
+                          groups: int, strides: Sequence[int], dilation: Sequence[int],
+                          out_ty: TensorType) -> te.Tensor | None:
+    """A 2-D convolution on channel-blocked layouts, indexed block by block (no division in any read), or None
+    when the layouts are not the blocked ones its templates schedule (the generic compute then serves).
+
+    Dense (groups 1; `NCHW{bi}c` x `OIHW{bi}i{bo}o` -> `NCHW{bo}c`): the input-channel reduction is two axes, the
+    block `rcb` and the channel inside it `rci`, in the order the template reads them (`rcb, rh, rw, rci`): an
+    input value is `x[n, rcb, y, x, rci]` and a weight row `w[ocb, rcb, rh, rw, rci, 0:bo]`, contiguous along the
+    output block, which is the vector. Depthwise (groups = channels; `NCHW{b}c` x `OIHW1i{b}o` -> `NCHW{b}c`):
+    each output block reads the same block of the input, lane for lane."""
+    factors = _blocked_factors(dl, kl, ol)
+    if factors is None:
+        return None
+    bi, ki, ko, bo = factors
+    out_shape = static_shape(out_ty)
+    out_dtype = out_ty.dtype
+    acc = accumulate_dtype(out_dtype)
+    icb = padded.shape[1]
+    _, _, kh, kw, _, _ = weight.shape
+    channels = icb * bi
+    rh, rw = te.reduce_axis(kh, "rh"), te.reduce_axis(kw, "rw")
+    sh, sw = strides
+    dh, dw = dilation
+
+    def position(y: tir.PrimExpr, x: tir.PrimExpr) -> tuple[tir.PrimExpr, tir.PrimExpr]:
+        return ((y * sh if sh != 1 else y) + (rh * dh if dh != 1 else rh),
+                (x * sw if sw != 1 else x) + (rw * dw if dw != 1 else rw))
+
+    if groups == 1 and bi == ki and ko == bo:
+        tag = "conv2d_nchwc"
+        rcb, rci = te.reduce_axis(icb, "rcb"), te.reduce_axis(bi, "rci")
+
+        def body(b: tir.PrimExpr, f: tir.PrimExpr, y: tir.PrimExpr, x: tir.PrimExpr,
+                 c: tir.PrimExpr) -> tir.PrimExpr:
+            iy, ix = position(y, x)
+            return te.sum(te.cast(acc, padded[b, rcb, iy, ix, rci]) * te.cast(acc, weight[f, rcb, rh, rw, rci, c]),
+                          axis=[rcb, rh, rw, rci])
+    elif groups == channels and ki == 1 and bi == ko == bo and out_shape[1] == icb:
+        tag = "depthwise_conv2d_nchwc"
+
+        def body(b: tir.PrimExpr, f: tir.PrimExpr, y: tir.PrimExpr, x: tir.PrimExpr,
+                 c: tir.PrimExpr) -> tir.PrimExpr:
+            iy, ix = position(y, x)
+            zero = tir.IntImm(0)
+            return te.sum(te.cast(acc, padded[b, f, iy, ix, c]) * te.cast(acc, weight[f, zero, rh, rw, zero, c]),
+                          axis=[rh, rw])
+    else:
+        return None
+    names = ol.axis_names({"N": "n", "C": "oc", "H": "oh", "W": "ow"})
     if acc == out_dtype:
         return te.compute(out_shape, named(names, body), "conv", tag)
     total = te.compute(out_shape, named(names, body), "acc", tag)

@@ -1,4 +1,5 @@
-"""Graph passes: type inference, inference simplification, constant folding, scale folding, CSE, DCE, fusion.
+"""Graph passes: type inference, inference simplification, constant folding, scale folding, layout planning, CSE,
+DCE, fusion.
 
     from relay_tune.passes import optimize
     fused = optimize(mod, opt_level=3)          # the default pipeline; one Primitive=1 function per fused group
@@ -26,11 +27,13 @@ from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
 from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fuse_ops import FuseOps, fused_groups
-from relay_tune.passes.pipeline import default_pipeline, optimize
+from relay_tune.passes.pipeline import LAYOUT_PLANNING_DEFAULT, default_pipeline, layout_block, optimize
+from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.simplify_inference import SimplifyInference
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "LAYOUT_PLANNING_DEFAULT",
     "DeadCodeElimination",
     "EliminateCommonSubexpr",
     "FoldConstant",
@@ -39,6 +42,7 @@ __all__ = [
     "InferType",
     "Pass",
     "PassConfig",
+    "PlanLayouts",
     "Sequential",
     "SimplifyInference",
     "TaskSpec",
@@ -46,6 +50,7 @@ __all__ = [
     "extract_tasks",
     "fused_groups",
     "get_pass",
+    "layout_block",
     "optimize",
     "register_pass",
     "registered_passes",

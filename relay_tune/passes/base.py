@@ -34,17 +34,22 @@ class PassConfig:
         fuse_max_depth: most nodes in one fused group (TVM's `relay.FuseOps.max_depth`).
         fold_small_result_elements: FoldConstant always folds a call whose result has at most this many elements,
             however small its inputs (see `FoldConstant` for the whole rule).
+        layout_block: channel block of the layouts `PlanLayouts` plans (`NCHW{b}c`: the CPU target's float32
+            vector lanes); 0 leaves every activation in its original layout.
     """
 
     opt_level: int = 2
     disabled_passes: frozenset[str] = frozenset()
     fuse_max_depth: int = 256
     fold_small_result_elements: int = 4096
+    layout_block: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disabled_passes", frozenset(self.disabled_passes))
         if self.fuse_max_depth < 1:
             raise ValueError(f"fuse_max_depth must be at least 1, got {self.fuse_max_depth}")
+        if self.layout_block < 0:
+            raise ValueError(f"layout_block must be 0 (off) or positive, got {self.layout_block}")
 
 
 DEFAULT_CONFIG = PassConfig()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from relay_tune.ir import IRModule
 from relay_tune.passes.base import InferType, Pass, PassConfig, Sequential
 from relay_tune.passes.dead_code import DeadCodeElimination
@@ -9,18 +12,41 @@ from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
 from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fuse_ops import FuseOps
+from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.simplify_inference import SimplifyInference
+
+# Whether CPU builds plan blocked layouts when the caller does not say (`layout_planning=None`). Off until the
+# kernels of blocked convolutions make whole models faster end to end; every CPU path (build, task extraction, the
+# command line) reads it through `layout_block`, so tuning logs and builds agree on the workloads.
+LAYOUT_PLANNING_DEFAULT = False
+
+# Blocks narrower than this are not worth a layout (a target without SIMD: 1 lane).
+_MIN_BLOCK = 4
+
+
+def layout_block(target: Any, layout_planning: bool | None = None) -> int:
+    """The `PassConfig.layout_block` for `target` (a resolved `relay_tune.target.Target`): its float32 vector lanes
+    on CPU (llvm) targets when layout planning is on (`None`: `LAYOUT_PLANNING_DEFAULT`), else 0 (off; GPU targets
+    are always off)."""
+    enabled = LAYOUT_PLANNING_DEFAULT if layout_planning is None else bool(layout_planning)
+    if not enabled or target is None or getattr(target, "kind", None) != "llvm":
+        return 0
+    lanes = int(target.vector_lanes("float32"))
+    return lanes if lanes >= _MIN_BLOCK else 0
 
 
 def default_pipeline() -> Sequential:
-    """InferType, SimplifyInference, EliminateCommonSubexpr, FoldConstant, FoldScaleAxis, FoldConstant,
-    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`."""
+    """InferType, SimplifyInference, EliminateCommonSubexpr, FoldConstant, FoldScaleAxis, PlanLayouts, FoldConstant,
+    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (PlanLayouts only
+    when `PassConfig.layout_block` is set). The FoldConstant after PlanLayouts packs constant weights into their
+    blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
         EliminateCommonSubexpr(),
         FoldConstant(),
         FoldScaleAxis(),
+        PlanLayouts(),
         FoldConstant(),
         DeadCodeElimination(),
         FuseOps(),
@@ -29,16 +55,14 @@ def default_pipeline() -> Sequential:
     return Sequential(passes, name="DefaultPipeline")
 
 
-def optimize(mod: IRModule, opt_level: int = 3, config: PassConfig | None = None) -> IRModule:
+def optimize(mod: IRModule, opt_level: int = 3, config: PassConfig | None = None, *,
+             layout_block: int | None = None) -> IRModule:
     """Optimise and fuse `mod`: the result calls one `Primitive=1` function per fused group and is fully typed.
 
-    `config` overrides other settings (its `opt_level` is replaced by the argument).
+    `config` overrides other settings (its `opt_level` is replaced by the argument, its `layout_block` by
+    `layout_block` when given: see `layout_block(target, layout_planning)` for a target's block).
     """
-    base = config or PassConfig()
-    run_config = PassConfig(
-        opt_level=opt_level,
-        disabled_passes=base.disabled_passes,
-        fuse_max_depth=base.fuse_max_depth,
-        fold_small_result_elements=base.fold_small_result_elements,
-    )
+    run_config = replace(config or PassConfig(), opt_level=opt_level)
+    if layout_block is not None:
+        run_config = replace(run_config, layout_block=layout_block)
     return default_pipeline().run(mod, run_config)

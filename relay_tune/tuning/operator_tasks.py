@@ -11,8 +11,9 @@ templates of `search_space.cpu`), for benchmarks and for tests of the cost model
 
 from __future__ import annotations
 
+from relay_tune.compiler import resolve_target
 from relay_tune.ir import IRModule
-from relay_tune.passes import optimize
+from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.extract_tasks import extract_tasks
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask
@@ -23,10 +24,16 @@ __all__ = ["conv2d", "dense", "dense_1024", "mobilenet_depthwise", "operator_tas
 DEFAULT_TARGET = "llvm -num-cores=1"
 
 
-def operator_task(source: str, target: str = DEFAULT_TARGET) -> RelayTuneTask:
-    """The task of a Relay program holding one operator call `op(%x, %w)`, whose `%w` is a constant weight."""
-    fused = optimize(infer_types(parse_module(source)), opt_level=3)
-    (spec,) = extract_tasks(IRModule({"main": fused["main"]}))
+def operator_task(source: str, target: str = DEFAULT_TARGET, layout_planning: bool | None = None) -> RelayTuneTask:
+    """The task of a Relay program holding one operator call `op(%x, %w)`, whose `%w` is a constant weight.
+
+    Optimised like a model for `target` (`layout_planning` as in `relay_tune.build`): with planned layouts the
+    program also transforms its input, weight and output, and the task is the operator's own (blocked) kernel,
+    the one of most FLOPs."""
+    layout = layout_block(resolve_target(target), layout_planning)
+    fused = optimize(infer_types(parse_module(source)), opt_level=3, layout_block=layout)
+    specs = extract_tasks(IRModule({"main": fused["main"]}))
+    spec = max(specs, key=lambda s: s.flops)
     return RelayTuneTask(spec, target, constants=(1,))  # parameter 1 of the fused function: the weight
 
 

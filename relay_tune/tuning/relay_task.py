@@ -33,7 +33,7 @@ from relay_tune.ir import Function, IRModule
 from relay_tune.ir.types import TupleType
 from relay_tune.kernel.build import OUTPUT, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.passes import optimize
+from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks
 from relay_tune.runtime.kernel import REPEAT_SUFFIX
 from relay_tune.text import parse_module, print_module
@@ -269,11 +269,14 @@ def _flatten(value: Any) -> list[Any]:
 register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
 
 
-def tasks_from_module(mod: Any, target: Any, opt_level: int = 3) -> list[RelayTuneTask]:
-    """One task per distinct fused function that `relay_tune.build(mod, target)` compiles into a kernel (pure
-    reshapes, which the build turns into aliases, are left out), in order of first use."""
+def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
+                      layout_planning: bool | None = None) -> list[RelayTuneTask]:
+    """One task per distinct fused function that `relay_tune.build(mod, target, layout_planning=...)` compiles into
+    a kernel (pure reshapes, which the build turns into aliases, are left out), in order of first use. Tasks are
+    extracted after layout planning, the same pipeline as the build's, so a kernel is tuned in the layout it runs
+    in."""
     resolved = _target(target)
-    fused = optimize(infer_types(mod), opt_level=opt_level)
+    fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning))
     specs = extract_tasks(IRModule({"main": fused["main"]}))
     return [RelayTuneTask(spec, resolved) for spec in specs if not is_pure_reshape(spec.func)]
 

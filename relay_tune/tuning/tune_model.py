@@ -225,7 +225,8 @@ class TuneModelResult:
         return self.latency_before / self.latency_after
 
 
-def _tasks_for(mod: Any, target: Any, opt_level: int) -> tuple[list[Any], Runner | None]:
+def _tasks_for(mod: Any, target: Any, opt_level: int,
+               layout_planning: bool | None = None) -> tuple[list[Any], Runner | None]:
     """The tuning tasks of `mod` on `target`, and the runner they need (None: the default CPU runner)."""
     if target.kind == "cuda":
         reason = cuda_available()
@@ -233,7 +234,7 @@ def _tasks_for(mod: Any, target: Any, opt_level: int) -> tuple[list[Any], Runner
             raise CudaUnavailableError(f"cannot tune for {target}: {reason}")
         return list(gpu_tasks(mod, str(target))), CudaRunner()
 
-    return tasks_from_module(mod, target, opt_level=opt_level), None
+    return tasks_from_module(mod, target, opt_level=opt_level, layout_planning=layout_planning), None
 
 
 def _cuda_target(text: str | Any) -> Any:
@@ -332,6 +333,7 @@ def tune_model(
     retune: bool = False,
     scheduler: str = "gradient",
     warmup_trials: int | None = None,
+    layout_planning: bool | None = None,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
@@ -350,6 +352,8 @@ def tune_model(
     (also when interrupted); the build also takes its best records. None (the default here): no cache.
     scheduler: a name of `SCHEDULERS` (how the budget is shared between tasks). warmup_trials: trials of each
     task's first round (None: a full batch; 1: only its default schedule, see `relay_tune.tuning.scheduler`).
+    layout_planning: as in `relay_tune.build` (None: the pipeline's default); tasks are extracted and the model is
+    built with the same setting.
     """
     started = time.monotonic()
     chosen = make_scheduler(scheduler, seed=seed, early_stopping=early_stopping, warmup_trials=warmup_trials)
@@ -358,7 +362,7 @@ def tune_model(
     else:
         resolved = resolve_target(target)
     log_path = Path(log_path)
-    tasks, gpu_runner = _tasks_for(mod, resolved, opt_level)
+    tasks, gpu_runner = _tasks_for(mod, resolved, opt_level, layout_planning)
     if task_filter is not None:
         keep = task_filter if callable(task_filter) else \
             (lambda t: task_filter in t.description or t.key.startswith(task_filter))  # type: ignore[operator]
@@ -435,7 +439,8 @@ def tune_model(
     model = None
     saved: Path | None = None
     configs: dict[str, str] = {}
-    untuned = build(mod, target=resolved, opt_level=opt_level) if measure_latency else None
+    untuned = build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning) \
+        if measure_latency else None
     logs = [log_path] if log_path.is_file() else None
 
     if database is not None:
@@ -451,8 +456,9 @@ def tune_model(
         warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
         # A record slower in the model than the default schedule is not used (CPU targets; see build).
         # The model built before tuning is the default side of that check (not built a second time).
-        model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned) if lookup is not None
-                 else untuned or build(mod, target=resolved, opt_level=opt_level))
+        model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned,
+                                     layout_planning=layout_planning) if lookup is not None
+                 else untuned or build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning))
     if measure_latency:
         check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
         if "default_e2e_s" in check:  # the check above timed both builds, interleaved: the faster one was kept
