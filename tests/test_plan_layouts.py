@@ -344,6 +344,150 @@ def test_depthwise_convolution_with_nchw_input_stays_nchw() -> None:
 }""")
 
 
+# Mixed blocks: channel counts the block of 16 does not divide, but 8 does (24, 40, 56...), are stored in NCHW8c.
+
+BOTTLENECK_24 = """def @main(%x: Tensor[(1, 16, 8, 8), float32], %w1: Tensor[(24, 16, 1, 1), float32],
+          %w2: Tensor[(48, 24, 1, 1), float32], %w3: Tensor[(48, 1, 3, 3), float32],
+          %w4: Tensor[(24, 48, 1, 1), float32], %w5: Tensor[(32, 24, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, channels=24, kernel_size=[1, 1]);
+  %1 = nn.conv2d(%0, %w2, channels=48, kernel_size=[1, 1]);
+  %2 = clip(%1, a_min=0f, a_max=6f);
+  %3 = nn.conv2d(%2, %w3, padding=[1, 1, 1, 1], groups=48, channels=48, kernel_size=[3, 3]);
+  %4 = nn.conv2d(%3, %w4, channels=24, kernel_size=[1, 1]);
+  %5 = add(%4, %0);
+  nn.conv2d(%5, %w5, channels=32, kernel_size=[1, 1])
+}"""
+
+
+def test_a_24_channel_bottleneck_between_16_multiples_stays_blocked_in_blocks_of_8() -> None:
+    # MobileNet v2's 24-channel stage: projections write NCHW8c, the residual add joins two NCHW8c values, and
+    # the next expansion reads blocks of 8 and writes blocks of 16 (OIHW8i16o). No transform between them.
+    check_golden(BOTTLENECK_24, """def @main(%x: Tensor[(1, 16, 8, 8), float32], %w1: Tensor[(24, 16, 1, 1), float32],
+          %w2: Tensor[(48, 24, 1, 1), float32], %w3: Tensor[(48, 1, 3, 3), float32],
+          %w4: Tensor[(24, 48, 1, 1), float32], %w5: Tensor[(32, 24, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
+  %1 = layout_transform(%w1, src_layout="OIHW", dst_layout="OIHW16i8o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, channels=24, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i8o", out_layout="NCHW8c");
+  %3 = layout_transform(%w2, src_layout="OIHW", dst_layout="OIHW8i16o");
+  %4 = nn.contrib_conv2d_NCHWc(%2, %3, channels=48, kernel_size=[1, 1],
+                               data_layout="NCHW8c", kernel_layout="OIHW8i16o", out_layout="NCHW16c");
+  %5 = clip(%4, a_min=0f, a_max=6f);
+  %6 = layout_transform(%w3, src_layout="OIHW", dst_layout="OIHW1i16o");
+  %7 = nn.contrib_conv2d_NCHWc(%5, %6, padding=[1, 1, 1, 1], groups=48, channels=48, kernel_size=[3, 3],
+                               data_layout="NCHW16c", kernel_layout="OIHW1i16o", out_layout="NCHW16c");
+  %8 = layout_transform(%w4, src_layout="OIHW", dst_layout="OIHW16i8o");
+  %9 = nn.contrib_conv2d_NCHWc(%7, %8, channels=24, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i8o", out_layout="NCHW8c");
+  %10 = add(%9, %2);
+  %11 = layout_transform(%w5, src_layout="OIHW", dst_layout="OIHW8i16o");
+  %12 = nn.contrib_conv2d_NCHWc(%10, %11, channels=32, kernel_size=[1, 1],
+                                data_layout="NCHW8c", kernel_layout="OIHW8i16o", out_layout="NCHW16c");
+  layout_transform(%12, src_layout="NCHW16c", dst_layout="NCHW")
+}""")
+
+
+def test_without_half_blocks_the_24_channel_values_stay_nchw() -> None:
+    # The planning before half blocks: nothing here is blocked (each blocked convolution would cost two transforms).
+    check_golden(BOTTLENECK_24, BOTTLENECK_24, half_blocks=False)
+
+
+def test_a_half_block_is_not_worth_a_transform_of_its_own() -> None:
+    # A 24-channel model input would need a transform into NCHW8c: the convolution reading it stays NCHW.
+    source = """def @main(%x: Tensor[(1, 24, 8, 8), float32], %w1: Tensor[(32, 24, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, channels=32, kernel_size=[1, 1]);
+  nn.relu(%0)
+}"""
+    check_golden(source, source)
+
+
+def test_concatenation_of_24_and_32_channels_concatenates_blocks_of_8() -> None:
+    # 8 divides both channel counts (16 does not divide 24): the 32-channel branch goes from blocks of 16 to blocks
+    # of 8 in one transform, and the 56 concatenated channels stay blocked through the pooling into the next
+    # convolution (NCHW8c x OIHW8i16o).
+    check_golden("""def @main(%x: Tensor[(1, 16, 8, 8), float32], %wa: Tensor[(24, 16, 1, 1), float32],
+          %wb: Tensor[(32, 16, 3, 3), float32], %wc: Tensor[(32, 56, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %wa, channels=24, kernel_size=[1, 1]);
+  %1 = nn.relu(%0);
+  %2 = nn.conv2d(%x, %wb, padding=[1, 1, 1, 1], channels=32, kernel_size=[3, 3]);
+  %3 = (%1, %2);
+  %4 = concatenate(%3, axis=1);
+  %5 = nn.max_pool2d(%4, pool_size=[2, 2], strides=[2, 2]);
+  nn.conv2d(%5, %wc, channels=32, kernel_size=[1, 1])
+}""", """def @main(%x: Tensor[(1, 16, 8, 8), float32], %wa: Tensor[(24, 16, 1, 1), float32],
+          %wb: Tensor[(32, 16, 3, 3), float32], %wc: Tensor[(32, 56, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
+  %1 = layout_transform(%wa, src_layout="OIHW", dst_layout="OIHW16i8o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, channels=24, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i8o", out_layout="NCHW8c");
+  %3 = nn.relu(%2);
+  %4 = layout_transform(%wb, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %5 = nn.contrib_conv2d_NCHWc(%0, %4, padding=[1, 1, 1, 1], channels=32, kernel_size=[3, 3],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %6 = layout_transform(%5, src_layout="NCHW16c", dst_layout="NCHW8c");
+  %7 = (%3, %6);
+  %8 = concatenate(%7, axis=1);
+  %9 = nn.max_pool2d(%8, pool_size=[2, 2], strides=[2, 2], layout="NCHW8c");
+  %10 = layout_transform(%wc, src_layout="OIHW", dst_layout="OIHW8i16o");
+  %11 = nn.contrib_conv2d_NCHWc(%9, %10, channels=32, kernel_size=[1, 1],
+                                data_layout="NCHW8c", kernel_layout="OIHW8i16o", out_layout="NCHW16c");
+  layout_transform(%11, src_layout="NCHW16c", dst_layout="NCHW")
+}""")
+
+
+def test_an_element_wise_join_of_blocks_of_8_and_16_transforms_one_operand_to_16() -> None:
+    # 24 + 40 channels concatenate in blocks of 8 (64 channels); added to a 64-channel convolution's NCHW16c
+    # output, the concatenation is transformed once, NCHW8c -> NCHW16c (no round trip through NCHW).
+    check_golden("""def @main(%x: Tensor[(1, 16, 8, 8), float32], %wa: Tensor[(24, 16, 1, 1), float32],
+          %wb: Tensor[(40, 16, 1, 1), float32], %wc: Tensor[(64, 16, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %wa, channels=24, kernel_size=[1, 1]);
+  %1 = nn.conv2d(%x, %wb, channels=40, kernel_size=[1, 1]);
+  %2 = (%0, %1);
+  %3 = concatenate(%2, axis=1);
+  %4 = nn.conv2d(%x, %wc, channels=64, kernel_size=[1, 1]);
+  %5 = add(%4, %3);
+  nn.relu(%5)
+}""", """def @main(%x: Tensor[(1, 16, 8, 8), float32], %wa: Tensor[(24, 16, 1, 1), float32],
+          %wb: Tensor[(40, 16, 1, 1), float32], %wc: Tensor[(64, 16, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
+  %1 = layout_transform(%wa, src_layout="OIHW", dst_layout="OIHW16i8o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, channels=24, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i8o", out_layout="NCHW8c");
+  %3 = layout_transform(%wb, src_layout="OIHW", dst_layout="OIHW16i8o");
+  %4 = nn.contrib_conv2d_NCHWc(%0, %3, channels=40, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i8o", out_layout="NCHW8c");
+  %5 = (%2, %4);
+  %6 = concatenate(%5, axis=1);
+  %7 = layout_transform(%wc, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %8 = nn.contrib_conv2d_NCHWc(%0, %7, channels=64, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %9 = add(%8, layout_transform(%6, src_layout="NCHW8c", dst_layout="NCHW16c"));
+  %10 = nn.relu(%9);
+  layout_transform(%10, src_layout="NCHW16c", dst_layout="NCHW")
+}""")
+
+
+def test_shufflenet_channel_counts_that_8_does_not_divide_stay_nchw() -> None:
+    # 58 and 116 channels: neither 16 nor 8 divides them, half blocks or not.
+    mod = typed(SHUFFLE_CHANNELS)
+    assert PlanLayouts(block=B, half_blocks=True).run(mod) is mod
+
+
+def test_half_blocks_are_at_least_8_lanes() -> None:
+    # Block 8 (AVX2) has no half block: 24 channels are blocks of 8, 20 channels stay NCHW.
+    source = """def @main(%x: Tensor[(1, 8, 8, 8), float32], %w1: Tensor[(24, 8, 1, 1), float32],
+          %w2: Tensor[(20, 24, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, channels=24, kernel_size=[1, 1]);
+  nn.conv2d(%0, %w2, channels=20, kernel_size=[1, 1])
+}"""
+    mod = typed(source)
+    planned = PlanLayouts(block=8).run(mod)
+    assert [(str(c.attrs["data_layout"]), str(c.attrs["out_layout"])) for c in ops(planned, "nn.contrib_conv2d_NCHWc")
+            ] == [("NCHW8c", "NCHW8c")]
+    assert len(ops(planned, "nn.conv2d")) == 1
+    assert_same_values(mod, planned)
+
+
 def test_squeeze_excitation_scale_broadcasts_in_the_blocked_layout() -> None:
     # The (1, C, 1, 1) scale of the block and the (1, C, H, W) features are both blocked: the multiply needs no
     # transform. A (1, H, W) spatial map does not fit a blocked result: that add is done in NCHW.
@@ -414,6 +558,8 @@ ZOO_16 = {  # widths whose channel counts are multiples of 16
     "resnet18": lambda: zoo.resnet(18, image=32, width=16, num_classes=10),
     "resnet50": lambda: zoo.resnet(50, image=32, width=16, num_classes=10),
     "mobilenet_v2": lambda: zoo.mobilenet(2, image=32, width=16, num_classes=10),
+    # MobileNet v2 at its real widths (16, 24, 32, 64, 96, 160, 320 channels): the 24-channel stage in blocks of 8
+    "mobilenet_v2_24": lambda: zoo.mobilenet(2, image=32, width=32, num_classes=10),
     "squeezenet1_1": lambda: zoo.squeezenet(image=32, width=16, num_classes=10),
     "inception_block": lambda: zoo.inception_block(image=8, in_channels=32, width=16, pool_features=16),
     "densenet_block": lambda: zoo.densenet_block(image=8, in_channels=16, layers=3, growth=16),
@@ -452,8 +598,8 @@ def test_planning_preserves_the_outputs_of_every_corpus_and_zoo_program(
                                    atol=tolerance * max(1.0, float(np.abs(e.astype(np.float64)).max(initial=0))))
 
 
-@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
-def test_resnets_transform_activations_only_at_the_boundaries(name: str) -> None:
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2_24"])
+def test_resnets_and_mobilenet_v2_transform_activations_only_at_the_boundaries(name: str) -> None:
     # The RGB image enters the blocked chain at the stem (as one block of its 3 channels), and the global pool's
     # result leaves it once for the classifier. Weights are packed at build time: no other transform.
     planned = optimize(infer_types(ZOO_16[name]()), layout_block=B)
@@ -511,7 +657,8 @@ def test_build_and_tuning_tasks_see_the_same_planned_workloads() -> None:
     np.testing.assert_allclose(model.run(**inputs), run(mod, inputs)[0], rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["mobilenet_v2", "squeezenet1_1", "inception_block", "densenet_block", "resnet50"])
+@pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v2_24", "squeezenet1_1", "inception_block",
+                                  "densenet_block", "resnet50"])
 def test_compiled_planned_zoo_models_match_the_reference(name: str) -> None:
     mod = infer_types(ZOO_16[name]())
     model = relay_tune.build(mod, "llvm", layout_planning=True)

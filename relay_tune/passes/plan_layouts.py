@@ -1,41 +1,48 @@
-"""PlanLayouts: choose, for the whole graph, which 4-D activations are stored channel-blocked (`NCHW{b}c`).
+"""PlanLayouts: choose, for the whole graph, which 4-D activations are stored channel-blocked (`NCHW{k}c`).
 
-A convolution whose input and output channels are multiples of the block `b` (the target's float32 vector lanes)
-runs on blocked data: `b` consecutive channels of one pixel sit in one vector register, so its inner loop is a
-vector FMA over output channels with unit-stride loads. Blocking one convolution at a time would pay two layout
-transforms per convolution; this pass decides layouts for the graph, so that a chain of convolutions and the
-element-wise ops, pooling and concatenations between them stay blocked, and a `layout_transform` appears only where
-a value's layout really changes (the graph's inputs, the convolution chain's ends, an operator that needs NCHW).
+A convolution on blocked data (`k` consecutive channels of one pixel in one vector register) runs as vector FMAs
+over output channels with unit-stride loads. Blocking one convolution at a time would pay two layout transforms per
+convolution; this pass decides layouts for the graph, so that a chain of convolutions and the element-wise ops,
+pooling and concatenations between them stay blocked, and a `layout_transform` appears only where a value's layout
+really changes (the graph's inputs, the convolution chain's ends, an operator that needs NCHW).
+
+Blocks are per tensor. `b` is the target's float32 vector lanes (16 on AVX-512); a tensor of C channels is stored
+in `NCHW{b}c` when b divides C, else in `NCHW{b/2}c` when b/2 (at least 8) does (MobileNet v2's 24 channels, 40,
+56, 72...: blocks of 8 on AVX-512), else it stays NCHW.
 
 The plan is one forward walk in data-flow order (as TVM's ConvertLayout): every rewritten value is either in its
-original layout or in `NCHW{b}c`, and each consumer asks for its inputs in the layout it wants. A value asked for in
-a layout it does not have gets one `layout_transform`, shared by every consumer that asks for the same (so no value
-is transformed twice into one layout, and a transform of a transform back to where it started cancels instead of
-appearing as a pair A->B->A).
+original layout or in one `NCHW{k}c`, and each consumer asks for its inputs in the layout it wants. A value asked for
+in a layout it does not have gets one `layout_transform` (blocked to blocked directly: NCHW8c -> NCHW16c), shared by
+every consumer that asks for the same (so no value is transformed twice into one layout, and a transform of a
+transform becomes one transform from the first layout, or cancels when it leads back there).
 
-- `nn.conv2d` (NCHW data, OIHW kernel, groups 1, float32, input and output channels multiples of `b`) becomes
-  `nn.contrib_conv2d_NCHWc` on `NCHW{b}c` data with an `OIHW{b}i{b}o` kernel and `NCHW{b}c` output. Its weight is
-  wrapped in `layout_transform(w, "OIHW", "OIHW{b}i{b}o")`: the FoldConstant after this pass packs a constant
-  weight once at build time; a weight that is a model input is packed by the model on every run (still correct).
-  Depthwise convolutions (groups == channels, a multiple of `b`) become `OIHW1i{b}o` kernels when `depthwise`, and
-  only when their input is blocked already: a memory-bound depthwise kernel cannot win back the transform of its
-  input (MobileNet v2's 144-channel depthwise convolutions between 24-channel projections stay NCHW).
-- A stem, a convolution of fewer input channels than `b` (3 RGB channels) and output channels a multiple of `b`,
-  reads its input as one block of all its channels (`NCHW3c`, pixel-major like NHWC, kernel `OIHW3i{b}o`) and
-  writes `NCHW{b}c`: the transform of the 3-channel image is smaller than one of the stem's output, and the stem's
+- `nn.conv2d` (NCHW data, OIHW kernel, groups 1, float32) becomes `nn.contrib_conv2d_NCHWc` when its output
+  channels have a block `bo`: on `NCHW{bi}c` data, where `bi` is the block its input is in already (any block: a
+  convolution reads `NCHW8c` with an `OIHW8i16o` kernel and writes `NCHW16c`), or the full block `b`, transformed
+  to, when the input is NCHW and `b` divides its channels. A half block is never transformed to for a convolution:
+  it only continues a blocked chain (a transform into it costs what it saves). The weight is wrapped in
+  `layout_transform(w, "OIHW", "OIHW{bi}i{bo}o")`: the FoldConstant after this pass packs a constant weight once at
+  build time; a weight that is a model input is packed by the model on every run (still correct).
+- Depthwise convolutions (groups == channels) become `OIHW1i{k}o` kernels in their input's block when `depthwise`,
+  and only when their input is blocked already: a memory-bound depthwise kernel cannot win back the transform of
+  its input.
+- A stem, a convolution of fewer input channels than `b` (3 RGB channels) whose output channels have a block,
+  reads its input as one block of all its channels (`NCHW3c`, pixel-major like NHWC, kernel `OIHW3i{bo}o`) and
+  writes `NCHW{bo}c`: the transform of the 3-channel image is smaller than one of the stem's output, and the stem's
   ReLU and pooling run blocked (`stem=False`: the stem stays NCHW and its output is transformed where the first
   blocked consumer needs it).
-- Any other convolution whose input or output channels are not multiples of `b` (ShuffleNet's 58, 116..., grouped
-  convolutions) stays `nn.conv2d` in NCHW.
+- Any other convolution (output channels with no block, ShuffleNet's 58 or 116; input channels that `b` does not
+  divide, coming from NCHW; grouped convolutions) stays `nn.conv2d` in NCHW.
 - Element-wise ops follow their input. A binary broadcast op (`add`, `multiply`, comparisons...) or `nn.bias_add`
-  on axis 1 is blocked when one operand is blocked and every other operand fits the blocked output: a scalar stays
-  as it is; a per-channel tensor ((C,), (C, 1, 1), (1, C, 1, 1): all other axes 1) is reshaped to its blocked shape
-  (the reshape folds into a new constant, or is an alias at run time); any other 4-D operand with the same channel
-  count ((N, C, H, W), the (N, C, 1, 1) scale of a squeeze-excitation block) is transformed to `NCHW{b}c`. An operand
-  that fits none of these (a (1, H, W) spatial map) keeps the whole op in NCHW.
-- Max/avg pooling and global pooling of a blocked input take `layout="NCHW{b}c"`; `concatenate` on the channel axis
-  of inputs whose channel counts are all multiples of `b` (one of them blocked) concatenates along the outer block
-  axis of the blocked inputs.
+  on axis 1 is blocked when one operand is blocked, in the widest block of its operands (one in blocks of 8 and one
+  in blocks of 16 meet in NCHW16c: the other is transformed), and every other operand fits the blocked output: a
+  scalar stays as it is; a per-channel tensor ((C,), (C, 1, 1), (1, C, 1, 1): all other axes 1) is reshaped to its
+  blocked shape (the reshape folds into a new constant, or is an alias at run time); any other 4-D operand with the
+  same channel count ((N, C, H, W), the (N, C, 1, 1) scale of a squeeze-excitation block) is transformed to the
+  blocked layout. An operand that fits none of these (a (1, H, W) spatial map) keeps the whole op in NCHW.
+- Max/avg pooling and global pooling of a blocked input take `layout="NCHW{k}c"` in its block; `concatenate` on the
+  channel axis, when one of its inputs is blocked, concatenates along the outer block axis in the widest block (b,
+  else b/2) that divides every input's channel count (24 + 32 channels: blocks of 8), or stays NCHW.
 - Every other operator (reshape, flatten, dense, softmax, transpose, slices, reductions, pad, calls of functions),
   tuples and projections get their inputs in the original layout, and the function returns its results in their
   original layouts: callers see the same signature.
@@ -71,10 +78,16 @@ _BINARY_OPS = frozenset({
 })
 _POOL_OPS = frozenset({"nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d"})
 _CONV_DTYPE = "float32"
+_MIN_HALF_BLOCK = 8  # half blocks narrower than this are not planned (see `_Planner.half`)
 
 
 def blocked_layout(block: int) -> str:
     return f"NCHW{block}c"
+
+
+def _layout(block: int) -> str:
+    """The layout of a value stored in `block` (0: the original layout)."""
+    return blocked_layout(block) if block else PLAIN
 
 
 def _is_unary_elementwise(name: str) -> bool:
@@ -98,39 +111,44 @@ def _channels(ty: TensorType) -> int:
 class _Planner:
     """The forward walk over one function body (see the module docstring)."""
 
-    def __init__(self, block: int, depthwise: bool, stem: bool) -> None:
+    def __init__(self, block: int, depthwise: bool, stem: bool, half_blocks: bool) -> None:
         self.block = block
+        # The half block, for channel counts the full block does not divide (24, 40, 56... on AVX-512): at least 8
+        # lanes, so that a block still fills a vector of 8 (AVX2 targets, block 8, have none).
+        self.half = block // 2 if half_blocks and block // 2 >= _MIN_HALF_BLOCK else 0
         self.depthwise = depthwise
         self.stem = stem
-        self.blocked = blocked_layout(block)
-        # id(original node) -> (rewritten node, its layout: PLAIN/"" for the original layout, or self.blocked)
-        self.value: dict[int, tuple[Expr, str]] = {}
-        # (id(original node), wanted layout) -> the shared transform that delivers it
-        self.converted: dict[tuple[int, str], Expr] = {}
+        # id(original node) -> (rewritten node, its block: 0 for the original layout, k for NCHW{k}c)
+        self.value: dict[int, tuple[Expr, int]] = {}
+        # (id(original node), wanted block) -> the shared transform that delivers it
+        self.converted: dict[tuple[int, int], Expr] = {}
 
     # -- values in a wanted layout -------------------------------------------------------------------------------
 
-    def get(self, node: Expr, want: str = "") -> Expr:
-        """The rewritten `node` in layout `want` ("" = its original layout), transformed once if need be."""
-        new, layout = self.value[id(node)]
-        if layout == want or (want == "" and layout == PLAIN):
+    def get(self, node: Expr, want: int = 0) -> Expr:
+        """The rewritten `node` in `NCHW{want}c` (0: its original layout), transformed once if need be."""
+        new, have = self.value[id(node)]
+        if have == want:
             return new
         key = (id(node), want)
         found = self.converted.get(key)
         if found is None:
-            if want == "":
-                found = _transform(new, self.blocked, PLAIN)
-            else:
-                assert layout in ("", PLAIN), f"no transform from {layout} to {want} is planned"
-                found = _transform(new, PLAIN, want)
+            found = _transform(new, _layout(have), _layout(want))
             self.converted[key] = found
         return found
 
-    def is_blocked(self, node: Expr) -> bool:
-        return self.value[id(node)][1] == self.blocked
+    def block_of(self, node: Expr) -> int:
+        """The block `node`'s value is stored in (0: its original layout)."""
+        return self.value[id(node)][1]
 
-    def fits_block(self, ty: TensorType | None) -> bool:
-        return ty is not None and ty.ndim == 4 and _channels(ty) % self.block == 0
+    def block_for(self, channels: int) -> int:
+        """The block a tensor of `channels` channels is stored in when it is planned: the full block where it
+        divides them, else the half block where that does, else 0 (NCHW)."""
+        if channels % self.block == 0:
+            return self.block
+        if self.half and channels % self.half == 0:
+            return self.half
+        return 0
 
     # -- the walk ------------------------------------------------------------------------------------------------
 
@@ -142,14 +160,14 @@ class _Planner:
                 return
         children = () if is_opaque_function(node) else node.children()
         if not children:
-            self.value[id(node)] = (node, "")
+            self.value[id(node)] = (node, 0)
             return
         new_children = [self.get(c) if id(c) in self.value else c for c in children]
         changed = any(n is not c for n, c in zip(new_children, children))
-        self.value[id(node)] = (node.with_children(new_children) if changed else node, "")
+        self.value[id(node)] = (node.with_children(new_children) if changed else node, 0)
 
-    def _call(self, call: Call) -> tuple[Expr, str] | None:
-        """A blocked rewrite of `call`, or None to keep it in the original layout (inputs in theirs)."""
+    def _call(self, call: Call) -> tuple[Expr, int] | None:
+        """A blocked rewrite of `call` and its block, or None to keep it in the original layout (inputs in theirs)."""
         name = call.op_name
         assert name is not None
         if name == "nn.conv2d":
@@ -160,11 +178,13 @@ class _Planner:
             return self._concatenate(call)
         if name in _BINARY_OPS or name == "nn.bias_add":
             return self._broadcast(call)
-        if _is_unary_elementwise(name) and len(call.args) == 1 and self.is_blocked(call.args[0]):
-            return Call(call.op, (self.get(call.args[0], self.blocked),), call.attrs, call.span), self.blocked
+        if _is_unary_elementwise(name) and len(call.args) == 1:
+            block = self.block_of(call.args[0])
+            if block:
+                return Call(call.op, (self.get(call.args[0], block),), call.attrs, call.span), block
         return None
 
-    def _conv(self, call: Call) -> tuple[Expr, str] | None:
+    def _conv(self, call: Call) -> tuple[Expr, int] | None:
         attrs = call.attrs
         if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW":
             return None
@@ -177,40 +197,50 @@ class _Planner:
             return None
         if not (data.dtype == weight.dtype == out.dtype == _CONV_DTYPE):
             return None
-        b = self.block
         c_in, c_out, groups = _channels(data), _channels(out), int(attrs.get("groups", 1))  # type: ignore[arg-type]
-        data_layout = self.blocked
-        if groups == 1 and c_in % b == 0 and c_out % b == 0:
-            kernel_layout = f"OIHW{b}i{b}o"
-        elif self.stem and groups == 1 and c_in < b and c_out % b == 0:
-            # A stem (3 RGB channels): all its input channels form one block (NCHW3c, pixel-major like NHWC), so
-            # it writes NCHW{b}c directly; transforming the 3-channel image costs less than the stem's output.
-            data_layout, kernel_layout = f"NCHW{c_in}c", f"OIHW{c_in}i{b}o"
-        elif (self.depthwise and groups == c_in == c_out and c_in % b == 0 and int(weight.shape[1]) == 1  # type: ignore[arg-type]
-              and self.is_blocked(call.args[0])):
+        have = self.block_of(call.args[0])
+        if groups == 1:
+            bo = self.block_for(c_out)
+            # The input's block where it is blocked already (a convolution reads any block: NCHW8c x OIHW8i16o ->
+            # NCHW16c); else the full block, transformed to. A half block is taken only where the input has it
+            # already: it saves a transform there, but is not worth one of its own.
+            bi = have or (self.block if c_in % self.block == 0 else 0)
+            if bo == 0:
+                return None
+            if bi:
+                data_block, kernel_layout = bi, f"OIHW{bi}i{bo}o"
+            elif self.stem and c_in < self.block:
+                # A stem (3 RGB channels): all its input channels form one block (NCHW3c, pixel-major like NHWC),
+                # so it writes NCHW{bo}c directly; transforming the 3-channel image costs less than its output.
+                data_block, kernel_layout = c_in, f"OIHW{c_in}i{bo}o"
+            else:
+                return None
+        elif (self.depthwise and have and groups == c_in == c_out and int(weight.shape[1]) == 1):  # type: ignore[arg-type]
             # A depthwise convolution does a few FLOPs per byte: blocking it cannot pay for a transform of its
-            # input, so it is blocked only where its input already is (and a blocked chain continues through it).
-            kernel_layout = f"OIHW1i{b}o"
+            # input, so it is blocked only where its input already is, in its input's block.
+            data_block, kernel_layout, bo = have, f"OIHW1i{have}o", have
         else:
             return None
-        x = self.get(call.args[0], data_layout)
+        x = self.get(call.args[0], data_block)
         w = _transform(self.get(call.args[1]), "OIHW", kernel_layout)
-        new_attrs = attrs.with_updates(data_layout=data_layout, kernel_layout=kernel_layout, out_layout=self.blocked)
-        return Call(op("nn.contrib_conv2d_NCHWc"), (x, w), new_attrs, call.span), self.blocked
+        new_attrs = attrs.with_updates(data_layout=_layout(data_block), kernel_layout=kernel_layout,
+                                       out_layout=_layout(bo))
+        return Call(op("nn.contrib_conv2d_NCHWc"), (x, w), new_attrs, call.span), bo
 
-    def _pool(self, call: Call) -> tuple[Expr, str] | None:
+    def _pool(self, call: Call) -> tuple[Expr, int] | None:
         attrs = call.attrs
         if attrs.get("layout", "NCHW") != "NCHW" or attrs.get("out_layout") not in ("", "NCHW", None):
             return None
-        if not self.is_blocked(call.args[0]):
+        block = self.block_of(call.args[0])
+        if not block:
             return None
-        updates: dict[str, str] = {"layout": self.blocked}
+        updates: dict[str, str] = {"layout": _layout(block)}
         if attrs.get("out_layout"):
-            updates["out_layout"] = self.blocked
-        x = self.get(call.args[0], self.blocked)
-        return Call(call.op, (x,), attrs.with_updates(**updates), call.span), self.blocked
+            updates["out_layout"] = _layout(block)
+        x = self.get(call.args[0], block)
+        return Call(call.op, (x,), attrs.with_updates(**updates), call.span), block
 
-    def _concatenate(self, call: Call) -> tuple[Expr, str] | None:
+    def _concatenate(self, call: Call) -> tuple[Expr, int] | None:
         fields_node = call.args[0]
         out = _static_4d(call)
         if not isinstance(fields_node, Tuple) or out is None:
@@ -218,63 +248,73 @@ class _Planner:
         if int(call.attrs.get("axis", 0)) % 4 != 1:  # type: ignore[arg-type]
             return None
         fields = fields_node.fields
-        if not all(self.fits_block(tensor_type_of(f)) for f in fields):
+        if not any(self.block_of(f) for f in fields):
             return None
-        if not any(self.is_blocked(f) for f in fields):
+        types = [tensor_type_of(f) for f in fields]
+        if not all(t is not None and t.ndim == 4 for t in types):
             return None
-        blocked_fields = Tuple(tuple(self.get(f, self.blocked) for f in fields), fields_node.span)
-        # Axis 1 of NCHW{b}c is the outer channel-block axis: blocks of whole multiples of b concatenate there.
-        return Call(call.op, (blocked_fields,), call.attrs.with_updates(axis=1), call.span), self.blocked
+        counts = [_channels(t) for t in types if t is not None]
+        # One block for every input, the widest that divides every channel count (24 + 32: blocks of 8).
+        block = next((k for k in (self.block, self.half) if k and all(c % k == 0 for c in counts)), 0)
+        if not block:
+            return None
+        blocked_fields = Tuple(tuple(self.get(f, block) for f in fields), fields_node.span)
+        # Axis 1 of NCHW{k}c is the outer channel-block axis: blocks of whole multiples of k concatenate there.
+        return Call(call.op, (blocked_fields,), call.attrs.with_updates(axis=1), call.span), block
 
-    def _broadcast(self, call: Call) -> tuple[Expr, str] | None:
+    def _broadcast(self, call: Call) -> tuple[Expr, int] | None:
         out = _static_4d(call)
-        if not self.fits_block(out) or not any(self.is_blocked(a) for a in call.args):
+        blocks = [self.block_of(a) for a in call.args if self.block_of(a)]
+        if out is None or not blocks:
             return None
-        assert out is not None
         channels = _channels(out)
+        # Operands in different blocks (a value concatenated in blocks of 8 added to one in blocks of 16) meet in
+        # the widest: one of them is transformed.
+        block = max(blocks)
+        if channels % block != 0:
+            return None
         if call.op_name == "nn.bias_add":
             axis = int(call.attrs.get("axis", 1))  # type: ignore[arg-type]
-            if axis % 4 != 1 or not self.is_blocked(call.args[0]):
+            if axis % 4 != 1 or not self.block_of(call.args[0]):
                 return None
-            bias = self._per_channel(call.args[1], channels)
+            bias = self._per_channel(call.args[1], channels, block)
             if bias is None:
                 return None
-            return _op_call("add", (self.get(call.args[0], self.blocked), bias)), self.blocked
+            return _op_call("add", (self.get(call.args[0], block), bias)), block
         args: list[Expr] = []
         for arg in call.args:
-            fitted = self._operand(arg, channels)
+            fitted = self._operand(arg, channels, block)
             if fitted is None:
                 return None
             args.append(fitted)
-        return Call(call.op, tuple(args), call.attrs, call.span), self.blocked
+        return Call(call.op, tuple(args), call.attrs, call.span), block
 
-    def _operand(self, arg: Expr, channels: int) -> Expr | None:
-        """`arg` rewritten to broadcast against a blocked (N, C/b, H, W, b) result, or None when it cannot."""
+    def _operand(self, arg: Expr, channels: int, block: int) -> Expr | None:
+        """`arg` rewritten to broadcast against a (N, C/k, H, W, k) result, or None when it cannot."""
         ty = tensor_type_of(arg)
         if ty is None:
             return None
-        if self.is_blocked(arg):
-            return self.get(arg, self.blocked)
+        if self.block_of(arg):
+            return self.get(arg, block)
         if all(d == 1 for d in ty.shape):
             return self.get(arg)  # a scalar (or all-ones tensor) broadcasts against any layout
-        per_channel = self._per_channel(arg, channels)
+        per_channel = self._per_channel(arg, channels, block)
         if per_channel is not None:
             return per_channel
         if ty.ndim == 4 and _channels(ty) == channels:
-            return self.get(arg, self.blocked)
+            return self.get(arg, block)
         return None
 
-    def _per_channel(self, arg: Expr, channels: int) -> Expr | None:
-        """A (C,), (C, 1, 1) or (1, C, 1, 1) tensor reshaped to (C/b, 1, 1, b) or (1, C/b, 1, 1, b): channel
-        c = outer * b + inner, which is the row-major order of the blocked axes, so a reshape is the transform."""
+    def _per_channel(self, arg: Expr, channels: int, block: int) -> Expr | None:
+        """A (C,), (C, 1, 1) or (1, C, 1, 1) tensor reshaped to (C/k, 1, 1, k) or (1, C/k, 1, 1, k): channel
+        c = outer * k + inner, which is the row-major order of the blocked axes, so a reshape is the transform."""
         ty = tensor_type_of(arg)
         if ty is None or ty.ndim not in (1, 3, 4):
             return None
         axis = {1: 0, 3: 0, 4: 1}[ty.ndim]
         if ty.shape[axis] != channels or any(d != 1 for i, d in enumerate(ty.shape) if i != axis):
             return None
-        b = self.block
-        shape = [channels // b, 1, 1, b] if ty.ndim in (1, 3) else [1, channels // b, 1, 1, b]
+        shape = [channels // block, 1, 1, block] if ty.ndim in (1, 3) else [1, channels // block, 1, 1, block]
         return _op_call("reshape", (self.get(arg),), newshape=tuple(shape))
 
 
@@ -284,14 +324,19 @@ def _op_call(name: str, args: tuple[Expr, ...], **attrs: object) -> Call:
 
 
 def _transform(value: Expr, src: str, dst: str) -> Expr:
-    """`layout_transform(value, src, dst)`, or what `value` transformed from when it already came from `dst`."""
-    if isinstance(value, Call) and value.op_name == "layout_transform":
-        if value.attrs.get("src_layout") == dst and value.attrs.get("dst_layout") == src:
+    """`layout_transform(value, src, dst)`. When `value` is itself a transform from layout A, what it transformed
+    from (A == dst) or one transform A -> dst (NCHW -> NCHW16c -> NCHW8c becomes NCHW -> NCHW8c): no value is
+    transformed twice in a row."""
+    if isinstance(value, Call) and value.op_name == "layout_transform" and value.attrs.get("dst_layout") == src:
+        first = str(value.attrs.get("src_layout"))
+        if first == dst:
             return value.args[0]
+        if first.startswith(PLAIN) and dst.startswith(PLAIN):
+            src, value = first, value.args[0]
     return _op_call("layout_transform", (value,), src_layout=src, dst_layout=dst)
 
 
-def _plannable(func: Function, block: int) -> bool:
+def _plannable(func: Function, planner: _Planner) -> bool:
     """True when `func` is a data-flow graph with at least one convolution worth blocking."""
     worth = False
     for node in dataflow_post_order(func.body):
@@ -299,17 +344,19 @@ def _plannable(func: Function, block: int) -> bool:
             return False
         if isinstance(node, Call) and node.op_name == "nn.conv2d":
             out = _static_4d(node)
-            worth = worth or (out is not None and _channels(out) % block == 0)
+            worth = worth or (out is not None and planner.block_for(_channels(out)) > 0)
     return worth
 
 
-def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool = True) -> Function:
-    """`func` with its activations planned in `NCHW{block}c` where that keeps convolution chains blocked."""
-    if not _plannable(func, block):
+def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool = True,
+                  half_blocks: bool = True) -> Function:
+    """`func` with its activations planned in `NCHW{block}c` (or `NCHW{block/2}c`) where that keeps convolution
+    chains blocked."""
+    planner = _Planner(block, depthwise, stem, half_blocks)
+    if not _plannable(func, planner):
         return func
-    planner = _Planner(block, depthwise, stem)
     for param in func.params:
-        planner.value[id(param)] = (param, "")
+        planner.value[id(param)] = (param, 0)
     for node in dataflow_post_order(func.body):
         if id(node) not in planner.value:
             planner.visit(node)
@@ -324,11 +371,13 @@ def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool
 class PlanLayouts(Pass):
     """Plan channel-blocked layouts (module docstring). `block`: the block size (the target's float32 vector
     lanes); None takes `PassConfig.layout_block`; 0 turns the pass off. `depthwise`: block depthwise convolutions
-    too. `stem`: stems of fewer input channels than the block write blocked outputs."""
+    too. `stem`: stems of fewer input channels than the block write blocked outputs. `half_blocks`: channel counts
+    that only half the block divides (24 on AVX-512) are blocked in half blocks (at least 8 lanes)."""
 
     block: int | None = None
     depthwise: bool = True
     stem: bool = True
+    half_blocks: bool = True
     name: ClassVar[str] = "PlanLayouts"
     opt_level: ClassVar[int] = 3
     required: ClassVar[tuple[str, ...]] = ("InferType",)
@@ -341,7 +390,8 @@ class PlanLayouts(Pass):
         block = config.layout_block if self.block is None else self.block
         if block <= 1:
             return mod
-        new_mod, changed = map_functions(mod, lambda f: plan_function(f, block, self.depthwise, self.stem))
+        new_mod, changed = map_functions(
+            mod, lambda f: plan_function(f, block, self.depthwise, self.stem, self.half_blocks))
         return retype(new_mod, changed)
 
 
