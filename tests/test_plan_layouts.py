@@ -439,16 +439,19 @@ def test_an_element_wise_join_of_blocks_of_8_and_16_transforms_one_operand_to_16
     # 24 + 40 channels concatenate in blocks of 8 (64 channels); added to a 64-channel convolution's NCHW16c
     # output, the concatenation is transformed once, NCHW8c -> NCHW16c (no round trip through NCHW).
     check_golden("""def @main(%x: Tensor[(1, 16, 8, 8), float32], %wa: Tensor[(24, 16, 1, 1), float32],
-          %wb: Tensor[(40, 16, 1, 1), float32], %wc: Tensor[(64, 16, 1, 1), float32]) {
+          %wb: Tensor[(40, 16, 1, 1), float32], %wc: Tensor[(64, 16, 1, 1), float32],
+          %wd: Tensor[(32, 64, 1, 1), float32]) {
   %0 = nn.conv2d(%x, %wa, channels=24, kernel_size=[1, 1]);
   %1 = nn.conv2d(%x, %wb, channels=40, kernel_size=[1, 1]);
   %2 = (%0, %1);
   %3 = concatenate(%2, axis=1);
   %4 = nn.conv2d(%x, %wc, channels=64, kernel_size=[1, 1]);
   %5 = add(%4, %3);
-  nn.relu(%5)
+  %6 = nn.relu(%5);
+  nn.conv2d(%6, %wd, channels=32, kernel_size=[1, 1])
 }""", """def @main(%x: Tensor[(1, 16, 8, 8), float32], %wa: Tensor[(24, 16, 1, 1), float32],
-          %wb: Tensor[(40, 16, 1, 1), float32], %wc: Tensor[(64, 16, 1, 1), float32]) {
+          %wb: Tensor[(40, 16, 1, 1), float32], %wc: Tensor[(64, 16, 1, 1), float32],
+          %wd: Tensor[(32, 64, 1, 1), float32]) {
   %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
   %1 = layout_transform(%wa, src_layout="OIHW", dst_layout="OIHW16i8o");
   %2 = nn.contrib_conv2d_NCHWc(%0, %1, channels=24, kernel_size=[1, 1],
@@ -463,7 +466,34 @@ def test_an_element_wise_join_of_blocks_of_8_and_16_transforms_one_operand_to_16
                                data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
   %9 = add(%8, layout_transform(%6, src_layout="NCHW8c", dst_layout="NCHW16c"));
   %10 = nn.relu(%9);
-  layout_transform(%10, src_layout="NCHW16c", dst_layout="NCHW")
+  %11 = layout_transform(%wd, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %12 = nn.contrib_conv2d_NCHWc(%10, %11, channels=32, kernel_size=[1, 1],
+                                data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  layout_transform(%12, src_layout="NCHW16c", dst_layout="NCHW")
+}""")
+
+
+def test_a_half_block_is_not_written_where_the_blocked_chain_ends() -> None:
+    # SqueezeNet's classifier (1000 channels, blocks of 8) into global pooling: a convolution writing half blocks
+    # runs at half the vector width, and nothing after it reads them blocked, so it stays NCHW.
+    check_golden("""def @main(%x: Tensor[(1, 16, 8, 8), float32], %w1: Tensor[(32, 16, 1, 1), float32],
+          %w2: Tensor[(24, 32, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w1, channels=32, kernel_size=[1, 1]);
+  %1 = nn.relu(%0);
+  %2 = nn.conv2d(%1, %w2, channels=24, kernel_size=[1, 1]);
+  %3 = nn.relu(%2);
+  nn.global_avg_pool2d(%3)
+}""", """def @main(%x: Tensor[(1, 16, 8, 8), float32], %w1: Tensor[(32, 16, 1, 1), float32],
+          %w2: Tensor[(24, 32, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
+  %1 = layout_transform(%w1, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, channels=32, kernel_size=[1, 1],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %3 = nn.relu(%2);
+  %4 = layout_transform(%3, src_layout="NCHW16c", dst_layout="NCHW");
+  %5 = nn.conv2d(%4, %w2, channels=24, kernel_size=[1, 1]);
+  %6 = nn.relu(%5);
+  nn.global_avg_pool2d(%6)
 }""")
 
 

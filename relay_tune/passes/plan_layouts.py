@@ -19,8 +19,11 @@ transform becomes one transform from the first layout, or cancels when it leads 
 - `nn.conv2d` (NCHW data, OIHW kernel, groups 1, float32) becomes `nn.contrib_conv2d_NCHWc` when its output
   channels have a block `bo`: on `NCHW{bi}c` data, where `bi` is the block its input is in already (any block: a
   convolution reads `NCHW8c` with an `OIHW8i16o` kernel and writes `NCHW16c`), or the full block `b`, transformed
-  to, when the input is NCHW and `b` divides its channels. A half block is never transformed to for a convolution:
-  it only continues a blocked chain (a transform into it costs what it saves). The weight is wrapped in
+  to, when the input is NCHW and `b` divides its channels. A half block runs at half the vector width, so it only
+  continues a blocked chain: a convolution never has its input transformed into one, and writes one only where its
+  output reaches a convolution writing a blocked layout through ops that keep blocks (MobileNet v2's 24-channel
+  projections into the next expansion; not SqueezeNet's 1000-channel classifier into global pooling, nor
+  ShuffleNet's 24-channel stem into 58-channel branches: those stay NCHW). The weight is wrapped in
   `layout_transform(w, "OIHW", "OIHW{bi}i{bo}o")`: the FoldConstant after this pass packs a constant weight once at
   build time; a weight that is a model input is packed by the model on every run (still correct).
 - Depthwise convolutions (groups == channels) become `OIHW1i{k}o` kernels in their input's block when `depthwise`,
@@ -122,6 +125,8 @@ class _Planner:
         self.value: dict[int, tuple[Expr, int]] = {}
         # (id(original node), wanted block) -> the shared transform that delivers it
         self.converted: dict[tuple[int, int], Expr] = {}
+        # ids of the values that reach a convolution writing a blocked layout through layout-following ops
+        self.feeds_blocked: set[int] = set()
 
     # -- values in a wanted layout -------------------------------------------------------------------------------
 
@@ -201,6 +206,11 @@ class _Planner:
         have = self.block_of(call.args[0])
         if groups == 1:
             bo = self.block_for(c_out)
+            if bo and bo != self.block and id(call) not in self.feeds_blocked:
+                # A half block runs at half the vector width: written only where the chain goes on blocked (a
+                # 24-channel projection into the next expansion), not where it ends (SqueezeNet's 1000-channel
+                # classifier convolution into pooling, ShuffleNet's 24-channel stem into 58-channel branches).
+                bo = 0
             # The input's block where it is blocked already (a convolution reads any block: NCHW8c x OIHW8i16o ->
             # NCHW16c); else the full block, transformed to. A half block is taken only where the input has it
             # already: it saves a transform there, but is not worth one of its own.
@@ -348,6 +358,44 @@ def _plannable(func: Function, planner: _Planner) -> bool:
     return worth
 
 
+def _feeding_blocked(body: Expr, planner: _Planner) -> set[int]:
+    """ids of the nodes whose value reaches a convolution that writes a blocked layout (groups 1, output channels
+    with a block) through ops that keep a blocked layout (element-wise, broadcast, pooling, concatenation, depthwise
+    convolutions): where a half block written there would be read blocked."""
+    order = list(dataflow_post_order(body))
+    consumers: dict[int, list[Expr]] = {}
+    for node in order:
+        if is_opaque_function(node):
+            continue
+        for child in node.children():
+            consumers.setdefault(id(child), []).append(node)
+    feeds: set[int] = set()
+
+    def continues(user: Expr) -> bool:
+        if isinstance(user, Tuple):
+            return id(user) in feeds
+        if not isinstance(user, Call) or user.op_name is None:
+            return False
+        name = user.op_name
+        if name == "nn.conv2d":
+            out = _static_4d(user)
+            if out is None:
+                return False
+            groups = int(user.attrs.get("groups", 1))  # type: ignore[arg-type]
+            if groups == 1:
+                return planner.block_for(_channels(out)) > 0
+            return groups == _channels(out) and id(user) in feeds  # depthwise: the block goes through
+        if (name in _POOL_OPS and not name.startswith("nn.global")) or name in _BINARY_OPS \
+                or name in ("nn.bias_add", "concatenate") or _is_unary_elementwise(name):
+            return id(user) in feeds
+        return False
+
+    for node in reversed(order):  # consumers before producers
+        if any(continues(user) for user in consumers.get(id(node), ())):
+            feeds.add(id(node))
+    return feeds
+
+
 def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool = True,
                   half_blocks: bool = True) -> Function:
     """`func` with its activations planned in `NCHW{block}c` (or `NCHW{block/2}c`) where that keeps convolution
@@ -355,6 +403,8 @@ def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool
     planner = _Planner(block, depthwise, stem, half_blocks)
     if not _plannable(func, planner):
         return func
+    if planner.half:
+        planner.feeds_blocked = _feeding_blocked(func.body, planner)
     for param in func.params:
         planner.value[id(param)] = (param, 0)
     for node in dataflow_post_order(func.body):
