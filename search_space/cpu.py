@@ -453,6 +453,12 @@ def _divides(config: Config, knob: str, extent: int) -> bool:
     return extent % _inner(config, knob) == 0
 
 
+def _order_needs_channel_tiles(config: Config, blocks: int) -> bool:
+    """With one tile of channel blocks, rows-first (`hc`) and blocks-first (`ch`) outer loops are the same loop nest:
+    only `ch` is kept, so the search never measures one schedule twice."""
+    return config["order"] == "ch" or _inner(config, "tile_cb") < blocks
+
+
 def _pack_needs_block(config: Config, knob: str) -> bool:
     """Packing a weight by blocks of one output channel changes nothing (the same schedule as unpacked)."""
     return not config.get("pack_w") or _inner(config, knob) > 1
@@ -645,6 +651,8 @@ def cpu_space(workload: CpuWorkload) -> Space:
                 columns="tile_w", registers=workload.registers)),
             Constraint("channel-block tiles divide the blocks", functools.partial(
                 _divides, knob="tile_cb", extent=dims["cb"])),
+            Constraint("loop order only with several channel-block tiles", functools.partial(
+                _order_needs_channel_tiles, blocks=dims["cb"])),
         ]
     elif family == "depthwise_conv2d_nchwc":
         knobs += [
