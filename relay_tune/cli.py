@@ -915,7 +915,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    "constants: weights given this way are packed once, at build time")
     p.add_argument("--layout-planning", action=argparse.BooleanOptionalAction, default=None,
                    help="plan channel-blocked (NCHW16c on AVX-512) activation layouts for convolution chains on CPU "
-                   "targets (default: off); tuning, `tasks` and `build` must agree for logs to match")
+                   "targets (default: on); tuning, `tasks` and `build` must agree for logs to match")
 
 
 def build_parser() -> argparse.ArgumentParser:

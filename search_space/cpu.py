@@ -453,6 +453,12 @@ def _divides(config: Config, knob: str, extent: int) -> bool:
     return extent % _inner(config, knob) == 0
 
 
+def _order_needs_channel_tiles(config: Config, blocks: int) -> bool:
+    """With one tile of channel blocks, rows-first (`hc`) and blocks-first (`ch`) outer loops are the same loop nest:
+    only `ch` is kept, so the search never measures one schedule twice."""
+    return config["order"] == "ch" or _inner(config, "tile_cb") < blocks
+
+
 def _pack_needs_block(config: Config, knob: str) -> bool:
     """Packing a weight by blocks of one output channel changes nothing (the same schedule as unpacked)."""
     return not config.get("pack_w") or _inner(config, knob) > 1
@@ -645,6 +651,8 @@ def cpu_space(workload: CpuWorkload) -> Space:
                 columns="tile_w", registers=workload.registers)),
             Constraint("channel-block tiles divide the blocks", functools.partial(
                 _divides, knob="tile_cb", extent=dims["cb"])),
+            Constraint("loop order only with several channel-block tiles", functools.partial(
+                _order_needs_channel_tiles, blocks=dims["cb"])),
         ]
     elif family == "depthwise_conv2d_nchwc":
         knobs += [
@@ -1349,14 +1357,13 @@ def _template_conv2d_nchw_cl(sch: Any, prim: Any, config: Config, target: Any) -
     sch.vectorize(acc, ac)
 
 
-def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> None:
-    anchor = _anchor_stage(sch, prim)
-    out = sch[prim.outputs[0]].name
-    acc = _prepare_conv(sch, anchor, config, target)
-    n, c, h, w = sch.leaves(out)
+def _depthwise_tiles(sch: Any, out: str, n: str, c: str, h: str, w: str, inner: Sequence[str], config: Config,
+                     target: Any) -> tuple[str, str]:
+    """A depthwise output's tiles of `tile_h` rows by `tile_w` columns (loops `inner` innermost), channels outermost;
+    `parallel` 2 runs channels and row tiles in parallel, 1 channels only. Returns the column loops (tile, inside)."""
     ho, hi = sch.split(out, h, factor=_inner(config, "tile_h"))
     wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
-    sch.reorder(out, n, c, ho, wo, hi, wi)
+    sch.reorder(out, n, c, ho, wo, hi, wi, *inner)
     parallel = int(config["parallel"])  # type: ignore[arg-type]
     if parallel == 2 and target.num_cores > 1:
         sch.parallel(out, sch.fuse(out, n, c, ho))
@@ -1364,6 +1371,15 @@ def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> Non
         outer = sch.fuse(out, n, c)
         if parallel == 1 and target.num_cores > 1:
             sch.parallel(out, outer)
+    return wo, wi
+
+
+def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    anchor = _anchor_stage(sch, prim)
+    out = sch[prim.outputs[0]].name
+    acc = _prepare_conv(sch, anchor, config, target)
+    n, c, h, w = sch.leaves(out)
+    wo, wi = _depthwise_tiles(sch, out, n, c, h, w, (), config, target)
     sch.vectorize(out, wi)
     sch.compute_at(acc, out, wo)
     an, ac, ah, aw, *reduce = sch.leaves(acc)
@@ -1407,16 +1423,7 @@ def _template_depthwise_nchwc(sch: Any, prim: Any, config: Config, target: Any) 
     out = sch[prim.outputs[0]].name
     acc = _prepare_conv(sch, anchor, config, target, blocked=True)
     n, c, h, w, lane = sch.leaves(out)
-    ho, hi = sch.split(out, h, factor=_inner(config, "tile_h"))
-    wo, wi = sch.split(out, w, factor=_inner(config, "tile_w"))
-    sch.reorder(out, n, c, ho, wo, hi, wi, lane)
-    parallel = int(config["parallel"])  # type: ignore[arg-type]
-    if parallel == 2 and target.num_cores > 1:
-        sch.parallel(out, sch.fuse(out, n, c, ho))
-    else:
-        outer = sch.fuse(out, n, c)
-        if parallel == 1 and target.num_cores > 1:
-            sch.parallel(out, outer)
+    wo, _ = _depthwise_tiles(sch, out, n, c, h, w, (lane,), config, target)
     sch.vectorize(out, lane)
     sch.compute_at(acc, out, wo)
     an, ac, ah, aw, alane, rh, rw = sch.leaves(acc)

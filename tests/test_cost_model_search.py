@@ -41,8 +41,10 @@ from relay_tune.tuning.xgb_search import CostModelHub, XGBSearch, xgb_search
 from search_space import Config
 
 DENSE = dense(64, 48, 40)
-CONV = conv2d(1, 8, 14, 14, 16, 3, pad=1)
-DW = conv2d(1, 16, 14, 14, 16, 3, pad=1, groups=16)
+# The unplanned NCHW templates: the fake costs below read their knobs (tile_h).
+NCHW = {"layout_planning": False}
+CONV = conv2d(1, 8, 14, 14, 16, 3, pad=1, **NCHW)
+DW = conv2d(1, 16, 14, 14, 16, 3, pad=1, groups=16, **NCHW)
 # Smaller candidate pools than the defaults keep these tests fast; the logic exercised is the same.
 FAST = {"pool_random": 32, "top_k": 4, "generations": 1, "population": 6}
 
@@ -225,7 +227,7 @@ def test_xgb_needs_fewer_trials_than_random(task: RelayTuneTask, tmp_path: Path)
 
 
 def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
-    other_conv = conv2d(1, 8, 12, 12, 16, 3, pad=1)  # the same operator and template at another size
+    other_conv = conv2d(1, 8, 12, 12, 16, 3, pad=1, **NCHW)  # the same operator and template at another size
     for name, other in (("dense", DENSE), ("conv", other_conv)):
         log = tmp_path / f"{name}.jsonl"
         run_tune(other, 64, log, xgb_search(None, seed=0, log_path=log, plan_size=16, **FAST))
@@ -236,8 +238,8 @@ def test_transfer_from_other_logs_ranks_the_first_batch(tmp_path: Path) -> None:
     assert hub.transfer is not None and len(hub.transfer) == 128
     assert hub.model is not None, "the transfer data trains a model before anything is measured"
     assert hub.transfers_to(CONV) and not hub.transfers_to(DENSE)
-    assert hub.transfers_to(conv2d(1, 16, 10, 10, 8, 3, pad=1))  # the NCHW template of a 3x3: nearly the same knobs
-    assert not hub.transfers_to(conv2d(1, 16, 10, 10, 8, 1))  # a 1x1 convolution's template is another loop nest
+    assert hub.transfers_to(conv2d(1, 16, 10, 10, 8, 3, pad=1, **NCHW))  # the NCHW 3x3 template: nearly the same knobs
+    assert not hub.transfers_to(conv2d(1, 16, 10, 10, 8, 1, **NCHW))  # a 1x1 template is another loop nest
     default = CONV.default_config()
     search.prioritize([default])
     first = search.propose(8)

@@ -46,14 +46,16 @@ def @main(%x: Tensor[({m}, {k}), float32], %w: Tensor[({n}, {k}), float32]) {{
 
 
 def conv2d(batch: int, channels: int, height: int, width: int, filters: int, kernel: int, stride: int = 1,
-           pad: int = 0, groups: int = 1, target: str = DEFAULT_TARGET) -> RelayTuneTask:
-    """NCHW `nn.conv2d` with a constant OIHW weight (`groups == channels == filters`: depthwise)."""
+           pad: int = 0, groups: int = 1, target: str = DEFAULT_TARGET,
+           layout_planning: bool | None = None) -> RelayTuneTask:
+    """NCHW `nn.conv2d` with a constant OIHW weight (`groups == channels == filters`: depthwise). With layout
+    planning (`None`: the default) the task is the blocked convolution a planned model runs."""
     return operator_task(f"""#[version = "0.0.5"]
 def @main(%x: Tensor[({batch}, {channels}, {height}, {width}), float32],
           %w: Tensor[({filters}, {channels // groups}, {kernel}, {kernel}), float32]) {{
   nn.conv2d(%x, %w, strides=[{stride}, {stride}], padding=[{pad}, {pad}, {pad}, {pad}], groups={groups},
             channels={filters}, kernel_size=[{kernel}, {kernel}])
-}}""", target)
+}}""", target, layout_planning)
 
 
 def dense_1024(target: str = DEFAULT_TARGET) -> RelayTuneTask:
