@@ -68,6 +68,23 @@ def test_workers_are_recycled() -> None:
     assert len(results) == 6 and all(r.artifact is not None for r in results)
 
 
+def test_workers_are_retired_between_builds_not_while_kernels_are_timed() -> None:
+    """A worker that exits after its quota is replaced at once by the executor, and the replacement's start-up
+    (a second or two of one core) fell on the measurements of the batch just built; so the builder retires the
+    whole pool at its next build instead, and between builds no worker exits or starts."""
+    task = FaultyTask(size=64, variants=("plain", "reversed"))
+    configs = list(task.space.enumerate())
+    with LocalBuilder(n_parallel=2, timeout=30.0, max_tasks_per_child=1) as builder:
+        assert all(r.artifact is not None for r in builder.build(task, configs[:2]))
+        pool = builder._pool
+        assert pool is not None
+        workers = set(pool._processes)
+        time.sleep(1.0)  # a worker retired by the executor would have been replaced by now
+        assert set(pool._processes) == workers and all(p.is_alive() for p in pool._processes.values())
+        assert all(r.artifact is not None for r in builder.build(task, configs[2:4]))
+        assert builder._pool is not pool  # worn out: retired before the next build's first submit
+
+
 class _Unpicklable:
     """A task whose space holds a lambda constraint: it cannot travel to worker processes."""
 

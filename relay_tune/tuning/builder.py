@@ -1,7 +1,12 @@
 """Builders: compile candidate configs into `BuildArtifact`s, in parallel worker processes.
 
-`LocalBuilder` uses a `ProcessPoolExecutor` whose workers are recycled after `max_tasks_per_child` builds (LLVM's
-JIT and compiler state grow with every kernel). Each build has its own timeout, counted from the moment it is
+`LocalBuilder` uses a `ProcessPoolExecutor` whose workers are recycled after about `max_tasks_per_child` builds each
+(LLVM's JIT and compiler state grow with every kernel). The builder retires the whole pool itself, between builds,
+instead of the executor's own `max_tasks_per_child`: that one starts a replacement the moment a worker exits, which
+is right after a batch's last build, while the runner times the batch, and a new worker's start-up (a Python
+process importing the compiler, a second or two of one core) made those measurements up to 2.6x slower (a
+parallel kernel got one core); logged defaults of ResNet-50's 3x3 convolutions read 2.1-2.9 ms, 1.1 ms in the
+model. Each build has its own timeout, counted from the moment it is
 handed to an idle worker (at most `n_parallel` builds are in flight, so no build waits in a queue while its clock
 runs). A build that overruns is stopped twice over: inside the worker a timer interrupts Python-level work, and if
 the worker is stuck in native code the parent kills the pool's processes and starts a fresh pool. A worker that
@@ -120,18 +125,27 @@ class LocalBuilder(Builder):
         self.max_tasks_per_child = max_tasks_per_child
         self.kill_grace = kill_grace
         self._pool: ProcessPoolExecutor | None = None
+        self._pool_builds = 0  # builds handed to the current pool
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            # "spawn": workers must not inherit the driver's threads or LLVM state; it is also what
-            # max_tasks_per_child requires.
+            # "spawn": workers must not inherit the driver's threads or LLVM state. A spawn-context pool starts
+            # its workers on demand, in `submit`: during a build, never while the runner times kernels.
             self._pool = ProcessPoolExecutor(
                 max_workers=self.n_parallel,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_worker_init,
-                max_tasks_per_child=self.max_tasks_per_child,
             )
+            self._pool_builds = 0
         return self._pool
+
+    def _pool_worn_out(self) -> bool:
+        return self.max_tasks_per_child > 0 and self._pool_builds >= self.max_tasks_per_child * self.n_parallel
+
+    def _retire_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _kill_pool(self) -> None:
         pool, self._pool = self._pool, None
@@ -220,8 +234,13 @@ class LocalBuilder(Builder):
                 return  # a retry after a worker crash runs alone, so a second crash identifies the culprit
             if any(attempts[i] > 0 for i, _ in in_flight.values()):
                 return
+            if self._pool_worn_out():
+                if in_flight:
+                    return  # retired once its builds in flight are done
+                self._retire_pool()
             queue.popleft()
             future = self._get_pool().submit(build_one, task, configs[index], self.timeout)
+            self._pool_builds += 1
             in_flight[future] = (index, time.monotonic() + hard_timeout)
             if retry:
                 return
