@@ -626,10 +626,7 @@ def cpu_space(workload: CpuWorkload) -> Space:
             TileKnob("tile_w", dims["w"], 2, MAX_VECTOR, _vector_sizes(lanes, MAX_VECTOR)),
             ChoiceKnob("parallel", _parallel_choices(workload, 2)),
         ]
-        if dims["kw"] > 1:
-            knobs.append(BoolKnob("unroll_kw"))
-        if workload.has_pad:
-            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        knobs += _tap_knobs(workload)
         constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
             _depthwise_registers_fit, lanes=lanes, budget=budget)))
     elif family == "conv2d_nchwc":
@@ -641,10 +638,7 @@ def cpu_space(workload: CpuWorkload) -> Space:
         ]
         if dims["taps"] > 1 and dims["icb"] > 1:
             knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c"]))
-        if dims["kw"] > 1:
-            knobs.append(BoolKnob("unroll_kw"))
-        if workload.has_pad:
-            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        knobs += _tap_knobs(workload)
         constraints += [
             Constraint("accumulator tile and its operands fit the vector registers", functools.partial(
                 _blocked_registers_fit, lanes=lanes, budget=budget, block=dims["block"], rows="tile_cb",
@@ -660,10 +654,7 @@ def cpu_space(workload: CpuWorkload) -> Space:
             TileKnob("tile_w", dims["w"], 2, budget, _row_sizes(budget)),
             ChoiceKnob("parallel", _parallel_choices(workload, 2)),
         ]
-        if dims["kw"] > 1:
-            knobs.append(BoolKnob("unroll_kw"))
-        if workload.has_pad:
-            knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+        knobs += _tap_knobs(workload)
         constraints.append(Constraint("accumulator tile fits the vector registers", functools.partial(
             _blocked_registers_fit, lanes=lanes, budget=budget, block=dims["block"], rows="tile_h",
             columns="tile_w")))
@@ -700,7 +691,14 @@ def _conv_reduction_knobs(workload: CpuWorkload) -> list[Knob]:
         knobs.append(ChoiceKnob("reduce_order", ["c_hw", "hw_c", *(["blocked"] if blocked else [])]))
         if blocked:
             knobs.append(TileKnob("tile_ic", dims["ic"], 2, max(2, dims["ic"] // 2)))
-    if dims["kw"] > 1:
+    return knobs + _tap_knobs(workload)
+
+
+def _tap_knobs(workload: CpuWorkload) -> list[Knob]:
+    """A convolution's knobs over its kernel taps: unroll the kernel-column loop (`unroll_kw`, kernels wider than
+    one column), and the padded input computed once ahead or read through a guard (`pad`, padded convolutions)."""
+    knobs: list[Knob] = []
+    if workload.dims["kw"] > 1:
         knobs.append(BoolKnob("unroll_kw"))
     if workload.has_pad:
         knobs.append(ChoiceKnob("pad", ["root", "inline"]))
