@@ -849,7 +849,7 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
             # Balanced row pieces: the fewest tiles of at most `tw` columns, as even as they go (13 columns: 7 + 6).
             # Only divisors of the width, as this rule took before, leave one column per tile on a prime width
             # (2 accumulators of 28): 2.1-2.3x slower on SqueezeNet's 13x13 3x3 convolutions.
-            tw = -(-dims["w"] // -(-dims["w"] // tw))
+            tw = _balanced(dims["w"], tw)
         tw = _closest_factor(space.knob("tile_w"), tw)  # type: ignore[arg-type]
         values.update(tile_w=_split_value(dims["w"], tw), tile_c=_split_value(c, bc),
                       order="ch" if family == "conv2d_nchw_cl" else "hc", parallel=parallel, reduce_order="c_hw",

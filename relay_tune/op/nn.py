@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -1258,10 +1258,17 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
                            "nhwc", "conv2d_nchw_cl")
         return te.compute(out_shape, named(names, lambda b, f, y, x: te.cast(out_dtype, total[b, y, x, f])),
                           "conv", "injective")
+    return _conv_output(out_shape, names, body, tag, acc, out_dtype)
+
+
+def _conv_output(shape: Sequence[int], names: Sequence[str], body: Callable[..., tir.PrimExpr], tag: str, acc: str,
+                 out_dtype: str) -> te.Tensor:
+    """The convolution stage tagged `tag`, summing in `acc`; cast to `out_dtype` by an element-wise stage when the
+    two differ."""
     if acc == out_dtype:
-        return te.compute(out_shape, named(names, body), "conv", tag)
-    total = te.compute(out_shape, named(names, body), "acc", tag)
-    return te.compute(out_shape, named(names, lambda *i: te.cast(out_dtype, total[i])), "conv", "elemwise")
+        return te.compute(shape, named(names, body), "conv", tag)
+    total = te.compute(shape, named(names, body), "acc", tag)
+    return te.compute(shape, named(names, lambda *i: te.cast(out_dtype, total[i])), "conv", "elemwise")
 
 
 def _blocked_factors(dl: LayoutMap, kl: LayoutMap, ol: LayoutMap) -> tuple[int, int, int, int] | None:
@@ -1325,10 +1332,7 @@ def _blocked_conv_compute(padded: te.Tensor, weight: te.Tensor, dl: LayoutMap, k
     else:
         return None
     names = ol.axis_names({"N": "n", "C": "oc", "H": "oh", "W": "ow"})
-    if acc == out_dtype:
-        return te.compute(out_shape, named(names, body), "conv", tag)
-    total = te.compute(out_shape, named(names, body), "acc", tag)
-    return te.compute(out_shape, named(names, lambda *i: te.cast(out_dtype, total[i])), "conv", "elemwise")
+    return _conv_output(out_shape, names, body, tag, acc, out_dtype)
 
 
 NARROW_MAP = 64

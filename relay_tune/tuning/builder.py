@@ -142,11 +142,6 @@ class LocalBuilder(Builder):
     def _pool_worn_out(self) -> bool:
         return self.max_tasks_per_child > 0 and self._pool_builds >= self.max_tasks_per_child * self.n_parallel
 
-    def _retire_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
     def _kill_pool(self) -> None:
         pool, self._pool = self._pool, None
         if pool is None:
@@ -237,7 +232,7 @@ class LocalBuilder(Builder):
             if self._pool_worn_out():
                 if in_flight:
                     return  # retired once its builds in flight are done
-                self._retire_pool()
+                self.close()
             queue.popleft()
             future = self._get_pool().submit(build_one, task, configs[index], self.timeout)
             self._pool_builds += 1
