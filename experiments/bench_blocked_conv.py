@@ -24,7 +24,6 @@ to experiments/results/bench_blocked_conv.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import statistics
 import sys
@@ -33,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
 
 import numpy as np  # noqa: E402
+from timing import write_rows  # noqa: E402
 
 RESULTS = REPO_ROOT / "experiments" / "results"
 _CONV = re.compile(r"^conv2d_nchw\+?([+\w]*) 1x(\d+)x(\d+)x(\d+) \* (\d+)x(\d+)x(\d+)x(\d+) s(\d+) p(\d+)(?: g(\d+))?$")
@@ -227,13 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         runner.close()
     if rows:
-        out = Path(args.csv)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"wrote {out}")
+        write_rows(Path(args.csv), rows)
     return 0
 
 

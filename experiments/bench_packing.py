@@ -21,7 +21,6 @@ the speed-up of each over `serial`.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -31,8 +30,11 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
+
+from timing import write_rows  # noqa: E402
 
 from relay_tune.codegen.llvm import build_llvm  # noqa: E402
 from relay_tune.compiler import packing_kernel, resolve_target  # noqa: E402
@@ -104,13 +106,7 @@ def main() -> None:
         rows.append(row)
         print(f"NK {row['shape']} -> {layout}: " + ", ".join(
             f"{name} {times[name] * 1e6:.0f} us ({times['serial'] / times[name]:.2f}x)" for name in times))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out_path = RESULTS / "packing.csv"
-    with out_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out_path}")
+    write_rows(RESULTS / "packing.csv", rows)
 
 
 if __name__ == "__main__":

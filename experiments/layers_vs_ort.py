@@ -19,7 +19,6 @@ first. A CSV goes to experiments/results/layers_<model>.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -31,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
+
+from timing import write_rows  # noqa: E402
 
 import relay_tune  # noqa: E402
 from relay_tune.compiler import resolve_target  # noqa: E402
@@ -175,13 +177,7 @@ def main() -> None:
               f"{ratio:>6s} {row['loss_ms']:+8.3f}")
     print(f"{'sum of layers':52s} {'':7s} {sum(ours_total(k) for k in ours) * 1e3:8.2f}ms "
           f"{sum(sum(v) for v in theirs.values()) * 1e3:8.2f}ms")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"layers_{name}.csv"
-    with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    write_rows(RESULTS / f"layers_{name}.csv", rows)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Writes experiments/results/runner_stability_<part>.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import tempfile
@@ -31,8 +30,11 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
+
+from timing import write_rows  # noqa: E402
 
 import relay_tune  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
@@ -234,13 +236,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="tuning runs per variant (speed)")
     args = parser.parse_args()
     rows = {"first": part_first, "agreement": part_agreement, "speed": part_speed}[args.part](args)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"runner_stability_{args.part}.csv"
-    with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    write_rows(RESULTS / f"runner_stability_{args.part}.csv", rows)
 
 
 if __name__ == "__main__":
