@@ -9,8 +9,10 @@ repeats); for each task, as the tuner does, the default config first, then `--co
 one measurement; the spread is max / min of its repeats. Variants, interleaved task by task:
   baseline   - the runner as the tuner had it before (one warm-up call, copies of the weights built per config);
   current    - the runner as it is now (`default_runner`'s settings).
-`agreement`: `--configs` configs per task measured by two fresh runners of each variant (fresh measurement
-processes); per config the disagreement of the two runners' costs, |a - b| / min(a, b), for the fastest repeat
+`agreement`: `--configs` configs per task, measured as one tuning round per task (`Runner.run_batch`) by two fresh
+runners of each variant (fresh measurement processes): `serial` times a round's configs one after the other, each
+config's repeats back to back; `interleaved` (the tuner's runner) checks them all, then times one repeat of each
+per pass. Per config the disagreement of the two runners' costs, |a - b| / min(a, b), for the fastest repeat
 (what the log ranks by), the median repeat, and `MeasureResult.cost`.
 `speed`: `tune_model` on a model of six such convolutions (`SPEED_SHAPES`), a fixed number of trials, with the
 baseline runner and the current one alternately (`--rounds` each); trials per second of the whole tuning run.
@@ -163,17 +165,32 @@ def part_first(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def serial_runner() -> LocalRunner:
+    """The tuner's runner timing a round's configs one after the other, each config's repeats back to back."""
+    runner = default_runner()
+    runner.interleave = False
+    return runner
+
+
+# `agreement`: a round's configs measured one by one, against interleaved (`LocalRunner.run_batch`, the tuner's)
+AGREEMENT_VARIANTS = {"serial": serial_runner, "interleaved": default_runner}
+
+
 def part_agreement(args: argparse.Namespace) -> list[dict]:
     tasks = conv_tasks(SHAPES)
-    work = [(task, task.build(c)) for t, task in enumerate(tasks) for c in configs_of(task, args.configs - 1, t)]
+    rounds = [(task, [task.build(c) for c in configs_of(task, args.configs - 1, t)]) for t, task in enumerate(tasks)]
+    work = [(task, artifact) for task, artifacts in rounds for artifact in artifacts]
     costs: dict[tuple[str, int], list[tuple[float, ...]]] = {}
+    names = list(AGREEMENT_VARIANTS)
     for trial in range(2):
-        for name in (VARIANTS if trial == 0 else reversed(VARIANTS)):  # interleaved: A B, then B A
-            with VARIANTS[name]() as runner:
-                for i, (task, artifact) in enumerate(work):
-                    result = runner.run(task, artifact)
-                    assert result.costs is not None, result.error_msg
-                    costs.setdefault((name, i), []).append(result.costs)
+        for name in (names if trial == 0 else reversed(names)):  # interleaved: A B, then B A
+            with AGREEMENT_VARIANTS[name]() as runner:
+                i = 0
+                for task, artifacts in rounds:  # one tuning round per task, as the tuner measures them
+                    for result in runner.run_batch(task, artifacts):
+                        assert result.costs is not None, result.error_msg
+                        costs.setdefault((name, i), []).append(result.costs)
+                        i += 1
     rows = []
 
     def disagreement(x: float, y: float) -> float:
@@ -186,7 +203,7 @@ def part_agreement(args: argparse.Namespace) -> list[dict]:
                      "disagreement_median": disagreement(statistics.median(a), statistics.median(b)),
                      "disagreement_cost": disagreement(MeasureResult(a).cost, MeasureResult(b).cost)})
     print(f"{'variant':10s} {'statistic':10s} {'median':>7s} {'max':>7s} {'> 5%':>5s}   (of {len(work)} configs)")
-    for name in VARIANTS:
+    for name in names:
         for column in ("disagreement_min", "disagreement_median", "disagreement_cost"):
             values = [r[column] for r in rows if r["variant"] == name]
             print(f"{name:10s} {column[13:]:10s} {statistics.median(values):7.1%} {max(values):7.1%} "

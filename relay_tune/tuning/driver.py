@@ -266,10 +266,12 @@ def tune(
             seconds["build"] += time.monotonic() - tick
             inputs: list[MeasureInput] = []
             results: list[MeasureResult] = []
+            tick = time.monotonic()
+            # the round's kernels are timed together, their repeats interleaved (`Runner.run_batch`)
+            run_results = iter(runner.run_batch(task, [b.artifact for b in built if b.artifact is not None]))
+            seconds["run"] += time.monotonic() - tick
             for config, build_result in zip(configs, built, strict=True):
-                tick = time.monotonic()
-                run_result = runner.run(task, build_result.artifact) if build_result.artifact is not None else None
-                seconds["run"] += time.monotonic() - tick
+                run_result = next(run_results) if build_result.artifact is not None else None
                 result = MeasureResult.combine(build_result, run_result)
                 tick = time.monotonic()
                 # A shared database may refuse a record (its claim was given away as stale meanwhile): then the

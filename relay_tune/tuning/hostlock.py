@@ -17,7 +17,7 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from relay_tune.tuning.measure import RunResult
@@ -63,6 +63,11 @@ class HostLockedRunner(Runner):
         with measurement_lock(self.lock_path) as waited:
             self.waited_s += waited
             return self.inner.run(task, artifact)
+
+    def run_batch(self, task: TuneTask, artifacts: Sequence[BuildArtifact]) -> list[RunResult]:
+        with measurement_lock(self.lock_path) as waited:
+            self.waited_s += waited
+            return self.inner.run_batch(task, artifacts)
 
     def close(self) -> None:
         self.inner.close()

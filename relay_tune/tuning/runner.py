@@ -1,7 +1,8 @@
 """Runners: load a built kernel, check its outputs, and time it, isolated from the tuning process.
 
-`LocalRunner` keeps one measurement worker process and sends it one artifact at a time (measurements run
-serially, so each kernel has every core to itself, as in the final model). Generated code can crash or hang, and
+`LocalRunner` keeps one measurement worker process and sends it one artifact, or one tuning round's artifacts
+(`run_batch`), at a time (measurements run serially, so each kernel has every core to itself, as in the final
+model). Generated code can crash or hang, and
 the driver must survive both: a worker that dies (SIGSEGV, abort...) yields RUNTIME_ERROR, one that does not answer
 within the run timeout is killed (SIGTERM, then SIGKILL) and yields TIMEOUT; either way a fresh worker takes over.
 The timeout starts when the artifact is sent, after the worker reported ready, so start-up time never counts.
@@ -17,6 +18,13 @@ sent to the worker once and cached there. For each artifact the worker:
    `min_repeat_ms`, and records `repeat` costs (seconds per call, averaged over `number` calls), optionally
    evicting caches before each call.
 
+A round's artifacts are timed interleaved (`run_batch`): all are checked and sized, then each repeat round times
+every kernel once (after one untimed call). This machine's class of host (a shared VM) has slow spells: a 2 ms
+probe on each core ran >1.3x slow in 13-18% of its windows, one spell lasted 0.8 s, and a ResNet-50 tuning log
+recorded the defaults of 4 of its 26 tasks at 1.5-2x their time in the model, all three back-to-back repeats
+inside one spell. Interleaved, a spell hits one repeat of several kernels instead of every repeat of one, and the
+minimum over repeats, which the tuner ranks by, stays true.
+
 Cold weights (`cold_weights_bytes`). In a model each kernel reads its weights from memory: between two uses of
 a convolution's weights the other layers stream the rest of the model's weights (ResNet-50: 100 MB) through the
 caches. Called back to back on one buffer, the kernel finds its weights in cache, and the log then promises a
@@ -29,6 +37,7 @@ keeps the copies from one config of a task to the next (`WeightCopies`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import multiprocessing
@@ -39,7 +48,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -67,6 +76,11 @@ class Runner(ABC):
 
     @abstractmethod
     def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult: ...
+
+    def run_batch(self, task: TuneTask, artifacts: Sequence[BuildArtifact]) -> list[RunResult]:
+        """Measure several artifacts of one task (a tuning round); one result each, in order. Runners that can
+        interleave the configs' repeats override this (`LocalRunner`)."""
+        return [self.run(task, artifact) for artifact in artifacts]
 
     def close(self) -> None:  # noqa: B027 - runners without resources need not override
         """Release worker processes (the runner restarts them if used again)."""
@@ -137,6 +151,7 @@ class LocalRunner(Runner):
         tolerances: dict[str, tuple[float, float]] | None = None,
         max_runs_per_worker: int = 200,
         startup_timeout: float = 120.0,
+        interleave: bool = True,
     ) -> None:
         if number < 1 or repeat < 1:
             raise ValueError("number and repeat must be >= 1")
@@ -150,6 +165,7 @@ class LocalRunner(Runner):
         self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
         self.max_runs_per_worker = max_runs_per_worker
         self.startup_timeout = startup_timeout
+        self.interleave = interleave
         self._worker: _WorkerHandle | None = None
         self._task_data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None]] = OrderedDict()
 
@@ -178,19 +194,30 @@ class LocalRunner(Runner):
 
     # -- running -------------------------------------------------------------------------------------------------
 
-    def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult:
+    def _send_task(self, worker: _WorkerHandle, task: TuneTask) -> None:
+        """Give the worker the task's inputs and expected outputs, unless it holds them already."""
+        if task.key in worker.loaded:
+            return
         inputs, expected = self._data_for(task)
+        weights = tuple(getattr(task, "weight_inputs", ()))
+        worker.send(("load", task.key, inputs, expected, self.tolerances, weights))
+        worker.loaded[task.key] = None
+        while len(worker.loaded) > _WORKER_TASKS:  # the worker drops its oldest task data likewise
+            del worker.loaded[next(iter(worker.loaded))]
+
+    def _count_runs(self, worker: _WorkerHandle, runs: int) -> None:
+        worker.runs += runs
+        if worker.runs >= self.max_runs_per_worker:
+            self._discard_worker()  # JIT'd code accumulates in the worker; start clean
+
+    def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult:
+        self._data_for(task)  # the reference is computed before the clock starts
         if self.cooldown_s > 0:
             time.sleep(self.cooldown_s)
         worker = self._ready_worker()
         start = time.monotonic()
         try:
-            if task.key not in worker.loaded:
-                weights = tuple(getattr(task, "weight_inputs", ()))
-                worker.send(("load", task.key, inputs, expected, self.tolerances, weights))
-                worker.loaded[task.key] = None
-                while len(worker.loaded) > _WORKER_TASKS:  # the worker drops its oldest task data likewise
-                    del worker.loaded[next(iter(worker.loaded))]
+            self._send_task(worker, task)
             worker.send(("run", task.key, artifact, self.timing))
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             return self._worker_died(worker, time.monotonic() - start)
@@ -200,15 +227,52 @@ class LocalRunner(Runner):
             return self._worker_died(worker, elapsed)
         if reply is _TIMED_OUT:
             self._discard_worker()
-            return RunResult(None, ErrorKind.TIMEOUT, f"kernel did not finish within {self.timeout:g} s (killed)",
-                             elapsed)
-        worker.runs += 1
-        if worker.runs >= self.max_runs_per_worker:
-            self._discard_worker()  # JIT'd code accumulates in the worker; start clean
+            return self._timed_out(elapsed)
+        self._count_runs(worker, 1)
         status, payload, message = reply
-        if status == "ok":
-            return RunResult(tuple(float(c) for c in payload), None, "", elapsed)
-        return RunResult(None, ErrorKind[payload], message, elapsed)
+        return _run_result(status, payload, message, elapsed)
+
+    def run_batch(self, task: TuneTask, artifacts: Sequence[BuildArtifact]) -> list[RunResult]:
+        """Measure a round's artifacts in one worker, their repeats interleaved: each is checked and sized first,
+        then every repeat round times each once. The machine's slow spells (a busy neighbour on the host can halve
+        a parallel kernel's speed for up to a second) then fall on one repeat of several configs, not on every
+        repeat of one, and the minimum over repeats stays true. A kernel that crashes or hangs is found by the
+        worker's progress reports: it gets the error, the others are measured again without it."""
+        artifacts = list(artifacts)
+        if not self.interleave or len(artifacts) < 2 or self.timing.repeat < 2:
+            return [self.run(task, artifact) for artifact in artifacts]
+        self._data_for(task)
+        if self.cooldown_s > 0:
+            time.sleep(self.cooldown_s)
+        worker = self._ready_worker()
+        start = time.monotonic()
+        current: int | None = None  # the artifact the worker reported working on last
+        try:
+            self._send_task(worker, task)
+            worker.send(("run_batch", task.key, artifacts, self.timing))
+            while True:
+                # Every step (checking one kernel, or one repeat of one) must finish within the timeout of a run.
+                reply = worker.receive(self.timeout)
+                if reply is _DIED or reply is _TIMED_OUT or reply[0] != "step":
+                    break
+                current = reply[1]
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            reply = _DIED
+        elapsed = time.monotonic() - start
+        if reply is _DIED or reply is _TIMED_OUT:
+            failed = (self._worker_died(worker, elapsed) if reply is _DIED
+                      else (self._discard_worker(), self._timed_out(self.timeout))[1])
+            if current is None:  # lost before any kernel ran: measure them one by one
+                return [self.run(task, artifact) for artifact in artifacts]
+            others = [a for i, a in enumerate(artifacts) if i != current]
+            rest = iter(self.run_batch(task, others))
+            return [failed if i == current else next(rest) for i in range(len(artifacts))]
+        self._count_runs(worker, len(artifacts))
+        return [_run_result(status, payload, message, seconds) for status, payload, message, seconds in reply[1]]
+
+    def _timed_out(self, elapsed: float) -> RunResult:
+        return RunResult(None, ErrorKind.TIMEOUT, f"kernel did not finish within {self.timeout:g} s (killed)",
+                         elapsed)
 
     def worker_stats(self) -> dict[str, float]:
         """Counters of the current measurement worker (empty when none runs): "copy_sets_built" (of which
@@ -245,6 +309,12 @@ class LocalRunner(Runner):
 
     def close(self) -> None:
         self._discard_worker()
+
+
+def _run_result(status: str, payload: Any, message: str, elapsed: float) -> RunResult:
+    if status == "ok":
+        return RunResult(tuple(float(c) for c in payload), None, "", elapsed)
+    return RunResult(None, ErrorKind[payload], message, elapsed)
 
 
 def _nbytes(entry: tuple[list[np.ndarray], list[np.ndarray] | None]) -> int:
@@ -411,17 +481,67 @@ def compare_outputs(
             f"got {actual[first]!r}, expected {expected[first]!r}")
 
 
+@dataclass
+class _Timed:
+    """A checked kernel ready to be timed: `run_many(count)` makes `count` calls (`number` per repeat). `keep`
+    holds what its argument pointers point into (copies of weights, loaded code) while it is timed."""
+
+    run_many: Callable[[int], None]
+    number: int
+    flush: np.ndarray | None
+    keep: tuple[Any, ...]
+    seconds: float = 0.0  # spent preparing and timing this kernel
+
+    def time_repeat(self, warm_call: bool = False) -> float:
+        """One repeat: seconds per call, averaged over `number` calls. `warm_call`: one untimed call first (another
+        kernel ran since this one's last call, so its activations are no longer where its previous call left them)."""
+        started = time.perf_counter()
+        if warm_call:
+            self.run_many(1)
+        clock = time.perf_counter
+        if self.flush is None:
+            start = clock()
+            self.run_many(self.number)
+            cost = (clock() - start) / self.number
+        else:
+            total = 0.0
+            for _ in range(self.number):
+                self.flush += 1.0  # touch every line of a buffer larger than the caches
+                start = clock()
+                self.run_many(1)
+                total += clock() - start
+            cost = total / self.number
+        self.seconds += time.perf_counter() - started
+        return cost
+
+
 def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
              tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
              prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
              weights: Sequence[int] = (), copies: WeightCopies | None = None,
              task_key: str = "") -> tuple[str, Any, str]:
-    """Check one artifact's outputs, then time it (see the module docstring). `prologue`: packing kernels
+    """Check one artifact's outputs, then time its `timing.repeat` repeats back to back (see `_prepare`)."""
+    prepared = _prepare(artifact, function, repeat_entry, inputs, expected, tolerances, timing, prologue, weights,
+                        copies, task_key)
+    if not isinstance(prepared, _Timed):
+        return prepared
+    return ("ok", [prepared.time_repeat() for _ in range(timing.repeat)], "")
+
+
+def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
+             inputs: list[np.ndarray], expected: list[np.ndarray] | None,
+             tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
+             prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
+             weights: Sequence[int] = (), copies: WeightCopies | None = None,
+             task_key: str = "") -> _Timed | tuple[str, Any, str]:
+    """Check one artifact's outputs, warm it up and size its repeats (see the module docstring); the error reply
+    when it fails. `prologue`: packing kernels
     (function, logical input, argument position) that fill a packed argument from its logical input; they run
     before the kernel on every call, as in the model, and their time counts. `weights`: the logical inputs that
     are model constants, rotated through copies when `timing.cold_weights_bytes` is set: `copies` keeps them
     across the runs of task `task_key` (None, or `timing.reuse_weight_copies` False: built for this run only)."""
+    started = time.perf_counter()
     buffers: list[np.ndarray] = []
     packed_by = {position: (packer, index) for packer, index, position in prologue}
     sources: dict[int, np.ndarray] = {}  # logical inputs of the packed arguments, by argument position
@@ -515,21 +635,8 @@ def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     number = timing.number
     if timing.min_repeat_ms > 0:
         number = max(number, min(10_000_000, math.ceil(timing.min_repeat_ms / 1000.0 / per_call)))
-    costs: list[float] = []
-    for _ in range(timing.repeat):
-        if flush is None:
-            start = clock()
-            run_many(number)
-            costs.append((clock() - start) / number)
-        else:
-            total = 0.0
-            for _ in range(number):
-                flush += 1.0  # touch every line of a buffer larger than the caches
-                start = clock()
-                run_many(1)
-                total += clock() - start
-            costs.append(total / number)
-    return ("ok", costs, "")
+    return _Timed(run_many, number, flush, (buffers, table, store, sources),
+                  seconds=time.perf_counter() - started)
 
 
 def _weight_positions(artifact: BuildArtifact, weights: set[int], packed_by: Mapping[int, Any]) -> list[int]:
@@ -583,6 +690,18 @@ class WeightCopies:
         self.refilled = 0  # ... of which in the pages of a set pushed out
         self.reused = 0
         self.seconds = 0.0  # spent making copies and argument tables, reused or not (the per-run path too)
+        self._pinned: list[np.ndarray] | None = None  # blocks a batch's prepared kernels point into (`pinned`)
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """While a batch of kernels is prepared and timed, every block an argument table hands out stays alive and
+        is never refilled with other copies (a later config of the batch may push its set out of the store): the
+        kernels prepared earlier still read their weights from it."""
+        self._pinned = []
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     @property
     def held_bytes(self) -> int:
@@ -617,6 +736,8 @@ class WeightCopies:
             if entry is not None:
                 self._spare.append(self._sets.pop(key).block)
             entry = self._fill(key, sources, _copy_count(weight_bytes, cold_bytes), cold_bytes)
+        if self._pinned is not None:
+            self._pinned.append(entry.block)
         table = np.empty((len(entry.addresses), len(pointers)), dtype=np.uint64)
         table[:] = np.asarray(pointers, dtype=np.uint64)
         table[:, positions] = entry.addresses
@@ -633,7 +754,8 @@ class WeightCopies:
         length = count * row + _COPY_ALIGN
         while len(self._sets) >= WEIGHT_COPY_SETS:
             self._spare.append(self._sets.popitem(last=False)[1].block)
-        fitting = [b for b in self._spare if b.nbytes >= length]
+        pinned = {id(b) for b in self._pinned or ()}
+        fitting = [b for b in self._spare if b.nbytes >= length and id(b) not in pinned]
         block = min(fitting, key=lambda b: b.nbytes) if fitting else None
         if block is not None:
             self._spare = [b for b in self._spare if b is not block]
@@ -664,6 +786,48 @@ class WeightCopies:
         self._sets.clear()
         self._spare.clear()
         self._task = None
+
+
+def _error_reply(kind: ErrorKind, err: BaseException) -> tuple[str, Any, str]:
+    return ("error", kind.name, "".join(traceback.format_exception_only(type(err), err)).strip())
+
+
+def _measure_batch(conn: multiprocessing.connection.Connection, artifacts: Sequence[BuildArtifact],
+                   timing: TimingOptions, task_data: tuple[Any, ...], loader: KernelLoader, copies: WeightCopies,
+                   task_key: str) -> list[tuple[str, Any, str, float]]:
+    """The worker's side of `LocalRunner.run_batch`: check and size every artifact, then `timing.repeat` rounds
+    that time each once. Before each step it reports ("step", index), so that the driver knows which kernel
+    crashed or hung."""
+    inputs, expected, tolerances, weights = task_data
+    replies: list[tuple[str, Any, str]] = [("error", ErrorKind.RUNTIME_ERROR.name, "not measured")] * len(artifacts)
+    prepared: dict[int, _Timed] = {}
+    costs: dict[int, list[float]] = {}
+    with copies.pinned():
+        for index, artifact in enumerate(artifacts):
+            conn.send(("step", index))
+            try:
+                function, repeat_entry = loader.load(artifact)
+            except Exception as err:
+                replies[index] = _error_reply(ErrorKind.COMPILE_ERROR, err)
+                continue
+            try:
+                result = _prepare(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
+                                  loader.prologue, weights, copies, task_key)
+            except Exception as err:
+                replies[index] = _error_reply(ErrorKind.RUNTIME_ERROR, err)
+                continue
+            if isinstance(result, _Timed):
+                prepared[index], costs[index] = result, []
+            else:
+                replies[index] = result
+        for _ in range(timing.repeat):
+            for index, timed in prepared.items():
+                conn.send(("step", index))
+                # another kernel ran since this one's last call: one untimed call puts its data back in place
+                costs[index].append(timed.time_repeat(warm_call=True))
+    for index in prepared:
+        replies[index] = ("ok", costs[index], "")
+    return [(*reply, prepared[i].seconds if i in prepared else 0.0) for i, reply in enumerate(replies)]
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
@@ -701,6 +865,19 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
             conn.send(("stats", {"copy_sets_built": copies.built, "copy_sets_refilled": copies.refilled,
                                  "copy_sets_reused": copies.reused, "copy_bytes": copies.held_bytes,
                                  "copy_seconds": copies.seconds}))
+            continue
+        if kind == "run_batch":
+            _, key, artifacts, timing = message
+            try:
+                replies = _measure_batch(conn, artifacts, timing, data[key], loader, copies, key)
+            except Exception as err:  # e.g. the task's data is missing; a kernel's failure is its own reply
+                replies = [(*_error_reply(ErrorKind.RUNTIME_ERROR, err), 0.0)] * len(artifacts)
+            finally:
+                loader.release()
+            try:
+                conn.send(("batch", replies))
+            except (BrokenPipeError, OSError):
+                return
             continue
         if kind != "run":
             conn.send(("error", ErrorKind.RUNTIME_ERROR.name, f"unknown message {kind!r}"))
