@@ -35,6 +35,7 @@ and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import multiprocessing
 import os
 import re
@@ -80,7 +81,7 @@ from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
 from relay_tune.resources import check_memory
 from relay_tune.runtime.cuda import gpu_model_from_plan
 from relay_tune.runtime.kernel import KernelSignature, load_object
-from relay_tune.runtime.memory_plan import BufferLifetime, plan_memory
+from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, BufferLifetime, plan_memory
 from relay_tune.runtime.model import (
     PACKING_TASK,
     CompiledModel,
@@ -309,6 +310,8 @@ class _Planner:
     call_keys: dict[int, str] = field(default_factory=dict)  # id(call site) -> workload key, from task extraction
     keep: list[Any] = field(default_factory=list)  # constants whose ids are keys of constant_ids
     target: Target | None = None  # what the run-time packing kernels are scheduled for
+    concat_in_place: bool = True  # producers write a concatenation's parts into its buffer (`_in_place_concats`)
+    concats: list[tuple[int, list[int], int]] = field(default_factory=list)  # (call step, input values, output)
 
     # -- values -------------------------------------------------------------------------------------------------
     def new_value(self, shape: tuple[int, ...], dtype: str, storage: int) -> int:
@@ -454,6 +457,9 @@ class _Planner:
             else:
                 self.read(value, step)
         self.calls.append(KernelCall(task.kernel_name, self.task_index[key], tuple(args)))
+        order = _bare_concatenation(func)
+        if order is not None and len(leaves) == len(func.params) and len(outputs) == 1:
+            self.concats.append((step, [leaves[i] for i in order], outputs[0]))
         return _structure(out_type, outputs)
 
     def _packed(self, call_args: Sequence[Expr], leaves: list[int], binding: ParamBinding) -> int:
@@ -491,6 +497,48 @@ class _Planner:
         return primfunc
 
     # -- finishing ----------------------------------------------------------------------------------------------
+    def _in_place_concats(self, output_storages: set[int]) -> tuple[dict[int, tuple[int, int]], set[int]]:
+        """Concatenations whose producers can write their parts straight into the result, and the parts' places.
+
+        A concatenation along an axis with only unit axes before it (batch 1: NCHW or NCHW{b}c on channels) lays
+        its inputs out one after the other, so the kernel producing input k can write it at byte offset
+        sum(nbytes of inputs < k) of the result's buffer, and the concatenation kernel, a copy of every byte, is
+        dropped. Taken where every input is an intermediate that lives alone in its storage (no model input,
+        constant or output), appears once, and is no other concatenation's part already, and every part starts on
+        an aligned byte. A result that is itself a part of a later concatenation nests (DenseNet's growing
+        feature maps end up in one buffer, written once). Returns {storage: (buffer storage, byte offset)} and the
+        steps of the dropped calls."""
+        holders: dict[int, int] = {}
+        for value in self.values:
+            holders[value.storage] = holders.get(value.storage, 0) + 1
+        parent: dict[int, tuple[int, int]] = {}  # storage -> (enclosing storage, offset in it)
+        dropped: set[int] = set()
+        for step, parts, result in self.concats:
+            out = self.values[result]
+            axis = _concat_axis(out.shape, [self.values[p].shape for p in parts])
+            storages = [self.values[p].storage for p in parts]
+            candidates = [*storages, out.storage]
+            if (axis is None or len(set(storages)) != len(storages) or any(
+                    self.storages[s].kind != "intermediate" or s in output_storages or s in parent
+                    for s in candidates)
+                    or any(holders.get(s, 0) != 1 for s in storages)
+                    or any(self.values[p].dtype != out.dtype for p in parts)):
+                continue
+            offsets = list(itertools.accumulate((self.values[p].nbytes for p in parts), initial=0))[:-1]
+            if any(offset % DEFAULT_ALIGNMENT for offset in offsets):
+                continue
+            for storage, offset in zip(storages, offsets):
+                parent[storage] = (out.storage, offset)
+            dropped.add(step)
+        inside: dict[int, tuple[int, int]] = {}
+        for storage in parent:
+            root, offset = storage, 0
+            while root in parent:
+                root, step_offset = parent[root]
+                offset += step_offset
+            inside[storage] = (root, offset)
+        return inside, dropped
+
     def finish(
         self, inputs: list[InputInfo], outputs: OutputTree, task_infos: tuple[TaskInfo, ...]
     ) -> tuple[GraphPlan, list[np.ndarray]]:
@@ -503,7 +551,19 @@ class _Planner:
         new_storage = {old: new for new, old in enumerate(storage_ids)}
         output_storages = {self.values[v].storage for v in _flatten(outputs)}
 
+        inside, dropped = self._in_place_concats(output_storages) if self.concat_in_place else ({}, set())
+        calls = [c for step, c in enumerate(self.calls) if step not in dropped]
+        # A buffer that holds other storages lives from the first write into any of them to the last read.
+        spans: dict[int, tuple[int, int]] = {}
+        for old in storage_ids:
+            draft = self.storages[old]
+            root = inside[old][0] if old in inside else old
+            written = max(draft.first, 0)
+            first, last = spans.get(root, (written, draft.last))
+            spans[root] = (min(first, written), max(last, draft.last))
+
         lifetimes: list[BufferLifetime] = []
+        buffer_of: dict[int, int] = {}  # old storage -> arena buffer number
         storages: list[Storage] = []
         constants: list[np.ndarray] = []
         num_outputs = 0
@@ -518,9 +578,13 @@ class _Planner:
                 storages.append(Storage("output", num_outputs, draft.nbytes))
                 num_outputs += 1
             else:
-                first = max(draft.first, 0)
-                lifetimes.append(BufferLifetime(draft.nbytes, first, max(draft.last, first)))
-                storages.append(Storage("arena", len(lifetimes) - 1, draft.nbytes))
+                root, offset = inside.get(old, (old, 0))
+                if root not in buffer_of:
+                    first, last = spans[root]
+                    first = max(first, 0)
+                    lifetimes.append(BufferLifetime(self.storages[root].nbytes, first, max(last, first)))
+                    buffer_of[root] = len(lifetimes) - 1
+                storages.append(Storage("arena", buffer_of[root], draft.nbytes, offset))
         values = [replace(self.values[v], storage=new_storage[self.values[v].storage]) for v in value_ids]
 
         def renumber(tree: OutputTree) -> OutputTree:
@@ -530,12 +594,40 @@ class _Planner:
             inputs=tuple(InputInfo(i.name, new_value[i.value]) for i in inputs),
             values=tuple(values),
             storages=tuple(storages),
-            calls=tuple(replace(c, args=tuple(new_value[a] for a in c.args)) for c in self.calls),
+            calls=tuple(replace(c, args=tuple(new_value[a] for a in c.args)) for c in calls),
             outputs=renumber(outputs),
             tasks=task_infos,
             memory=plan_memory(lifetimes),
         )
         return plan, constants
+
+
+def _bare_concatenation(func: Function) -> list[int] | None:
+    """For a fused function that only concatenates its parameters (each once): the parameter numbers in the
+    order of the concatenation; else None."""
+    body = func.body
+    if not (isinstance(body, Call) and isinstance(body.op, Op) and body.op.name == "concatenate"
+            and len(body.args) == 1 and isinstance(body.args[0], Tuple)):
+        return None
+    position = {id(p): i for i, p in enumerate(func.params)}
+    order = [position.get(id(f), -1) for f in body.args[0].fields]
+    if -1 in order or len(set(order)) != len(order):
+        return None
+    return order
+
+
+def _concat_axis(out_shape: Sequence[int], shapes: Sequence[Sequence[int]]) -> int | None:
+    """The axis along which `shapes` are laid out one after the other in `out_shape`, when every axis before it
+    has extent 1 (so each part is one contiguous run of bytes); else None."""
+    for axis in range(len(out_shape)):
+        if any(len(s) != len(out_shape) for s in shapes):
+            return None
+        if all(s[axis] == out_shape[axis] for s in shapes) and out_shape[axis] == 1:
+            continue  # a unit axis before the concatenation's
+        rest = tuple(out_shape[:axis]) + tuple(out_shape[axis + 1:])
+        same_elsewhere = all(tuple(s[:axis]) + tuple(s[axis + 1:]) == rest for s in shapes)
+        return axis if same_elsewhere and sum(s[axis] for s in shapes) == out_shape[axis] else None
+    return None
 
 
 def _nbytes(shape: Sequence[int], dtype: str) -> int:
@@ -765,7 +857,7 @@ def build(
         TaskInfo(t.key, t.description, "" if t.alias else t.kernel_name, t.tuned, t.occurrences, t.flops)
         for t in task_list
     )
-    planner = _Planner(lowered, target=resolved)
+    planner = _Planner(lowered, target=resolved, concat_in_place=resolved.kind != "cuda")
     planner.task_index = {t.key: i for i, t in enumerate(task_list)}
     planner.call_keys = {id(site): spec.key for spec in specs for site in spec.call_sites}
     inputs, outputs = planner.run(fused["main"])

@@ -103,16 +103,20 @@ class Storage:
     """Memory that one or more values live in.
 
     `index` is the input position (kind "input"), the constant number ("constant"), the buffer number of the
-    memory plan ("arena") or the output buffer number ("output").
+    memory plan ("arena") or the output buffer number ("output"). Several arena storages may lie in one buffer of
+    the memory plan, at their `offset`s: the inputs of a concatenation that their producers write in place.
     """
 
     kind: str
     index: int
     nbytes: int
+    offset: int = 0  # bytes into the arena buffer: a part of another tensor's buffer (a concatenation's input)
 
     def __post_init__(self) -> None:
         if self.kind not in STORAGE_KINDS:
             raise ValueError(f"unknown storage kind {self.kind!r}")
+        if self.offset and self.kind != "arena":
+            raise ValueError(f"only arena storages lie inside another buffer, not {self.kind!r} ones")
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,8 @@ class GraphPlan:
         return {
             "inputs": [{"name": i.name, "value": i.value} for i in self.inputs],
             "values": [{"shape": list(v.shape), "dtype": v.dtype, "storage": v.storage} for v in self.values],
-            "storages": [{"kind": s.kind, "index": s.index, "nbytes": s.nbytes} for s in self.storages],
+            "storages": [{"kind": s.kind, "index": s.index, "nbytes": s.nbytes, **({"offset": s.offset} if s.offset
+                                                                                  else {})} for s in self.storages],
             "calls": [{"kernel": c.kernel, "task": c.task, "args": list(c.args)} for c in self.calls],
             "outputs": _tree_to_json(self.outputs),
             "tasks": [
@@ -205,7 +210,8 @@ class GraphPlan:
             values=tuple(
                 Value(tuple(int(d) for d in v["shape"]), str(v["dtype"]), int(v["storage"])) for v in data["values"]
             ),
-            storages=tuple(Storage(str(s["kind"]), int(s["index"]), int(s["nbytes"])) for s in data["storages"]),
+            storages=tuple(Storage(str(s["kind"]), int(s["index"]), int(s["nbytes"]), int(s.get("offset", 0)))
+                           for s in data["storages"]),
             calls=tuple(
                 KernelCall(str(c["kernel"]), int(c["task"]), tuple(int(a) for a in c["args"])) for c in data["calls"]
             ),
@@ -386,8 +392,10 @@ class CompiledModel:
             if storage.kind == "constant" and self._constants[storage.index].nbytes != storage.nbytes:
                 raise ModelFormatError(f"constant {storage.index} does not have the {storage.nbytes} bytes planned")
             if storage.kind == "arena" and (
-                memory.offsets[storage.index] + storage.nbytes > memory.arena_bytes
-                or memory.offsets[storage.index] % DEFAULT_ALIGNMENT
+                storage.offset < 0
+                or storage.offset + storage.nbytes > memory.sizes[storage.index]
+                or memory.offsets[storage.index] + memory.sizes[storage.index] > memory.arena_bytes
+                or (memory.offsets[storage.index] + storage.offset) % DEFAULT_ALIGNMENT
             ):
                 raise ModelFormatError(f"arena buffer {storage.index} lies outside the arena or is misaligned")
         for number, value in enumerate(plan.values):
@@ -431,7 +439,7 @@ class CompiledModel:
             if storage.kind == "constant":
                 executor.slots[index] = self._constants[storage.index].ctypes.data
             elif storage.kind == "arena":
-                executor.slots[index] = arena_base + plan.memory.offsets[storage.index]
+                executor.slots[index] = arena_base + plan.memory.offsets[storage.index] + storage.offset
         return executor
 
     # -- running --------------------------------------------------------------------------------------------------
@@ -548,7 +556,7 @@ class CompiledModel:
         elif storage.kind == "constant":
             raw = self._constants[storage.index].reshape(-1).view(np.uint8)
         else:
-            offset = self.plan.memory.offsets[storage.index]
+            offset = self.plan.memory.offsets[storage.index] + storage.offset
             raw = self._arena[offset : offset + storage.nbytes]
         return raw[: value.nbytes].view(value.dtype).reshape(value.shape)
 
