@@ -52,6 +52,10 @@ def huge_page_empty(nbytes: int) -> np.ndarray:
     nbytes = max(int(nbytes), 1)
     length = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
     # One huge page more than needed, so that a 2 MiB boundary falls inside whatever address the kernel picks.
+    if not hasattr(mmap, "MAP_ANONYMOUS"):  # not a Unix: aligned, on whatever pages the allocator gives
+        raw = np.empty(length + HUGE_PAGE_BYTES, dtype=np.uint8)
+        start = -raw.__array_interface__["data"][0] % HUGE_PAGE_BYTES
+        return raw[start : start + nbytes]
     mapping = mmap.mmap(-1, length + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = np.frombuffer(mapping, dtype=np.uint8)  # holds the mapping (its buffer export) as long as it lives
     start = -raw.__array_interface__["data"][0] % HUGE_PAGE_BYTES
