@@ -15,7 +15,7 @@ interleaved rounds, microseconds per call):
 - after producer: the call before it in the model, then this one (only this one timed, from Python: about
   0.3 us of call overhead included), on the model's own buffers;
 
-and the executor's timestamps' own cost: `run()` against `run_profiled()` in interleaved rounds, per timestamp.
+and what the executor's timestamps add to a kernel's in-graph time (`timestamp_cost`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from relay_tune.runtime.executor import NativeExecutor  # noqa: E402
 from relay_tune.runtime.model import CompiledModel, load  # noqa: E402
 from relay_tune.runtime.pages import huge_page_empty  # noqa: E402
 
@@ -76,6 +77,19 @@ def rows(pointers: list[int], weight_copies: dict[int, list[int]], activation: i
             row[activation] = act_copies[r % len(act_copies)]
         table.append(row)
     return table
+
+
+def timestamp_cost(calls: int = 1000, rounds: int = 20) -> float:
+    """Seconds between two timestamps of `run_profiled` around a call that does nothing: an executor of `calls`
+    calls of free(NULL) (a no-op by the C standard), median over all calls of `rounds` runs."""
+    libc = ctypes.CDLL(None)
+    free = ctypes.cast(libc.free, ctypes.c_void_p).value
+    executor = NativeExecutor([("free", [0])] * calls, 1, {"free": int(free or 0)})
+    executor.slots[0] = None
+    spent: list[float] = []
+    for _ in range(rounds):
+        spent += executor.run_profiled()
+    return statistics.median(spent)
 
 
 def main() -> None:
@@ -145,19 +159,8 @@ def main() -> None:
         print(f"{number:4d} {describe(number)[:56]:56s} {medians['in-graph']:9.1f} {medians['runner']:8.1f} "
               f"{medians['act']:9.1f} {medians['producer']:9.1f}")
 
-    plain, stamped = [], []
-    for _ in range(args.rounds * 3):
-        start = clock()
-        executor.run()
-        plain.append(clock() - start)
-        start = clock()
-        executor.run_profiled()
-        stamped.append(clock() - start)
-    extra = (statistics.median(stamped) - statistics.median(plain)) / (len(plan.calls) + 1)
-    print(f"\nrun() {statistics.median(plain) / 1e6:.3f} ms, run_profiled() {statistics.median(stamped) / 1e6:.3f} ms: "
-          f"{extra:+.0f} ns per timestamp ({len(plan.calls) + 1} timestamps; the difference is within the noise "
-          "when it is below a few hundred ns)")
-
+    print(f"\nthe executor's timestamps: {timestamp_cost() * 1e9:.0f} ns between two calls of a function that "
+          "does nothing (free(NULL)), i.e. what one timestamp adds to a kernel's in-graph time")
 
 if __name__ == "__main__":
     main()
