@@ -8,7 +8,7 @@ schedules), in one run:
 
 1. per task: the logged time of the record the build picked (fastest repeat of the best record), the kernel's time
    in the model (`CompiledModel.profile`: timestamps the native executor takes between its calls, median over
-   runs), and their ratio;
+   runs, in rounds spread over the whole run: `SpreadProfile`), and their ratio;
 2. repeat agreement: the best config of the `--top` tasks with the most logged time in the model (time x
    occurrences) measured again `--repeats` times, each by a fresh `LocalRunner` (a fresh measurement process,
    the tuner's own settings); the spread is max / min - 1, and the in-graph time is compared with the median of
@@ -27,6 +27,8 @@ import csv
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:
 import relay_tune  # noqa: E402
 from relay_tune.compiler import resolve_target  # noqa: E402
 from relay_tune.runtime.model import CompiledModel  # noqa: E402
-from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
+from relay_tune.runtime.profile import ProfileComparison, compare_with_logs  # noqa: E402
 from relay_tune.tuning.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.tune_model import default_runner  # noqa: E402
@@ -81,7 +83,34 @@ def interleaved_models(models: list[CompiledModel], inputs: dict, rounds: int, n
     return [statistics.median(s) for s in samples]
 
 
-def repeat_agreement(tasks: dict[str, object], log: str, keys: list[str], repeats: int) -> dict[str, list[float]]:
+class SpreadProfile:
+    """The model's profile taken in rounds spread over the whole run (one round now, one after each config measured
+    again), each task's in-graph time the median of its rounds. On this shared VM the host sometimes runs the
+    process at half speed for seconds at a time (both cores this process's, nothing else running, per
+    /proc/stat): one profile of half a second then doubled every kernel's in-graph time (in four of five runs of
+    one evening), while rounds spread over minutes outvote such an episode."""
+
+    def __init__(self, model: CompiledModel, log: str, inputs: dict, tasks: list, runs_per_round: int = 3) -> None:
+        self.model, self.log, self.inputs, self.tasks = model, log, inputs, tasks
+        self.runs_per_round = runs_per_round
+        self.rounds: list[list[ProfileComparison]] = []
+        self.take()
+
+    def take(self) -> None:
+        self.rounds.append(compare_with_logs(self.model, [self.log], repeat=self.runs_per_round,
+                                             inputs=self.inputs, tasks=self.tasks))
+
+    def result(self) -> list[ProfileComparison]:
+        rows = []
+        for first in self.rounds[0]:
+            same = [r for found in self.rounds for r in found if r.profile.task == first.profile.task]
+            seconds = statistics.median(r.profile.seconds for r in same)
+            rows.append(ProfileComparison(replace(first.profile, seconds=seconds), first.logged))
+        return sorted(rows, key=lambda r: -r.profile.seconds)
+
+
+def repeat_agreement(tasks: dict[str, object], log: str, keys: list[str], repeats: int,
+                     between: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
     """Per task key, the best config's cost measured `repeats` times, each in a fresh measurement process (records
     of another schedule space, which the build passes over, left out)."""
     database = CurrentSpaces(JsonLinesDatabase([log]), tasks.values())
@@ -104,6 +133,7 @@ def repeat_agreement(tasks: dict[str, object], log: str, keys: list[str], repeat
             if result.costs:
                 costs.append(min(result.costs))
         found[key] = costs
+        between()
     return found
 
 
@@ -117,6 +147,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="fresh measurement processes per config")
     parser.add_argument("--top", type=int, default=6, help="tasks whose best config is measured again")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--profile-rounds", type=int, default=7,
+                        help="profile rounds (of 3 runs each) at least, one after each config measured again")
     parser.add_argument("--number", type=int, default=5)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -127,10 +159,16 @@ def main() -> None:
     default = relay_tune.build(mod, target=target)
     inputs = tuned.random_inputs(seed=0)
     tasks = {t.key: t for t in tasks_from_module(mod, target)}
-    comparison = compare_with_logs(tuned, [args.log], repeat=10, inputs=inputs, tasks=list(tasks.values()))
+    profile = SpreadProfile(tuned, args.log, inputs, list(tasks.values()))
+    comparison = profile.result()  # the first round ranks the tasks
     ranked = sorted((r for r in comparison if r.profile.key and r.logged),
                     key=lambda r: -(r.logged or 0) * r.profile.calls)
-    agreement = repeat_agreement(tasks, args.log, [r.profile.key for r in ranked[: args.top]], args.repeats)
+    agreement = repeat_agreement(tasks, args.log, [r.profile.key for r in ranked[: args.top]], args.repeats,
+                                 between=profile.take)
+    while len(profile.rounds) < args.profile_rounds:
+        time.sleep(1.0)
+        profile.take()
+    comparison = profile.result()
 
     rows = []
     print(f"{'task':48s} {'calls':>5s} {'logged us':>10s} {'in-graph us':>11s} {'ratio':>6s} {'repeats us':>24s} "

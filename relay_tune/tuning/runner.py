@@ -59,6 +59,7 @@ from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
 from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.runtime.pages import huge_page_empty
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
 from relay_tune.tuning.measure import ErrorKind, RunResult
 from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
@@ -769,7 +770,9 @@ class WeightCopies:
             else:
                 self._sets.popitem(last=False)
         if block is None:
-            block = np.empty(length, dtype=np.uint8)
+            # Huge pages, as the model's constants have (`relay_tune.runtime.pages`): on small pages streaming
+            # the copies also paid for address translation, which the model does not.
+            block = huge_page_empty(length)
         base = block.__array_interface__["data"][0]
         skip = -base % _COPY_ALIGN
         rows = block[skip:skip + count * row].reshape(count, row)
