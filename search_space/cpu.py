@@ -971,7 +971,11 @@ def _default_values(workload: CpuWorkload, space: Space) -> dict[str, Any]:
 
 def _transpose_default(workload: CpuWorkload) -> dict[str, Any]:
     """A layout transform's default: the transpose mode (every index affine in the vector's lanes, see
-    `_transpose_loops`), its vector along the block."""
+    `_transpose_loops`). Into NCHW the vector runs along the map's plane, four vectors an iteration, gathered a
+    block apart (NCHW16c -> NCHW of 1x1280x7x7 1.2x faster than vectors along the block, scattered a plane apart);
+    otherwise along the block (into NCHW3c: 2.5x faster than a vector of the plane's columns scattered three apart)."""
+    if TRANSFORM_KINDS[workload.dims["transform"] - 1] == "unpack":
+        return {"mode": "transpose", "lanes": "columns", "unroll": 4}
     return {"mode": "transpose", "lanes": "block", "unroll": 1}
 
 
@@ -1628,9 +1632,15 @@ def _transpose_loops(sch: Any, stage: Any, transform: tuple[str, int, int], lane
     if kind == "unpack":
         n, c, h, w = leaves
         co, ci = sch.split(name, c, factor=block_in)
-        if lanes == "columns":
-            sch.reorder(name, n, co, h, ci, w)
-            vector = w
+        if lanes == "columns":  # the plane `(h, w)`, one run in both layouts, in vectors of `width`
+            sch.reorder(name, n, co, ci, h, w)
+            plane = sch.split(name, sch.fuse(name, h, w), factor=width)
+            columns(plane[0])
+            vector, rows = plane[1], sch.fuse(name, n, co, ci)
+            sch.vectorize(name, vector)
+            if parallel:
+                sch.parallel(name, rows)
+            return
         else:
             sch.reorder(name, n, co, h, w, ci)
             columns(w)
@@ -1649,13 +1659,13 @@ def _transpose_loops(sch: Any, stage: Any, transform: tuple[str, int, int], lane
             columns(w)
             sch.unroll(name, lo)
             rows, vector = sch.fuse(name, n, cb, h), li
-        elif lanes == "columns":
+        elif lanes == "columns":  # the plane `(h, w)` in vectors of `width`, the block's channels unrolled
             sch.reorder(name, n, cb, h, w, lane)
-            wo, wi = sch.split(name, w, factor=width)
-            sch.reorder(name, wo, lane, wi)
+            po, pi = sch.split(name, sch.fuse(name, h, w), factor=width)
+            sch.reorder(name, po, lane, pi)
             if block_out <= 16:
                 sch.unroll(name, lane)
-            rows, vector = sch.fuse(name, n, cb, h), wi
+            rows, vector = sch.fuse(name, n, cb), pi
         else:
             columns(w)
             rows, vector = sch.fuse(name, n, cb, h), lane
