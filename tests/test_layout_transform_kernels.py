@@ -170,3 +170,16 @@ def @main(%a: Tensor[(1, 2, 13, 13, 16), float32], %b: Tensor[(1, 2, 13, 13, 16)
     (task,) = tasks_from_module(infer_types(parse_module(source)), HOST)
     assert task.default_config()["mode"] == "transpose"
     check(task, transpose_configs(task))
+
+
+def test_packing_a_concatenation_keeps_the_rows_mode() -> None:
+    """Into NCHW16c from several inputs (ShuffleNet's concatenation + channel shuffle), a block's lanes come from
+    different inputs: no transpose mode there, its vector along the block measured slower than the "rows" mode."""
+    source = """#[version = "0.0.5"]
+def @main(%a: Tensor[(1, 16, 7, 7), float32], %b: Tensor[(1, 16, 7, 7), float32]) {
+  layout_transform(concatenate((%a, %b), axis=1), src_layout="NCHW", dst_layout="NCHW16c")
+}"""
+    (task,) = tasks_from_module(infer_types(parse_module(source)), HOST)
+    assert "transpose" not in task.space.knob("mode").values()
+    assert task.default_config()["mode"] == "rows"
+    check(task, [task.default_config()])
