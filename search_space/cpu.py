@@ -54,7 +54,9 @@ Families (`family_of`) and their knobs:
   axis is the block, one vector of channels.
 - **injective** (element-wise groups, transposes, concatenations...): `mode` (vectorize the innermost axis
   whole, split it by `vector`, fuse every axis and split by `vector`, or, for outputs in `NCHW{b}c`, fuse the
-  columns and the block and split them by `vector`), `vector`, `parallel`.
+  columns and the block and split them by `vector`), `vector`, `parallel`. Layout transforms between NCHW and
+  `NCHW{b}c` (or two blocks) also have mode `transpose` (`_transpose_loops`: every index affine in the vector's
+  lanes), with `lanes` (along the block or the map's plane) and `unroll`.
 
 `relay-tune tasks MODEL --spaces` prints each task's family and space size.
 """
