@@ -174,11 +174,13 @@ def test_blocked_pooling_vectorizes_the_block(pool: str) -> None:
 def test_layout_transforms_match_reference(expr: str) -> None:
     mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 32, 14, 14), float32]) {{\n  {expr}\n}}\n")
     for task in tasks_from_module(mod, HOST):
-        blocked = len(task.func.ret_type.shape) == 5  # written in NCHW16c: a row's columns and blocks at once
-        assert (task.default_config()["mode"] == "rows") == blocked
+        blocked = len(task.func.ret_type.shape) == 5  # written in NCHW16c
+        changes = blocked != (len(task.func.params[0].checked_type.shape) == 5)  # not both transforms in one kernel
+        # every index affine in the vector (tests/test_layout_transform_kernels.py)
+        assert (task.default_config()["mode"] == "transpose") == changes
         check_configs(task, samples=2)
-        if blocked:
-            check_configs_with(task, task.default_config().replace(vector=LANES // 2))  # a row tail of 8 lanes
+        if blocked:  # the earlier default, a row's columns and blocks at once, with a row tail of 8 lanes
+            check_configs_with(task, task.default_config().replace(mode="rows", vector=LANES // 2))
 
 
 def test_blocked_concatenate_matches_reference() -> None:

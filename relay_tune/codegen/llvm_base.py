@@ -605,8 +605,8 @@ class LLVMCodegenBase:
             else:
                 self._masked_store(value, vector_pointer, ctx.mask, align)
         else:
-            offsets = self.broadcast(self.offset(stmt.indices, buf), lanes)
-            self._scatter(value, self.lane_pointers(pointer, offsets), ctx.mask, align)
+            self._scatter(value, self.lane_pointers(pointer, self.lane_offsets(stmt.indices, buf, stride)),
+                          ctx.mask, align)
 
     # -- expressions ----------------------------------------------------------------------------------
 
@@ -650,6 +650,17 @@ class LLVMCodegenBase:
             return self.offset(indices, buf)
         finally:
             ctx.memo, ctx.env[vec.var] = saved_memo, saved_lanes
+
+    def lane_offsets(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer, stride: int | None) -> ir.Value:
+        """The flat offset of every lane of a gather or scatter (a vector of i64). With a constant `stride`, lane
+        0's offset plus `stride` per lane: the indices are evaluated once, as scalars, instead of lane by lane (a
+        layout transform's `(f // 14, f % 14)` over a fused map axis is a vector division per index otherwise)."""
+        vec = self.ctx.vector
+        assert vec is not None
+        if stride is None:
+            return self.broadcast(self.offset(indices, buf), vec.lanes)
+        steps = ir.Constant(ir.VectorType(I64, vec.lanes), [lane * stride for lane in range(vec.lanes)])
+        return self.builder.add(self.broadcast(self.eval_lane0(indices, buf), vec.lanes), steps)
 
     def offset(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer) -> ir.Value:
         """Row-major flat element offset (i64, a vector if an index depends on the vector lane)."""
@@ -955,8 +966,8 @@ class LLVMCodegenBase:
             address = b.gep(pointer, [self.eval_lane0(node.indices, buf)])
             value = self._strided_load(address, stride, vec.lanes, memory_type(buf.dtype), ctx.mask, align)
         else:
-            offsets = self.broadcast(self.offset(node.indices, buf), vec.lanes)
-            value = self._gather(self.lane_pointers(pointer, offsets), ctx.mask, align)
+            value = self._gather(self.lane_pointers(pointer, self.lane_offsets(node.indices, buf, stride)),
+                                 ctx.mask, align)
         if buf.dtype == "bool":
             value = b.icmp_unsigned("!=", value, ir.Constant(value.type, [0] * lanes_of(value))
                                     if lanes_of(value) > 1 else ir.Constant(value.type, 0))
