@@ -513,15 +513,16 @@ class _Planner:
             holders[value.storage] = holders.get(value.storage, 0) + 1
         parent: dict[int, tuple[int, int]] = {}  # storage -> (enclosing storage, offset in it)
         dropped: set[int] = set()
+        def free(storage: int) -> bool:  # an intermediate no output or other concatenation has claimed
+            return (self.storages[storage].kind == "intermediate" and storage not in output_storages
+                    and storage not in parent)
+
         for step, parts, result in self.concats:
             out = self.values[result]
-            axis = _concat_axis(out.shape, [self.values[p].shape for p in parts])
             storages = [self.values[p].storage for p in parts]
-            candidates = [*storages, out.storage]
-            if (axis is None or len(set(storages)) != len(storages) or any(
-                    self.storages[s].kind != "intermediate" or s in output_storages or s in parent
-                    for s in candidates)
-                    or any(holders.get(s, 0) != 1 for s in storages)
+            if (_concat_axis(out.shape, [self.values[p].shape for p in parts]) is None
+                    or len(set(storages)) != len(storages) or not free(out.storage)
+                    or any(not free(s) or holders[s] != 1 for s in storages)
                     or any(self.values[p].dtype != out.dtype for p in parts)):
                 continue
             offsets = list(itertools.accumulate((self.values[p].nbytes for p in parts), initial=0))[:-1]
@@ -557,6 +558,8 @@ class _Planner:
         spans: dict[int, tuple[int, int]] = {}
         for old in storage_ids:
             draft = self.storages[old]
+            if draft.kind != "intermediate" or old in output_storages:
+                continue
             root = inside[old][0] if old in inside else old
             written = max(draft.first, 0)
             first, last = spans.get(root, (written, draft.last))
@@ -619,9 +622,9 @@ def _bare_concatenation(func: Function) -> list[int] | None:
 def _concat_axis(out_shape: Sequence[int], shapes: Sequence[Sequence[int]]) -> int | None:
     """The axis along which `shapes` are laid out one after the other in `out_shape`, when every axis before it
     has extent 1 (so each part is one contiguous run of bytes); else None."""
+    if any(len(s) != len(out_shape) for s in shapes):
+        return None
     for axis in range(len(out_shape)):
-        if any(len(s) != len(out_shape) for s in shapes):
-            return None
         if all(s[axis] == out_shape[axis] for s in shapes) and out_shape[axis] == 1:
             continue  # a unit axis before the concatenation's
         rest = tuple(out_shape[:axis]) + tuple(out_shape[axis + 1:])

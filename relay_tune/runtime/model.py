@@ -362,7 +362,7 @@ class CompiledModel:
         self._objects = [(bytes(obj), tuple(sigs)) for obj, sigs in objects]
         # One block on huge pages for all constants: kernels stream them, and on small pages address translation
         # made the weight-bound classifier of ResNet-50 1.4x slower than the tuner measured (`pages`).
-        self._constants = pack([np.ascontiguousarray(c) for c in constants])
+        self._constants = pack(constants)
         self._validate()
         if libraries is None:
             libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in self._objects]
@@ -749,15 +749,6 @@ def _unreferenced(entry: tuple[np.ndarray, np.ndarray, tuple[int, int]]) -> bool
     return owner_count <= entry[2][0] and view_count <= entry[2][1]
 
 
-def _aligned(array: np.ndarray) -> np.ndarray:
-    array = np.asarray(array)
-    if array.ctypes.data % DEFAULT_ALIGNMENT == 0 and array.flags.c_contiguous:
-        return array
-    out = aligned_empty(array.shape, array.dtype)
-    np.copyto(out, array)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------------------
@@ -828,7 +819,7 @@ def load(path: str | os.PathLike[str], threading_runtime: str = "auto", check_ta
             constants = []
             for name in manifest["constants"]:
                 with archive.open(name) as stream:
-                    constants.append(_read_npy_aligned(stream))
+                    constants.append(_read_npy(stream))
         except (KeyError, TypeError, ValueError, zipfile.BadZipFile, EOFError) as err:
             raise ModelFormatError(f"{path}: damaged model file ({type(err).__name__}: {err})") from None
     info = dict(manifest.get("build_info") or {})
@@ -837,8 +828,9 @@ def load(path: str | os.PathLike[str], threading_runtime: str = "auto", check_ta
     return model
 
 
-def _read_npy_aligned(stream: Any) -> np.ndarray:
-    """Read one .npy array straight into a 64-byte aligned buffer (pickled object arrays are refused)."""
+def _read_npy(stream: Any) -> np.ndarray:
+    """Read one .npy array (pickled object arrays are refused). The model copies it into its constants' block
+    (`relay_tune.runtime.pages.pack`), which gives the alignment kernels need."""
     version = np.lib.format.read_magic(stream)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
@@ -848,7 +840,7 @@ def _read_npy_aligned(stream: Any) -> np.ndarray:
         raise ValueError(f"unsupported .npy version {version}")
     if dtype.hasobject:
         raise ValueError("object arrays are not allowed in a model file")
-    array = aligned_empty(shape, dtype)
+    array = np.empty(shape, dtype)
     view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
     filled = 0
     while filled < len(view):
@@ -857,7 +849,7 @@ def _read_npy_aligned(stream: Any) -> np.ndarray:
             raise EOFError("truncated constant array")
         filled += got
     if fortran:
-        array = _aligned(np.ascontiguousarray(array.reshape(shape[::-1]).T))
+        array = np.ascontiguousarray(array.reshape(shape[::-1]).T)
     return array
 
 

@@ -69,7 +69,7 @@ def huge_page_empty(nbytes: int) -> np.ndarray:
 
 
 def pack(arrays: Sequence[np.ndarray], align: int = _LINE) -> list[np.ndarray]:
-    """Copies of `arrays` (C-contiguous, same shapes and dtypes) laid one after another in one huge-page block,
+    """C-contiguous copies of `arrays` (same shapes and dtypes) laid one after another in one huge-page block,
     each starting on an `align`-byte boundary. The copies are writable views that keep the block alive."""
     if not arrays:
         return []

@@ -261,8 +261,11 @@ class LocalRunner(Runner):
             reply = _DIED
         elapsed = time.monotonic() - start
         if reply is _DIED or reply is _TIMED_OUT:
-            failed = (self._worker_died(worker, elapsed) if reply is _DIED
-                      else (self._discard_worker(), self._timed_out(self.timeout))[1])
+            if reply is _DIED:
+                failed = self._worker_died(worker, elapsed)
+            else:
+                self._discard_worker()
+                failed = self._timed_out(self.timeout)
             if current is None:  # lost before any kernel ran: measure them one by one
                 return [self.run(task, artifact) for artifact in artifacts]
             others = [a for i, a in enumerate(artifacts) if i != current]
@@ -516,20 +519,6 @@ class _Timed:
         return cost
 
 
-def _measure(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
-             inputs: list[np.ndarray], expected: list[np.ndarray] | None,
-             tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
-             prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
-             weights: Sequence[int] = (), copies: WeightCopies | None = None,
-             task_key: str = "") -> tuple[str, Any, str]:
-    """Check one artifact's outputs, then time its `timing.repeat` repeats back to back (see `_prepare`)."""
-    prepared = _prepare(artifact, function, repeat_entry, inputs, expected, tolerances, timing, prologue, weights,
-                        copies, task_key)
-    if not isinstance(prepared, _Timed):
-        return prepared
-    return ("ok", [prepared.time_repeat() for _ in range(timing.repeat)], "")
-
-
 def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
              tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
@@ -537,7 +526,8 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
              weights: Sequence[int] = (), copies: WeightCopies | None = None,
              task_key: str = "") -> _Timed | tuple[str, Any, str]:
     """Check one artifact's outputs, warm it up and size its repeats (see the module docstring); the error reply
-    when it fails. `prologue`: packing kernels
+    when it fails. A single run then times its repeats back to back, a batch interleaves them with the other
+    kernels' (`_measure_batch`). `prologue`: packing kernels
     (function, logical input, argument position) that fill a packed argument from its logical input; they run
     before the kernel on every call, as in the model, and their time counts. `weights`: the logical inputs that
     are model constants, rotated through copies when `timing.cold_weights_bytes` is set: `copies` keeps them
@@ -795,30 +785,35 @@ def _error_reply(kind: ErrorKind, err: BaseException) -> tuple[str, Any, str]:
     return ("error", kind.name, "".join(traceback.format_exception_only(type(err), err)).strip())
 
 
+def _load_and_prepare(artifact: BuildArtifact, timing: TimingOptions, task_data: tuple[Any, ...],
+                      loader: KernelLoader, copies: WeightCopies, task_key: str) -> _Timed | tuple[str, Any, str]:
+    """Load an artifact into the worker and `_prepare` it (checked, warmed up, sized); the error reply when either
+    fails. `task_data`: the task's (inputs, expected outputs, tolerances, weight inputs)."""
+    inputs, expected, tolerances, weights = task_data
+    try:
+        function, repeat_entry = loader.load(artifact)
+    except Exception as err:
+        return ("error", ErrorKind.COMPILE_ERROR.name, f"failed to load the kernel: {err}")
+    try:
+        return _prepare(artifact, function, repeat_entry, inputs, expected, tolerances, timing, loader.prologue,
+                        weights, copies, task_key)
+    except Exception as err:
+        return _error_reply(ErrorKind.RUNTIME_ERROR, err)
+
+
 def _measure_batch(conn: multiprocessing.connection.Connection, artifacts: Sequence[BuildArtifact],
                    timing: TimingOptions, task_data: tuple[Any, ...], loader: KernelLoader, copies: WeightCopies,
                    task_key: str) -> list[tuple[str, Any, str, float]]:
     """The worker's side of `LocalRunner.run_batch`: check and size every artifact, then `timing.repeat` rounds
     that time each once. Before each step it reports ("step", index), so that the driver knows which kernel
     crashed or hung."""
-    inputs, expected, tolerances, weights = task_data
     replies: list[tuple[str, Any, str]] = [("error", ErrorKind.RUNTIME_ERROR.name, "not measured")] * len(artifacts)
     prepared: dict[int, _Timed] = {}
     costs: dict[int, list[float]] = {}
     with copies.pinned():
         for index, artifact in enumerate(artifacts):
             conn.send(("step", index))
-            try:
-                function, repeat_entry = loader.load(artifact)
-            except Exception as err:
-                replies[index] = _error_reply(ErrorKind.COMPILE_ERROR, err)
-                continue
-            try:
-                result = _prepare(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
-                                  loader.prologue, weights, copies, task_key)
-            except Exception as err:
-                replies[index] = _error_reply(ErrorKind.RUNTIME_ERROR, err)
-                continue
+            result = _load_and_prepare(artifact, timing, task_data, loader, copies, task_key)
             if isinstance(result, _Timed):
                 prepared[index], costs[index] = result, []
             else:
@@ -887,18 +882,12 @@ def worker_main(conn: multiprocessing.connection.Connection) -> None:
             continue
         _, key, artifact, timing = message
         try:
-            inputs, expected, tolerances, weights = data[key]
-            try:
-                function, repeat_entry = loader.load(artifact)
-            except Exception as err:
-                reply: tuple[str, Any, str] = ("error", ErrorKind.COMPILE_ERROR.name,
-                                               f"failed to load the kernel: {err}")
-            else:
-                reply = _measure(artifact, function, repeat_entry, inputs, expected, tolerances, timing,
-                                 loader.prologue, weights, copies, key)
-        except Exception as err:
-            reply = ("error", ErrorKind.RUNTIME_ERROR.name,
-                     "".join(traceback.format_exception_only(type(err), err)).strip())
+            prepared = _load_and_prepare(artifact, timing, data[key], loader, copies, key)
+            # one kernel: its repeats back to back
+            reply = (("ok", [prepared.time_repeat() for _ in range(timing.repeat)], "")
+                     if isinstance(prepared, _Timed) else prepared)
+        except Exception as err:  # e.g. the task's data is missing
+            reply = _error_reply(ErrorKind.RUNTIME_ERROR, err)
         finally:
             loader.release()
         try:
