@@ -771,38 +771,16 @@ def test_lowering_a_resnet50_conv2d_schedule_is_fast() -> None:
 # compiled code (needs the LLVM CPU back end)
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_dense_1024_reaches_numpy_speed(capsys: pytest.CaptureFixture[str]) -> None:
-    """The dense schedule built only from schedule primitives, compiled, against numpy (OpenBLAS) on
-    the same machine and thread count. Prints the GFLOPS of both."""
-    import threadpoolctl
-
-    from relay_tune.runtime.kernel import time_kernel
+def test_dense_1024_packed_schedule_computes_the_product() -> None:
+    """The dense schedule built only from schedule primitives, compiled serial and parallel, on a 1024^3 product
+    (tails none, packing and k-blocking real). Its speed against numpy is a benchmark's job
+    (`experiments/bench_codegen_dense.py`), not a test's: timings on a shared machine would make this flaky."""
     size = 1024
     a, w, _, c, _ = dense_bias_relu(size, size, size)
-    flop = 2.0 * size**3
     x, wt = rand(size, size), rand(size, size)
-    results = {}
-    for threads in (1, 2):
-        s = schedule_dense_packed(a, w, c, c, parallel=threads > 1)
-        func = lower(s, "dense")
-        kernel = build_llvm([func]).get("dense")
-        out = np.zeros((size, size), "float32")
-        packed = s.layout_transforms[0].pack(wt)
-        kernel(x, packed, out)
+    for parallel in (False, True):
+        s = schedule_dense_packed(a, w, c, c, parallel=parallel)
+        kernel = build_llvm([lower(s, "dense")]).get("dense")
+        out = np.full((size, size), np.nan, "float32")
+        kernel(x, s.layout_transforms[0].pack(wt), out)
         np.testing.assert_allclose(out, x @ wt.T, rtol=1e-3, atol=1e-2)
-        ours = flop / min(time_kernel(kernel, [x, packed, out], repeat=5, min_repeat_ms=100)) / 1e9
-        with threadpoolctl.threadpool_limits(threads):
-            best = np.inf
-            for _ in range(10):
-                start = time.perf_counter()
-                np.dot(x, wt.T)
-                best = min(best, time.perf_counter() - start)
-        theirs = flop / best / 1e9
-        results[threads] = (ours, theirs)
-    with capsys.disabled():
-        for threads, (ours, theirs) in results.items():
-            print(f"\ndense 1024^3, {threads} thread(s): schedule {ours:.0f} GFLOPS, numpy {theirs:.0f} GFLOPS")
-    ours, theirs = results[1]
-    # generous: other tests may share the cores; the measured ratio is ~1.0-1.1 on an idle machine
-    assert ours > 0.6 * theirs
