@@ -20,8 +20,9 @@ What happens:
    processes), optimised and emitted in one go, then JIT-linked.
 4. **Graph plan.** The entry function becomes a list of kernel calls in topological order over tensors:
    inputs, constants (weights that a schedule reads packed are packed here, once), intermediates (placed by
-   the memory planner in one arena) and outputs. A fused group that is a pure reshape becomes an alias of its
-   input (no kernel, no copy). See `relay_tune.runtime.model`.
+   the memory planner in one arena) and outputs. A fused group that leaves every element where it is in memory
+   (a pure reshape, or a layout transform of a 1x1 map: `is_memory_view`) becomes an alias of its input (no
+   kernel, no copy). See `relay_tune.runtime.model`.
 
 Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores. A target string without
 `-mcpu` also gets the host's CPU and features, and without `-num-cores` the host's core count, so
@@ -74,6 +75,7 @@ from relay_tune.kernel import tir
 from relay_tune.kernel.build import OUTPUT, lower_primitive
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import Schedule
+from relay_tune.op.registry import get_op
 from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.base import dataflow_post_order
 from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks, workload_key
@@ -237,7 +239,7 @@ class LoweredTask:
     primfunc: tir.PrimFunc
     bindings: tuple[ParamBinding, ...]
     tuned: bool
-    alias: bool = False  # a pure reshape: no kernel, its output aliases its input
+    alias: bool = False  # a memory view (`is_memory_view`): no kernel, its output aliases its input
     kernel_name: str = ""
     lower_seconds: float = 0.0
 
@@ -246,23 +248,49 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z]+", "_", text).strip("_").lower()
 
 
-def is_pure_reshape(func: Function) -> bool:
-    """A fused group whose output is its input's elements in the same order: a view, never a copy."""
-    if not func.attrs.get("relay.reshape_only") or len(func.params) != 1:
+VIEW_OPS = RESHAPE_LIKE_OPS | {"layout_transform", "transpose"}
+"""Operators that only move elements: a fused group of them alone may leave every element where it is."""
+
+VIEW_CHECK_LIMIT = 1 << 22
+"""Largest tensor (elements) whose layout-moving group is checked for memory identity; larger ones stay kernels."""
+
+
+def is_memory_view(func: Function) -> bool:
+    """A fused group whose output has its input's elements in the same order in memory: a view, never a copy.
+
+    Pure reshapes always are. A group with layout transforms or transposes is when its element permutation is the
+    identity, e.g. NCHW16c -> NCHW on a 1x1 map (ResNet-50's tail after global pooling), or a transpose of unit
+    axes. That is decided exactly by running the group's reference implementation on the element numbers
+    0, 1, ... and comparing: cheap for any real activation (a few milliseconds at the cap), and right for every
+    combination of blocking, unit axes and reshapes without a second, symbolic copy of each operator's rule."""
+    if len(func.params) != 1:
         return False
     calls = [n for n in dataflow_post_order(func.body) if isinstance(n, Call)]
-    if not calls or any(c.op_name not in RESHAPE_LIKE_OPS for c in calls):
+    if not calls or any(c.op_name not in VIEW_OPS for c in calls):
         return False
     param_type = func.params[0].checked_type if func.params[0].has_type() else func.params[0].type_annotation
     out_type = func.body.checked_type if func.body.has_type() else None
-    return (
-        isinstance(param_type, TensorType)
-        and isinstance(out_type, TensorType)
-        and param_type.is_static
-        and out_type.is_static
-        and param_type.dtype == out_type.dtype
-        and param_type.size == out_type.size
-    )
+    if not (isinstance(param_type, TensorType) and isinstance(out_type, TensorType) and param_type.is_static
+            and out_type.is_static and param_type.dtype == out_type.dtype and param_type.size == out_type.size):
+        return False
+    if all(c.op_name in RESHAPE_LIKE_OPS for c in calls):
+        return True
+    if param_type.size > VIEW_CHECK_LIMIT:
+        return False
+    shape = tuple(int(d) for d in param_type.shape)  # type: ignore[arg-type]
+    numbers = np.arange(param_type.size, dtype=np.int64).reshape(shape)
+    values: dict[int, np.ndarray] = {id(func.params[0]): numbers}
+    for call in calls:
+        if not all(id(a) in values for a in call.args) or not isinstance(call.op, Op):
+            return False  # a constant or tuple operand: not a plain chain on the input
+        opdef = get_op(call.op.name)
+        if opdef.reference is None:
+            return False
+        values[id(call)] = np.asarray(opdef.reference([values[id(a)] for a in call.args],
+                                                      opdef.make_attrs(call.attrs)))
+    result = values[id(func.body)] if id(func.body) in values else None
+    return result is not None and result.size == numbers.size and bool(np.array_equal(result.ravel(),
+                                                                                       numbers.ravel()))
 
 
 def lower_task(
@@ -1020,7 +1048,7 @@ def _lower_one(
     begin = time.perf_counter()
     common = dict(key=spec.key, description=spec.description, occurrences=spec.occurrences, flops=spec.flops,
                   func=spec.func)
-    if is_pure_reshape(spec.func):
+    if is_memory_view(spec.func):
         empty = tir.PrimFunc(kernel_name, (), tir.Seq(()))
         return LoweredTask(**common, primfunc=empty, bindings=(), tuned=False, alias=True)  # type: ignore[arg-type]
     steps = lookup(spec, target) if lookup is not None else None

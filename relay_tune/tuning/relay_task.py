@@ -26,7 +26,7 @@ import numpy as np
 
 from cost_model.transfer import register_workload_kind
 from relay_tune.codegen.llvm import compile_object, required_libraries
-from relay_tune.compiler import is_pure_reshape, packing_kernel, resolve_target
+from relay_tune.compiler import is_memory_view, packing_kernel, resolve_target
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
@@ -272,13 +272,14 @@ register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
                       layout_planning: bool | None = None) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target, layout_planning=...)` compiles into
-    a kernel (pure reshapes, which the build turns into aliases, are left out), in order of first use. Tasks are
+    a kernel (memory views, `relay_tune.compiler.is_memory_view`, which the build turns into aliases, are left
+    out), in order of first use. Tasks are
     extracted after layout planning, the same pipeline as the build's, so a kernel is tuned in the layout it runs
     in."""
     resolved = _target(target)
     fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning))
     specs = extract_tasks(IRModule({"main": fused["main"]}))
-    return [RelayTuneTask(spec, resolved) for spec in specs if not is_pure_reshape(spec.func)]
+    return [RelayTuneTask(spec, resolved) for spec in specs if not is_memory_view(spec.func)]
 
 
 def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
