@@ -221,13 +221,15 @@ def time_interleaved(runners: dict[str, Callable[[], Any]], builds: dict[str, An
     for fn in runners.values():  # warm-up: first-touch page faults, thread pools, caches
         for _ in range(2):
             fn()
-    previous = blocks[-1][-1]
+    previous = blocks[-1]
     for _ in range(args.rounds):
         for block in blocks:
             # Settle first: the threads of the engine timed before may still be spinning (the wait is charged to
             # that engine's `spin` column). Then one untimed inference each: the first run after another engine
             # meets caches that engine filled.
-            spins[previous].append(settle(args.settle))
+            waited = settle(args.settle)
+            for label in previous:  # builds that share a block share its wait
+                spins[label].append(waited)
             for label in block:
                 runners[label]()
             for repeat in range(args.per_round):
@@ -240,7 +242,7 @@ def time_interleaved(runners: dict[str, Callable[[], Any]], builds: dict[str, An
                     samples[label].append(seconds[label])
                 for label in (lb for lb in pairs if lb in seconds):
                     pairs[label].append(seconds[label] / seconds[label.replace("tuned", "default")])
-            previous = block[-1]
+            previous = block
     return samples, spins, pairs
 
 
