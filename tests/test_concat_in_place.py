@@ -188,3 +188,19 @@ def @main(%x: Tensor[(1, 32, 9, 11), float32], %wa: Tensor[(32, 32, 1, 1), float
     x = rng.uniform(-1, 1, (1, 32, 9, 11)).astype("float32")
     for got, want in zip(_outputs(model, x), _reference(mod, x)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_command_lines_task_table_leaves_in_place_concatenations_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from relay_tune.cli import main
+
+    text = BRANCHES.replace("def @main(%x: Tensor[(1, 32, 9, 11), float32])",
+                            "def @main(%x: Tensor[(1, 32, 9, 11), float32], %wa: Tensor[(16, 32, 1, 1), float32], "
+                            "%wb: Tensor[(32, 32, 3, 3), float32], %wc: Tensor[(16, 48, 1, 1), float32])")
+    for name in ("wa", "wb", "wc"):
+        text = text.replace(f"meta_{name}", f"%{name}")
+    path = tmp_path / "branches.relay"
+    path.write_text(text)
+    assert main(["tasks", str(path), "--no-layout-planning"]) == 0
+    out = capsys.readouterr().out
+    assert "conv2d" in out and "concatenate" not in out
