@@ -11,14 +11,15 @@ net and one BERT-base encoder layer (sequence 128). For each network:
 2. relay-tune imports it, builds it with default schedules (and, with `--log`, a second time from the best records
    of those tuning logs), and every build's output is checked against onnxruntime's (and, with `--interpreter`,
    the reference interpreter's);
-3. the engines are timed in interleaved rounds, each engine in a block per round: wait until the process is idle
-   (see below), one untimed inference, then `--per-round` timed ones. relay-tune's builds share one block and
-   alternate single inferences in it (default, tuned, tuned, default, ...), so a slow spell of the host falls on
-   both alike. The table reports medians over all timed inferences and the ratio to onnxruntime (below 1:
-   relay-tune is faster); per tuned build, the median of the paired ratios tuned / default of adjacent runs
-   (`tuned_vs_default`) and whether the two builds are the same code (`tuned_same_build`: identical object code,
-   or no kernel with a tuned record, as when the build's in-graph check keeps every default schedule): then any
-   difference between their columns is the host's noise, not tuning.
+3. the engines are timed in interleaved rounds, each engine (each build) in a block per round: wait until the
+   process is idle (see below), one untimed inference, then `--per-round` timed ones. The table reports medians
+   over all timed inferences and the ratio to onnxruntime (below 1: relay-tune is faster). In each round
+   relay-tune's builds also share one more block and alternate single inferences in it (default, tuned, tuned,
+   default, ...), so a slow spell of the host falls on both alike: per tuned build, the median of the paired
+   ratios tuned / default of adjacent runs (`tuned_vs_default`) and whether the two builds are the same code
+   (`tuned_same_build`: identical object code, or no kernel with a tuned record, as when the build's in-graph
+   check keeps every default schedule): then any difference between their columns is the host's noise, not
+   tuning.
 
 Spinning threads. Both engines keep worker threads that spin after a run, waiting for the next one: libgomp's
 team (bounded by relay-tune, `relay_tune.runtime.kernel.DEFAULT_GOMP_SPINCOUNT`) and onnxruntime's intra-op pool
@@ -209,12 +210,18 @@ def time_interleaved(runners: dict[str, Callable[[], Any]], builds: dict[str, An
     """Seconds per inference of every runner, in `args.rounds` interleaved rounds; the seconds each runner's threads
     kept spinning after its block; and per tuned build, the ratios tuned / default of adjacent single runs.
 
-    Engines (onnxruntime, ort-nospin, the Python loop, relay-tune) take turns in blocks, each after the process
-    went idle (`settle`) and one untimed inference. relay-tune's builds share one block and alternate single
-    inferences inside it (default, tuned, tuned, default, ...: each pair's order flips, so neither build always
-    runs first): a slow spell of the host falls on both builds alike, and the paired ratios say whether tuning
-    changed anything where medians of separate blocks would report the host's noise as a difference."""
-    blocks = [[label] for label in runners if label not in builds] + [list(builds)]
+    Every engine (onnxruntime, ort-nospin, the Python loop, each relay-tune build) takes its turn in a block of its
+    own, after the process went idle (`settle`) and one untimed inference: its runs follow each other, with its
+    weights and activations in cache as in a serving loop, which is what the ratios to onnxruntime compare. Then,
+    in the same round, relay-tune's builds share one more block and alternate single inferences (default, tuned,
+    tuned, default, ...: each pair's order flips, so neither build always runs first): a slow spell of the host
+    falls on both builds alike, and the paired ratios say whether tuning changed anything where the medians of
+    separate blocks would report the host's noise as a difference. The alternating runs feed only the paired
+    ratios: each run there starts with the other build's data in the caches (MobileNet v2 ran 7.3 ms alternating
+    against 5.6 ms back to back), which is fair between the two builds but not against onnxruntime."""
+    blocks = [[label] for label in runners]
+    if len(builds) > 1:
+        blocks.append(list(builds))
     samples: dict[str, list[float]] = {label: [] for label in runners}
     spins: dict[str, list[float]] = {label: [] for label in runners}
     pairs: dict[str, list[float]] = {label: [] for label in builds if label.startswith("tuned")}
@@ -239,8 +246,9 @@ def time_interleaved(runners: dict[str, Callable[[], Any]], builds: dict[str, An
                     start = time.perf_counter()
                     runners[label]()
                     seconds[label] = time.perf_counter() - start
-                    samples[label].append(seconds[label])
-                for label in (lb for lb in pairs if lb in seconds):
+                if len(block) == 1:
+                    samples[block[0]].append(seconds[block[0]])
+                for label in (lb for lb in pairs if lb in seconds and len(block) > 1):
                     pairs[label].append(seconds[label] / seconds[label.replace("tuned", "default")])
             previous = block
     return samples, spins, pairs
