@@ -338,8 +338,7 @@ def model_tasks(fused_main: Function, target: Target) -> ModelTasks:
         running = tuple(c for c in spec.call_sites if id(c) not in in_place_sites)
         if not running:
             in_place.add(spec.key)
-        kept.append(replace(spec, occurrences=len(running), call_sites=running) if running else
-                    replace(spec, occurrences=0, call_sites=()))
+        kept.append(replace(spec, occurrences=len(running), call_sites=running))
     return ModelTasks(tuple(kept), views, frozenset(in_place), sites)
 
 
@@ -950,7 +949,7 @@ def build(
     t_lower = time.perf_counter()
     timings["lower_s"] = t_lower - t_passes
     if lookup is not None and untuned:
-        kernels = sum(not t.alias for t in lowered.values())
+        kernels = sum(not t.alias and t.key not in found.in_place for t in lowered.values())
         message = (f"{len(untuned)} of {kernels} tasks have no tuning record "
                    f"for this target ({resolved.mcpu or 'generic CPU'}, {resolved.num_cores} cores) and use the "
                    "default schedule: " + "; ".join(untuned))

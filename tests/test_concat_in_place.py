@@ -151,11 +151,13 @@ def test_concatenations_written_in_place_are_not_tuned_or_looked_up(layout_plann
             asked.append(key)
             return None
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", relay_tune.compiler.BuildWarning)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", relay_tune.compiler.BuildWarning)
             model = relay_tune.build(mod, target="llvm", logs=lookup, layout_planning=layout_planning)
         wanted = {t.key for t in tasks_from_module(mod, "llvm", layout_planning=layout_planning)}
         assert set(asked) == wanted  # the build looks up exactly the tuner's tasks
+        untuned = [str(w.message) for w in caught if "have no tuning record" in str(w.message)]
+        assert len(untuned) == 1 and untuned[0].startswith(f"{len(wanted)} of {len(wanted)} tasks")
         assert not any(t.description.startswith("concatenate") for t in model.plan.tasks)
         assert {t.key for t in model.plan.tasks if t.kernel} == wanted
 
