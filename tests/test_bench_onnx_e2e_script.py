@@ -10,7 +10,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
-from experiment_scripts import load_experiment
+
+from tests.experiment_scripts import load_experiment
 
 pytest.importorskip("onnx")
 bench = load_experiment("bench_onnx_e2e")
