@@ -1,6 +1,6 @@
 """Whole networks from ONNX: relay-tune against onnxruntime, same machine, same threads, same run.
 
-    python experiments/bench_onnx_e2e.py [--models resnet50,mobilenet_v2,...] [--threads 2] [--rounds 7]
+    python experiments/bench_onnx_e2e.py [--models resnet50,mobilenet_v2,...] [--threads 2] [--rounds 15]
                                          [--log logs/resnet50.jsonl ...] [--csv experiments/results/onnx_e2e.csv]
 
 The networks (`experiments/onnx_zoo.py`, built with onnx.helper, random weights at a trained network's scale):
@@ -11,9 +11,15 @@ net and one BERT-base encoder layer (sequence 128). For each network:
 2. relay-tune imports it, builds it with default schedules (and, with `--log`, a second time from the best records
    of those tuning logs), and every build's output is checked against onnxruntime's (and, with `--interpreter`,
    the reference interpreter's);
-3. the engines are timed in interleaved rounds, each engine in a block per round: wait until the process is idle
-   (see below), one untimed inference, then `--per-round` timed ones. The table reports medians over all timed
-   inferences and the ratio to onnxruntime (below 1: relay-tune is faster).
+3. the engines are timed in interleaved rounds, each engine (each build) in a block per round: wait until the
+   process is idle (see below), one untimed inference, then `--per-round` timed ones. The table reports medians
+   over all timed inferences and the ratio to onnxruntime (below 1: relay-tune is faster). In each round
+   relay-tune's builds also share one more block and alternate single inferences in it (default, tuned, tuned,
+   default, ...), so a slow spell of the host falls on both alike: per tuned build, the median of the paired
+   ratios tuned / default of adjacent runs (`tuned_vs_default`) and whether the two builds are the same code
+   (`tuned_same_build`: identical object code, or no kernel with a tuned record, as when the build's in-graph
+   check keeps every default schedule): then any difference between their columns is the host's noise, not
+   tuning.
 
 Spinning threads. Both engines keep worker threads that spin after a run, waiting for the next one: libgomp's
 team (bounded by relay-tune, `relay_tune.runtime.kernel.DEFAULT_GOMP_SPINCOUNT`) and onnxruntime's intra-op pool
@@ -150,6 +156,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     runners: dict[str, Callable[[], Any]] = {"onnxruntime": lambda: session.run(None, {"input": x}),
                                              "ort-nospin": lambda: quiet.run(None, {"input": x})}
     ok = True
+    builds: dict[str, Any] = {}
     for label, logs, planning in build_plan(args):
         start = time.perf_counter()
         # The tuned build is what `relay-tune build --log` and the tuner's final build make: records whose kernels
@@ -167,6 +174,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         row[f"{label}_error"] = f"{error:.2e}"
         ok = ok and good
         runners[label] = (lambda m: lambda: m.run(input=x))(compiled)
+        builds[label] = compiled
         if label == first_label(args):
             runners["py loop"] = python_loop(compiled, {"input": x})
             row["kernel_calls"] = compiled.num_kernel_calls
@@ -178,39 +186,81 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         ok = ok and good
     row["matches"] = ok
 
-    samples: dict[str, list[float]] = {label: [] for label in runners}
-    spins: dict[str, list[float]] = {label: [] for label in runners}
-    for fn in runners.values():  # warm-up: first-touch page faults, thread pools, caches
-        for _ in range(2):
-            fn()
-    order = list(runners)
-    for _ in range(args.rounds):
-        for position, label in enumerate(order):
-            fn = runners[label]
-            # Settle first: the threads of the engine timed before may still be spinning (the wait is charged to
-            # that engine's `spin` column). Then one untimed inference: each engine's first run after the other
-            # meets caches the other filled.
-            spins[order[position - 1]].append(settle(args.settle))
-            fn()
-            for _ in range(args.per_round):
-                start = time.perf_counter()
-                fn()
-                samples[label].append(time.perf_counter() - start)
+    samples, spins, pairs = time_interleaved(runners, builds, args)
     base = statistics.median(samples["onnxruntime"])
     for label, values in samples.items():
         row[f"{label}_ms"] = round(statistics.median(values) * 1e3, 3)
         row[f"{label}_spin_ms"] = round(statistics.median(spins[label]) * 1e3, 1)
         if label != "onnxruntime":
             row[f"{label}_ratio"] = round(statistics.median(values) / base, 3)
+    for label, ratios in pairs.items():  # paired: each tuned run over the default run next to it
+        row[f"{label}_vs_default"] = round(statistics.median(ratios), 3)
+        row[f"{label}_same_build"] = same_build(builds[label], builds[label.replace("tuned", "default")])
     return row
+
+
+def same_build(tuned: Any, default: Any) -> bool:
+    """Whether two builds run the same code: identical object code, or no kernel of `tuned` uses a tuned record
+    (the build's in-graph check kept the default schedule everywhere)."""
+    return tuned.object_code == default.object_code or not any(t.tuned for t in tuned.plan.tasks if t.kernel)
+
+
+def time_interleaved(runners: dict[str, Callable[[], Any]], builds: dict[str, Any], args: argparse.Namespace
+                     ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per inference of every runner, in `args.rounds` interleaved rounds; the seconds each runner's threads
+    kept spinning after its block; and per tuned build, the ratios tuned / default of adjacent single runs.
+
+    Every engine (onnxruntime, ort-nospin, the Python loop, each relay-tune build) takes its turn in a block of its
+    own, after the process went idle (`settle`) and one untimed inference: its runs follow each other, with its
+    weights and activations in cache as in a serving loop, which is what the ratios to onnxruntime compare. Then,
+    in the same round, relay-tune's builds share one more block and alternate single inferences (default, tuned,
+    tuned, default, ...: each pair's order flips, so neither build always runs first): a slow spell of the host
+    falls on both builds alike, and the paired ratios say whether tuning changed anything where the medians of
+    separate blocks would report the host's noise as a difference. The alternating runs feed only the paired
+    ratios: each run there starts with the other build's data in the caches (MobileNet v2 ran 7.3 ms alternating
+    against 5.6 ms back to back), which is fair between the two builds but not against onnxruntime."""
+    blocks = [[label] for label in runners]
+    if len(builds) > 1:
+        blocks.append(list(builds))
+    samples: dict[str, list[float]] = {label: [] for label in runners}
+    spins: dict[str, list[float]] = {label: [] for label in runners}
+    pairs: dict[str, list[float]] = {label: [] for label in builds if label.startswith("tuned")}
+    for fn in runners.values():  # warm-up: first-touch page faults, thread pools, caches
+        for _ in range(2):
+            fn()
+    previous = blocks[-1]
+    for _ in range(args.rounds):
+        for block in blocks:
+            # Settle first: the threads of the engine timed before may still be spinning (the wait is charged to
+            # that engine's `spin` column). Then one untimed inference each: the first run after another engine
+            # meets caches that engine filled.
+            waited = settle(args.settle)
+            for label in previous:  # builds that share a block share its wait
+                spins[label].append(waited)
+            for label in block:
+                runners[label]()
+            for repeat in range(args.per_round):
+                order = block if repeat % 2 == 0 else block[::-1]
+                seconds: dict[str, float] = {}
+                for label in order:
+                    start = time.perf_counter()
+                    runners[label]()
+                    seconds[label] = time.perf_counter() - start
+                if len(block) == 1:
+                    samples[block[0]].append(seconds[block[0]])
+                for label in (lb for lb in pairs if lb in seconds and len(block) > 1):
+                    pairs[label].append(seconds[label] / seconds[label.replace("tuned", "default")])
+            previous = block
+    return samples, spins, pairs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(ZOO), help=f"comma-separated subset of {', '.join(ZOO)}")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
-    parser.add_argument("--per-round", type=int, default=3, help="inferences per engine per round")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    parser.add_argument("--per-round", type=int, default=4,
+                        help="inferences per engine per round (relay-tune's builds alternate single inferences)")
     parser.add_argument("--log", action="append", default=[], help="tuning log(s) for the tuned build")
     parser.add_argument("--no-check-tuned", action="store_true", help="build the tuned model from every best record, "
                         "without dropping the ones slower in the graph than the default kernels (as the CLI does)")
@@ -252,6 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name:<15} {row['kernel_calls']:>5} {row['onnxruntime_ms']:>8.2f} {row['ort-nospin_ms']:>10.2f} "
               f"{cells}  {row['onnxruntime_spin_ms']:>8.1f} {row[planned[0] + '_spin_ms']:>6.1f}    "
               f"{'yes' if row['matches'] else 'NO'} ({row[planned[0] + '_error']})", flush=True)
+        for label in (lb for lb in planned if lb.startswith("tuned")):
+            same = row[f"{label}_same_build"]
+            print(f"{'':<15} {label} / {label.replace('tuned', 'default')}, paired single runs: "
+                  f"{row[label + '_vs_default']:.3f}; same build: "
+                  f"{'yes (every kernel has its default schedule: the difference is noise)' if same else 'no'}",
+                  flush=True)
         for prefix in ("", "tuned_lp_"):
             if f"{prefix}check_ratio" in row:
                 print(f"{'':<15} the {prefix or 'tuned_'}build's in-graph check: {row[prefix + 'check_rejected']} "

@@ -172,9 +172,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compiler import model_tasks, resolve_target
     from relay_tune.passes import layout_block, optimize
-    from relay_tune.passes.extract_tasks import extract_tasks
 
     loaded = load_model(args.model, args.consts, params=args.params)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
@@ -187,8 +186,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         print(f"{args.model}: {len(specs)} tasks on {target.log_name}")
         print(format_space_table([(t.description, t.family, t.space) for t in specs]))
         return 0
-    block = layout_block(resolve_target(args.target), args.layout_planning)  # the workloads tuning and builds see
-    tasks = extract_tasks(optimize(loaded, opt_level=args.opt_level, layout_block=block))
+    target = resolve_target(args.target)
+    block = layout_block(target, args.layout_planning)  # the workloads tuning and builds see
+    # the tasks whose kernels the build calls: no aliases, no concatenations written in place
+    tasks = model_tasks(optimize(loaded, opt_level=args.opt_level, layout_block=block)["main"], target).kernels
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),

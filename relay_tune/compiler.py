@@ -20,8 +20,9 @@ What happens:
    processes), optimised and emitted in one go, then JIT-linked.
 4. **Graph plan.** The entry function becomes a list of kernel calls in topological order over tensors:
    inputs, constants (weights that a schedule reads packed are packed here, once), intermediates (placed by
-   the memory planner in one arena) and outputs. A fused group that is a pure reshape becomes an alias of its
-   input (no kernel, no copy). See `relay_tune.runtime.model`.
+   the memory planner in one arena) and outputs. A fused group that leaves every element where it is in memory
+   (a pure reshape, or a layout transform of a 1x1 map: `is_memory_view`) becomes an alias of its input (no
+   kernel, no copy). See `relay_tune.runtime.model`.
 
 Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores. A target string without
 `-mcpu` also gets the host's CPU and features, and without `-num-cores` the host's core count, so
@@ -74,9 +75,10 @@ from relay_tune.kernel import tir
 from relay_tune.kernel.build import OUTPUT, lower_primitive
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import Schedule
+from relay_tune.op.registry import get_op
 from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.base import dataflow_post_order
-from relay_tune.passes.extract_tasks import constant_inputs, extract_tasks, workload_key
+from relay_tune.passes.extract_tasks import TaskSpec, constant_inputs, extract_tasks, workload_key
 from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
 from relay_tune.resources import check_memory
 from relay_tune.runtime.cuda import gpu_model_from_plan
@@ -237,7 +239,7 @@ class LoweredTask:
     primfunc: tir.PrimFunc
     bindings: tuple[ParamBinding, ...]
     tuned: bool
-    alias: bool = False  # a pure reshape: no kernel, its output aliases its input
+    alias: bool = False  # a memory view (`is_memory_view`): no kernel, its output aliases its input
     kernel_name: str = ""
     lower_seconds: float = 0.0
 
@@ -246,23 +248,110 @@ def _slug(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z]+", "_", text).strip("_").lower()
 
 
-def is_pure_reshape(func: Function) -> bool:
-    """A fused group whose output is its input's elements in the same order: a view, never a copy."""
-    if not func.attrs.get("relay.reshape_only") or len(func.params) != 1:
+VIEW_OPS = RESHAPE_LIKE_OPS | {"layout_transform", "transpose"}
+"""Operators that only move elements: a fused group of them alone may leave every element where it is."""
+
+VIEW_CHECK_LIMIT = 1 << 22
+"""Largest tensor (elements) whose layout-moving group is checked for memory identity; larger ones stay kernels."""
+
+
+def is_memory_view(func: Function) -> bool:
+    """A fused group whose output has its input's elements in the same order in memory: a view, never a copy.
+
+    Pure reshapes always are. A group with layout transforms or transposes is when its element permutation is the
+    identity, e.g. NCHW16c -> NCHW on a 1x1 map (ResNet-50's tail after global pooling), or a transpose of unit
+    axes. That is decided exactly by running the group's reference implementation on the element numbers
+    0, 1, ... and comparing: cheap for any real activation (a few milliseconds at the cap), and right for every
+    combination of blocking, unit axes and reshapes without a second, symbolic copy of each operator's rule."""
+    if len(func.params) != 1:
         return False
     calls = [n for n in dataflow_post_order(func.body) if isinstance(n, Call)]
-    if not calls or any(c.op_name not in RESHAPE_LIKE_OPS for c in calls):
+    if not calls or any(c.op_name not in VIEW_OPS for c in calls):
         return False
     param_type = func.params[0].checked_type if func.params[0].has_type() else func.params[0].type_annotation
     out_type = func.body.checked_type if func.body.has_type() else None
-    return (
-        isinstance(param_type, TensorType)
-        and isinstance(out_type, TensorType)
-        and param_type.is_static
-        and out_type.is_static
-        and param_type.dtype == out_type.dtype
-        and param_type.size == out_type.size
-    )
+    if not (isinstance(param_type, TensorType) and isinstance(out_type, TensorType) and param_type.is_static
+            and out_type.is_static and param_type.dtype == out_type.dtype and param_type.size == out_type.size):
+        return False
+    if all(c.op_name in RESHAPE_LIKE_OPS for c in calls):
+        return True
+    if param_type.size > VIEW_CHECK_LIMIT:
+        return False
+    shape = tuple(int(d) for d in param_type.shape)  # type: ignore[arg-type]
+    numbers = np.arange(param_type.size, dtype=np.int64).reshape(shape)
+    values: dict[int, np.ndarray] = {id(func.params[0]): numbers}
+    for call in calls:
+        if not all(id(a) in values for a in call.args) or not isinstance(call.op, Op):
+            return False  # a constant or tuple operand: not a plain chain on the input
+        opdef = get_op(call.op.name)
+        if opdef.reference is None:
+            return False
+        values[id(call)] = np.asarray(opdef.reference([values[id(a)] for a in call.args],
+                                                      opdef.make_attrs(call.attrs)))
+    result = values[id(func.body)] if id(func.body) in values else None
+    return result is not None and result.size == numbers.size and bool(np.array_equal(result.ravel(),
+                                                                                       numbers.ravel()))
+
+
+@dataclass(frozen=True)
+class ModelTasks:
+    """A fused model's tasks by what the build does with them: the one rule the build and the tuner share.
+
+    `specs`: every distinct fused function in order of first use; `occurrences` and `call_sites` count only the
+    calls that run a kernel. `views`: keys of memory views (`is_memory_view`: aliases, no kernel). `in_place`: keys
+    of concatenations that producers write in place at every call site (no kernel). `sites`: the task key of every
+    call site, those written in place included."""
+
+    specs: tuple[TaskSpec, ...]
+    views: frozenset[str]
+    in_place: frozenset[str]
+    sites: Mapping[int, str]
+
+    @property
+    def kernels(self) -> list[TaskSpec]:
+        """The tasks whose kernels the model calls: what tuning should spend its trials on."""
+        return [s for s in self.specs if s.key not in self.views and s.key not in self.in_place]
+
+
+def model_tasks(fused_main: Function, target: Target) -> ModelTasks:
+    """The tasks of a fused entry function (`relay_tune.passes.optimize`) as `build` compiles them for `target`.
+
+    Which concatenations are written in place is decided by the graph planner itself (`_Planner`, run here with
+    kernel-less stand-ins for every task: the decision depends on values and storages, not on schedules), so
+    tuning and the build cannot disagree about which kernels a model calls."""
+    specs = extract_tasks(IRModule({"main": fused_main}))
+    views = frozenset(s.key for s in specs if is_memory_view(s.func))
+    sites = {id(site): s.key for s in specs for site in s.call_sites}
+    if target.kind == "cuda" or not any(_bare_concatenation(s.func) is not None for s in specs):
+        return ModelTasks(tuple(specs), views, frozenset(), sites)
+    planner = _Planner({s.key: _placeholder_task(s, alias=s.key in views) for s in specs}, target=target)
+    planner.task_index = {s.key: i for i, s in enumerate(specs)}
+    planner.call_keys = sites
+    try:
+        _inputs, outputs = planner.run(fused_main)
+    except RelayTuneError:
+        return ModelTasks(tuple(specs), views, frozenset(), sites)  # the build reports what it cannot compile
+    in_place_sites = planner.in_place_sites(outputs)
+    kept: list[TaskSpec] = []
+    in_place: set[str] = set()
+    for spec in specs:
+        running = tuple(c for c in spec.call_sites if id(c) not in in_place_sites)
+        if not running:
+            in_place.add(spec.key)
+        kept.append(replace(spec, occurrences=len(running), call_sites=running))
+    return ModelTasks(tuple(kept), views, frozenset(in_place), sites)
+
+
+def _placeholder_task(spec: TaskSpec, alias: bool = False) -> LoweredTask:
+    """A task with no kernel: a memory view (`alias`), or a concatenation written in place; each parameter is
+    read as it is and each output written (what the planner needs to place values)."""
+    out_type = spec.func.body.checked_type if spec.func.body.has_type() else spec.func.ret_type
+    inputs = sum(len(_flatten_types(p.checked_type if p.has_type() else p.type_annotation))
+                 for p in spec.func.params)
+    bindings = tuple(ParamBinding("output", i) for i in range(len(_flatten_types(out_type))))
+    bindings += tuple(ParamBinding("input", i) for i in range(inputs))
+    return LoweredTask(spec.key, spec.description, spec.occurrences, spec.flops, spec.func,
+                       tir.PrimFunc("", (), tir.Seq(())), bindings, tuned=False, alias=alias)
 
 
 def lower_task(
@@ -311,7 +400,7 @@ class _Planner:
     keep: list[Any] = field(default_factory=list)  # constants whose ids are keys of constant_ids
     target: Target | None = None  # what the run-time packing kernels are scheduled for
     concat_in_place: bool = True  # producers write a concatenation's parts into its buffer (`_in_place_concats`)
-    concats: list[tuple[int, list[int], int]] = field(default_factory=list)  # (call step, input values, output)
+    concats: list[tuple[int, list[int], int, int]] = field(default_factory=list)  # (step, parts, result, id(call))
 
     # -- values -------------------------------------------------------------------------------------------------
     def new_value(self, shape: tuple[int, ...], dtype: str, storage: int) -> int:
@@ -456,10 +545,12 @@ class _Planner:
                 self.wrote(value, step)
             else:
                 self.read(value, step)
-        self.calls.append(KernelCall(task.kernel_name, self.task_index[key], tuple(args)))
+        # A concatenation written in place at every site has no kernel (`_placeholder_task`); `finish` drops it.
+        index = self.task_index[key] if task.kernel_name else PACKING_TASK
+        self.calls.append(KernelCall(task.kernel_name, index, tuple(args)))
         order = _bare_concatenation(func)
         if order is not None and len(leaves) == len(func.params) and len(outputs) == 1:
-            self.concats.append((step, [leaves[i] for i in order], outputs[0]))
+            self.concats.append((step, [leaves[i] for i in order], outputs[0], id(call)))
         return _structure(out_type, outputs)
 
     def _packed(self, call_args: Sequence[Expr], leaves: list[int], binding: ParamBinding) -> int:
@@ -497,6 +588,12 @@ class _Planner:
         return primfunc
 
     # -- finishing ----------------------------------------------------------------------------------------------
+    def in_place_sites(self, outputs: OutputTree) -> set[int]:
+        """The call sites (ids) of the concatenations `finish` will have written in place (`_in_place_concats`)."""
+        output_storages = {self.values[v].storage for v in _flatten(outputs)}
+        _inside, dropped = self._in_place_concats(output_storages)
+        return {site for step, _parts, _result, site in self.concats if step in dropped}
+
     def _in_place_concats(self, output_storages: set[int]) -> tuple[dict[int, tuple[int, int]], set[int]]:
         """Concatenations whose producers can write their parts straight into the result, and the parts' places.
 
@@ -517,7 +614,7 @@ class _Planner:
             return (self.storages[storage].kind == "intermediate" and storage not in output_storages
                     and storage not in parent)
 
-        for step, parts, result in self.concats:
+        for step, parts, result, _site in self.concats:
             out = self.values[result]
             storages = [self.values[p].storage for p in parts]
             if (_concat_axis(out.shape, [self.values[p].shape for p in parts]) is None
@@ -554,6 +651,8 @@ class _Planner:
 
         inside, dropped = self._in_place_concats(output_storages) if self.concat_in_place else ({}, set())
         calls = [c for step, c in enumerate(self.calls) if step not in dropped]
+        if any(not c.kernel for c in calls):
+            raise CompileError("a concatenation planned to be written in place still needs its kernel")
         # A buffer that holds other storages lives from the first write into any of them to the last read.
         spans: dict[int, tuple[int, int]] = {}
         for old in storage_ids:
@@ -837,17 +936,20 @@ def build(
     t_passes = time.perf_counter()
     timings["passes_s"] = t_passes - start
 
-    specs = [t for t in extract_tasks(IRModule({"main": fused["main"]}))]
+    found = model_tasks(fused["main"], resolved)
     lowered: dict[str, LoweredTask] = {}
     untuned: list[str] = []
-    for number, spec in enumerate(specs):
+    for number, spec in enumerate(found.specs):
+        if spec.key in found.in_place:  # written in place by its producers wherever it runs: nothing to compile
+            lowered[spec.key] = _placeholder_task(spec)
+            continue
         kernel_name = f"k{number}_{_slug(spec.description)}"[:KERNEL_NAME_LIMIT]
-        task = _lower_one(spec, resolved, lookup, kernel_name, untuned)
+        task = _lower_one(spec, resolved, lookup, kernel_name, untuned, view=spec.key in found.views)
         lowered[spec.key] = task
     t_lower = time.perf_counter()
     timings["lower_s"] = t_lower - t_passes
     if lookup is not None and untuned:
-        kernels = sum(not t.alias for t in lowered.values())
+        kernels = sum(not t.alias and t.key not in found.in_place for t in lowered.values())
         message = (f"{len(untuned)} of {kernels} tasks have no tuning record "
                    f"for this target ({resolved.mcpu or 'generic CPU'}, {resolved.num_cores} cores) and use the "
                    "default schedule: " + "; ".join(untuned))
@@ -855,14 +957,14 @@ def build(
             raise RelayTuneError(message)
         warnings.warn(message, BuildWarning, stacklevel=2)
 
-    task_list = [t for t in lowered.values()]
+    task_list = [t for t in lowered.values() if t.key not in found.in_place]
     task_infos = tuple(
         TaskInfo(t.key, t.description, "" if t.alias else t.kernel_name, t.tuned, t.occurrences, t.flops)
         for t in task_list
     )
     planner = _Planner(lowered, target=resolved, concat_in_place=resolved.kind != "cuda")
     planner.task_index = {t.key: i for i, t in enumerate(task_list)}
-    planner.call_keys = {id(site): spec.key for spec in specs for site in spec.call_sites}
+    planner.call_keys = dict(found.sites)
     inputs, outputs = planner.run(fused["main"])
     plan, constants = planner.finish(inputs, outputs, task_infos)
     _check_plan_fits(plan, constants)  # before LLVM compiles anything
@@ -1015,12 +1117,13 @@ def _check_plan_fits(plan: Any, constants: Sequence[Any]) -> None:
 
 
 def _lower_one(
-    spec: Any, target: Target, lookup: TaskLookup | None, kernel_name: str, untuned: list[str]
+    spec: Any, target: Target, lookup: TaskLookup | None, kernel_name: str, untuned: list[str],
+    view: bool | None = None,
 ) -> LoweredTask:
     begin = time.perf_counter()
     common = dict(key=spec.key, description=spec.description, occurrences=spec.occurrences, flops=spec.flops,
                   func=spec.func)
-    if is_pure_reshape(spec.func):
+    if is_memory_view(spec.func) if view is None else view:
         empty = tir.PrimFunc(kernel_name, (), tir.Seq(()))
         return LoweredTask(**common, primfunc=empty, bindings=(), tuned=False, alias=True)  # type: ignore[arg-type]
     steps = lookup(spec, target) if lookup is not None else None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_tune.compiler import _lower_one, is_pure_reshape, resolve_target
+from relay_tune.compiler import _lower_one, is_memory_view, resolve_target
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.compute import primitive_compute
@@ -100,7 +100,7 @@ SLOW = {"tvm_menagerie_resnet50", "tvm_menagerie_resnext50_32x4d"}
 
 def _specs(name: str, make: Callable[[], IRModule] | None = None) -> list:
     fused = optimize(infer_types((make or MODELS[name])()), opt_level=3)
-    return [s for s in extract_tasks(IRModule({"main": fused["main"]})) if not is_pure_reshape(s.func)]
+    return [s for s in extract_tasks(IRModule({"main": fused["main"]})) if not is_memory_view(s.func)]
 
 
 def _params() -> list:
