@@ -270,13 +270,14 @@ register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
 
 
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
-                      layout_planning: bool | None = None) -> list[RelayTuneTask]:
+                      layout_planning: bool | None = None, winograd: str | None = None) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target, layout_planning=...)` compiles into
     a kernel (pure reshapes, which the build turns into aliases, are left out), in order of first use. Tasks are
     extracted after layout planning, the same pipeline as the build's, so a kernel is tuned in the layout it runs
     in."""
     resolved = _target(target)
-    fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning))
+    fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
+                     winograd=winograd)
     specs = extract_tasks(IRModule({"main": fused["main"]}))
     return [RelayTuneTask(spec, resolved) for spec in specs if not is_pure_reshape(spec.func)]
 
