@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from relay_tune.ir import Call, Constant, Expr, Function, IRModule, op
+from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Var, op, post_order
 from relay_tune.op.registry import get_op
 from relay_tune.op.winograd import weight_transform
 from relay_tune.passes.base import (
@@ -42,6 +42,7 @@ from relay_tune.passes.base import (
     rewrite_dataflow,
     tensor_type_of,
 )
+from relay_tune.passes.fold_constant import evaluate_constants
 
 WINOGRAD_MODES = ("off", "auto", "on", "f2", "f4")
 
@@ -67,15 +68,21 @@ def _tile_size(mode: str, height: int, width: int, in_channels: int, out_channel
 
 
 def _constant_oihw(weight: Expr, kernel_layout: str) -> np.ndarray | None:
-    """The OIHW value of a convolution's kernel when it is a constant: a `Constant` in OIHW, or PlanLayouts'
-    `layout_transform(Constant, "OIHW", kernel_layout)` (the packed copy is never needed)."""
-    if isinstance(weight, Constant) and kernel_layout == "OIHW":
-        return np.asarray(weight.data)
+    """The OIHW value of a convolution's kernel when it is a constant: PlanLayouts'
+    `layout_transform(w, "OIHW", kernel_layout)` (or `w` itself in OIHW) where `w` is a `Constant` or a closed
+    expression of constants (a batch-norm scale folded into the weight, which the FoldConstant after this pass would
+    fold), evaluated here; the packed copy is never needed."""
+    oihw: Expr | None = weight if kernel_layout == "OIHW" else None
     if (isinstance(weight, Call) and weight.op_name == "layout_transform"
-            and weight.attrs.get("src_layout") == "OIHW" and weight.attrs.get("dst_layout") == kernel_layout
-            and isinstance(weight.args[0], Constant)):
-        return np.asarray(weight.args[0].data)
-    return None
+            and weight.attrs.get("src_layout") == "OIHW" and weight.attrs.get("dst_layout") == kernel_layout):
+        oihw = weight.args[0]
+    if oihw is None:
+        return None
+    if isinstance(oihw, Constant):
+        return np.asarray(oihw.data)
+    if any(isinstance(node, (Var, Function)) for node in post_order(oihw)):
+        return None  # a model input (or anything but constants) reaches the kernel
+    return np.asarray(evaluate_constants([oihw])[0])
 
 
 def _rewrite(call: Call, args: tuple[Expr, ...], mode: str) -> Expr | None:
