@@ -44,13 +44,17 @@ from relay_tune.op.registry import OpPattern, reference, register_op, type_relat
 
 TILE_SIZES = (2, 4)
 
+# Fusion: the input transform is a kernel of its own (OPAQUE): as an injective op it would absorb the output
+# transform, bias and ReLU of the convolution before it (VGG's conv -> relu -> conv), and each of its outputs would
+# recompute alpha^2 of that transform's. The output transform takes element-wise epilogues only, as a convolution
+# does (OUT_ELEMWISE_FUSABLE): bias, activation, a residual add; not a concatenation or a layout transform.
 register_op(
-    "nn.winograd_input_transform", 1, OpPattern.INJECTIVE,
+    "nn.winograd_input_transform", 1, OpPattern.OPAQUE,
     {"tile_size": 2, "padding": (0, 0, 0, 0), "data_layout": "NCHW"}, "relay.attrs.WinogradInputAttrs",
     description="3x3 Winograd input transform: data -> (alpha*alpha, tiles, channels)",
 )
 register_op(
-    "nn.winograd_output_transform", 1, OpPattern.INJECTIVE,
+    "nn.winograd_output_transform", 1, OpPattern.OUT_ELEMWISE_FUSABLE,
     {"tile_size": 2, "out_height": None, "out_width": None, "out_layout": "NCHW"}, "relay.attrs.WinogradOutputAttrs",
     required=("out_height", "out_width"),
     description="3x3 Winograd output transform: (alpha*alpha, tiles, channels) -> the convolution's output",

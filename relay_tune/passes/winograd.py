@@ -7,10 +7,9 @@ After `PlanLayouts`, an eligible `nn.contrib_conv2d_NCHWc` (3x3 kernel, stride 1
     p = nn.batch_matmul(v, U)                       # U = G g G^T: a constant (alpha^2, C, K), computed here once
     y = nn.winograd_output_transform(p, tile_size=m, out_height=OH, out_width=OW, out_layout="NCHW{bo}c")
 
-(`relay_tune.op.winograd`). The fuser keeps the three apart: the transforms are injective, so the input transform
-does not join the producing convolution's group (its edge into an injective consumer is not element-wise) and the
-output transform does not join the product's; the bias, activation and residual add after the convolution join
-the output transform as its epilogue.
+(`relay_tune.op.winograd`). The fuser keeps the three apart: the input transform is opaque (a kernel of its own,
+never fused with the previous convolution's epilogue) and the output transform, like a convolution, fuses only
+with the element-wise ops after it (bias, activation, residual add: its epilogue), not into the product.
 
 Which convolutions, and with which tile size m, is the `winograd` setting (`PassConfig.winograd`):
 
