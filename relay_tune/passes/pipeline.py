@@ -23,9 +23,12 @@ from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 LAYOUT_PLANNING_DEFAULT = True
 
 # Which 3x3 stride-1 convolutions CPU builds run as Winograd transforms around a batched product when the caller
-# does not say (`winograd=None`; see `relay_tune.passes.winograd`). Like layout planning, every CPU path (build,
-# task extraction, the command line) reads it, so tuning logs and builds agree on the workloads.
-WINOGRAD_DEFAULT = "off"
+# does not say (`winograd=None`; see `relay_tune.passes.winograd`). "auto": with default schedules it made
+# ResNet-50 0.95 -> 0.83x onnxruntime's time, VGG-16 1.00 -> 0.70x, DenseNet-121 1.01 -> 0.92x, Inception-style
+# 0.98 -> 0.81x, the others unchanged (experiments/bench_onnx_e2e.py --winograd off auto). Like layout planning,
+# every CPU path (build, task extraction, the command line) reads it, so tuning logs and builds agree on the
+# workloads.
+WINOGRAD_DEFAULT = "auto"
 
 # Blocks narrower than this are not worth a layout (a target without SIMD: 1 lane).
 _MIN_BLOCK = 4
