@@ -57,6 +57,9 @@ Families (`family_of`) and their knobs:
   columns and the block and split them by `vector`), `vector`, `parallel`. Layout transforms between NCHW and
   `NCHW{b}c` (or two blocks) also have mode `transpose` (`_transpose_loops`: every index affine in the vector's
   lanes), with `lanes` (along the block or the map's plane) and `unroll`.
+- **winograd** (the Winograd transforms of `relay_tune.op.winograd`, an output transform with its fused epilogue):
+  the transform positions unrolled and the channel block vectorized (`_template_winograd`); `order` (tiles or
+  channel blocks outermost) and `parallel`.
 
 `relay-tune tasks MODEL --spaces` prints each task's family and space size.
 """
