@@ -166,3 +166,19 @@ def test_planned_model_with_winograd_matches_the_interpreter_and_survives_save_a
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
     path = model.save(tmp_path / "model.rtmod")
     np.testing.assert_array_equal(load(path).run(**inputs), got)
+
+
+def test_command_line_flag_selects_the_rewrite_and_rejects_unknown_settings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from relay_tune.cli import main
+    from relay_tune.testing import zoo
+
+    path = zoo.write(_model(np.random.default_rng(3)), tmp_path / "cnn.relay")
+    assert main(["check", str(path), "--fused", "--winograd", "on"]) == 0
+    assert "nn.winograd_input_transform" in capsys.readouterr().out
+    assert main(["check", str(path), "--fused", "--winograd", "off"]) == 0
+    assert "winograd" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", str(path), "--winograd", "fast"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
