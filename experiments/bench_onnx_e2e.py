@@ -41,6 +41,8 @@ the same run; `tuned` appears with `--log`. A CSV with one row per network goes 
 `--layout-planning on|off|both` builds with graph-level layout planning (`relay_tune.passes.PlanLayouts`: blocked
 NCHW16c convolution chains) on, off, or both ways, timed in the same interleaved rounds; the builds with planning on
 are labelled `default_lp` and `tuned_lp`. Without the option the builds take the library's default.
+`--winograd MODE ...` builds once per Winograd setting (`relay_tune.build(..., winograd=MODE)`: off, auto, on, f2,
+f4), labelled `default_wg<MODE>` (and `tuned_wg<MODE>`), timed in the same rounds.
 """
 
 from __future__ import annotations
@@ -120,16 +122,18 @@ def first_output(result: Any) -> np.ndarray:
     return np.asarray(result)
 
 
-def build_plan(args: argparse.Namespace) -> list[tuple[str, list[str] | None, bool | None]]:
-    """(label, logs, layout_planning) of every build to time: default schedules, and tuned ones with `--log`, with
-    layout planning as `--layout-planning` says (None: the library's default)."""
+def build_plan(args: argparse.Namespace) -> list[tuple[str, list[str] | None, bool | None, str | None]]:
+    """(label, logs, layout_planning, winograd) of every build to time: default schedules, and tuned ones with
+    `--log`, with layout planning as `--layout-planning` says and Winograd as `--winograd` (None: the library's
+    default)."""
     choices: dict[str | None, list[bool | None]] = {None: [None], "off": [False], "on": [True], "both": [False, True]}
-    builds: list[tuple[str, list[str] | None, bool | None]] = []
+    builds: list[tuple[str, list[str] | None, bool | None, str | None]] = []
     for planning in choices[args.layout_planning]:
-        suffix = "_lp" if planning else ""
-        builds.append((f"default{suffix}", None, planning))
-        if args.log:
-            builds.append((f"tuned{suffix}", args.log, planning))
+        for winograd in getattr(args, "winograd", None) or [None]:
+            suffix = ("_lp" if planning else "") + (f"_wg{winograd}" if winograd else "")
+            builds.append((f"default{suffix}", None, planning, winograd))
+            if args.log:
+                builds.append((f"tuned{suffix}", args.log, planning, winograd))
     return builds
 
 
@@ -157,12 +161,13 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                              "ort-nospin": lambda: quiet.run(None, {"input": x})}
     ok = True
     builds: dict[str, Any] = {}
-    for label, logs, planning in build_plan(args):
+    for label, logs, planning, winograd in build_plan(args):
         start = time.perf_counter()
         # The tuned build is what `relay-tune build --log` and the tuner's final build make: records whose kernels
         # are slower in the graph than the default ones are dropped (`--no-check-tuned`: every record is used).
         check = logs is not None and not args.no_check_tuned
-        compiled = relay_tune.build(mod, target=target, logs=logs, check_tuned=check, layout_planning=planning)
+        compiled = relay_tune.build(mod, target=target, logs=logs, check_tuned=check, layout_planning=planning,
+                                    winograd=winograd)
         row[f"{label}_build_s"] = round(time.perf_counter() - start, 2)
         decided = compiled.build_info.get("tuned_check")
         if decided:  # what the build's own in-graph check saw: records dropped, and tuned / default end to end
@@ -272,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layout-planning", choices=("on", "off", "both"), default=None,
                         help="build with graph-level layout planning on, off or both ways, timed in the same rounds "
                         "(default: the library's default)")
+    parser.add_argument("--winograd", nargs="+", default=None, choices=("off", "auto", "on", "f2", "f4"),
+                        help="build once per Winograd setting, timed in the same rounds (default: the library's)")
     parser.add_argument("--csv", type=Path, default=REPO_ROOT / "experiments" / "results" / "onnx_e2e.csv")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -284,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"threads {args.threads}; {args.rounds} rounds x {args.per_round} inferences per engine, interleaved; "
           f"load average {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} usable cores")
-    planned = [label for label, _, _ in build_plan(args)]
+    planned = [label for label, _, _, _ in build_plan(args)]
     labels = [*planned[:1], "py loop", *planned[1:]]
     from relay_tune.runtime.kernel import load_libgomp
 

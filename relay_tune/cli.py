@@ -122,7 +122,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         from relay_tune.passes import layout_block, optimize
 
         block = layout_block(resolve_target("llvm"), args.layout_planning)  # as `build` would for this CPU
-        mod = optimize(mod, opt_level=args.opt_level, layout_block=block)
+        mod = optimize(mod, opt_level=args.opt_level, layout_block=block, winograd=args.winograd)
     if args.summary:
         _print_summary(mod, args.model, elapsed)
         return 0
@@ -182,14 +182,16 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         from search_space.cpu import format_space_table
 
         target = resolve_target(args.target)
-        specs = tasks_from_module(loaded, target, opt_level=args.opt_level, layout_planning=args.layout_planning)
+        specs = tasks_from_module(loaded, target, opt_level=args.opt_level, layout_planning=args.layout_planning,
+                                  winograd=args.winograd)
         print(f"{args.model}: {len(specs)} tasks on {target.log_name}")
         print(format_space_table([(t.description, t.family, t.space) for t in specs]))
         return 0
     target = resolve_target(args.target)
     block = layout_block(target, args.layout_planning)  # the workloads tuning and builds see
     # the tasks whose kernels the build calls: no aliases, no concatenations written in place
-    tasks = model_tasks(optimize(loaded, opt_level=args.opt_level, layout_block=block)["main"], target).kernels
+    fused = optimize(loaded, opt_level=args.opt_level, layout_block=block, winograd=args.winograd)
+    tasks = model_tasks(fused["main"], target).kernels
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -283,7 +285,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             warnings.simplefilter("always", LogWarning)  # unreadable lines of --log files: one warning per log
             model = build(mod, target=args.target, logs=logs or None, opt_level=args.opt_level, jobs=args.jobs,
                           require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned,
-                          layout_planning=args.layout_planning)
+                          layout_planning=args.layout_planning, winograd=args.winograd)
     path = model.save(args.output)
     table = Table(title=f"kernels of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -451,6 +453,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--params", args.params]
     if getattr(args, "layout_planning", None) is not None:  # the resumed run must tune the same workloads
         words += ["--layout-planning" if args.layout_planning else "--no-layout-planning"]
+    if getattr(args, "winograd", None) is not None:  # likewise
+        words += ["--winograd", args.winograd]
     if getattr(args, "no_check", False):
         words += ["--no-check"]
     return " ".join(shlex.quote(w) for w in words)
@@ -488,7 +492,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             timeout=args.timeout, jobs=args.jobs,
                             progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
                             check=not args.no_check, cache=_tuning_cache(args), retune=args.retune,
-                            scheduler=args.scheduler, layout_planning=args.layout_planning)
+                            scheduler=args.scheduler, layout_planning=args.layout_planning, winograd=args.winograd)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -917,6 +921,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout-planning", action=argparse.BooleanOptionalAction, default=None,
                    help="plan channel-blocked (NCHW16c on AVX-512) activation layouts for convolution chains on CPU "
                    "targets (default: on); tuning, `tasks` and `build` must agree for logs to match")
+    p.add_argument("--winograd", choices=("auto", "on", "off", "f2", "f4"), default=None,
+                   help="3x3 stride-1 convolutions on planned layouts as Winograd transforms around a batched product: "
+                   "auto (the measured rule: maps of 14x14 or more, 64 input channels or more), on (all), off, f2 / "
+                   "f4 (all, one tile size); default: auto. Like --layout-planning, tuning and builds must agree")
 
 
 def build_parser() -> argparse.ArgumentParser:

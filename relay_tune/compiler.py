@@ -901,6 +901,7 @@ def build(
     threading_runtime: str = "auto",
     check_tuned: bool = False,
     layout_planning: bool | None = None,
+    winograd: str | None = None,
 ) -> CompiledModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see the module docstring).
 
@@ -917,10 +918,14 @@ def build(
     layout_planning: plan channel-blocked activation layouts on CPU targets (`relay_tune.passes.PlanLayouts`);
         None: the pipeline's default (`relay_tune.passes.LAYOUT_PLANNING_DEFAULT`). Tuning must have used the same
         setting (`tune_model(..., layout_planning=...)`): the records are of the workloads it produces.
+    winograd: which blocked 3x3 stride-1 convolutions run in Winograd form ("off", "auto", "on", "f2", "f4"; see
+        `relay_tune.passes.winograd`); None: `relay_tune.passes.WINOGRAD_DEFAULT`. Like `layout_planning`, tuning
+        must have used the same setting.
     """
     if check_tuned and logs is not None:
         return check_tuned_records(mod, target, params, logs, opt_level, jobs=jobs, require_tuned=require_tuned,
-                                   threading_runtime=threading_runtime, layout_planning=layout_planning)
+                                   threading_runtime=threading_runtime, layout_planning=layout_planning,
+                                   winograd=winograd)
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -932,7 +937,8 @@ def build(
         raise RelayTuneError("the module has no @main function to build")
     mod = infer_types(mod)
     mod = infer_types(bind_params(mod, params or {}))
-    fused = optimize(mod, opt_level=opt_level, layout_block=layout_block(resolved, layout_planning))
+    fused = optimize(mod, opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
+                     winograd=winograd)
     t_passes = time.perf_counter()
     timings["passes_s"] = t_passes - start
 

@@ -481,6 +481,24 @@ def test_upsampling(method: str, align: bool, layout: str, shape: tuple[int, ...
                                                   "method": method, "align_corners": align}))
 
 
+@pytest.mark.parametrize(("shape", "m", "padding", "layout"), [
+    ((1, 2, 7, 7, 16), 2, 1, "NCHW16c"), ((1, 1, 13, 11, 16), 4, 1, "NCHW16c"), ((1, 1, 9, 9, 8), 4, 0, "NCHW8c"),
+    ((2, 5, 13, 9), 4, 0, "NCHW"), ((1, 3, 7, 7), 2, 1, "NCHW"),
+])
+def test_winograd_input_transform(shape: tuple[int, ...], m: int, padding: int, layout: str) -> None:
+    run_case(Case("nn.winograd_input_transform", [tt(*shape)],
+                  {"tile_size": m, "padding": (padding,) * 4, "data_layout": layout}))
+
+
+@pytest.mark.parametrize(("shape", "m", "out", "layout"), [
+    ((16, 16, 32), 2, (7, 7), "NCHW16c"), ((36, 12, 32), 4, (13, 11), "NCHW16c"), ((36, 8, 5), 4, (5, 7), "NCHW"),
+    ((16, 18, 4), 2, (6, 5), "NCHW"),
+])
+def test_winograd_output_transform(shape: tuple[int, ...], m: int, out: tuple[int, int], layout: str) -> None:
+    run_case(Case("nn.winograd_output_transform", [tt(*shape)],
+                  {"tile_size": m, "out_height": out[0], "out_width": out[1], "out_layout": layout}))
+
+
 # ------------------------------------------------------------------------------------------------
 # coverage
 # ------------------------------------------------------------------------------------------------
@@ -492,7 +510,7 @@ TESTED = {
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d", "nn.bias_add", "nn.lrn",
     "nn.layer_norm", "nn.batch_norm", "nn.dropout", "reshape", "transpose", "expand_dims", "squeeze",
     "nn.batch_flatten", "broadcast_to", "concatenate", "stack", "split", "strided_slice", "take", "nn.pad",
-    "layout_transform", "nn.upsampling",
+    "layout_transform", "nn.upsampling", "nn.winograd_input_transform", "nn.winograd_output_transform",
 }
 
 

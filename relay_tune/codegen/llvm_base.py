@@ -626,6 +626,14 @@ class LLVMCodegenBase:
             node, expanded = stack.pop()
             if id(node) in memo:
                 continue
+            if not expanded and isinstance(node, tir.Select):
+                known = self.known_condition(node.cond)
+                if known is not None:
+                    # Decided by unrolled loop counters (a Winograd transform's position): only the chosen side
+                    # is emitted, not both sides and a select that LLVM would have to fold away.
+                    chosen = node.true_value if known else node.false_value
+                    memo[id(node)] = (node, self.cast(self.eval(chosen), chosen.dtype, node.dtype))
+                    continue
             if not expanded and isinstance(node, tir.Select) and self.ctx.vector is not None:
                 memo[id(node)] = (node, self.lower_vector_select(node))
                 continue
@@ -635,6 +643,28 @@ class LLVMCodegenBase:
                 continue
             memo[id(node)] = (node, self.lower_node(node))
         return memo[id(expr)][1]
+
+    def known_condition(self, cond: tir.PrimExpr) -> bool | None:
+        """The value of an integer condition made of constants and loop variables bound to constants (unrolled
+        loops), or None when it depends on anything else."""
+        def value(node: tir.PrimExpr) -> int | None:
+            if isinstance(node, tir.IntImm):
+                return int(node.value)
+            if isinstance(node, tir.LoopVar):
+                bound = self.ctx.env.get(node)
+                return int(bound.constant) if isinstance(bound, ir.Constant) and isinstance(bound.constant, int) \
+                    else None
+            if isinstance(node, tir.BinaryOp) and node.op in _FOLDABLE:
+                a, b = value(node.a), value(node.b)
+                if a is None or b is None or (node.op in ("floordiv", "floormod") and b == 0):
+                    return None
+                return int(_FOLDABLE[node.op](a, b))
+            return None
+
+        if isinstance(cond, tir.BinaryOp) and cond.op in _FOLDABLE:
+            result = value(cond)
+            return None if result is None else bool(result)
+        return None
 
     def value_of(self, expr: tir.PrimExpr) -> ir.Value:
         return self.ctx.memo[id(expr)][1]
@@ -1135,6 +1165,15 @@ class LLVMCodegenBase:
                 f"kernel {self._func_name}"
             )
 
+
+_FOLDABLE: dict[str, Callable[[int, int], int | bool]] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b, "min": min, "max": max,
+    "and": lambda a, b: bool(a) and bool(b), "or": lambda a, b: bool(a) or bool(b),
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+}
+"""Integer operators `known_condition` evaluates on constants (Python's floor division and modulo: TIR's)."""
 
 _COMPARE_SYMBOL = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 

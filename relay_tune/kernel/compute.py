@@ -28,7 +28,8 @@ schedules read: `elemwise`, `broadcast`, `injective` (cheap, inlined into reader
 input), `pack` (an operand re-laid out ahead of a product), and for the complex operators their family:
 `dense`, `batch_matmul`, `conv2d_nchw`, `conv2d_nchw_cl` (NCHW sums kept channel-innermost), `conv2d_nhwc`,
 `depthwise_conv2d_nchw`, `conv` (other layouts,
-ranks and groupings), `conv_transpose`, `pool`, `global_pool`, `reduce`, `softmax`, `norm`.
+ranks and groupings), `conv_transpose`, `pool`, `global_pool`, `reduce`, `softmax`, `norm`, `winograd_input`,
+`winograd_output`.
 """
 
 from __future__ import annotations

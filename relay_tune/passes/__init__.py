@@ -27,9 +27,17 @@ from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
 from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fuse_ops import FuseOps, fused_groups
-from relay_tune.passes.pipeline import LAYOUT_PLANNING_DEFAULT, default_pipeline, layout_block, optimize
+from relay_tune.passes.pipeline import (
+    LAYOUT_PLANNING_DEFAULT,
+    WINOGRAD_DEFAULT,
+    default_pipeline,
+    layout_block,
+    optimize,
+    winograd_mode,
+)
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.simplify_inference import SimplifyInference
+from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -46,6 +54,9 @@ __all__ = [
     "Sequential",
     "SimplifyInference",
     "TaskSpec",
+    "WINOGRAD_DEFAULT",
+    "WINOGRAD_MODES",
+    "WinogradConv",
     "default_pipeline",
     "extract_tasks",
     "fused_groups",
@@ -54,4 +65,5 @@ __all__ = [
     "optimize",
     "register_pass",
     "registered_passes",
+    "winograd_mode",
 ]

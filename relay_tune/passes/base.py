@@ -36,6 +36,8 @@ class PassConfig:
             however small its inputs (see `FoldConstant` for the whole rule).
         layout_block: channel block of the layouts `PlanLayouts` plans (`NCHW{b}c`: the CPU target's float32
             vector lanes); 0 leaves every activation in its original layout.
+        winograd: which blocked 3x3 stride-1 convolutions `WinogradConv` rewrites into Winograd form: "off",
+            "auto", "on", "f2", "f4" (see `relay_tune.passes.winograd`).
     """
 
     opt_level: int = 2
@@ -43,6 +45,7 @@ class PassConfig:
     fuse_max_depth: int = 256
     fold_small_result_elements: int = 4096
     layout_block: int = 0
+    winograd: str = "off"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disabled_passes", frozenset(self.disabled_passes))
@@ -50,6 +53,8 @@ class PassConfig:
             raise ValueError(f"fuse_max_depth must be at least 1, got {self.fuse_max_depth}")
         if self.layout_block < 0:
             raise ValueError(f"layout_block must be 0 (off) or positive, got {self.layout_block}")
+        if self.winograd not in ("off", "auto", "on", "f2", "f4"):
+            raise ValueError(f"winograd must be one of off, auto, on, f2, f4; got {self.winograd!r}")
 
 
 DEFAULT_CONFIG = PassConfig()

@@ -14,12 +14,21 @@ from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.simplify_inference import SimplifyInference
+from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 # Whether CPU builds plan blocked layouts when the caller does not say (`layout_planning=None`). On: with default
 # schedules it made ResNet-50, SqueezeNet 1.1 and an Inception-style net 7-17% faster end to end
 # (experiments/bench_onnx_e2e.py --layout-planning both). Every CPU path (build, task extraction, the command line)
 # reads it through `layout_block`, so tuning logs and builds agree on the workloads.
 LAYOUT_PLANNING_DEFAULT = True
+
+# Which 3x3 stride-1 convolutions CPU builds run as Winograd transforms around a batched product when the caller
+# does not say (`winograd=None`; see `relay_tune.passes.winograd`). "auto": with default schedules it made
+# ResNet-50 0.95 -> 0.83x onnxruntime's time, VGG-16 1.00 -> 0.70x, DenseNet-121 1.01 -> 0.92x, Inception-style
+# 0.98 -> 0.81x, the others unchanged (experiments/bench_onnx_e2e.py --winograd off auto). Like layout planning,
+# every CPU path (build, task extraction, the command line) reads it, so tuning logs and builds agree on the
+# workloads.
+WINOGRAD_DEFAULT = "auto"
 
 # Blocks narrower than this are not worth a layout (a target without SIMD: 1 lane).
 _MIN_BLOCK = 4
@@ -36,11 +45,21 @@ def layout_block(target: Any, layout_planning: bool | None = None) -> int:
     return lanes if lanes >= _MIN_BLOCK else 0
 
 
+def winograd_mode(winograd: str | None = None) -> str:
+    """The `PassConfig.winograd` for a build (`None`: `WINOGRAD_DEFAULT`). It only acts where layout planning is on
+    (it rewrites blocked convolutions), so GPU targets never see it."""
+    mode = WINOGRAD_DEFAULT if winograd is None else str(winograd)
+    if mode not in WINOGRAD_MODES:
+        raise ValueError(f"winograd must be one of {', '.join(WINOGRAD_MODES)}; got {mode!r}")
+    return mode
+
+
 def default_pipeline() -> Sequential:
-    """InferType, SimplifyInference, EliminateCommonSubexpr, FoldConstant, FoldScaleAxis, PlanLayouts, FoldConstant,
-    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (PlanLayouts only
-    when `PassConfig.layout_block` is set). The FoldConstant after PlanLayouts packs constant weights into their
-    blocked layouts once, at build time."""
+    """InferType, SimplifyInference, EliminateCommonSubexpr, FoldConstant, FoldScaleAxis, PlanLayouts, WinogradConv,
+    FoldConstant, DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
+    (PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not
+    "off"). The FoldConstant after PlanLayouts packs constant weights into their blocked layouts once, at build
+    time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
@@ -48,6 +67,7 @@ def default_pipeline() -> Sequential:
         FoldConstant(),
         FoldScaleAxis(),
         PlanLayouts(),
+        WinogradConv(),
         FoldConstant(),
         DeadCodeElimination(),
         FuseOps(),
@@ -57,13 +77,16 @@ def default_pipeline() -> Sequential:
 
 
 def optimize(mod: IRModule, opt_level: int = 3, config: PassConfig | None = None, *,
-             layout_block: int | None = None) -> IRModule:
+             layout_block: int | None = None, winograd: str | None = None) -> IRModule:
     """Optimise and fuse `mod`: the result calls one `Primitive=1` function per fused group and is fully typed.
 
     `config` overrides other settings (its `opt_level` is replaced by the argument, its `layout_block` by
-    `layout_block` when given: see `layout_block(target, layout_planning)` for a target's block).
+    `layout_block` when given: see `layout_block(target, layout_planning)` for a target's block; its `winograd`
+    by `winograd_mode(winograd)` unless a `config` is given and `winograd` is not).
     """
     run_config = replace(config or PassConfig(), opt_level=opt_level)
     if layout_block is not None:
         run_config = replace(run_config, layout_block=layout_block)
+    if winograd is not None or config is None:
+        run_config = replace(run_config, winograd=winograd_mode(winograd))
     return default_pipeline().run(mod, run_config)

@@ -270,14 +270,15 @@ register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
 
 
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
-                      layout_planning: bool | None = None) -> list[RelayTuneTask]:
+                      layout_planning: bool | None = None, winograd: str | None = None) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target, layout_planning=...)` compiles into
     a kernel, in order of first use, weighted by the calls that run it (`relay_tune.compiler.model_tasks`, the
     build's own rule: memory views, which become aliases, and concatenations written in place by their producers
     are left out). Tasks are extracted after layout planning, the same pipeline as the build's, so a kernel is
     tuned in the layout it runs in."""
     resolved = _target(target)
-    fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning))
+    fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
+                     winograd=winograd)
     return [RelayTuneTask(spec, resolved) for spec in model_tasks(fused["main"], resolved).kernels]
 
 

@@ -226,7 +226,7 @@ class TuneModelResult:
 
 
 def _tasks_for(mod: Any, target: Any, opt_level: int,
-               layout_planning: bool | None = None) -> tuple[list[Any], Runner | None]:
+               layout_planning: bool | None = None, winograd: str | None = None) -> tuple[list[Any], Runner | None]:
     """The tuning tasks of `mod` on `target`, and the runner they need (None: the default CPU runner)."""
     if target.kind == "cuda":
         reason = cuda_available()
@@ -234,7 +234,8 @@ def _tasks_for(mod: Any, target: Any, opt_level: int,
             raise CudaUnavailableError(f"cannot tune for {target}: {reason}")
         return list(gpu_tasks(mod, str(target))), CudaRunner()
 
-    return tasks_from_module(mod, target, opt_level=opt_level, layout_planning=layout_planning), None
+    return tasks_from_module(mod, target, opt_level=opt_level, layout_planning=layout_planning,
+                             winograd=winograd), None
 
 
 def _cuda_target(text: str | Any) -> Any:
@@ -334,6 +335,7 @@ def tune_model(
     scheduler: str = "gradient",
     warmup_trials: int | None = None,
     layout_planning: bool | None = None,
+    winograd: str | None = None,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
@@ -353,7 +355,7 @@ def tune_model(
     scheduler: a name of `SCHEDULERS` (how the budget is shared between tasks). warmup_trials: trials of each
     task's first round (None: a full batch; 1: only its default schedule, see `relay_tune.tuning.scheduler`).
     layout_planning: as in `relay_tune.build` (None: the pipeline's default); tasks are extracted and the model is
-    built with the same setting.
+    built with the same setting. winograd: likewise (`relay_tune.build`'s `winograd`).
     """
     started = time.monotonic()
     chosen = make_scheduler(scheduler, seed=seed, early_stopping=early_stopping, warmup_trials=warmup_trials)
@@ -362,7 +364,7 @@ def tune_model(
     else:
         resolved = resolve_target(target)
     log_path = Path(log_path)
-    tasks, gpu_runner = _tasks_for(mod, resolved, opt_level, layout_planning)
+    tasks, gpu_runner = _tasks_for(mod, resolved, opt_level, layout_planning, winograd)
     if task_filter is not None:
         keep = task_filter if callable(task_filter) else \
             (lambda t: task_filter in t.description or t.key.startswith(task_filter))  # type: ignore[operator]
@@ -439,7 +441,7 @@ def tune_model(
     model = None
     saved: Path | None = None
     configs: dict[str, str] = {}
-    untuned = build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning) \
+    untuned = build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning, winograd=winograd) \
         if measure_latency else None
     logs = [log_path] if log_path.is_file() else None
 
@@ -457,8 +459,9 @@ def tune_model(
         # A record slower in the model than the default schedule is not used (CPU targets; see build).
         # The model built before tuning is the default side of that check (not built a second time).
         model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned,
-                                     layout_planning=layout_planning) if lookup is not None
-                 else untuned or build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning))
+                                     layout_planning=layout_planning, winograd=winograd) if lookup is not None
+                 else untuned or build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning,
+                                       winograd=winograd))
     if measure_latency:
         check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
         if "default_e2e_s" in check:  # the check above timed both builds, interleaved: the faster one was kept
