@@ -1540,7 +1540,8 @@ def _pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
 
 
 def _pad_axes(x: te.Tensor, pads: dict[int, tuple[int, int]], fill: tir.PrimExpr, layout: LayoutMap) -> te.Tensor:
-    """`x` padded by `(before, after)` on the given axes with the value `fill` (an injective stage)."""
+    """`x` padded by `(before, after)` on the given axes with the value `fill` (an injective stage); a negative
+    `after` crops (Winograd tiles never read the rows past the last tile)."""
     if not any(b or a for b, a in pads.values()):
         return x
     shape = tuple(s + sum(pads.get(d, (0, 0))) for d, s in enumerate(x.shape))
@@ -1552,7 +1553,7 @@ def _pad_axes(x: te.Tensor, pads: dict[int, tuple[int, int]], fill: tir.PrimExpr
             before, after = pads.get(d, (0, 0))
             if before:
                 conds.append(i >= before)
-            if after:
+            if after > 0:
                 conds.append(i < before + x.shape[d])
             src.append(i - before if before else i)
         if not conds:

@@ -39,7 +39,7 @@ import numpy as np
 from relay_tune.errors import RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
 from relay_tune.ir.types import ANY, TensorType, Type
-from relay_tune.op.nn import Layout, _padding, _tensor_arg, fmt_shape
+from relay_tune.op.nn import Layout, _pad_axes, _padding, _tensor_arg, fmt_shape
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 TILE_SIZES = (2, 4)
@@ -249,7 +249,7 @@ def _winograd_input_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type:
     # stage the template inlines, so that a padded read is a select and no padded copy is written.
     pad_h, pad_w = th * m + 2, tw * m + 2
     pads = {2: (pt, pad_h - pt - h), 3: (pl, pad_w - pl - w)}
-    padded = _pad(data, pads, layout)
+    padded = _pad_axes(data, pads, te.const(0, data.dtype), layout)
 
     def body(e: tir.PrimExpr, p: tir.PrimExpr, c: tir.PrimExpr) -> tir.PrimExpr:
         n = p // (th * tw)
@@ -270,30 +270,6 @@ def _winograd_input_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type:
         return _by_position(e, cases)
 
     return te.compute(static_shape(out_type), named(["e", "p", "c"], body), "winograd_input", INPUT_TAG)
-
-
-def _pad(x: te.Tensor, pads: dict[int, tuple[int, int]], layout: LayoutMap) -> te.Tensor:
-    """`x` zero-padded (negative "after" pads crop: rows past the last tile are never read)."""
-    if not any(b or a for b, a in pads.values()):
-        return x
-    shape = tuple(s + sum(pads.get(d, (0, 0))) for d, s in enumerate(x.shape))
-
-    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
-        conds: list[tir.PrimExpr] = []
-        src: list[tir.PrimExpr] = []
-        for d, i in enumerate(idx):
-            before, after = pads.get(d, (0, 0))
-            if before:
-                conds.append(i >= before)
-            if after > 0:
-                conds.append(i < before + x.shape[d])
-            src.append(i - before if before else i)
-        if not conds:
-            return x[tuple(src)]
-        return te.if_then_else(te.all_of(*conds), x[tuple(src)], te.const(0, x.dtype))
-
-    names = layout.axis_names({"N": "n", "C": "c", "H": "h", "W": "w"})
-    return te.compute(shape, named(names, body), "pad", "pad")
 
 
 @compute("nn.winograd_output_transform")
