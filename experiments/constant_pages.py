@@ -1,7 +1,7 @@
 """Where a model's constants live: one block on huge pages (what `CompiledModel` does) against ordinary numpy
 buffers (what it did before), in one process, interleaved.
 
-    python experiments/constant_pages.py --onnx /work/exp/resnet50.onnx --log /work/exp/s24/r50b.jsonl
+    python experiments/constant_pages.py --onnx resnet50.onnx --log logs/resnet50.jsonl
     python experiments/constant_pages.py --model model.rtmod [--rounds 12]
 
 The model is built once; each round profiles it (`CompiledModel.profile_calls`) and times it (`benchmark`) with its

@@ -1,6 +1,6 @@
 """In-graph fidelity: does what the tuner logs for a kernel predict its time in the model?
 
-    python experiments/fidelity.py --onnx /work/exp/resnet50.onnx --log /work/exp/resnet50.jsonl
+    python experiments/fidelity.py --onnx resnet50.onnx --log logs/resnet50.jsonl
     python experiments/fidelity.py --relay model.relay --log logs/model.jsonl [--repeats 3] [--top 6]
 
 For a model and its tuning log (the model is built from the log, best record per task, and with default

@@ -2,7 +2,7 @@
 the contexts that differ between the two.
 
     python experiments/in_graph_context.py --model model.rtmod [--match dense,max_pool2d,global_avg_pool2d]
-    python experiments/in_graph_context.py --onnx /work/exp/resnet50.onnx --log /work/exp/s24/r50b.jsonl
+    python experiments/in_graph_context.py --onnx resnet50.onnx --log logs/resnet50.jsonl
 
 For each kernel call of the model whose task description contains one of `--match` (medians over `--rounds`
 interleaved rounds, microseconds per call):

@@ -1,7 +1,7 @@
 """Pooling kernels in the planned model: their parallel split beside their producer's, and their in-graph time
 and the whole model's with the pooling's `parallel` knob switched, in one process.
 
-    python experiments/pool_in_graph.py --onnx /work/exp/resnet50.onnx --log LOG [--rounds 20]
+    python experiments/pool_in_graph.py --onnx resnet50.onnx --log LOG [--rounds 20]
 
 For every pooling task of the model (max / average / global pooling): the build's config (from `--log`), the
 outermost parallel loop of its kernel and of the kernel that writes its input (loop extent, and the first index
