@@ -322,9 +322,9 @@ def model_tasks(fused_main: Function, target: Target) -> ModelTasks:
     specs = extract_tasks(IRModule({"main": fused_main}))
     views = frozenset(s.key for s in specs if is_memory_view(s.func))
     sites = {id(site): s.key for s in specs for site in s.call_sites}
-    if target.kind == "cuda" or not any(_bare_concatenation(s.func) is not None for s in specs):
-        return ModelTasks(tuple(specs), views, frozenset(), sites)
     planner = _Planner({s.key: _placeholder_task(s, alias=s.key in views) for s in specs}, target=target)
+    if not planner.concat_in_place or not any(_bare_concatenation(s.func) is not None for s in specs):
+        return ModelTasks(tuple(specs), views, frozenset(), sites)
     planner.task_index = {s.key: i for i, s in enumerate(specs)}
     planner.call_keys = sites
     try:
@@ -399,8 +399,13 @@ class _Planner:
     call_keys: dict[int, str] = field(default_factory=dict)  # id(call site) -> workload key, from task extraction
     keep: list[Any] = field(default_factory=list)  # constants whose ids are keys of constant_ids
     target: Target | None = None  # what the run-time packing kernels are scheduled for
-    concat_in_place: bool = True  # producers write a concatenation's parts into its buffer (`_in_place_concats`)
     concats: list[tuple[int, list[int], int, int]] = field(default_factory=list)  # (step, parts, result, id(call))
+
+    @property
+    def concat_in_place(self) -> bool:
+        """Whether producers write a concatenation's parts into its buffer (`_in_place_concats`): on CPU targets;
+        a GPU model's buffers are device allocations, not offsets in one arena."""
+        return self.target is None or self.target.kind != "cuda"
 
     # -- values -------------------------------------------------------------------------------------------------
     def new_value(self, shape: tuple[int, ...], dtype: str, storage: int) -> int:
@@ -968,7 +973,7 @@ def build(
         TaskInfo(t.key, t.description, "" if t.alias else t.kernel_name, t.tuned, t.occurrences, t.flops)
         for t in task_list
     )
-    planner = _Planner(lowered, target=resolved, concat_in_place=resolved.kind != "cuda")
+    planner = _Planner(lowered, target=resolved)
     planner.task_index = {t.key: i for i, t in enumerate(task_list)}
     planner.call_keys = dict(found.sites)
     inputs, outputs = planner.run(fused["main"])

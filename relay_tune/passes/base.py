@@ -22,6 +22,9 @@ from relay_tune.ir import Expr, Function, IRModule, TensorType
 from relay_tune.ir.expr import Call
 from relay_tune.type_infer import infer_types
 
+WINOGRAD_MODES = ("off", "auto", "on", "f2", "f4")
+"""Settings of `PassConfig.winograd` (see `relay_tune.passes.winograd`)."""
+
 
 @dataclass(frozen=True)
 class PassConfig:
@@ -53,8 +56,8 @@ class PassConfig:
             raise ValueError(f"fuse_max_depth must be at least 1, got {self.fuse_max_depth}")
         if self.layout_block < 0:
             raise ValueError(f"layout_block must be 0 (off) or positive, got {self.layout_block}")
-        if self.winograd not in ("off", "auto", "on", "f2", "f4"):
-            raise ValueError(f"winograd must be one of off, auto, on, f2, f4; got {self.winograd!r}")
+        if self.winograd not in WINOGRAD_MODES:
+            raise ValueError(f"winograd must be one of {', '.join(WINOGRAD_MODES)}; got {self.winograd!r}")
 
 
 DEFAULT_CONFIG = PassConfig()

@@ -30,9 +30,11 @@ from typing import ClassVar
 import numpy as np
 
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Var, op, post_order
+from relay_tune.op.nn import _padding
 from relay_tune.op.registry import get_op
 from relay_tune.op.winograd import weight_transform
 from relay_tune.passes.base import (
+    WINOGRAD_MODES,
     Pass,
     PassConfig,
     map_functions,
@@ -42,8 +44,6 @@ from relay_tune.passes.base import (
     tensor_type_of,
 )
 from relay_tune.passes.fold_constant import evaluate_constants
-
-WINOGRAD_MODES = ("off", "auto", "on", "f2", "f4")
 
 
 def auto_tile_size(height: int, width: int, in_channels: int, out_channels: int) -> int:
@@ -116,11 +116,9 @@ def _rewrite(call: Call, args: tuple[Expr, ...], mode: str) -> Expr | None:
     m = _tile_size(mode, out_h, out_w, in_channels, out_channels)
     if not m:
         return None
-    padding = tuple(int(p) for p in attrs.get("padding", (0, 0)))  # type: ignore[union-attr]
-    if len(padding) == 1:
-        padding = padding * 4
-    elif len(padding) == 2:
-        padding = padding + padding
+    # four numbers whatever form the convolution had, so equal convolutions give one workload
+    (top, left), (bottom, right) = _padding(attrs.get("padding", (0, 0)), 2, call.op_name)
+    padding = (top, left, bottom, right)
     v = _call("nn.winograd_input_transform", (args[0],), tile_size=m, padding=padding, data_layout=data_layout)
     u = Constant(weight_transform(weight, m))
     product = _call("nn.batch_matmul", (v, u))
