@@ -1,13 +1,17 @@
 """One-shot check of the CUDA back end on a machine with an NVIDIA GPU; prints one table at the end.
 
-    python experiments/gpu_check.py [--trials 48] [--budget-s 480] [--skip-models]
+    python experiments/gpu_check.py [--trials 200] [--budget-s 480] [--skip-models] [--csv gpu_check.csv]
 
 1. every registered operator, compiled with its default GPU schedule, run on the GPU and compared with the
    reference interpreter (the operator table of tests/test_codegen_nvptx.py);
 2. the corpus ResNet-50, MobileNet v2 and GPT-2 MLP extract built with `relay_tune.build(target="cuda")`,
    compared with the interpreter on the same random inputs, and timed;
-3. dense 4096x4096x4096 fp32 tuned with a small budget through the tuning driver (GPUTask + CudaRunner), its
-   GFLOPS against torch (cuBLAS, TF32 off) in the same run, else cupy, else ours alone.
+3. ResNet-50 v1 and MobileNet v2 imported from ONNX (experiments/onnx_zoo.py, batch 1), built for the GPU,
+   compared with onnxruntime's output, and their latency against onnxruntime's CUDA provider when it is installed
+   and against torchvision's ResNet-50 / MobileNet v2 (cuDNN, fp32, TF32 off; same architectures, other random
+   weights) when torch sees the GPU, timed in the same run;
+4. dense 4096x4096x4096 fp32 tuned through the tuning driver (GPUTask + CudaRunner), tuning throughput in trials
+   per minute, its GFLOPS against torch (cuBLAS, TF32 off) in the same run, else cupy, else ours alone.
 
 Every part is guarded: a failure becomes a row of the table, never the end of the script. Sections stop early
 when the overall budget (default 8 minutes) runs short.
@@ -71,7 +75,11 @@ def check_device() -> Any:
     from relay_tune.runtime.cuda import cuda_device
 
     device = cuda_device()
-    row("device", "INFO", f"{device.name} ({device.arch}); ptxas: {find_ptxas() or 'not installed'}")
+    import llvmlite
+
+    driver_version = device.drv.cuDriverGetVersion()[1]
+    row("device", "INFO", f"{device.name} ({device.arch}), driver API {driver_version}; ptxas: "
+        f"{find_ptxas() or 'not installed'}; llvmlite {llvmlite.__version__}, numpy {np.__version__}")
     return device
 
 
@@ -185,6 +193,106 @@ def check_models(device: Any, budget: float) -> None:
             row(f"model {label}", "FAIL", short(err))
 
 
+def _median_ms(samples: list[float]) -> float:
+    return float(np.median(samples)) * 1e3
+
+
+def _torch_latency_ms(name: str, shape: tuple[int, ...]) -> float | None:
+    """Batch-1 latency of torchvision's model of the same architecture on the GPU (cuDNN, fp32, TF32 off)."""
+    try:
+        import torch
+        import torchvision
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    net = getattr(torchvision.models, name)(weights=None).eval().cuda()
+    x = torch.randn(*shape, device="cuda")
+    with torch.inference_mode():
+        for _ in range(10):
+            net(x)
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(7):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                net(x)
+            stop.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(stop) / 1e3 / 10)
+    return _median_ms(samples)
+
+
+def _ort_cuda_latency_ms(model: Any, inputs: dict[str, np.ndarray]) -> tuple[float | None, str]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None, "onnxruntime is not installed"
+    providers = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in providers:
+        return None, f"onnxruntime has no CUDA provider here ({', '.join(providers)})"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+    for _ in range(10):
+        session.run(None, inputs)
+    samples = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            session.run(None, inputs)
+        samples.append((time.perf_counter() - t0) / 10)
+    return _median_ms(samples), "onnxruntime CUDA provider"
+
+
+def check_onnx_models(device: Any, budget: float) -> None:
+    try:
+        import onnxruntime as ort
+
+        sys.path.insert(0, str(REPO / "experiments"))
+        from onnx_zoo import ZOO
+
+        import relay_tune
+        from relay_tune.frontend import from_onnx
+    except ImportError as err:
+        row("ONNX models", "SKIP", f"needs onnx and onnxruntime: {short(err)}")
+        return
+    target = f"cuda -arch={device.arch}" if device.arch in _known_archs() else "cuda"
+    for key, torch_name in (("resnet50", "resnet50"), ("mobilenet_v2", "mobilenet_v2")):
+        if left(budget) < 150:
+            row(f"ONNX {key}", "SKIP", "out of time")
+            continue
+        try:
+            model_proto = ZOO[key]()
+            mod, _ = from_onnx(model_proto)  # the initializers are the module's constants
+            t0 = time.perf_counter()
+            model = relay_tune.build(mod, target=target)
+            build_s = time.perf_counter() - t0
+            (input_info,) = model_proto.graph.input[:1]
+            shape = tuple(d.dim_value for d in input_info.type.tensor_type.shape.dim)
+            x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            inputs = {input_info.name: x}
+            want = ort.InferenceSession(model_proto.SerializeToString(),
+                                        providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+            got = model.run(**inputs)
+            got = got[0] if isinstance(got, tuple) else got
+            scale = max(1.0, float(np.max(np.abs(want))))
+            error = float(np.max(np.abs(np.asarray(got, np.float64) - want))) / scale
+            ours = _median_ms(model.benchmark(repeat=7, number=10, inputs=inputs))
+            parts = [f"max rel. error {error:.2e} vs onnxruntime (CPU)", f"{len(model.plan.calls)} kernels",
+                     f"relay-tune {ours:.3f} ms (untuned)", f"build {build_s:.1f} s"]
+            ort_ms, ort_note = _ort_cuda_latency_ms(model_proto, inputs)
+            parts.append(f"onnxruntime-gpu {ort_ms:.3f} ms, ratio {ours / ort_ms:.2f}" if ort_ms else ort_note)
+            torch_ms = _torch_latency_ms(torch_name, shape)
+            if torch_ms:
+                parts.append(f"torchvision {torch_name} (cuDNN) {torch_ms:.3f} ms, ratio {ours / torch_ms:.2f}")
+            row(f"ONNX {key} on the GPU", "PASS" if error < 1e-3 else "FAIL", "; ".join(parts))
+        except Exception as err:
+            row(f"ONNX {key} on the GPU", "FAIL", short(err))
+
+
 def dense_task(size: int, arch: str) -> Any:
     from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
     from relay_tune.op.registry import get_op
@@ -202,7 +310,7 @@ def dense_task(size: int, arch: str) -> Any:
     return GPUTask.from_spec(spec, f"cuda -arch={arch}")
 
 
-def check_dense_tuning(device: Any, trials: int, budget: float) -> float | None:
+def check_dense_tuning(device: Any, trials: int, budget: float, log_dir_arg: str | None = None) -> float | None:
     size = 4096
     flops = 2.0 * size**3
     arch = device.arch if device.arch in _known_archs() else "sm_90"
@@ -219,20 +327,35 @@ def check_dense_tuning(device: Any, trials: int, budget: float) -> float | None:
             from relay_tune.tuning.cuda_runner import CudaRunner
             from relay_tune.tuning.driver import tune
 
-            with tempfile.TemporaryDirectory() as tmp, LocalBuilder(n_parallel=min(8, os.cpu_count() or 1),
-                                                                    timeout=60) as builder, \
+            # The log is the state: tuning in chunks of 40 trials resumes from it each time, so the section stops
+            # between chunks when the overall budget runs short and still reports what was measured.
+            tune_start = time.monotonic()
+            log_dir = Path(log_dir_arg) if log_dir_arg else Path(tempfile.mkdtemp())
+            log = log_dir / "dense4096.cuda.jsonl"
+            result = None
+            with LocalBuilder(n_parallel=min(8, os.cpu_count() or 1), timeout=60) as builder, \
                     CudaRunner(timeout=30, number=3, repeat=3, min_repeat_ms=10) as runner:
-                summary = tune([task], trials, Path(tmp) / "dense.jsonl", storage=None, builder=builder,
-                               runner=runner, batch_size=8)
-                (result,) = summary.tasks
-                best = result.best_cost
-                source = (f"{result.trials} trials ({result.valid_trials} valid), default "
-                          f"{flops / result.default_cost / 1e9:.0f} GFLOPS" if result.default_cost else
-                          f"{result.trials} trials ({result.valid_trials} valid)")
-                if result.errors:
-                    source += f", errors {dict(result.errors)}"
-                if result.best_config is not None:
-                    source += f", best {dict(result.best_config.to_dict())}"
+                done = 0
+                while done < trials:
+                    chunk_start = time.monotonic()
+                    done = min(trials, done + 40)
+                    summary = tune([task], done, log, storage=None, builder=builder, runner=runner, batch_size=8)
+                    (result,) = summary.tasks
+                    if left(budget) < 90 + 1.5 * (time.monotonic() - chunk_start):
+                        break
+            assert result is not None
+            best = result.best_cost
+            source = (f"{result.trials} trials ({result.valid_trials} valid), default "
+                      f"{flops / result.default_cost / 1e9:.0f} GFLOPS" if result.default_cost else
+                      f"{result.trials} trials ({result.valid_trials} valid)")
+            if result.errors:
+                source += f", errors {dict(result.errors)}"
+            if result.best_config is not None:
+                source += f", best {dict(result.best_config.to_dict())}"
+            seconds = time.monotonic() - tune_start
+            row("GPU tuning throughput", "INFO", f"{result.trials} trials in {seconds:.0f} s: "
+                f"{result.trials / seconds * 60:.0f} trials/minute (builds on {min(8, os.cpu_count() or 1)} "
+                f"processes; log {log.name})")
         except Exception as err:
             row("dense 4096^3 tuning (driver)", "FAIL", short(err))
     if best is None and left(budget) > 60:
@@ -325,9 +448,11 @@ def check_reference_blas(ours: float | None) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=48, help="tuning trials for dense 4096^3 (default 48)")
+    parser.add_argument("--trials", type=int, default=200, help="tuning trials for dense 4096^3 (default 200)")
     parser.add_argument("--budget-s", type=float, default=470.0, help="overall time budget in seconds")
     parser.add_argument("--skip-models", action="store_true")
+    parser.add_argument("--log-dir", help="keep the dense tuning log in this folder (default: a temporary one)")
+    parser.add_argument("--csv", type=Path, help="also write the table as CSV (check, result, detail)")
     args = parser.parse_args()
     try:
         try:
@@ -336,19 +461,27 @@ def main() -> int:
             row("device", "FAIL", short(err))
             return 1
         for section in (lambda: check_operators(device, args.budget_s),
-                        lambda: None if args.skip_models else check_models(device, args.budget_s)):
+                        lambda: None if args.skip_models else check_models(device, args.budget_s),
+                        lambda: None if args.skip_models else check_onnx_models(device, args.budget_s)):
             try:
                 section()
             except Exception as err:
                 row("section", "FAIL", short(err))
         ours = None
         try:
-            ours = check_dense_tuning(device, args.trials, args.budget_s)
+            ours = check_dense_tuning(device, args.trials, args.budget_s, args.log_dir)
         except Exception as err:
             row("dense 4096^3 tuning", "FAIL", short(err))
         check_reference_blas(ours)
     finally:
         print_table()
+        if args.csv is not None:
+            import csv
+
+            with open(args.csv, "w", newline="") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(["check", "result", "detail"])
+                writer.writerows(ROWS)
     return 0 if not any(s == "FAIL" for _, s, _ in ROWS) else 1
 
 
