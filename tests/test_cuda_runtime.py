@@ -188,3 +188,59 @@ def test_gpu_task_is_a_tune_task() -> None:
     mod, _, _ = small_mlp()
     assert isinstance(gpu_tasks(mod)[0], TuneTask)
     assert isinstance(GPUTask, type)
+
+
+def _random_inputs(mod: IRModule, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {p.name_hint: rng.standard_normal(tuple(int(d) for d in p.checked_type.shape)).astype(
+        p.checked_type.dtype) for p in mod["main"].params}
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "squeezenet1_1", "inception_block", "densenet_block",
+                                  "lstm", "dcgan", "bert_layer"])
+def test_zoo_models_on_the_gpu_match_the_interpreter(name: str) -> None:
+    """Every family's default GPU schedule, inside whole models at test size, against the interpreter."""
+    from relay_tune.testing import zoo
+
+    mod = zoo.small(name)
+    model = relay_tune.build(mod, target="cuda")
+    inputs = _random_inputs(mod, 3)
+    want = evaluate(mod, inputs)
+    got = model.run(**inputs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        w = np.asarray(w)
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * max(1.0, float(np.max(np.abs(w)))))
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_model_file_runs_again_on_the_gpu(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from relay_tune.runtime.cuda import load_gpu_model
+
+    mod, params, inputs = small_mlp()
+    model = relay_tune.build(mod, target="cuda", params=params)
+    path = model.save(Path(str(tmp_path)) / "mlp.rtmod")
+    again = load_gpu_model(path)
+    np.testing.assert_array_equal(again.run(**inputs), model.run(**inputs))
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_cuda_runner_rejects_a_wrong_result() -> None:
+    """A kernel whose output disagrees with the reference is a failed measurement, never a winner."""
+    from relay_tune.tuning.measure import ErrorKind
+
+    mod, _, _ = small_mlp()
+    task = gpu_tasks(mod)[0]
+    artifact = task.build(task.default_config())
+    with CudaRunner() as runner:
+        runner._data_for(task)
+        inputs, expected = runner._data[task.key]
+        assert expected is not None
+        runner._data[task.key] = (inputs, [e + 1.0 for e in expected])
+        result = runner.run(task, artifact)
+    assert result.error_kind is ErrorKind.WRONG_RESULT, result
