@@ -58,6 +58,7 @@ from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
+from relay_tune.runtime.context import context_loop, production
 from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.runtime.pages import huge_page_empty
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
@@ -105,6 +106,7 @@ class TimingOptions:
     cold_weights_bytes: int = 0  # 0: weights stay in one buffer (warm); else rotate copies of this many bytes
     warmup_ms: float = 0.0  # untimed warm-up calls go on (after `warmup` calls) until they took this long
     reuse_weight_copies: bool = True  # keep the copies across configs of a task (`WeightCopies`); False: per run
+    in_context: bool = True  # a parallel producer step rewrites the activation inputs before each timed call
 
 
 MAX_WEIGHT_COPIES = 4096  # small weights: the copies' count, not their bytes, bounds the set-up time
@@ -153,13 +155,15 @@ class LocalRunner(Runner):
         max_runs_per_worker: int = 200,
         startup_timeout: float = 120.0,
         interleave: bool = True,
+        in_context: bool = True,
     ) -> None:
         if number < 1 or repeat < 1:
             raise ValueError("number and repeat must be >= 1")
         self.timeout = timeout
         self.timing = TimingOptions(number, repeat, min_repeat_ms, warmup, flush_cache,
                                     cold_weights_bytes=cold_weights_bytes,
-                                    warmup_ms=warmup_ms, reuse_weight_copies=reuse_weight_copies)
+                                    warmup_ms=warmup_ms, reuse_weight_copies=reuse_weight_copies,
+                                    in_context=in_context)
         self.cooldown_s = cooldown_s
         self.check_correctness = check_correctness
         self.seed = seed
@@ -490,7 +494,7 @@ class _Timed:
     """A checked kernel ready to be timed: `run_many(count)` makes `count` calls (`number` per repeat). `keep`
     holds what its argument pointers point into (copies of weights, loaded code) while it is timed."""
 
-    run_many: Callable[[int], None]
+    run_many: Callable[[int], float | None]  # the calls' own seconds where it times them itself, else None
     number: int
     flush: np.ndarray | None
     keep: tuple[Any, ...]
@@ -505,8 +509,8 @@ class _Timed:
         clock = time.perf_counter
         if self.flush is None:
             start = clock()
-            self.run_many(self.number)
-            cost = (clock() - start) / self.number
+            spent = self.run_many(self.number)
+            cost = (clock() - start if spent is None else spent) / self.number
         else:
             total = 0.0
             for _ in range(self.number):
@@ -579,12 +583,28 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
                                  timing.cold_weights_bytes)
     if copies is not None and store is not copies:
         copies.seconds += store.seconds
-    if packing:
-        def run_many(count: int) -> None:
+    run_many: Callable[[int], float | None]
+    produced = _produced_positions(artifact, set(weights), packed_by)
+    if timing.in_context and repeat_entry is not None and not packing and flush is None:
+        # In the model's context (`relay_tune.runtime.context`): before each call, untimed, every thread of the
+        # team rewrites its share of the activation inputs, as the kernel before this one in a model has; one
+        # native loop, timestamps around each kernel call only. Weights rotate through their copies as below.
+        loop = context_loop()
+        rows = table if table is not None else np.asarray([pointers], dtype=np.uint64)
+        step = production([buffers[p] for p in produced])
+        cursor = [0]
+
+        def run_many(count: int) -> float | None:
+            first = cursor[0]
+            cursor[0] = (first + count) % len(rows)
+            return loop.run(repeat_entry, rows, first, count, step) * 1e-9
+    elif packing:
+        def run_many(count: int) -> float | None:
             for _ in range(count):
                 for packer, source_address, packed_address in packing:
                     packer(source_address, packed_address)
                 function(*pointers)
+            return None
     elif table is not None:
         # One row of argument pointers per copy of the weights; the repeat entry runs each once (a Python call per
         # kernel call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
@@ -592,7 +612,7 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
         rows = [first + i * stride for i in range(len(table))]
         cursor = [0]
 
-        def run_many(count: int) -> None:
+        def run_many(count: int) -> float | None:
             for _ in range(count):
                 row = cursor[0]
                 cursor[0] = (row + 1) % len(rows)
@@ -600,15 +620,18 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
                     repeat_entry(rows[row], 1)
                 else:
                     function(*table[row].tolist())
+            return None
     elif repeat_entry is not None:
         packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
 
-        def run_many(count: int) -> None:
+        def run_many(count: int) -> float | None:
             repeat_entry(ctypes.addressof(packed), count)
+            return None
     else:
-        def run_many(count: int) -> None:
+        def run_many(count: int) -> float | None:
             for _ in range(count):
                 function(*pointers)
+            return None
 
     clock = time.perf_counter
     start = clock()
@@ -634,6 +657,13 @@ def _weight_positions(artifact: BuildArtifact, weights: set[int], packed_by: Map
     """Argument positions of the weight inputs that rotate (a weight packed by a prologue kernel does not)."""
     return [p for p, arg in enumerate(artifact.args)
             if arg.role == "input" and arg.index in weights and p not in packed_by]
+
+
+def _produced_positions(artifact: BuildArtifact, weights: set[int], packed_by: Mapping[int, Any]) -> list[int]:
+    """Argument positions of the activation inputs, which a producer kernel writes in a model (not the weights,
+    model constants, nor an argument a prologue kernel packs)."""
+    return [p for p, arg in enumerate(artifact.args)
+            if arg.role == "input" and arg.index not in weights and p not in packed_by]
 
 
 def _copy_count(weight_bytes: int, cold_bytes: int) -> int:
