@@ -48,6 +48,7 @@ __all__ = ["CONTEXT_LOOP", "PRODUCE", "ContextLoop", "Production", "context_ir",
 
 CONTEXT_LOOP = "relay_tune_context_loop"
 PRODUCE = "relay_tune_context_produce"
+NOOP = "relay_tune_context_noop"
 LINE = 64  # bytes: one store per cache line makes the whole line dirty in the writing core's cache
 CLOCK_MONOTONIC = 1  # Linux
 
@@ -191,6 +192,11 @@ def context_ir(parallel: bool) -> str:
     result.add_incoming(zero, entry)
     result.add_incoming(total_next, body_block)
     b.ret(result)
+
+    # a kernel that does nothing: the loop around it costs what the loop adds besides the kernel (producer step,
+    # timestamps), which `ContextLoop.overhead` measures
+    noop = ir.Function(module, repeat_type, name=NOOP)
+    ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
     return _volatile(str(module))
 
 
@@ -227,7 +233,7 @@ class ContextLoop:
         obj = bytes(machine.emit_object(parsed))
         with _jit_lock:
             builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
-            for symbol in (CONTEXT_LOOP, PRODUCE):
+            for symbol in (CONTEXT_LOOP, PRODUCE, NOOP):
                 builder.export_symbol(symbol)
             try:
                 self._tracker = builder.link(_lljit(), f"relay_tune_context_{os.getpid()}_{next(_ids)}")
@@ -237,6 +243,7 @@ class ContextLoop:
                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                       ctypes.c_int64)(self._tracker[CONTEXT_LOOP])
         self._produce = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(self._tracker[PRODUCE])
+        self.noop = int(self._tracker[NOOP])  # the address of a repeat entry that does nothing
 
     def produce(self, step: Production) -> None:
         """Run the producer step once."""

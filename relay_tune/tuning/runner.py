@@ -15,8 +15,9 @@ sent to the worker once and cached there. For each artifact the worker:
    an earlier kernel wrote them, calls the kernel once on fresh copies of the inputs, and compares the outputs
    with the reference under a dtype-dependent tolerance (mismatch: WRONG_RESULT, never timed);
 2. runs `warmup` calls (and more until `warmup_ms` passed), then raises `number` until one repeat lasts at least
-   `min_repeat_ms`, and records `repeat` costs (seconds per call, averaged over `number` calls), optionally
-   evicting caches before each call.
+   `min_repeat_ms` (of wall time, producer steps included, so a measurement's cost stays bounded), and records
+   `repeat` costs (seconds per call, averaged over `number` calls), in context (below) or optionally evicting
+   caches before each call.
 
 A round's artifacts are timed interleaved (`run_batch`): all are checked and sized, then each repeat round times
 every kernel once (after one untimed call). This machine's class of host (a shared VM) has slow spells: a 2 ms
@@ -30,9 +31,19 @@ a convolution's weights the other layers stream the rest of the model's weights 
 caches. Called back to back on one buffer, the kernel finds its weights in cache, and the log then promises a
 time the model never sees (most ResNet-50 convolutions ran 1.2-1.7x their logged time in the model). So the
 runner gives the task's weight arguments (the inputs that are model constants, `TuneTask.weight_inputs`) that
-many bytes of copies and rotates through them, call by call: every call reads weights that are not in cache,
-while activations stay where the previous call left them, as after the previous kernel in a model. The worker
-keeps the copies from one config of a task to the next (`WeightCopies`).
+many bytes of copies and rotates through them, call by call: every call reads weights that are not in cache.
+The worker keeps the copies from one config of a task to the next (`WeightCopies`).
+
+In context (`in_context`, on by default). In a model a kernel's activation inputs were just written by the kernel
+before it, each core's share dirty in that core's cache; called back to back, a kernel finds them in its own cache,
+and memory-bound kernels (pooling, Winograd transforms, the image's layout transform) ran 1.5-3x their logged
+time in the model. So a kernel is timed by one native loop (`relay_tune.runtime.context`) that, before each call and
+untimed, runs a producer step on the thread team (each thread rewrites its contiguous share of every activation
+input, from a copy saved after the check: the values stay the checked ones), and sums the time between
+timestamps taken right around each kernel call, as the model's profiler does. Weights rotate as above. A logged
+cost is therefore a kernel's own time in that context, without the Python call (about 1 us) that the previous
+timing loop added per call where weights rotated. Kernels with prologue packers, or timed with `flush_cache`, or
+without a repeat entry point, are timed as before.
 """
 
 from __future__ import annotations
@@ -559,6 +570,11 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
             buffer = np.zeros(arg.spec.shape, dtype=arg.spec.dtype)
         buffers.append(buffer)
     pointers = [b.ctypes.data for b in buffers]
+    in_context = timing.in_context and repeat_entry is not None and not packed_by and not timing.flush_cache
+    # The producer step's saved copy of the activations is taken before the kernel first runs: the values the check
+    # reads are the ones every timed call reads, whatever a kernel does to its inputs.
+    step = production([buffers[p] for p in _produced_positions(artifact, set(weights), packed_by)]) \
+        if in_context else None
 
     status = function(*pointers)
     if artifact.returns_status and status != 0:
@@ -584,20 +600,19 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     if copies is not None and store is not copies:
         copies.seconds += store.seconds
     run_many: Callable[[int], float | None]
-    produced = _produced_positions(artifact, set(weights), packed_by)
-    if timing.in_context and repeat_entry is not None and not packing and flush is None:
+    if step is not None:
         # In the model's context (`relay_tune.runtime.context`): before each call, untimed, every thread of the
         # team rewrites its share of the activation inputs, as the kernel before this one in a model has; one
         # native loop, timestamps around each kernel call only. Weights rotate through their copies as below.
         loop = context_loop()
         rows = table if table is not None else np.asarray([pointers], dtype=np.uint64)
-        step = production([buffers[p] for p in produced])
         cursor = [0]
+        produce = step
 
         def run_many(count: int) -> float | None:
             first = cursor[0]
             cursor[0] = (first + count) % len(rows)
-            return loop.run(repeat_entry, rows, first, count, step) * 1e-9
+            return loop.run(repeat_entry, rows, first, count, produce) * 1e-9
     elif packing:
         def run_many(count: int) -> float | None:
             for _ in range(count):
