@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 import relay_tune  # noqa: E402
 from relay_tune.compiler import resolve_target  # noqa: E402
-from relay_tune.runtime.context import context_loop, production  # noqa: E402
+from relay_tune.runtime.context import context_loop  # noqa: E402
 from relay_tune.tuning.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.runner import (  # noqa: E402
@@ -46,8 +46,8 @@ from relay_tune.tuning.runner import (  # noqa: E402
     TimingOptions,
     WeightCopies,
     _prepare,
-    _produced_positions,
     _Timed,
+    context_step,
     random_inputs,
 )
 from relay_tune.tuning.tune_model import COLD_WEIGHTS_BYTES  # noqa: E402
@@ -63,7 +63,7 @@ class Subtracted:
         buffers, table = timed.keep[0], timed.keep[1]
         self.timed, self.loop = timed, context_loop()
         self.rows = table if table is not None else np.asarray([[b.ctypes.data for b in buffers]], dtype=np.uint64)
-        self.step = production([buffers[p] for p in _produced_positions(artifact, weights, {})])
+        self.step = context_step(artifact, buffers, weights, {})
 
     def time_repeat(self) -> float:
         number, clock = self.timed.number, time.perf_counter

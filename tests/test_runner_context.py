@@ -21,12 +21,14 @@ from relay_tune.tuning import BuildArtifact, ErrorKind, KernelArg, LocalRunner, 
 from relay_tune.tuning.relay_task import tasks_from_module
 from relay_tune.tuning.runner import (
     DEFAULT_TOLERANCES,
+    PRODUCER_SHIFT,
     KernelLoader,
     TimingOptions,
     WeightCopies,
     _prepare,
     _produced_positions,
     _Timed,
+    context_step,
     random_inputs,
 )
 from relay_tune.tuning.tune_model import default_runner
@@ -40,7 +42,7 @@ def test_the_producer_step_writes_each_buffer_back_from_its_saved_copy(size: int
     buffer = block[1:size + 1]  # not on a cache line, not a whole number of lines
     original, guard = buffer.copy(), (block[0], block[-2], block[-1])
     step = production([buffer, np.empty(0, "float32")])
-    assert step.table.shape == (1, 3)  # the empty buffer is left out
+    assert len(step.table) == 1  # the empty buffer is left out
     buffer[:] = 0.0
     context_loop().produce(step)
     assert np.array_equal(buffer, original)
@@ -51,7 +53,7 @@ def test_the_producers_copies_are_volatile_so_llvm_keeps_them_in_the_caches() ->
     # a plain copy loop would become memcpy, whose large copies bypass the caches
     for parallel in (True, False):
         text = context_ir(parallel)
-        assert text.count("load volatile") == 2 and text.count("store volatile") == 2
+        assert text.count("load volatile") == 2 and text.count("store volatile") == 2  # a line, a byte
         assert ("GOMP_parallel" in text) is parallel
 
 
@@ -189,3 +191,31 @@ def test_the_runner_writes_the_inputs_back_between_every_two_timed_calls(ruinous
     with LocalRunner(in_context=False, **options) as back_to_back:  # type: ignore[arg-type]
         result = back_to_back.run(task, artifact)  # type: ignore[arg-type]
         assert result.error_kind is ErrorKind.RUNTIME_ERROR  # the second call found the input the first one ruined
+
+
+@pytest.mark.parametrize(("chunk", "shift"), [(0, 0), (0, 1), (128, 1), (4096, 0), (64, 3)])
+def test_any_split_of_the_producer_writes_every_byte_and_eviction_changes_nothing(chunk: int, shift: int) -> None:
+    rng = np.random.default_rng(chunk + shift)
+    for size in (1, 65, 4097, 100_003):
+        buffer, evicted = rng.standard_normal(size).astype("float32"), rng.standard_normal(size + 5)
+        original, kept = buffer.copy(), evicted.copy()
+        step = production([buffer], chunk=chunk, shift=shift, evicted=[evicted[3:]])
+        buffer[:] = 0.0
+        context_loop().produce(step)
+        assert np.array_equal(buffer, original) and np.array_equal(evicted, kept)
+    with pytest.raises(ValueError, match="whole number of 64-byte lines"):
+        production([buffer], chunk=100)
+
+
+def test_the_runners_step_writes_the_activations_and_evicts_the_outputs() -> None:
+    task = _conv_task()
+    artifact = task.build(task.default_config())
+    buffers = [np.zeros(a.spec.shape, a.spec.dtype) for a in artifact.args]
+    weights = set(task.weight_inputs)
+    step = context_step(artifact, buffers, weights, {})
+    written = {int(r[1]) for r in step.table if r[5] == 0}
+    evicted = {int(r[1]) for r in step.table if r[5] == 1}
+    assert written == {buffers[p].ctypes.data for p in _produced_positions(artifact, weights, {})}
+    outputs = {b.ctypes.data for a, b in zip(artifact.args, buffers) if a.role == "output"}
+    assert evicted in (outputs, set())  # nothing is evicted on a host without clflush
+    assert all(r[4] == PRODUCER_SHIFT for r in step.table if r[5] == 0)

@@ -5,7 +5,9 @@ core holds its share of the lines dirty in its own cache. Called back to back on
 it, a kernel finds its inputs in the reading core's own cache instead; memory-bound kernels (pooling, Winograd
 transforms, layout transforms) then ran 1.5-3x faster than in the model. So between two timed calls the timing loop
 here runs a *producer step*, untimed: every thread of the persistent thread team (libgomp's, the one the kernels
-use) writes its contiguous share of each input buffer, as a parallel producer would. It copies the values from a
+use) writes its share of each input buffer, as a parallel producer would, and the buffers the kernel writes can be
+evicted from every cache first (clflush), as arena memory the rest of a model has pushed out since it was last
+used (which buffers, and which thread writes which share: the runner's `context_step`). It copies the values from a
 copy saved when the step was set up, so the kernel reads the same inputs at every call, the ones its outputs were
 checked with (even a kernel that wrote into its inputs would find them restored), and each line ends up dirty in
 the cache of the core that wrote it. The copy is made of volatile 64-byte loads and stores: a plain loop LLVM turns
@@ -22,8 +24,8 @@ kernel's own time is summed:
         return total                                        // nanoseconds
 
 `rows` is a table of argument vectors (`void*[]`): one row per copy of the kernel's weights when the runner rotates
-them (cold weights), else one row. `touch` lists (source, destination, bytes) triples: what the producer step
-writes (`production`).
+them (cold weights), else one row. `touch` lists (source, destination, bytes, chunk, shift) rows: what the producer
+step writes, and which thread writes which part (`production`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ __all__ = ["CONTEXT_LOOP", "PRODUCE", "ContextLoop", "Production", "context_ir",
 CONTEXT_LOOP = "relay_tune_context_loop"
 PRODUCE = "relay_tune_context_produce"
 NOOP = "relay_tune_context_noop"
+TOUCH_COLUMNS = 6  # per buffer: source, destination, bytes, chunk bytes, shift, evict
 LINE = 64  # bytes: one store per cache line makes the whole line dirty in the writing core's cache
 CLOCK_MONOTONIC = 1  # Linux
 
@@ -66,8 +69,8 @@ def context_ir(parallel: bool) -> str:
     module = ir.Module(name="relay_tune_context")
     zero, one = ir.Constant(i64, 0), ir.Constant(i64, 1)
 
-    # body(data): data = {i64* touch, i64 ntouch}, touch = (source, destination, bytes) per buffer; this thread
-    # copies its contiguous share of every buffer, 64 bytes (a cache line) at a time
+    # body(data): data = {i64* touch, i64 ntouch}, `TOUCH_COLUMNS` values per buffer (see `production`); this thread
+    # copies its share of every buffer (or evicts it), 64 bytes (a cache line) at a time
     data_type = ir.LiteralStructType([i64p, i64])
     line_type = ir.VectorType(i64, LINE // 8)
     body = ir.Function(module, ir.FunctionType(void, [i8p]), name="relay_tune_context_body")
@@ -76,6 +79,9 @@ def context_ir(parallel: bool) -> str:
     data = b.bitcast(body.args[0], data_type.as_pointer())
     touch = b.load(b.gep(data, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
     ntouch = b.load(b.gep(data, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+    evicts = _can_evict()
+    if evicts:
+        clflush = ir.Function(module, ir.FunctionType(void, [i8p]), name="llvm.x86.sse2.clflush")
     if parallel:
         thread_num = ir.Function(module, ir.FunctionType(i32, []), name="omp_get_thread_num")
         num_threads = ir.Function(module, ir.FunctionType(i32, []), name="omp_get_num_threads")
@@ -86,45 +92,89 @@ def context_ir(parallel: bool) -> str:
     last_thread = b.icmp_signed("==", thread, b.sub(team, one))
     entry = b.block
     buffers = body.append_basic_block("buffers")
+    chunks_loop = body.append_basic_block("chunks")
     lines_loop = body.append_basic_block("lines")
+    next_chunk = body.append_basic_block("next_chunk")
     after_lines = body.append_basic_block("after_lines")
     tail_loop = body.append_basic_block("tail")
     next_buffer = body.append_basic_block("next_buffer")
     done = body.append_basic_block("done")
     b.cbranch(b.icmp_signed(">", ntouch, zero), buffers, done)
 
+    # A buffer's lines come in chunks of `chunk` bytes, chunk j written by thread (j + shift) % team; chunk 0: one
+    # contiguous share per thread, as a parallel loop splits its iterations.
     b.position_at_end(buffers)
     index = b.phi(i64)
     index.add_incoming(zero, entry)
-    triple = b.mul(index, ir.Constant(i64, 3))
-    source = b.inttoptr(b.load(b.gep(touch, [triple])), i8p)
-    destination = b.inttoptr(b.load(b.gep(touch, [b.add(triple, one)])), i8p)
-    nbytes = b.load(b.gep(touch, [b.add(triple, ir.Constant(i64, 2))]))
+    row = b.mul(index, ir.Constant(i64, TOUCH_COLUMNS))
+    source = b.inttoptr(b.load(b.gep(touch, [row])), i8p)
+    destination = b.inttoptr(b.load(b.gep(touch, [b.add(row, one)])), i8p)
+    nbytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 2))]))
+    chunk_bytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 3))]))
+    shift = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 4))]))
+    evict = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 5))]))
     lines = b.lshr(nbytes, ir.Constant(i64, 6))
-    share = b.sdiv(b.add(lines, b.sub(team, one)), team)  # contiguous shares, as a parallel producer splits its work
-    low = b.mul(thread, share)
-    high_wanted = b.add(low, share)
-    high = b.select(b.icmp_signed("<", high_wanted, lines), high_wanted, lines)
+    share = b.sdiv(b.add(lines, b.sub(team, one)), team)
+    chunk_lines = b.lshr(chunk_bytes, ir.Constant(i64, 6))
+    chunk = b.select(b.icmp_signed(">", chunk_lines, zero), chunk_lines, share)
+    first = b.srem(b.add(b.sub(thread, b.srem(shift, team)), team), team)  # the first chunk j of this thread
     buffers_end = b.block
-    b.cbranch(b.icmp_signed("<", low, high), lines_loop, after_lines)
+    b.cbranch(b.icmp_signed("<", b.mul(first, chunk), lines), chunks_loop, after_lines)
+
+    b.position_at_end(chunks_loop)
+    j = b.phi(i64)
+    j.add_incoming(first, buffers_end)
+    low = b.mul(j, chunk)
+    high_wanted = b.add(low, chunk)
+    high = b.select(b.icmp_signed("<", high_wanted, lines), high_wanted, lines)
+    b.branch(lines_loop)
 
     b.position_at_end(lines_loop)
     line = b.phi(i64)
-    line.add_incoming(low, buffers_end)
+    line.add_incoming(low, chunks_loop)
     offset = b.mul(line, ir.Constant(i64, LINE))
+    if evicts:
+        copy_line = body.append_basic_block("copy_line")
+        evict_line = body.append_basic_block("evict_line")
+        line_done = body.append_basic_block("line_done")
+        b.cbranch(b.icmp_signed("!=", evict, zero), evict_line, copy_line)
+        b.position_at_end(evict_line)
+        b.call(clflush, [b.gep(destination, [offset])])
+        b.branch(line_done)
+        b.position_at_end(copy_line)
     value = b.load(b.bitcast(b.gep(source, [offset]), line_type.as_pointer()), name=_LINE_LOAD, align=1)
     b.store(value, b.bitcast(b.gep(destination, [offset]), line_type.as_pointer()), align=1)
+    if evicts:
+        b.branch(line_done)
+        b.position_at_end(line_done)
     following = b.add(line, one)
-    line.add_incoming(following, lines_loop)
-    b.cbranch(b.icmp_signed("<", following, high), lines_loop, after_lines)
+    line.add_incoming(following, b.block)
+    b.cbranch(b.icmp_signed("<", following, high), lines_loop, next_chunk)
+
+    b.position_at_end(next_chunk)
+    j_next = b.add(j, team)
+    j.add_incoming(j_next, next_chunk)
+    b.cbranch(b.icmp_signed("<", b.mul(j_next, chunk), lines), chunks_loop, after_lines)
 
     # the bytes after the last whole line: the last thread's, whose share ends there
     b.position_at_end(after_lines)
     tail_start = b.mul(lines, ir.Constant(i64, LINE))
-    b.cbranch(b.and_(last_thread, b.icmp_signed("<", tail_start, nbytes)), tail_loop, next_buffer)
+    has_tail = b.and_(last_thread, b.icmp_signed("<", tail_start, nbytes))
+    if evicts:
+        # an evicted buffer has no source: its last line (the buffer need not start on a line) is evicted instead
+        evict_tail = body.append_basic_block("evict_tail")
+        copy_tail = body.append_basic_block("copy_tail")
+        b.cbranch(b.and_(last_thread, b.icmp_signed("!=", evict, zero)), evict_tail, copy_tail)
+        b.position_at_end(evict_tail)
+        b.call(clflush, [b.gep(destination, [b.sub(nbytes, one)])])
+        b.branch(next_buffer)
+        b.position_at_end(copy_tail)
+        has_tail = b.and_(has_tail, b.icmp_signed("==", evict, zero))
+    tail_entry = b.block
+    b.cbranch(has_tail, tail_loop, next_buffer)
     b.position_at_end(tail_loop)
     byte = b.phi(i64)
-    byte.add_incoming(tail_start, after_lines)
+    byte.add_incoming(tail_start, tail_entry)
     b.store(b.load(b.gep(source, [byte]), name=_BYTE_LOAD), b.gep(destination, [byte]))
     byte_next = b.add(byte, one)
     byte.add_incoming(byte_next, tail_loop)
@@ -217,6 +267,11 @@ def _volatile(text: str) -> str:
     return text
 
 
+def _can_evict() -> bool:
+    """Whether this host has an instruction that evicts a line from every cache (x86's clflush)."""
+    return llvm.get_process_triple().split("-")[0] in ("x86_64", "i386", "i686")
+
+
 class ContextLoop:
     """The JIT-linked producer step and timing loop (one per process and threading mode: `context_loop`)."""
 
@@ -277,10 +332,19 @@ class Production:
     sources: list[np.ndarray]
 
 
-def production(buffers: Sequence[np.ndarray]) -> Production:
+def production(buffers: Sequence[np.ndarray], chunk: int = 0, shift: int = 0,
+               evicted: Sequence[np.ndarray] = ()) -> Production:
     """The producer step for `buffers` (C-contiguous; empty ones left out): each rewritten from a copy of the values
-    it holds now, so the kernel reads the same inputs at every call, whatever it did to them."""
+    it holds now, so the kernel reads the same inputs at every call, whatever it did to them. `chunk` (bytes, a
+    multiple of 64) and `shift`: chunk j of each buffer is written by thread (j + shift) % team; chunk 0: one
+    contiguous share per thread. `evicted`: buffers whose lines the step evicts from every cache first (clflush,
+    where the host has it; elsewhere they are left alone), as memory the rest of a model has since pushed out."""
+    if chunk < 0 or chunk % LINE:
+        raise ValueError(f"a producer chunk is a whole number of {LINE}-byte lines, not {chunk} bytes")
+    rows: list[tuple[int, ...]] = []
+    if _can_evict():
+        rows += [(0, b.ctypes.data, b.nbytes, 0, 0, 1) for b in evicted if b.nbytes]
     chosen = [b for b in buffers if b.nbytes]
     sources = [np.array(b, copy=True, order="C") for b in chosen]
-    rows = [(s.ctypes.data, b.ctypes.data, b.nbytes) for s, b in zip(sources, chosen)]
-    return Production(np.asarray(rows, dtype=np.int64).reshape(-1, 3), sources)
+    rows += [(s.ctypes.data, b.ctypes.data, b.nbytes, chunk, shift, 0) for s, b in zip(sources, chosen)]
+    return Production(np.asarray(rows, dtype=np.int64).reshape(-1, TOUCH_COLUMNS), sources)
