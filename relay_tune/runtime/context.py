@@ -46,13 +46,14 @@ from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
 from relay_tune.runtime.kernel import _jit_lock, _lljit, load_libgomp
 
-__all__ = ["CONTEXT_LOOP", "PRODUCE", "ContextLoop", "Production", "context_ir", "context_loop", "production"]
+__all__ = ["CONTEXT_LOOP", "NOOP", "PRODUCE", "TOUCH_COLUMNS", "ContextLoop", "Production", "context_ir",
+           "context_loop", "production"]
 
 CONTEXT_LOOP = "relay_tune_context_loop"
 PRODUCE = "relay_tune_context_produce"
 NOOP = "relay_tune_context_noop"
 TOUCH_COLUMNS = 6  # per buffer: source, destination, bytes, chunk bytes, shift, evict
-LINE = 64  # bytes: one store per cache line makes the whole line dirty in the writing core's cache
+LINE = 64  # bytes: the producer copies (or evicts) one cache line at a time
 CLOCK_MONOTONIC = 1  # Linux
 
 _ids = itertools.count()
@@ -243,8 +244,8 @@ def context_ir(parallel: bool) -> str:
     result.add_incoming(total_next, body_block)
     b.ret(result)
 
-    # a kernel that does nothing: the loop around it costs what the loop adds besides the kernel (producer step,
-    # timestamps), which `ContextLoop.overhead` measures
+    # a kernel that does nothing: timed around it, the loop costs what it adds besides the kernel (producer step,
+    # timestamps; experiments/context_timing.py compares subtracting that with the timestamps)
     noop = ir.Function(module, repeat_type, name=NOOP)
     ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
     return _volatile(str(module))
@@ -325,8 +326,8 @@ def context_loop() -> ContextLoop:
 
 @dataclass
 class Production:
-    """What the producer step writes: each buffer from a saved copy of its values (`table`: (source, destination,
-    bytes) rows, int64). Holds the copies; the buffers must outlive it."""
+    """What the producer step writes: each buffer from a saved copy of its values, or evicts (`table`: one row of
+    `TOUCH_COLUMNS` int64 per buffer). Holds the copies; the buffers must outlive it."""
 
     table: np.ndarray
     sources: list[np.ndarray]

@@ -681,14 +681,15 @@ def _produced_positions(artifact: BuildArtifact, weights: set[int], packed_by: M
             if arg.role == "input" and arg.index not in weights and p not in packed_by]
 
 
-# The producer step's split: thread t writes the share of thread t + 1 (see `context_step`).
+# The producer step's split: the contiguous share that thread t of the kernel would read is written by thread t + 1
+# (see `context_step`).
 PRODUCER_SHIFT = 1
 
 
 def context_step(artifact: BuildArtifact, buffers: Sequence[np.ndarray], weights: set[int],
                  packed_by: Mapping[int, Any]) -> Production:
     """The producer step a kernel is timed after (`relay_tune.runtime.context`): its activation inputs rewritten by
-    the thread team, each thread the share that another thread's share of a kernel split the same way would be
+    the thread team, the share that thread t of a kernel split into contiguous shares reads written by thread t + 1
     (`PRODUCER_SHIFT`), and its outputs evicted from every cache. Measured against the model's profile
     (experiments/context_timing.py, ResNet-50): a consumer split like its producer read every line from its own
     core's cache and ran up to 2x faster than in the model (global pooling 3.0 against 5.4 us); with the shares
