@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.runtime.context import context_ir, context_loop, production
+from relay_tune.runtime.context import ContextLoop, context_ir, context_loop, production
 from relay_tune.text import parse_module
 from relay_tune.tuning import BuildArtifact, ErrorKind, KernelArg, LocalRunner, TensorSpec, apply_layout
 from relay_tune.tuning.relay_task import tasks_from_module
@@ -55,6 +55,16 @@ def test_the_producers_copies_are_volatile_so_llvm_keeps_them_in_the_caches() ->
         text = context_ir(parallel)
         assert text.count("load volatile") == 2 and text.count("store volatile") == 2  # a line, a byte
         assert ("GOMP_parallel" in text) is parallel
+
+
+def test_without_libgomp_the_calling_thread_writes_everything() -> None:
+    serial = ContextLoop(parallel=False)
+    buffer = np.random.default_rng(1).standard_normal(10_001).astype("float32")
+    original = buffer.copy()
+    step = production([buffer], shift=1)
+    buffer[:] = 0.0
+    serial.produce(step)
+    assert np.array_equal(buffer, original)
 
 
 def test_the_loop_runs_the_producer_before_every_call_and_rotates_the_argument_rows() -> None:
