@@ -1,0 +1,351 @@
+"""Timing a kernel in the context it runs in inside a model: its inputs just written by a parallel producer.
+
+In a model, a kernel's activation inputs were written by the kernel before it, on every thread of the team: each
+core holds its share of the lines dirty in its own cache. Called back to back on one buffer, as a timing loop calls
+it, a kernel finds its inputs in the reading core's own cache instead; memory-bound kernels (pooling, Winograd
+transforms, layout transforms) then ran 1.5-3x faster than in the model. So between two timed calls the timing loop
+here runs a *producer step*, untimed: every thread of the persistent thread team (libgomp's, the one the kernels
+use) writes its share of each input buffer, as a parallel producer would, and the buffers the kernel writes can be
+evicted from every cache first (clflush), as arena memory the rest of a model has pushed out since it was last
+used (which buffers, and which thread writes which share: the runner's `context_step`). It copies the values from a
+copy saved when the step was set up, so the kernel reads the same inputs at every call, the ones its outputs were
+checked with (even a kernel that wrote into its inputs would find them restored), and each line ends up dirty in
+the cache of the core that wrote it. The copy is made of volatile 64-byte loads and stores: a plain loop LLVM turns
+into `memcpy`, whose large copies write around the caches.
+
+One native function does the whole loop (no Python between calls), and takes a timestamp right before and right
+after each kernel call, as the model's profiler does (`relay_tune.runtime.executor`, `run_profiled`), so only the
+kernel's own time is summed:
+
+    uint64 relay_tune_context_loop(repeat_fn, rows, row_bytes, nrows, first_row, count, touch, ntouch)
+        for i in 0..count:
+            produce(touch, ntouch)                          // untimed: every thread rewrites its share
+            t0 = now(); repeat_fn(rows + ((first_row + i) % nrows) * row_bytes, 1); total += now() - t0
+        return total                                        // nanoseconds
+
+`rows` is a table of argument vectors (`void*[]`): one row per copy of the kernel's weights when the runner rotates
+them (cold weights), else one row. `touch` lists (source, destination, bytes, chunk, shift) rows: what the producer
+step writes, and which thread writes which part (`production`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+import numpy as np
+
+from relay_tune.codegen.llvm import ensure_llvm_initialized
+from relay_tune.errors import CompileError
+from relay_tune.runtime.kernel import _jit_lock, _lljit, load_libgomp
+
+__all__ = ["CONTEXT_LOOP", "NOOP", "PRODUCE", "TOUCH_COLUMNS", "ContextLoop", "Production", "context_ir",
+           "context_loop", "production"]
+
+CONTEXT_LOOP = "relay_tune_context_loop"
+PRODUCE = "relay_tune_context_produce"
+NOOP = "relay_tune_context_noop"
+TOUCH_COLUMNS = 6  # per buffer: source, destination, bytes, chunk bytes, shift, evict
+LINE = 64  # bytes: the producer copies (or evicts) one cache line at a time
+CLOCK_MONOTONIC = 1  # Linux
+
+_ids = itertools.count()
+_lock = threading.Lock()
+_loops: dict[bool, ContextLoop] = {}
+
+
+def context_ir(parallel: bool) -> str:
+    """LLVM IR of the producer step and the timing loop. `parallel`: the producer runs on libgomp's team
+    (`GOMP_parallel`); False: on the calling thread alone (where libgomp is missing)."""
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    i8p, i64p = i8.as_pointer(), i64.as_pointer()
+    void = ir.VoidType()
+    module = ir.Module(name="relay_tune_context")
+    zero, one = ir.Constant(i64, 0), ir.Constant(i64, 1)
+
+    # body(data): data = {i64* touch, i64 ntouch}, `TOUCH_COLUMNS` values per buffer (see `production`); this thread
+    # copies its share of every buffer (or evicts it), 64 bytes (a cache line) at a time
+    data_type = ir.LiteralStructType([i64p, i64])
+    line_type = ir.VectorType(i64, LINE // 8)
+    body = ir.Function(module, ir.FunctionType(void, [i8p]), name="relay_tune_context_body")
+    body.linkage = "internal"
+    b = ir.IRBuilder(body.append_basic_block("entry"))
+    data = b.bitcast(body.args[0], data_type.as_pointer())
+    touch = b.load(b.gep(data, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
+    ntouch = b.load(b.gep(data, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+    evicts = _can_evict()
+    if evicts:
+        clflush = ir.Function(module, ir.FunctionType(void, [i8p]), name="llvm.x86.sse2.clflush")
+    if parallel:
+        thread_num = ir.Function(module, ir.FunctionType(i32, []), name="omp_get_thread_num")
+        num_threads = ir.Function(module, ir.FunctionType(i32, []), name="omp_get_num_threads")
+        thread = b.sext(b.call(thread_num, []), i64)
+        team = b.sext(b.call(num_threads, []), i64)
+    else:
+        thread, team = zero, one
+    last_thread = b.icmp_signed("==", thread, b.sub(team, one))
+    entry = b.block
+    buffers = body.append_basic_block("buffers")
+    chunks_loop = body.append_basic_block("chunks")
+    lines_loop = body.append_basic_block("lines")
+    next_chunk = body.append_basic_block("next_chunk")
+    after_lines = body.append_basic_block("after_lines")
+    tail_loop = body.append_basic_block("tail")
+    next_buffer = body.append_basic_block("next_buffer")
+    done = body.append_basic_block("done")
+    b.cbranch(b.icmp_signed(">", ntouch, zero), buffers, done)
+
+    # A buffer's lines come in chunks of `chunk` bytes, chunk j written by thread (j + shift) % team; chunk 0: one
+    # contiguous share per thread, as a parallel loop splits its iterations.
+    b.position_at_end(buffers)
+    index = b.phi(i64)
+    index.add_incoming(zero, entry)
+    row = b.mul(index, ir.Constant(i64, TOUCH_COLUMNS))
+    source = b.inttoptr(b.load(b.gep(touch, [row])), i8p)
+    destination = b.inttoptr(b.load(b.gep(touch, [b.add(row, one)])), i8p)
+    nbytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 2))]))
+    chunk_bytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 3))]))
+    shift = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 4))]))
+    evict = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 5))]))
+    lines = b.lshr(nbytes, ir.Constant(i64, 6))
+    share = b.sdiv(b.add(lines, b.sub(team, one)), team)
+    chunk_lines = b.lshr(chunk_bytes, ir.Constant(i64, 6))
+    chunk = b.select(b.icmp_signed(">", chunk_lines, zero), chunk_lines, share)
+    first = b.srem(b.add(b.sub(thread, b.srem(shift, team)), team), team)  # the first chunk j of this thread
+    buffers_end = b.block
+    b.cbranch(b.icmp_signed("<", b.mul(first, chunk), lines), chunks_loop, after_lines)
+
+    b.position_at_end(chunks_loop)
+    j = b.phi(i64)
+    j.add_incoming(first, buffers_end)
+    low = b.mul(j, chunk)
+    high_wanted = b.add(low, chunk)
+    high = b.select(b.icmp_signed("<", high_wanted, lines), high_wanted, lines)
+    b.branch(lines_loop)
+
+    b.position_at_end(lines_loop)
+    line = b.phi(i64)
+    line.add_incoming(low, chunks_loop)
+    offset = b.mul(line, ir.Constant(i64, LINE))
+    if evicts:
+        copy_line = body.append_basic_block("copy_line")
+        evict_line = body.append_basic_block("evict_line")
+        line_done = body.append_basic_block("line_done")
+        b.cbranch(b.icmp_signed("!=", evict, zero), evict_line, copy_line)
+        b.position_at_end(evict_line)
+        b.call(clflush, [b.gep(destination, [offset])])
+        b.branch(line_done)
+        b.position_at_end(copy_line)
+    value = b.load(b.bitcast(b.gep(source, [offset]), line_type.as_pointer()), name=_LINE_LOAD, align=1)
+    b.store(value, b.bitcast(b.gep(destination, [offset]), line_type.as_pointer()), align=1)
+    if evicts:
+        b.branch(line_done)
+        b.position_at_end(line_done)
+    following = b.add(line, one)
+    line.add_incoming(following, b.block)
+    b.cbranch(b.icmp_signed("<", following, high), lines_loop, next_chunk)
+
+    b.position_at_end(next_chunk)
+    j_next = b.add(j, team)
+    j.add_incoming(j_next, next_chunk)
+    b.cbranch(b.icmp_signed("<", b.mul(j_next, chunk), lines), chunks_loop, after_lines)
+
+    # the bytes after the last whole line: the last thread's, whose share ends there
+    b.position_at_end(after_lines)
+    tail_start = b.mul(lines, ir.Constant(i64, LINE))
+    has_tail = b.and_(last_thread, b.icmp_signed("<", tail_start, nbytes))
+    if evicts:
+        # an evicted buffer has no source: its last line (the buffer need not start on a line) is evicted instead
+        evict_tail = body.append_basic_block("evict_tail")
+        copy_tail = body.append_basic_block("copy_tail")
+        b.cbranch(b.and_(last_thread, b.icmp_signed("!=", evict, zero)), evict_tail, copy_tail)
+        b.position_at_end(evict_tail)
+        b.call(clflush, [b.gep(destination, [b.sub(nbytes, one)])])
+        b.branch(next_buffer)
+        b.position_at_end(copy_tail)
+        has_tail = b.and_(has_tail, b.icmp_signed("==", evict, zero))
+    tail_entry = b.block
+    b.cbranch(has_tail, tail_loop, next_buffer)
+    b.position_at_end(tail_loop)
+    byte = b.phi(i64)
+    byte.add_incoming(tail_start, tail_entry)
+    b.store(b.load(b.gep(source, [byte]), name=_BYTE_LOAD), b.gep(destination, [byte]))
+    byte_next = b.add(byte, one)
+    byte.add_incoming(byte_next, tail_loop)
+    b.cbranch(b.icmp_signed("<", byte_next, nbytes), tail_loop, next_buffer)
+
+    b.position_at_end(next_buffer)
+    index_next = b.add(index, one)
+    index.add_incoming(index_next, next_buffer)
+    b.cbranch(b.icmp_signed("<", index_next, ntouch), buffers, done)
+    b.position_at_end(done)
+    b.ret_void()
+
+    # produce(touch, ntouch)
+    produce = ir.Function(module, ir.FunctionType(void, [i64p, i64]), name=PRODUCE)
+    b = ir.IRBuilder(produce.append_basic_block("entry"))
+    slot = b.alloca(data_type)
+    b.store(produce.args[0], b.gep(slot, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
+    b.store(produce.args[1], b.gep(slot, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+    if parallel:
+        gomp_parallel = ir.Function(module, ir.FunctionType(void, [body.type, i8p, i32, i32]), name="GOMP_parallel")
+        # 0 threads: libgomp's default team, the one the kernels' parallel loops run on
+        b.call(gomp_parallel, [body, b.bitcast(slot, i8p), ir.Constant(i32, 0), ir.Constant(i32, 0)])
+    else:
+        b.call(body, [b.bitcast(slot, i8p)])
+    b.ret_void()
+
+    # loop(repeat_fn, rows, row_bytes, nrows, first_row, count, touch, ntouch) -> nanoseconds in the kernel
+    repeat_type = ir.FunctionType(void, [i8p, i64])
+    timespec = ir.LiteralStructType([i64, i64])
+    clock_gettime = ir.Function(module, ir.FunctionType(i32, [i32, timespec.as_pointer()]), name="clock_gettime")
+    loop_fn = ir.Function(module, ir.FunctionType(i64, [repeat_type.as_pointer(), i8p, i64, i64, i64, i64, i64p, i64]),
+                          name=CONTEXT_LOOP)
+    repeat_fn, rows, row_bytes, nrows, first_row, count, touch_arg, ntouch_arg = loop_fn.args
+    entry = loop_fn.append_basic_block("entry")
+    body_block = loop_fn.append_basic_block("call")
+    exit_block = loop_fn.append_basic_block("exit")
+    b = ir.IRBuilder(entry)
+    stamp = b.alloca(timespec)
+
+    def now() -> ir.Value:
+        b.call(clock_gettime, [ir.Constant(i32, CLOCK_MONOTONIC), stamp])
+        seconds = b.load(b.gep(stamp, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
+        nanos = b.load(b.gep(stamp, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+        return b.add(b.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanos)
+
+    b.cbranch(b.icmp_signed(">", count, zero), body_block, exit_block)
+    b.position_at_end(body_block)
+    i = b.phi(i64)
+    total = b.phi(i64)
+    i.add_incoming(zero, entry)
+    total.add_incoming(zero, entry)
+    b.call(produce, [touch_arg, ntouch_arg])
+    row = b.urem(b.add(first_row, i), nrows)
+    args = b.gep(rows, [b.mul(row, row_bytes)])
+    before = now()
+    b.call(repeat_fn, [args, one])
+    after = now()
+    total_next = b.add(total, b.sub(after, before))
+    i_next = b.add(i, one)
+    i.add_incoming(i_next, body_block)
+    total.add_incoming(total_next, body_block)
+    b.cbranch(b.icmp_signed("<", i_next, count), body_block, exit_block)
+    b.position_at_end(exit_block)
+    result = b.phi(i64)
+    result.add_incoming(zero, entry)
+    result.add_incoming(total_next, body_block)
+    b.ret(result)
+
+    # a kernel that does nothing: timed around it, the loop costs what it adds besides the kernel (producer step,
+    # timestamps; experiments/context_timing.py compares subtracting that with the timestamps)
+    noop = ir.Function(module, repeat_type, name=NOOP)
+    ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
+    return _volatile(str(module))
+
+
+_LINE_LOAD = "relay_tune_line"
+_BYTE_LOAD = "relay_tune_byte"
+
+
+def _volatile(text: str) -> str:
+    """Make the producer's loads and stores volatile. llvmlite's builder cannot say so, and without it LLVM turns
+    the copy loops into a call of `memcpy`, which on large buffers writes around the caches (non-temporal stores):
+    the lines would not end up in the writing cores' caches as a producer kernel's output does."""
+    for name, kind in ((_LINE_LOAD, f"<{LINE // 8} x i64>"), (_BYTE_LOAD, "i8")):
+        load, store = f'%"{name}" = load {kind}, ', f'store {kind} %"{name}", '
+        if text.count(load) != 1 or text.count(store) != 1:
+            raise CompileError("the timing loop's IR does not have the expected producer loads and stores")
+        text = text.replace(load, f'%"{name}" = load volatile {kind}, ')
+        text = text.replace(store, f'store volatile {kind} %"{name}", ')
+    return text
+
+
+def _can_evict() -> bool:
+    """Whether this host has an instruction that evicts a line from every cache (x86's clflush)."""
+    return llvm.get_process_triple().split("-")[0] in ("x86_64", "i386", "i686")
+
+
+class ContextLoop:
+    """The JIT-linked producer step and timing loop (one per process and threading mode: `context_loop`)."""
+
+    def __init__(self, parallel: bool) -> None:
+        self.parallel = parallel
+        ensure_llvm_initialized()
+        try:
+            parsed = llvm.parse_assembly(context_ir(parallel))
+            parsed.verify()
+        except RuntimeError as err:
+            raise CompileError(f"LLVM rejected the timing loop: {err}") from err
+        triple = llvm.get_process_triple()
+        machine = llvm.Target.from_triple(triple).create_target_machine(opt=2, reloc="pic", codemodel="small")
+        obj = bytes(machine.emit_object(parsed))
+        with _jit_lock:
+            builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+            for symbol in (CONTEXT_LOOP, PRODUCE, NOOP):
+                builder.export_symbol(symbol)
+            try:
+                self._tracker = builder.link(_lljit(), f"relay_tune_context_{os.getpid()}_{next(_ids)}")
+            except RuntimeError as err:
+                raise CompileError(f"cannot load the timing loop: {err}") from err
+        self._loop = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_int64)(self._tracker[CONTEXT_LOOP])
+        self._produce = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(self._tracker[PRODUCE])
+        self.noop = int(self._tracker[NOOP])  # the address of a repeat entry that does nothing
+
+    def produce(self, step: Production) -> None:
+        """Run the producer step once."""
+        self._produce(step.table.ctypes.data, len(step.table))
+
+    def run(self, repeat_entry: Any, rows: np.ndarray, first_row: int, count: int, step: Production) -> int:
+        """`count` calls of `repeat_entry` (a kernel's `name__repeat`, as a ctypes function or an address), call i
+        on row (first_row + i) % len(rows) of the argument table `rows` (uint64, C order), each after the producer
+        step `step`; the nanoseconds the calls themselves took, summed."""
+        address = repeat_entry if isinstance(repeat_entry, int) else ctypes.cast(repeat_entry, ctypes.c_void_p).value
+        return int(self._loop(address, rows.ctypes.data, rows.strides[0], len(rows), first_row, count,
+                              step.table.ctypes.data, len(step.table)))
+
+
+def context_loop() -> ContextLoop:
+    """This process's timing loop: the producer on libgomp's team where libgomp loads, else on the caller alone."""
+    parallel = load_libgomp() is not None
+    with _lock:
+        loop = _loops.get(parallel)
+        if loop is None:
+            loop = _loops[parallel] = ContextLoop(parallel)
+        return loop
+
+
+@dataclass
+class Production:
+    """What the producer step writes: each buffer from a saved copy of its values, or evicts (`table`: one row of
+    `TOUCH_COLUMNS` int64 per buffer). Holds the copies; the buffers must outlive it."""
+
+    table: np.ndarray
+    sources: list[np.ndarray]
+
+
+def production(buffers: Sequence[np.ndarray], chunk: int = 0, shift: int = 0,
+               evicted: Sequence[np.ndarray] = ()) -> Production:
+    """The producer step for `buffers` (C-contiguous; empty ones left out): each rewritten from a copy of the values
+    it holds now, so the kernel reads the same inputs at every call, whatever it did to them. `chunk` (bytes, a
+    multiple of 64) and `shift`: chunk j of each buffer is written by thread (j + shift) % team; chunk 0: one
+    contiguous share per thread. `evicted`: buffers whose lines the step evicts from every cache first (clflush,
+    where the host has it; elsewhere they are left alone), as memory the rest of a model has since pushed out."""
+    if chunk < 0 or chunk % LINE:
+        raise ValueError(f"a producer chunk is a whole number of {LINE}-byte lines, not {chunk} bytes")
+    rows: list[tuple[int, ...]] = []
+    if _can_evict():
+        rows += [(0, b.ctypes.data, b.nbytes, 0, 0, 1) for b in evicted if b.nbytes]
+    chosen = [b for b in buffers if b.nbytes]
+    sources = [np.array(b, copy=True, order="C") for b in chosen]
+    rows += [(s.ctypes.data, b.ctypes.data, b.nbytes, chunk, shift, 0) for s, b in zip(sources, chosen)]
+    return Production(np.asarray(rows, dtype=np.int64).reshape(-1, TOUCH_COLUMNS), sources)
