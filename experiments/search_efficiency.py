@@ -287,6 +287,10 @@ class CachingRunner(Runner):
         self.inner = inner
         self.caches = caches
 
+    @property
+    def timing_kind(self) -> str:
+        return self.inner.timing_kind
+
     def run(self, task: TuneTask, artifact: Any) -> RunResult:
         cache = self.caches[task.key]
         if isinstance(artifact, _CachedArtifact):

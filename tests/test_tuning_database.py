@@ -177,3 +177,63 @@ def test_load_reads_folders_and_glob_patterns(tmp_path: Path, monkeypatch: pytes
     assert len(logs.load("logs/*.jsonl")) == 3  # a relative pattern
     with pytest.raises(FileNotFoundError, match="no tuning log matches"):
         logs.load(str(folder / "missing-*.jsonl"))
+
+
+# -- timing kinds ------------------------------------------------------------------------------------------------
+
+
+def test_times_of_different_kinds_are_not_ranked_together(database: Database) -> None:
+    """A log written before the runner timed kernels in context, topped up after: the old back-to-back times are
+    shorter by the way they were taken, so only the records of the newest record's kind compete."""
+    from dataclasses import replace
+
+    database.commit(replace(record("a", 1.0, 1, timestamp=10.0), timing=""))
+    database.commit(replace(record("a", 3.0, 2, timestamp=20.0), timing="in_context"))
+    database.commit(replace(record("a", 2.0, 3, timestamp=30.0), timing="in_context"))
+    database.commit(replace(record("a", None, 4, timestamp=40.0), timing="back_to_back"))  # errors do not count
+    assert [r.trial for r in database.best("a", "llvm", k=3)] == [3, 2]
+    database.commit(replace(record("b", 1.0, 1, timestamp=30.0), timing=""))
+    database.commit(replace(record("b", 3.0, 2, timestamp=20.0), timing="in_context"))
+    assert [r.trial for r in database.best("b", "llvm", k=3)] == [1]  # the newest record is of the old kind
+    database.commit(replace(record("c", 2.0, 1, timestamp=1.0), timing="in_context"))
+    database.commit(replace(record("c", 1.0, 2, timestamp=2.0), timing="in_context"))
+    assert [r.trial for r in database.best("c", "llvm", k=3)] == [2, 1]
+
+
+def test_timing_kind_round_trips_and_old_lines_read_as_unknown() -> None:
+    import json
+    from dataclasses import replace
+
+    line = replace(record("a", 1.0, 1), timing="in_context").to_json()
+    assert json.loads(line)["timing"] == "in_context"
+    assert TuningRecord.from_json(line).timing == "in_context"
+    old = json.loads(line)
+    del old["timing"]
+    assert TuningRecord.from_json(json.dumps(old)).timing == ""
+
+
+def test_the_tuner_writes_its_runners_timing_kind(tmp_path: Path) -> None:
+    from relay_tune.tuning.driver import tune
+    from relay_tune.tuning.simulated import SimulatedBuilder, SleepRunner, simulated_tasks
+
+    class Kind(SleepRunner):
+        @property
+        def timing_kind(self) -> str:
+            return "in_context"
+
+    log = tmp_path / "log.jsonl"
+    tune(simulated_tasks()[:1], 4, log, storage=None, builder=SimulatedBuilder(), runner=Kind(0.0))
+    kinds = {r.timing for r in read_records(log)}
+    assert kinds == {"in_context"}
+
+
+def test_runners_say_how_they_time() -> None:
+    from relay_tune.tuning.cuda_runner import CudaRunner
+    from relay_tune.tuning.hostlock import HostLockedRunner
+    from relay_tune.tuning.runner import LocalRunner
+
+    assert LocalRunner().timing_kind == "in_context"
+    assert LocalRunner(in_context=False).timing_kind == "back_to_back"
+    assert LocalRunner(flush_cache=True).timing_kind == "flush_cache"
+    assert HostLockedRunner(LocalRunner(in_context=False)).timing_kind == "back_to_back"
+    assert CudaRunner().timing_kind == "cuda_events"

@@ -105,6 +105,10 @@ class CudaRunner(Runner):
         self._loaded_key: str | None = None
         self._data: dict[str, Any] = {}
 
+    @property
+    def timing_kind(self) -> str:
+        return "cuda_events"
+
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()

@@ -64,11 +64,18 @@ class Database(ABC):
 
 
 def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:
-    """The `k` fastest valid records, keeping only the fastest measurement of each config."""
+    """The `k` fastest valid records of one workload, keeping only the fastest measurement of each config.
+
+    Times taken in different ways are not compared: where the records were timed in more than one way
+    (`TuningRecord.timing`; e.g. a log from before the runner timed kernels in their model context, topped up
+    after), only the records timed the way of the newest one compete. A back-to-back time of a memory-bound kernel
+    can be 3x shorter than its time in context, so the old kind would otherwise win by the way it was measured."""
+    valid = [record for record in records if record.ok]
+    if len({record.timing for record in valid}) > 1:
+        newest = max(valid, key=lambda record: record.timestamp).timing
+        valid = [record for record in valid if record.timing == newest]
     fastest: dict[str, TuningRecord] = {}
-    for record in records:
-        if not record.ok:
-            continue
+    for record in valid:
         held = fastest.get(record.config_key)
         if held is None or _cost(record) < _cost(held):
             fastest[record.config_key] = record

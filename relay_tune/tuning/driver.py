@@ -279,7 +279,7 @@ def tune(
                 accepted = database.commit(TuningRecord.from_measurement(
                     task.key, task.target, config, result, description=task.description, flops=task.flops,
                     trial=state.trials, strategy="default" if config == defaults[index] else search.name,
-                    session=session))
+                    session=session, timing=runner.timing_kind))
                 seconds["storage"] += time.monotonic() - tick
                 if accepted is not False:
                     spent += 1

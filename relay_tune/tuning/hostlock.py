@@ -59,6 +59,10 @@ class HostLockedRunner(Runner):
         self.lock_path = lock_path
         self.waited_s = 0.0  # time spent waiting for other processes' measurements
 
+    @property
+    def timing_kind(self) -> str:
+        return self.inner.timing_kind
+
     def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult:
         with measurement_lock(self.lock_path) as waited:
             self.waited_s += waited

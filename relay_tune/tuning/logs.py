@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 COLUMNS = [
     "workload_key", "description", "target", "host_cpu", "flops", "config", "config_key", "trial", "strategy",
     "costs", "mean_cost", "min_cost", "ok", "gflops", "error_kind", "error_no", "error_msg", "build_s", "run_s",
-    "timestamp", "session", "relay_tune_version", "source", "line", "task_trial", "best_cost_so_far",
+    "timestamp", "session", "timing", "relay_tune_version", "source", "line", "task_trial", "best_cost_so_far",
     "best_gflops_so_far",
 ]
 

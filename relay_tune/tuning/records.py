@@ -107,6 +107,9 @@ class TuningRecord:
     trial: int = -1
     strategy: str = ""
     session: str = ""
+    # How the runner timed the kernel (`Runner.timing_kind`): "in_context" after a producer step, "back_to_back",
+    # "cuda_events"; "" in records written before runners said. Times of different kinds are not compared.
+    timing: str = ""
     version: str = field(default_factory=_package_version)
     schema: int = SCHEMA_VERSION
 
@@ -178,6 +181,7 @@ class TuningRecord:
         trial: int = -1,
         strategy: str = "",
         session: str = "",
+        timing: str = "",
     ) -> TuningRecord:
         return cls(
             workload_key=task_key,
@@ -195,6 +199,7 @@ class TuningRecord:
             trial=trial,
             strategy=strategy,
             session=session,
+            timing=timing,
         )
 
     # -- JSON ----------------------------------------------------------------------------------------------------
@@ -221,6 +226,7 @@ class TuningRecord:
             "run_s": self.run_seconds,
             "timestamp": self.timestamp,
             "session": self.session,
+            "timing": self.timing,
             "relay_tune_version": self.version,
         }
 
@@ -252,6 +258,7 @@ class TuningRecord:
                 trial=int(data.get("trial", -1)),
                 strategy=str(data.get("strategy", "")),
                 session=str(data.get("session", "")),
+                timing=str(data.get("timing", "")),
                 version=str(data.get("relay_tune_version", "")),
                 schema=int(data["v"]),
             )

@@ -88,6 +88,12 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 class Runner(ABC):
     """Measures artifacts of a task, one at a time. `run` never raises for a bad kernel: errors are results."""
 
+    @property
+    def timing_kind(self) -> str:
+        """How this runner times kernels, written into every record (`TuningRecord.timing`); records of different
+        kinds are never ranked against each other. "" where a runner does not say."""
+        return ""
+
     @abstractmethod
     def run(self, task: TuneTask, artifact: BuildArtifact) -> RunResult: ...
 
@@ -187,6 +193,12 @@ class LocalRunner(Runner):
         self._task_data: OrderedDict[str, tuple[list[np.ndarray], list[np.ndarray] | None]] = OrderedDict()
 
     # -- task data -----------------------------------------------------------------------------------------------
+
+    @property
+    def timing_kind(self) -> str:
+        if self.timing.flush_cache:
+            return "flush_cache"
+        return "in_context" if self.timing.in_context else "back_to_back"
 
     def _data_for(self, task: TuneTask) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         cached = self._task_data.get(task.key)
