@@ -38,7 +38,7 @@ class Database(ABC):
         """Every record of this workload on this target, in commit order."""
 
     def best(self, task_key: str, target: str, k: int = 1) -> list[TuningRecord]:
-        """The `k` fastest valid records (by mean cost), one per distinct config."""
+        """The `k` fastest valid records (by fastest repeat, `TuningRecord.cost`), one per distinct config."""
         return top_k(self.records(task_key, target), k)
 
     def log_event(self, event: LogEvent) -> None:  # noqa: B027 - optional hook; databases without a log ignore it
