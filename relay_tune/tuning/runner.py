@@ -689,7 +689,9 @@ PRODUCER_SHIFT = 1
 # What the producer step does with a kernel's outputs: "flushed", every line evicted from every cache (clflush);
 # "private", pushed out of the cores' private caches only (each thread reads `PRIVATE_EVICT_FACTOR` times its private
 # cache of scratch), so that they sit in the shared cache; "half_flushed", the first half of each output flushed,
-# then the private caches emptied. experiments/context_timing.py compares them (see `context_step`).
+# then the private caches emptied. experiments/context_timing.py compares them (see `context_step`). The default stays
+# "flushed": "private" placed more tasks within 15% of the graph in 5 of 6 runs, but not in both of the first pair
+# measured on a normal host (21 against 22 of 31 in one, a noise spike on one convolution; 24 against 22 in the other).
 OutputContext = Literal["flushed", "private", "half_flushed"]
 OUTPUT_CONTEXT: OutputContext = "flushed"
 PRIVATE_EVICT_FACTOR = 2
@@ -704,7 +706,12 @@ def context_step(artifact: BuildArtifact, buffers: Sequence[np.ndarray], weights
     core's cache and ran up to 2x faster than in the model (global pooling 3.0 against 5.4 us); with the shares
     shifted it matched (5.1). And in a model a kernel's output buffer is arena memory that other kernels used long
     before, pushed out since by the weights streamed in between: with its lines left in cache by its previous call,
-    the Winograd transforms ran 1.4-3x faster than in the graph, with them evicted within 0.77-1.2x of it."""
+    the Winograd transforms ran 1.4-3x faster than in the graph, with them evicted within 0.77-1.2x of it.
+    `outputs_in` chooses how the outputs are put out of reach (`OutputContext`): flushed to memory, or only out of
+    the cores' private caches (a few kernels of a model since, the arena's lines sit in the shared cache: the
+    three Winograd transforms with the largest outputs were timed at 0.52-1.16 of their in-graph time, 11 of 12
+    ratios from 0.70 up, against 0.49-0.73 flushed; four runs, experiments/results/context_timing_resnet50_outputs_
+    run3-6)."""
     produced = _produced_positions(artifact, weights, packed_by)
     activations = [buffers[p] for p in produced]
     outputs = [buffers[p].reshape(-1) for p, arg in enumerate(artifact.args) if arg.role == "output"]
