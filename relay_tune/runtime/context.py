@@ -24,8 +24,10 @@ kernel's own time is summed:
         return total                                        // nanoseconds
 
 `rows` is a table of argument vectors (`void*[]`): one row per copy of the kernel's weights when the runner rotates
-them (cold weights), else one row. `touch` lists (source, destination, bytes, chunk, shift) rows: what the producer
-step writes, and which thread writes which part (`production`).
+them (cold weights), else one row. `touch` lists (source, destination, bytes, chunk, shift, mode) rows: what the
+producer step writes, and which thread writes which part (`production`); mode says whether a buffer is copied,
+evicted (clflush) or only read (a scratch buffer each thread streams to push the kernel's outputs out of its core's
+private caches into the shared one, without sending them to memory as clflush does).
 """
 
 from __future__ import annotations
