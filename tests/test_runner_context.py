@@ -15,14 +15,29 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.runtime.context import ContextLoop, context_ir, context_loop, production
+from relay_tune.runtime.context import (
+    COPY,
+    EVICT,
+    READ,
+    ContextLoop,
+    _cpus,
+    context_ir,
+    context_loop,
+    private_cache_bytes,
+    production,
+    scratch,
+    team_size,
+)
 from relay_tune.text import parse_module
 from relay_tune.tuning import BuildArtifact, ErrorKind, KernelArg, LocalRunner, TensorSpec, apply_layout
 from relay_tune.tuning.relay_task import tasks_from_module
 from relay_tune.tuning.runner import (
     DEFAULT_TOLERANCES,
+    OUTPUT_CONTEXT,
+    PRIVATE_EVICT_FACTOR,
     PRODUCER_SHIFT,
     KernelLoader,
+    OutputContext,
     TimingOptions,
     WeightCopies,
     _prepare,
@@ -53,7 +68,8 @@ def test_the_producers_copies_are_volatile_so_llvm_keeps_them_in_the_caches() ->
     # a plain copy loop would become memcpy, whose large copies bypass the caches
     for parallel in (True, False):
         text = context_ir(parallel)
-        assert text.count("load volatile") == 2 and text.count("store volatile") == 2  # a line, a byte
+        # a line, a byte; and the scratch read, whose value nothing uses
+        assert text.count("load volatile") == 3 and text.count("store volatile") == 2
         assert ("GOMP_parallel" in text) is parallel
 
 
@@ -217,15 +233,63 @@ def test_any_split_of_the_producer_writes_every_byte_and_eviction_changes_nothin
         production([buffer], chunk=100)
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_aging_the_outputs_reads_scratch_first_and_writes_nothing_but_the_inputs(parallel: bool) -> None:
+    loop = context_loop() if parallel else ContextLoop(parallel=False)
+    rng = np.random.default_rng(7)
+    block = rng.standard_normal(100_010).astype("float32")
+    buffer, output = block[1:100_001], rng.standard_normal(5003)
+    original, kept, guard = buffer.copy(), output.copy(), (block[0], *block[100_001:])
+    step = production([buffer], shift=1, evicted=[output[:2500]], private_evict=3000)  # not whole lines
+    assert step.table[0, 5] == READ  # the scratch first, so the inputs written after it stay in the caches
+    region = scratch(3000, team_size())
+    assert step.table[0, 1] == region.ctypes.data and region.ctypes.data % 64 == 0
+    assert region.nbytes == 3008 * team_size() and step.table[0, 3] == 3008  # a region of whole lines per thread
+    before = region.copy()
+    buffer[:] = 0.0
+    loop.produce(step)
+    assert np.array_equal(buffer, original) and (block[0], *block[100_001:]) == guard
+    assert np.array_equal(output, kept) and np.array_equal(region, before)  # evicted or read, never written
+
+
+def test_the_private_cache_size_and_cpu_lists() -> None:
+    assert _cpus("0-3,8\n") == {0, 1, 2, 3, 8} and _cpus("5") == {5}
+    size = private_cache_bytes()
+    assert size >= 64 << 10 and size % 64 == 0
+
+
+@pytest.mark.parametrize("outputs_in", ["flushed", "private", "half_flushed"])
+def test_each_output_context_evicts_or_ages_the_outputs(outputs_in: OutputContext) -> None:
+    task = _conv_task()
+    artifact = task.build(task.default_config())
+    buffers = [np.zeros(a.spec.shape, a.spec.dtype) for a in artifact.args]
+    weights = set(task.weight_inputs)
+    step = context_step(artifact, buffers, weights, {}, outputs_in)
+    (out,) = [b for a, b in zip(artifact.args, buffers) if a.role == "output"]
+    written = {int(r[1]) for r in step.table if r[5] == COPY}
+    assert written == {buffers[p].ctypes.data for p in _produced_positions(artifact, weights, {})}
+    evicted = [(int(r[1]), int(r[2])) for r in step.table if r[5] == EVICT]
+    reads = [r for r in step.table if r[5] == READ]
+    if outputs_in == "flushed":
+        assert evicted in ([(out.ctypes.data, out.nbytes)], []) and not reads
+    else:
+        assert len(reads) == 1 and int(reads[0][3]) >= PRIVATE_EVICT_FACTOR * private_cache_bytes()
+        half = [(out.ctypes.data, out.size // 2 * out.itemsize)]
+        assert evicted in ((half, []) if outputs_in == "half_flushed" else ([],))
+    original = [b.copy() for b in buffers]
+    context_loop().produce(step)
+    assert all(np.array_equal(a, b) for a, b in zip(original, buffers))
+
+
 def test_the_runners_step_writes_the_activations_and_evicts_the_outputs() -> None:
     task = _conv_task()
     artifact = task.build(task.default_config())
     buffers = [np.zeros(a.spec.shape, a.spec.dtype) for a in artifact.args]
     weights = set(task.weight_inputs)
     step = context_step(artifact, buffers, weights, {})
-    written = {int(r[1]) for r in step.table if r[5] == 0}
-    evicted = {int(r[1]) for r in step.table if r[5] == 1}
+    written = {int(r[1]) for r in step.table if r[5] == COPY}
     assert written == {buffers[p].ctypes.data for p in _produced_positions(artifact, weights, {})}
-    outputs = {b.ctypes.data for a, b in zip(artifact.args, buffers) if a.role == "output"}
-    assert evicted in (outputs, set())  # nothing is evicted on a host without clflush
-    assert all(r[4] == PRODUCER_SHIFT for r in step.table if r[5] == 0)
+    assert all(r[4] == PRODUCER_SHIFT for r in step.table if r[5] == COPY)
+    # the default treats the outputs as `OUTPUT_CONTEXT` says (the test above checks each treatment)
+    chosen = context_step(artifact, buffers, weights, {}, OUTPUT_CONTEXT)
+    assert np.array_equal(step.table[:, 1:], chosen.table[:, 1:])  # all but the saved copies' addresses

@@ -24,8 +24,10 @@ kernel's own time is summed:
         return total                                        // nanoseconds
 
 `rows` is a table of argument vectors (`void*[]`): one row per copy of the kernel's weights when the runner rotates
-them (cold weights), else one row. `touch` lists (source, destination, bytes, chunk, shift) rows: what the producer
-step writes, and which thread writes which part (`production`).
+them (cold weights), else one row. `touch` lists (source, destination, bytes, chunk, shift, mode) rows: what the
+producer step writes, and which thread writes which part (`production`); mode says whether a buffer is copied,
+evicted (clflush) or only read (a scratch buffer each thread streams to push the kernel's outputs out of its core's
+private caches into the shared one, without sending them to memory as clflush does).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -46,13 +49,16 @@ from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
 from relay_tune.runtime.kernel import _jit_lock, _lljit, load_libgomp
 
-__all__ = ["CONTEXT_LOOP", "NOOP", "PRODUCE", "TOUCH_COLUMNS", "ContextLoop", "Production", "context_ir",
-           "context_loop", "production"]
+__all__ = ["CONTEXT_LOOP", "COPY", "EVICT", "NOOP", "PRODUCE", "READ", "TOUCH_COLUMNS", "ContextLoop", "Production",
+           "context_ir", "context_loop", "private_cache_bytes", "production", "scratch", "team_size"]
 
 CONTEXT_LOOP = "relay_tune_context_loop"
 PRODUCE = "relay_tune_context_produce"
 NOOP = "relay_tune_context_noop"
-TOUCH_COLUMNS = 6  # per buffer: source, destination, bytes, chunk bytes, shift, evict
+TOUCH_COLUMNS = 6  # per buffer: source, destination, bytes, chunk bytes, shift, mode
+# What the step does with a buffer's lines (the `mode` column): copy them from the source, evict them from every cache
+# (clflush), or read them (a scratch buffer streamed through the private caches, pushing out what they held).
+COPY, EVICT, READ = 0, 1, 2
 LINE = 64  # bytes: the producer copies (or evicts) one cache line at a time
 CLOCK_MONOTONIC = 1  # Linux
 
@@ -71,7 +77,7 @@ def context_ir(parallel: bool) -> str:
     zero, one = ir.Constant(i64, 0), ir.Constant(i64, 1)
 
     # body(data): data = {i64* touch, i64 ntouch}, `TOUCH_COLUMNS` values per buffer (see `production`); this thread
-    # copies its share of every buffer (or evicts it), 64 bytes (a cache line) at a time
+    # copies its share of every buffer (or evicts or reads it), 64 bytes (a cache line) at a time
     data_type = ir.LiteralStructType([i64p, i64])
     line_type = ir.VectorType(i64, LINE // 8)
     body = ir.Function(module, ir.FunctionType(void, [i8p]), name="relay_tune_context_body")
@@ -113,7 +119,7 @@ def context_ir(parallel: bool) -> str:
     nbytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 2))]))
     chunk_bytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 3))]))
     shift = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 4))]))
-    evict = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 5))]))
+    mode = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 5))]))
     lines = b.lshr(nbytes, ir.Constant(i64, 6))
     share = b.sdiv(b.add(lines, b.sub(team, one)), team)
     chunk_lines = b.lshr(chunk_bytes, ir.Constant(i64, 6))
@@ -134,20 +140,28 @@ def context_ir(parallel: bool) -> str:
     line = b.phi(i64)
     line.add_incoming(low, chunks_loop)
     offset = b.mul(line, ir.Constant(i64, LINE))
+    copy_line = body.append_basic_block("copy_line")
+    other_line = body.append_basic_block("other_line")
+    read_line = body.append_basic_block("read_line")
+    line_done = body.append_basic_block("line_done")
+    b.cbranch(b.icmp_signed("==", mode, ir.Constant(i64, COPY)), copy_line, other_line)
+    b.position_at_end(other_line)
     if evicts:
-        copy_line = body.append_basic_block("copy_line")
         evict_line = body.append_basic_block("evict_line")
-        line_done = body.append_basic_block("line_done")
-        b.cbranch(b.icmp_signed("!=", evict, zero), evict_line, copy_line)
+        b.cbranch(b.icmp_signed("==", mode, ir.Constant(i64, EVICT)), evict_line, read_line)
         b.position_at_end(evict_line)
         b.call(clflush, [b.gep(destination, [offset])])
         b.branch(line_done)
-        b.position_at_end(copy_line)
+    else:
+        b.branch(read_line)  # `production` writes no evict rows where there is no clflush
+    b.position_at_end(read_line)
+    b.load(b.bitcast(b.gep(destination, [offset]), line_type.as_pointer()), name=_READ_LOAD, align=1)
+    b.branch(line_done)
+    b.position_at_end(copy_line)
     value = b.load(b.bitcast(b.gep(source, [offset]), line_type.as_pointer()), name=_LINE_LOAD, align=1)
     b.store(value, b.bitcast(b.gep(destination, [offset]), line_type.as_pointer()), align=1)
-    if evicts:
-        b.branch(line_done)
-        b.position_at_end(line_done)
+    b.branch(line_done)
+    b.position_at_end(line_done)
     following = b.add(line, one)
     line.add_incoming(following, b.block)
     b.cbranch(b.icmp_signed("<", following, high), lines_loop, next_chunk)
@@ -160,17 +174,18 @@ def context_ir(parallel: bool) -> str:
     # the bytes after the last whole line: the last thread's, whose share ends there
     b.position_at_end(after_lines)
     tail_start = b.mul(lines, ir.Constant(i64, LINE))
-    has_tail = b.and_(last_thread, b.icmp_signed("<", tail_start, nbytes))
+    # only a copied buffer has a source to copy its tail from (a read buffer is whole lines: `scratch`)
+    has_tail = b.and_(b.and_(last_thread, b.icmp_signed("<", tail_start, nbytes)),
+                      b.icmp_signed("==", mode, ir.Constant(i64, COPY)))
     if evicts:
-        # an evicted buffer has no source: its last line (the buffer need not start on a line) is evicted instead
+        # an evicted buffer's last line (the buffer need not start on a line) is evicted instead
         evict_tail = body.append_basic_block("evict_tail")
         copy_tail = body.append_basic_block("copy_tail")
-        b.cbranch(b.and_(last_thread, b.icmp_signed("!=", evict, zero)), evict_tail, copy_tail)
+        b.cbranch(b.and_(last_thread, b.icmp_signed("==", mode, ir.Constant(i64, EVICT))), evict_tail, copy_tail)
         b.position_at_end(evict_tail)
         b.call(clflush, [b.gep(destination, [b.sub(nbytes, one)])])
         b.branch(next_buffer)
         b.position_at_end(copy_tail)
-        has_tail = b.and_(has_tail, b.icmp_signed("==", evict, zero))
     tail_entry = b.block
     b.cbranch(has_tail, tail_loop, next_buffer)
     b.position_at_end(tail_loop)
@@ -253,6 +268,7 @@ def context_ir(parallel: bool) -> str:
 
 _LINE_LOAD = "relay_tune_line"
 _BYTE_LOAD = "relay_tune_byte"
+_READ_LOAD = "relay_tune_read"
 
 
 def _volatile(text: str) -> str:
@@ -265,7 +281,11 @@ def _volatile(text: str) -> str:
             raise CompileError("the timing loop's IR does not have the expected producer loads and stores")
         text = text.replace(load, f'%"{name}" = load volatile {kind}, ')
         text = text.replace(store, f'store volatile {kind} %"{name}", ')
-    return text
+    # the scratch reads: a load whose value nothing uses, which LLVM would delete unless it is volatile
+    read = f'%"{_READ_LOAD}" = load <{LINE // 8} x i64>, '
+    if text.count(read) != 1:
+        raise CompileError("the timing loop's IR does not have the expected scratch read")
+    return text.replace(read, f'%"{_READ_LOAD}" = load volatile <{LINE // 8} x i64>, ')
 
 
 def _can_evict() -> bool:
@@ -333,19 +353,77 @@ class Production:
     sources: list[np.ndarray]
 
 
+def private_cache_bytes() -> int:
+    """The size of a core's largest private cache (L2 on most x86 hosts; sysfs), 2 MiB where it cannot be read."""
+    cpu = Path("/sys/devices/system/cpu/cpu0")
+    best = 0
+    try:
+        core = _cpus((cpu / "topology" / "thread_siblings_list").read_text())
+        for index in sorted((cpu / "cache").glob("index*")):
+            size = (index / "size").read_text().strip()
+            # one core's own cache: shared by that core's hardware threads at most
+            if _cpus((index / "shared_cpu_list").read_text()) <= core:
+                scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+                best = max(best, int(size.rstrip("KMG")) * scale)
+    except (OSError, ValueError):
+        pass
+    return best or 2 << 20
+
+
+def _cpus(text: str) -> set[int]:
+    """A sysfs CPU list ("0-3,8") as a set."""
+    found: set[int] = set()
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def team_size() -> int:
+    """Threads in libgomp's default team: OMP_NUM_THREADS where set, else the CPUs this process may run on."""
+    wanted = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(wanted) if wanted.isdigit() and int(wanted) > 0 else len(os.sched_getaffinity(0))
+
+
+_scratch: dict[tuple[int, int], np.ndarray] = {}
+
+
+def scratch(per_thread: int, threads: int) -> np.ndarray:
+    """This process's scratch buffer for aging outputs: `threads` regions of `per_thread` bytes (whole lines)."""
+    per_thread = -(-per_thread // LINE) * LINE
+    with _lock:
+        buffer = _scratch.get((per_thread, threads))
+        if buffer is None:
+            # allocated with one spare line and cut to a line boundary: the step reads whole lines only
+            raw = np.ones(per_thread * threads + LINE, dtype=np.uint8)
+            start = -raw.ctypes.data % LINE
+            buffer = _scratch[(per_thread, threads)] = raw[start:start + per_thread * threads]
+        return buffer
+
+
 def production(buffers: Sequence[np.ndarray], chunk: int = 0, shift: int = 0,
-               evicted: Sequence[np.ndarray] = ()) -> Production:
+               evicted: Sequence[np.ndarray] = (), private_evict: int = 0) -> Production:
     """The producer step for `buffers` (C-contiguous; empty ones left out): each rewritten from a copy of the values
     it holds now, so the kernel reads the same inputs at every call, whatever it did to them. `chunk` (bytes, a
     multiple of 64) and `shift`: chunk j of each buffer is written by thread (j + shift) % team; chunk 0: one
     contiguous share per thread. `evicted`: buffers whose lines the step evicts from every cache first (clflush,
-    where the host has it; elsewhere they are left alone), as memory the rest of a model has since pushed out."""
+    where the host has it; elsewhere they are left alone), as memory the rest of a model has since pushed out.
+    `private_evict` (bytes): before anything else each thread reads that many bytes of a scratch region of its own,
+    pushing what its core's private caches held (the kernel's outputs from its previous call) out to the shared
+    cache, as arena memory a few kernels of a model used last; about twice the private cache (`private_cache_bytes`)
+    empties it. The scratch is only read: no buffer but those in `buffers` is ever written."""
     if chunk < 0 or chunk % LINE:
         raise ValueError(f"a producer chunk is a whole number of {LINE}-byte lines, not {chunk} bytes")
     rows: list[tuple[int, ...]] = []
+    kept: list[np.ndarray] = []
+    if private_evict > 0:
+        # thread t reads chunk t (shift 0), its own region: both cores' caches fill with scratch lines
+        region = scratch(private_evict, team_size())
+        kept.append(region)
+        rows.append((0, region.ctypes.data, region.nbytes, region.nbytes // team_size(), 0, READ))
     if _can_evict():
-        rows += [(0, b.ctypes.data, b.nbytes, 0, 0, 1) for b in evicted if b.nbytes]
+        rows += [(0, b.ctypes.data, b.nbytes, 0, 0, EVICT) for b in evicted if b.nbytes]
     chosen = [b for b in buffers if b.nbytes]
     sources = [np.array(b, copy=True, order="C") for b in chosen]
-    rows += [(s.ctypes.data, b.ctypes.data, b.nbytes, chunk, shift, 0) for s, b in zip(sources, chosen)]
-    return Production(np.asarray(rows, dtype=np.int64).reshape(-1, TOUCH_COLUMNS), sources)
+    rows += [(s.ctypes.data, b.ctypes.data, b.nbytes, chunk, shift, COPY) for s, b in zip(sources, chosen)]
+    return Production(np.asarray(rows, dtype=np.int64).reshape(-1, TOUCH_COLUMNS), sources + kept)

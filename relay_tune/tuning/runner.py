@@ -63,14 +63,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
-from relay_tune.runtime.context import Production, context_loop, production
+from relay_tune.runtime.context import Production, context_loop, private_cache_bytes, production
 from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.runtime.pages import huge_page_empty
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
@@ -698,8 +698,19 @@ def _produced_positions(artifact: BuildArtifact, weights: set[int], packed_by: M
 PRODUCER_SHIFT = 1
 
 
+# What the producer step does with a kernel's outputs: "flushed", every line evicted from every cache (clflush);
+# "private", pushed out of the cores' private caches only (each thread reads `PRIVATE_EVICT_FACTOR` times its private
+# cache of scratch), so that they sit in the shared cache; "half_flushed", the first half of each output flushed,
+# then the private caches emptied. experiments/context_timing.py compares them (see `context_step`). The default stays
+# "flushed": "private" placed more tasks within 15% of the graph in 5 of 6 runs, but not in both of the first pair
+# measured on a normal host (21 against 22 of 31 in one, a noise spike on one convolution; 24 against 22 in the other).
+OutputContext = Literal["flushed", "private", "half_flushed"]
+OUTPUT_CONTEXT: OutputContext = "flushed"
+PRIVATE_EVICT_FACTOR = 2
+
+
 def context_step(artifact: BuildArtifact, buffers: Sequence[np.ndarray], weights: set[int],
-                 packed_by: Mapping[int, Any]) -> Production:
+                 packed_by: Mapping[int, Any], outputs_in: OutputContext = OUTPUT_CONTEXT) -> Production:
     """The producer step a kernel is timed after (`relay_tune.runtime.context`): its activation inputs rewritten by
     the thread team, the share that thread t of a kernel split into contiguous shares reads written by thread t + 1
     (`PRODUCER_SHIFT`), and its outputs evicted from every cache. Measured against the model's profile
@@ -707,10 +718,20 @@ def context_step(artifact: BuildArtifact, buffers: Sequence[np.ndarray], weights
     core's cache and ran up to 2x faster than in the model (global pooling 3.0 against 5.4 us); with the shares
     shifted it matched (5.1). And in a model a kernel's output buffer is arena memory that other kernels used long
     before, pushed out since by the weights streamed in between: with its lines left in cache by its previous call,
-    the Winograd transforms ran 1.4-3x faster than in the graph, with them evicted within 0.77-1.2x of it."""
+    the Winograd transforms ran 1.4-3x faster than in the graph, with them evicted within 0.77-1.2x of it.
+    `outputs_in` chooses how the outputs are put out of reach (`OutputContext`): flushed to memory, or only out of
+    the cores' private caches (a few kernels of a model since, the arena's lines sit in the shared cache: the
+    three Winograd transforms with the largest outputs were timed at 0.52-1.16 of their in-graph time, 11 of 12
+    ratios from 0.70 up, against 0.49-0.73 flushed; four runs, experiments/results/context_timing_resnet50_outputs_
+    run3-6)."""
     produced = _produced_positions(artifact, weights, packed_by)
-    outputs = [p for p, arg in enumerate(artifact.args) if arg.role == "output"]
-    return production([buffers[p] for p in produced], shift=PRODUCER_SHIFT, evicted=[buffers[p] for p in outputs])
+    activations = [buffers[p] for p in produced]
+    outputs = [buffers[p].reshape(-1) for p, arg in enumerate(artifact.args) if arg.role == "output"]
+    if outputs_in == "flushed":
+        return production(activations, shift=PRODUCER_SHIFT, evicted=outputs)
+    aged = PRIVATE_EVICT_FACTOR * private_cache_bytes()
+    evicted = [o[:o.size // 2] for o in outputs] if outputs_in == "half_flushed" else []
+    return production(activations, shift=PRODUCER_SHIFT, evicted=evicted, private_evict=aged)
 
 
 def _copy_count(weight_bytes: int, cold_bytes: int) -> int:
