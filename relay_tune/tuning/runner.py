@@ -39,8 +39,9 @@ before it, each core's share dirty in that core's cache; called back to back, a 
 and memory-bound kernels (pooling, Winograd transforms, the image's layout transform) ran 1.5-3x their logged
 time in the model. So a kernel is timed by one native loop (`relay_tune.runtime.context`) that, before each call and
 untimed, runs a producer step on the thread team (`context_step`: each thread rewrites a share of every activation
-input, from a copy saved before the check, so the values stay the checked ones, and the outputs' lines are evicted
-from the caches, as arena memory last used long before), and sums the time between
+input, from a copy saved before the check, so the values stay the checked ones, and the outputs' lines are pushed
+out of the cores' private caches into the shared one, as arena memory a few kernels used last; `OUTPUT_CONTEXT`),
+and sums the time between
 timestamps taken right around each kernel call, as the model's profiler does. Weights rotate as above. A logged
 cost is therefore a kernel's own time in that context, without the Python call (about 1 us) that the previous
 timing loop added per call where weights rotated. Kernels with prologue packers, or timed with `flush_cache`, or
@@ -700,12 +701,14 @@ PRODUCER_SHIFT = 1
 
 # What the producer step does with a kernel's outputs: "flushed", every line evicted from every cache (clflush);
 # "private", pushed out of the cores' private caches only (each thread reads `PRIVATE_EVICT_FACTOR` times its private
-# cache of scratch), so that they sit in the shared cache; "half_flushed", the first half of each output flushed,
-# then the private caches emptied. experiments/context_timing.py compares them (see `context_step`). The default stays
-# "flushed": "private" placed more tasks within 15% of the graph in 5 of 6 runs, but not in both of the first pair
-# measured on a normal host (21 against 22 of 31 in one, a noise spike on one convolution; 24 against 22 in the other).
+# cache of scratch), so that they sit in the shared cache, as arena memory a few kernels used last does in a model;
+# "half_flushed", the first half of each output flushed, then the private caches emptied. experiments/context_timing.py
+# compares them (see `context_step`). "private": over six runs on ResNet-50 it had the smaller error on memory-bound
+# kernels in all six (0.21-0.26 against 0.29-0.46 on a normal host) and placed more tasks within 15% of the graph in
+# five (the sixth lost by one task to a noise spike on one convolution); flushing sent the outputs to memory and timed
+# the large Winograd transforms at 0.49-0.73 of their time in the model. It is also the cheaper step.
 OutputContext = Literal["flushed", "private", "half_flushed"]
-OUTPUT_CONTEXT: OutputContext = "flushed"
+OUTPUT_CONTEXT: OutputContext = "private"
 PRIVATE_EVICT_FACTOR = 2
 
 
