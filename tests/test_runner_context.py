@@ -5,11 +5,6 @@ must really run between timed calls, and must leave the inputs the correctness c
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,8 +41,8 @@ from relay_tune.tuning.runner import (
     context_step,
     random_inputs,
 )
+from relay_tune.tuning.testing import DoublingTask, compile_c_library
 from relay_tune.tuning.tune_model import default_runner
-from search_space import Space
 
 
 @pytest.mark.parametrize("size", [1, 63, 64, 65, 4097, 100_003])
@@ -178,37 +173,17 @@ void doubled_ruin__repeat(void **args, int64_t n) {
 
 @pytest.fixture(scope="module")
 def ruinous_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    library = compile_c_library(C_SOURCE, tmp_path_factory.mktemp("ruin"), "-O1")
+    if library is None:
         pytest.skip("no C compiler")
-    folder: Path = tmp_path_factory.mktemp("ruin")
-    (folder / "k.c").write_text(C_SOURCE)
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(folder / "k.so"), str(folder / "k.c")],
-                   check=True)
-    return (folder / "k.so").read_bytes()
-
-
-@dataclass
-class _DoubleTask:
-    key: str = "doubled"
-    description: str = "2 * A"
-    flops: float = 32.0
-    weight: int = 1
-    target: str = "llvm"
-    space: Space = field(default_factory=lambda: Space([]))
-
-    def input_specs(self) -> Sequence[TensorSpec]:
-        return (TensorSpec((4, 8), "float32"),)
-
-    def reference(self, inputs: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
-        return (inputs[0] * 2,)
+    return library
 
 
 def test_the_runner_writes_the_inputs_back_between_every_two_timed_calls(ruinous_library: bytes) -> None:
     artifact = BuildArtifact(ruinous_library, "shared-library", "doubled_ruin", (
         KernelArg(TensorSpec((4, 8), "float32"), "input", 0), KernelArg(TensorSpec((4, 8), "float32"), "output", 0),
     ), repeat_symbol="doubled_ruin__repeat")
-    task = _DoubleTask()
+    task = DoublingTask("doubled")
     options = {"timeout": 10.0, "number": 5, "repeat": 3, "min_repeat_ms": 2.0}
     with LocalRunner(**options) as runner:  # type: ignore[arg-type]
         result = runner.run(task, artifact)  # type: ignore[arg-type]

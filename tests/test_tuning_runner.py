@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +20,8 @@ from relay_tune.tuning import (
     random_inputs,
 )
 from relay_tune.tuning.runner import compare_outputs
-from relay_tune.tuning.testing import FaultyTask, MatmulTask
-from search_space import Config, Space
+from relay_tune.tuning.testing import DoublingTask, FaultyTask, MatmulTask, compile_c_library
+from search_space import Config
 
 
 @pytest.fixture(scope="module")
@@ -151,30 +148,10 @@ int32_t failing(const float *at, float *out_t) { return 3; }
 
 @pytest.fixture(scope="module")
 def shared_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    library = compile_c_library(C_SOURCE, tmp_path_factory.mktemp("ckernel"))
+    if library is None:
         pytest.skip("no C compiler")
-    folder = tmp_path_factory.mktemp("ckernel")
-    (folder / "k.c").write_text(C_SOURCE)
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(folder / "k.so"), str(folder / "k.c")],
-                   check=True)
-    return (folder / "k.so").read_bytes()
-
-
-@dataclass
-class _TwiceTask:
-    key: str = "twice"
-    description: str = "2 * A"
-    flops: float = 32.0
-    weight: int = 1
-    target: str = "llvm"
-    space: Space = field(default_factory=lambda: Space([]))
-
-    def input_specs(self) -> Sequence[TensorSpec]:
-        return (TensorSpec((4, 8), "float32"),)
-
-    def reference(self, inputs: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
-        return (inputs[0] * 2,)
+    return library
 
 
 TRANSPOSE = (LayoutStep("transpose", (1, 0)),)
@@ -189,7 +166,7 @@ def _c_artifact(code: bytes, name: str, layouts: bool, status: bool = False) -> 
 
 
 def test_shared_library_kernel_with_input_and_output_layouts(runner: LocalRunner, shared_library: bytes) -> None:
-    task = _TwiceTask()
+    task = DoublingTask()
     good = runner.run(task, _c_artifact(shared_library, "twice_transposed", layouts=True))  # type: ignore[arg-type]
     assert good.error_kind is None, good.error_msg
     # Declared without its output layout, the transposed buffer is compared as if it were in A's layout: the
@@ -203,12 +180,12 @@ def test_shared_library_kernel_with_input_and_output_layouts(runner: LocalRunner
 
 
 def test_nonzero_status_is_a_runtime_error(runner: LocalRunner, shared_library: bytes) -> None:
-    result = runner.run(_TwiceTask(), _c_artifact(shared_library, "failing", True, status=True))  # type: ignore[arg-type]
+    result = runner.run(DoublingTask(), _c_artifact(shared_library, "failing", True, status=True))  # type: ignore[arg-type]
     assert result.error_kind is ErrorKind.RUNTIME_ERROR and "status 3" in result.error_msg
 
 
 def test_missing_symbol_is_a_load_error(runner: LocalRunner, shared_library: bytes) -> None:
-    result = runner.run(_TwiceTask(), _c_artifact(shared_library, "no_such_kernel", True))  # type: ignore[arg-type]
+    result = runner.run(DoublingTask(), _c_artifact(shared_library, "no_such_kernel", True))  # type: ignore[arg-type]
     assert result.error_kind is ErrorKind.COMPILE_ERROR and "load" in result.error_msg
 
 
@@ -233,5 +210,5 @@ def test_runs_loop_nest_kernels_from_the_llvm_code_generator(runner: LocalRunner
 
 def test_unknown_code_format_is_a_load_error(runner: LocalRunner, tmp_path: Path) -> None:
     artifact = BuildArtifact(b"", "wasm", "k", ())  # type: ignore[arg-type]
-    result = runner.run(_TwiceTask(), artifact)  # type: ignore[arg-type]
+    result = runner.run(DoublingTask(), artifact)  # type: ignore[arg-type]
     assert result.error_kind is ErrorKind.COMPILE_ERROR

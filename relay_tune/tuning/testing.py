@@ -6,6 +6,8 @@ object code exactly like the compiler's own kernels. `FaultyTask` is an elementw
 a correct kernel or a deliberately broken one: a kernel that segfaults, one that never returns, one that computes
 a wrong value, one that leaves an element unwritten, a build that fails, a config the template rejects, a build
 that hangs in native code and one that crashes the compiler process. Both are module-level, picklable classes.
+`DoublingTask` is the task of a C kernel the tests compile with the system's C compiler (`compile_c_library`):
+`2 * A` on a 4x8 float32 input, no knobs.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from llvmlite import binding as llvm
@@ -375,3 +380,33 @@ def expected_error(variant: str) -> str | None:
 def small_tasks() -> list[MatmulTask]:
     """Two small matmul tasks with different weights (a tiny "model")."""
     return [MatmulTask(48, 40, 32, weight=2), MatmulTask(24, 64, 40, weight=1)]
+
+
+def compile_c_library(source: str, folder: Path, opt_level: str = "-O2") -> bytes | None:
+    """`source` compiled into a shared library with the system's C compiler: its bytes (the runner's "shared-library"
+    artifacts), or None where there is no C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    (folder / "k.c").write_text(source)
+    subprocess.run([compiler, "-shared", "-fPIC", opt_level, "-o", str(folder / "k.so"), str(folder / "k.c")],
+                   check=True)
+    return (folder / "k.so").read_bytes()
+
+
+@dataclass
+class DoublingTask:
+    """`2 * A` for a 4x8 float32 `A`: the task of hand-written C kernels (no schedule space)."""
+
+    key: str = "twice"
+    description: str = "2 * A"
+    flops: float = 32.0
+    weight: int = 1
+    target: str = "llvm"
+    space: Space = field(default_factory=lambda: Space([]))
+
+    def input_specs(self) -> Sequence[TensorSpec]:
+        return (TensorSpec((4, 8), "float32"),)
+
+    def reference(self, inputs: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+        return (inputs[0] * 2,)
