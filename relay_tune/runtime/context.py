@@ -33,6 +33,7 @@ private caches into the shared one, without sending them to memory as clflush do
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
 import threading
@@ -353,6 +354,7 @@ class Production:
     sources: list[np.ndarray]
 
 
+@functools.cache  # read once per process: the runner asks for every kernel it times
 def private_cache_bytes() -> int:
     """The size of a core's largest private cache (L2 on most x86 hosts; sysfs), 2 MiB where it cannot be read."""
     cpu = Path("/sys/devices/system/cpu/cpu0")

@@ -620,12 +620,11 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
         loop = context_loop()
         rows = table if table is not None else np.asarray([pointers], dtype=np.uint64)
         cursor = [0]
-        produce = step
 
         def run_many(count: int) -> float | None:
             first = cursor[0]
             cursor[0] = (first + count) % len(rows)
-            return loop.run(repeat_entry, rows, first, count, produce) * 1e-9
+            return loop.run(repeat_entry, rows, first, count, step) * 1e-9
     elif packing:
         def run_many(count: int) -> float | None:
             for _ in range(count):
@@ -714,19 +713,19 @@ PRIVATE_EVICT_FACTOR = 2
 
 def context_step(artifact: BuildArtifact, buffers: Sequence[np.ndarray], weights: set[int],
                  packed_by: Mapping[int, Any], outputs_in: OutputContext = OUTPUT_CONTEXT) -> Production:
-    """The producer step a kernel is timed after (`relay_tune.runtime.context`): its activation inputs rewritten by
-    the thread team, the share that thread t of a kernel split into contiguous shares reads written by thread t + 1
-    (`PRODUCER_SHIFT`), and its outputs evicted from every cache. Measured against the model's profile
-    (experiments/context_timing.py, ResNet-50): a consumer split like its producer read every line from its own
-    core's cache and ran up to 2x faster than in the model (global pooling 3.0 against 5.4 us); with the shares
-    shifted it matched (5.1). And in a model a kernel's output buffer is arena memory that other kernels used long
-    before, pushed out since by the weights streamed in between: with its lines left in cache by its previous call,
-    the Winograd transforms ran 1.4-3x faster than in the graph, with them evicted within 0.77-1.2x of it.
-    `outputs_in` chooses how the outputs are put out of reach (`OutputContext`): flushed to memory, or only out of
-    the cores' private caches (a few kernels of a model since, the arena's lines sit in the shared cache: the
+    """The producer step a kernel is timed after (`relay_tune.runtime.context`): its activation inputs rewritten by the
+    thread team, the share that thread t of a kernel split into contiguous shares reads written by thread t + 1
+    (`PRODUCER_SHIFT`), and its outputs put out of the kernel's reach (`outputs_in`, below). Measured against the
+    model's profile (experiments/context_timing.py, ResNet-50): a consumer split like its producer read every line
+    from its own core's cache and ran up to 2x faster than in the model (global pooling 3.0 against 5.4 us); with
+    the shares shifted it matched (5.1). And in a model a kernel's output buffer is arena memory that other kernels
+    used long before, pushed out since by the weights streamed in between: with its lines left in cache by its
+    previous call, the Winograd transforms ran 1.4-3x faster than in the graph, with them evicted within 0.77-1.2x
+    of it. `outputs_in` chooses how the outputs are put out of reach (`OutputContext`): flushed to memory, or only
+    out of the cores' private caches (a few kernels of a model since, the arena's lines sit in the shared cache: the
     three Winograd transforms with the largest outputs were timed at 0.52-1.16 of their in-graph time, 11 of 12
-    ratios from 0.70 up, against 0.49-0.73 flushed; four runs, experiments/results/context_timing_resnet50_outputs_
-    run3-6)."""
+    ratios from 0.70 up, against 0.49-0.73 flushed; four runs,
+    experiments/results/context_timing_resnet50_outputs_run3-6)."""
     produced = _produced_positions(artifact, weights, packed_by)
     activations = [buffers[p] for p in produced]
     outputs = [buffers[p].reshape(-1) for p, arg in enumerate(artifact.args) if arg.role == "output"]
