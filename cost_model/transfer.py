@@ -30,7 +30,7 @@ import numpy as np
 
 from cost_model.features import Featurizer
 from cost_model.xgb_model import TrainingSet
-from relay_tune.tuning.records import LogEvent, TuningRecord, expand_log_paths, iter_log
+from relay_tune.tuning.records import LogEvent, TuningRecord, comparable_records, expand_log_paths, iter_log
 
 WORKLOAD_EVENT = "workload"
 TRANSFER_GROUP_PREFIX = "transfer:"
@@ -177,7 +177,7 @@ def load_transfer_data(
         raise ValueError("transfer needs loop-nest features: knob features of one space mean nothing in another")
     report = TransferReport()
     specs: dict[str, Mapping[str, Any]] = {}
-    grouped: dict[tuple[str, str], dict[str, TuningRecord]] = {}
+    grouped: dict[tuple[str, str], list[TuningRecord]] = {}
     excluded = set(exclude)
     for path in expand_log_paths(paths):
         if not path.exists():
@@ -194,12 +194,17 @@ def load_transfer_data(
             if target is not None and target_kind(entry.target) != target_kind(target):
                 report.skipped.setdefault(entry.workload_key, f"target {entry.target!r} is another kind")
                 continue
-            held = grouped.setdefault(key, {}).get(entry.config_key)
-            if held is None or _better(entry, held):
-                grouped[key][entry.config_key] = entry
+            grouped.setdefault(key, []).append(entry)
     given = {t.key: t for t in tasks}
     parts: list[TrainingSet] = []
-    for (workload, record_target), by_config in grouped.items():
+    for (workload, record_target), entries in grouped.items():
+        # One workload's times are compared with each other (throughputs are ranked within the group): only
+        # those taken the same way.
+        by_config: dict[str, TuningRecord] = {}
+        for entry in comparable_records(entries):
+            held = by_config.get(entry.config_key)
+            if held is None or _better(entry, held):
+                by_config[entry.config_key] = entry
         task = given.get(workload)
         if task is None and workload in specs:
             try:

@@ -393,3 +393,23 @@ def test_transfer_teaches_only_similar_templates() -> None:
     assert not teaches(conv3, conv1) and not teaches(conv3, matmul)
     assert teaches(conv3, conv1, "operator") and not teaches(conv3, conv3_cl, "template")
     assert teaches(conv3, matmul, "any") and teaches("", matmul)  # a workload of unknown template: as before
+
+
+def test_transfer_trains_on_one_timing_kind_per_workload(tmp_path: Path) -> None:
+    """A log topped up after the runner changed how it times: the workload's group holds only the newest kind's
+    times (throughputs are ranked within a group, and the two kinds differ by the way they were taken)."""
+    from dataclasses import replace
+
+    from relay_tune.tuning.records import read_records
+
+    path = tmp_path / "dense.jsonl"
+    write_log(path, SMALL_DENSE, 20, seed=1)
+    records = read_records(path)
+    event = workload_event(SMALL_DENSE)
+    assert event is not None
+    retimed = [replace(r, timing="back_to_back", timestamp=1.0) for r in records[:12]]
+    retimed += [replace(r, timing="in_context", timestamp=2.0) for r in records[8:]]
+    path.unlink()
+    LogWriter(path).write([event, *retimed])
+    data, report = load_transfer_data(path, Featurizer("loopnest"))
+    assert data is not None and report.rows == len(records) - 8

@@ -323,3 +323,27 @@ def test_cold_local_zero_keeps_the_warmup_random() -> None:
     assert first[0] == default
     assert sum(1 for c in first[1:] if _knobs_changed(c, default, CONV) == 1) <= 2
     search.close()
+
+
+def test_the_model_trains_only_on_times_of_the_newest_kind(tmp_path: Path) -> None:
+    """A log (and its study) from a runner that timed kernels back to back, topped up by one that times them in
+    context: configs timed only the old way are not training data any more, though the study still holds them."""
+    from dataclasses import replace
+
+    storage = tmp_path / "study.journal"
+    database = MemoryDatabase()
+    rng = np.random.default_rng(5)
+    configs = list({c.key: c for c in (CONV.space.sample(rng) for _ in range(24))}.values())[:16]
+    old, new = configs[:10], configs[6:]
+    for config in old:
+        record = TuningRecord.from_measurement(CONV.key, CONV.target, config, measure(CONV, config))
+        database.commit(replace(record, timing="back_to_back", timestamp=1.0))
+    first = XGBSearch(CONV, database, storage=storage, seed=1, **FAST)
+    assert set(first._refresh_measurements()) == {c.key for c in old}  # one kind: all of it
+    first.close()
+    for config in new:
+        record = TuningRecord.from_measurement(CONV.key, CONV.target, config, measure(CONV, config))
+        database.commit(replace(record, timing="in_context", timestamp=2.0))
+    second = XGBSearch(CONV, database, storage=storage, seed=2, **FAST)
+    assert set(second._refresh_measurements()) == {c.key for c in new}
+    second.close()

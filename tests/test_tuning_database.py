@@ -237,3 +237,22 @@ def test_runners_say_how_they_time() -> None:
     assert LocalRunner(flush_cache=True).timing_kind == "flush_cache"
     assert HostLockedRunner(LocalRunner(in_context=False)).timing_kind == "back_to_back"
     assert CudaRunner().timing_kind == "cuda_events"
+
+
+def test_comparable_records_keep_failures_and_the_newest_kind() -> None:
+    from dataclasses import replace
+
+    from relay_tune.tuning.records import comparable_records
+    from relay_tune.tuning.search import FAILURE_VALUE, measured_values
+
+    old = [replace(record("a", 1.0, tile, timestamp=float(tile)), timing="back_to_back") for tile in (1, 2)]
+    new = [replace(record("a", 3.0, tile, timestamp=10.0 + tile), timing="in_context") for tile in (2, 3)]
+    failed = replace(record("a", None, 4, timestamp=1.0), timing="back_to_back")
+    assert comparable_records([*old, failed]) == [*old, failed]  # one kind: everything
+    kept = comparable_records(old + new + [failed])
+    assert kept == [*new, failed]
+    # The search is told only the times of the newest kind: config 1 (timed back to back only) may be measured
+    # again; config 2's shorter back-to-back time does not hide its in-context time.
+    assert measured_values(old + new + [failed]) == {
+        Config({"tile": 2}).key: 3.0, Config({"tile": 3}).key: 3.0, Config({"tile": 4}).key: FAILURE_VALUE,
+    }

@@ -15,7 +15,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from relay_tune.tuning.records import LogEntry, LogEvent, LogTail, LogWriter, TuningRecord, read_records
+from relay_tune.tuning.records import (
+    LogEntry,
+    LogEvent,
+    LogTail,
+    LogWriter,
+    TuningRecord,
+    comparable_records,
+    read_records,
+)
 from search_space import Config
 
 TaskTarget = tuple[str, str]  # (workload key, target string)
@@ -66,14 +74,9 @@ class Database(ABC):
 def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:
     """The `k` fastest valid records of one workload, keeping only the fastest measurement of each config.
 
-    Times taken in different ways are not compared: where the records were timed in more than one way
-    (`TuningRecord.timing`; e.g. a log from before the runner timed kernels in their model context, topped up
-    after), only the records timed the way of the newest one compete. A back-to-back time of a memory-bound kernel
-    can be 3x shorter than its time in context, so the old kind would otherwise win by the way it was measured."""
-    valid = [record for record in records if record.ok]
-    if len({record.timing for record in valid}) > 1:
-        newest = max(valid, key=lambda record: record.timestamp).timing
-        valid = [record for record in valid if record.timing == newest]
+    Times taken in different ways are not compared (`comparable_records`): where the records were timed in more
+    than one way, only the records timed the way of the newest one compete."""
+    valid = [record for record in comparable_records(records) if record.ok]
     fastest: dict[str, TuningRecord] = {}
     for record in valid:
         held = fastest.get(record.config_key)

@@ -275,6 +275,21 @@ class TuningRecord:
         return entry
 
 
+def comparable_records(records: Iterable[TuningRecord]) -> list[TuningRecord]:
+    """The records of one workload whose times may be compared: where successful records were timed in more than one
+    way (`TuningRecord.timing`; e.g. a log from before the runner timed kernels in their model context, topped up
+    after), only the successful records timed the way of the newest one, and every failure (a config that fails is
+    bad however it was timed). A back-to-back time of a memory-bound kernel can be 3x shorter than its time in
+    context, so ranking, searching or training on both kinds would favour configs by the way they were measured.
+    """
+    records = list(records)
+    kinds = {record.timing for record in records if record.ok}
+    if len(kinds) <= 1:
+        return records
+    newest = max((record for record in records if record.ok), key=lambda record: record.timestamp).timing
+    return [record for record in records if not record.ok or record.timing == newest]
+
+
 @dataclass(frozen=True)
 class LogEvent:
     """A non-measurement line: "session_start", "task_stopped", "session_end", ..."""

@@ -38,6 +38,7 @@ import numpy as np
 from relay_tune.tuning import distributed
 from relay_tune.tuning.database import Database
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
+from relay_tune.tuning.records import comparable_records
 from relay_tune.tuning.task import TuneTask
 from relay_tune.tuning.workers import worker_identity, worker_is_gone
 from search_space import Config
@@ -87,9 +88,11 @@ StrategyFactory = Callable[[TuneTask, Database], SearchStrategy]
 
 
 def measured_values(records: Sequence[Any]) -> dict[str, float]:
-    """Config key -> what the sampler should be told, from the log (the best measurement per config)."""
+    """Config key -> what the sampler should be told, from the log (the best measurement per config). Where the
+    log holds times taken in different ways, only those of the newest way count (`comparable_records`): configs
+    timed only the old way are not measured for this search, and may be measured again."""
     values: dict[str, float] = {}
-    for record in records:
+    for record in comparable_records(records):
         value = record.cost if record.ok else FAILURE_VALUE
         if record.config_key not in values or value < values[record.config_key]:
             values[record.config_key] = value

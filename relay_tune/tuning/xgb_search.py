@@ -54,6 +54,7 @@ from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, mode
 from relay_tune.tuning.database import Database
 from relay_tune.tuning.distributed import study_mirror
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
+from relay_tune.tuning.records import comparable_records
 from relay_tune.tuning.search import (
     FAILURE_VALUE,
     OptunaSearch,
@@ -462,13 +463,15 @@ class XGBSearch(OptunaSearch):
         records = self.database.records(self.task.key, self.task.target)
         costs = measured_values(records)
         configs = {r.config_key: r.config for r in records}
+        # Configs timed only in an older way (see `measured_values`): the study's trials of them carry those times.
+        stale = configs.keys() - {r.config_key for r in comparable_records(records)}
         complete = self._optuna.trial.TrialState.COMPLETE
         # With direct claims every measurement is a record; the study only mirrors them.
         trials = [] if self._direct else self.study.get_trials(deepcopy=False, states=(complete,))
         for trial in trials:
             attrs = trial.user_attrs
             key = attrs.get("config_key")
-            if not isinstance(key, str) or "answered_from" in attrs or trial.value is None:
+            if not isinstance(key, str) or "answered_from" in attrs or trial.value is None or key in stale:
                 continue
             if key not in configs:
                 config = self._config_of(trial)
