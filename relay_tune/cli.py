@@ -21,13 +21,13 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from relay_tune.errors import RelayTuneError
+from relay_tune.errors import RelayTuneError, raised_by_interrupt
 from relay_tune.version import __version__
 
 # `relay_tune.tuning.tune_model.SEARCH_STRATEGIES`, written out: the parser is built for `relay-tune --help`, which
@@ -487,12 +487,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       soft_wrap=True)
     progress = RichProgress(console)
     try:
-        result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
-                            search=args.search, transfer_from=args.transfer_from, seed=args.seed,
-                            timeout=args.timeout, jobs=args.jobs,
-                            progress=progress, task_filter=args.tasks, output=output, opt_level=args.opt_level,
-                            check=not args.no_check, cache=_tuning_cache(args), retune=args.retune,
-                            scheduler=args.scheduler, layout_planning=args.layout_planning, winograd=args.winograd)
+        with _interrupt_first():
+            result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
+                                search=args.search, transfer_from=args.transfer_from, seed=args.seed,
+                                timeout=args.timeout, jobs=args.jobs, progress=progress, task_filter=args.tasks,
+                                output=output, opt_level=args.opt_level, check=not args.no_check,
+                                cache=_tuning_cache(args), retune=args.retune, scheduler=args.scheduler,
+                                layout_planning=args.layout_planning, winograd=args.winograd)
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -1002,6 +1003,17 @@ def _normalize_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
+@contextlib.contextmanager
+def _interrupt_first() -> Iterator[None]:
+    """An error raised while a KeyboardInterrupt was being handled becomes that KeyboardInterrupt again."""
+    try:
+        yield
+    except Exception as err:
+        if raised_by_interrupt(err):
+            raise KeyboardInterrupt from err
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -1016,7 +1028,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from relay_tune.target import TargetError
 
     try:
-        return _COMMANDS[args.command](args)
+        with _interrupt_first():
+            return _COMMANDS[args.command](args)
     except TargetError as err:  # a bad --target is a usage error: exit code 2, like argparse's own
         print(f"relay-tune: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -71,3 +71,16 @@ class UnsupportedError(RelayTuneError):
 
 class CompileError(RelayTuneError):
     """Code generation failed for a kernel or model."""
+
+
+def raised_by_interrupt(err: BaseException) -> bool:
+    """Whether `err` was raised while a KeyboardInterrupt was being handled (a library's clean-up that failed
+    half-way through, as Optuna's journal lock did): then the user's Ctrl-C, not this error, is what happened."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False

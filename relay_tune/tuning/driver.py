@@ -26,6 +26,7 @@ from pathlib import Path
 import llvmlite
 import numpy
 
+from relay_tune.errors import raised_by_interrupt
 from relay_tune.tuning.builder import Builder, LocalBuilder
 from relay_tune.tuning.database import CurrentSpaces, Database, JsonLinesDatabase
 from relay_tune.tuning.measure import MeasureInput, MeasureResult
@@ -304,6 +305,10 @@ def tune(
             if reason is not None:
                 stop(index, reason)
     except KeyboardInterrupt:
+        interrupted = True
+    except Exception as err:
+        if not raised_by_interrupt(err):  # a library's clean-up that failed half-way through a Ctrl-C
+            raise
         interrupted = True
     finally:
         for search in strategies:

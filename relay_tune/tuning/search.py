@@ -202,8 +202,10 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
+        from relay_tune.tuning.journal_lock import InterruptSafeSymlinkLock
+
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        _STORAGES[path] = JournalStorage(JournalFileBackend(path))
+        _STORAGES[path] = JournalStorage(JournalFileBackend(path, lock_obj=InterruptSafeSymlinkLock(path)))
     return _STORAGES[path]
 
 
