@@ -202,6 +202,7 @@ def open_storage(storage: str | os.PathLike[str] | optuna.storages.BaseStorage |
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
+        # start-up: imports optuna, as the two imports above
         from relay_tune.tuning.journal_lock import InterruptSafeSymlinkLock
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
