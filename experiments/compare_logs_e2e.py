@@ -23,11 +23,13 @@ for folder in (REPO_ROOT, REPO_ROOT / "experiments"):
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-from bench_onnx_e2e import ort_session, time_interleaved  # noqa: E402
+from bench_onnx_e2e import first_output, matches, ort_session, time_interleaved  # noqa: E402
 
 import relay_tune  # noqa: E402
 from relay_tune.compiler import resolve_target  # noqa: E402
 from relay_tune.frontend import from_onnx  # noqa: E402
+
+RTOL = 1e-3  # largest error relative to the output's scale, as bench_onnx_e2e.py's default
 
 
 def main() -> None:
@@ -50,9 +52,9 @@ def main() -> None:
     feed = {session.get_inputs()[0].name: next(iter(inputs.values()))}
     want = np.asarray(session.run(None, feed)[0])
     for label, build in builds.items():
-        got = np.asarray(build.run(**inputs))
-        scale = max(1.0, float(np.max(np.abs(want))))
-        assert np.max(np.abs(got - want)) <= 1e-3 * scale, f"{label} does not match onnxruntime"
+        good, error = matches(label, first_output(build.run(**inputs)), want, RTOL)
+        if not good:
+            raise SystemExit(f"{label} does not match onnxruntime (error {error:.2e} of the output's scale)")
     runners = {"ort": lambda: session.run(None, feed)}
     runners.update({label: (lambda b=build: b.run(**inputs)) for label, build in builds.items()})
     samples, _spins, _pairs = time_interleaved(runners, {}, args)

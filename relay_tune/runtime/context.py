@@ -48,7 +48,7 @@ import numpy as np
 
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
-from relay_tune.runtime.kernel import _jit_lock, _lljit, load_libgomp
+from relay_tune.runtime.kernel import _jit_lock, _lljit, aligned_empty, load_libgomp
 
 __all__ = ["CONTEXT_LOOP", "COPY", "EVICT", "NOOP", "PRODUCE", "READ", "TOUCH_COLUMNS", "ContextLoop", "Production",
            "context_ir", "context_loop", "private_cache_bytes", "production", "scratch", "team_size"]
@@ -289,6 +289,7 @@ def _volatile(text: str) -> str:
     return text.replace(read, f'%"{_READ_LOAD}" = load volatile <{LINE // 8} x i64>, ')
 
 
+@functools.cache  # the host does not change: asked once per kernel the runner times
 def _can_evict() -> bool:
     """Whether this host has an instruction that evicts a line from every cache (x86's clflush)."""
     return llvm.get_process_triple().split("-")[0] in ("x86_64", "i386", "i686")
@@ -396,10 +397,10 @@ def scratch(per_thread: int, threads: int) -> np.ndarray:
     with _lock:
         buffer = _scratch.get((per_thread, threads))
         if buffer is None:
-            # allocated with one spare line and cut to a line boundary: the step reads whole lines only
-            raw = np.ones(per_thread * threads + LINE, dtype=np.uint8)
-            start = -raw.ctypes.data % LINE
-            buffer = _scratch[(per_thread, threads)] = raw[start:start + per_thread * threads]
+            # line-aligned (the step reads whole lines only) and written once, so that its pages are real memory
+            # rather than the kernel's shared zero page, which reading would leave in cache
+            buffer = _scratch[(per_thread, threads)] = aligned_empty(per_thread * threads, "uint8", LINE)
+            buffer.fill(1)
         return buffer
 
 
@@ -420,9 +421,10 @@ def production(buffers: Sequence[np.ndarray], chunk: int = 0, shift: int = 0,
     kept: list[np.ndarray] = []
     if private_evict > 0:
         # thread t reads chunk t (shift 0), its own region: both cores' caches fill with scratch lines
-        region = scratch(private_evict, team_size())
+        threads = team_size()
+        region = scratch(private_evict, threads)
         kept.append(region)
-        rows.append((0, region.ctypes.data, region.nbytes, region.nbytes // team_size(), 0, READ))
+        rows.append((0, region.ctypes.data, region.nbytes, region.nbytes // threads, 0, READ))
     if _can_evict():
         rows += [(0, b.ctypes.data, b.nbytes, 0, 0, EVICT) for b in evicted if b.nbytes]
     chosen = [b for b in buffers if b.nbytes]

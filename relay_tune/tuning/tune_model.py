@@ -279,7 +279,8 @@ def default_runner(check: bool = True) -> Runner:
     """The CPU runner `tune_model` measures with: at least 40 ms per timing (a slow kernel is timed call by call,
     not three calls at a time), three timings per candidate, outputs checked against the reference (`check`),
     weights cold (`cold_weights_bytes()`), each call timed in its model context (`LocalRunner`'s `in_context`, the
-    default: activations just written by a parallel producer step, outputs evicted; `relay_tune.runtime.context`)."""
+    default: activations just written by a parallel producer step, outputs pushed out of the cores' private caches;
+    `relay_tune.runtime.context`)."""
     return LocalRunner(number=1, repeat=3, min_repeat_ms=40.0, check_correctness=check,
                        cold_weights_bytes=cold_weights_bytes())
 

@@ -461,10 +461,11 @@ class XGBSearch(OptunaSearch):
     def _refresh_measurements(self) -> dict[str, tuple[Config, float]]:
         """Every measurement of this task: the log, and the study's finished trials (all processes)."""
         records = self.database.records(self.task.key, self.task.target)
-        costs = measured_values(records)
+        comparable = comparable_records(records)
+        costs = measured_values(comparable)
         configs = {r.config_key: r.config for r in records}
         # Configs timed only in an older way (see `measured_values`): the study's trials of them carry those times.
-        stale = configs.keys() - {r.config_key for r in comparable_records(records)}
+        stale = configs.keys() - {r.config_key for r in comparable}
         complete = self._optuna.trial.TrialState.COMPLETE
         # With direct claims every measurement is a record; the study only mirrors them.
         trials = [] if self._direct else self.study.get_trials(deepcopy=False, states=(complete,))
