@@ -1,9 +1,9 @@
 """How many measurements does each search strategy need? Random vs Optuna TPE vs XGBoost-guided (with and without
 transfer from other workloads).
 
-    python experiments/search_efficiency.py                       # 3 workloads x 4 strategies x 5 seeds x 300 trials
-    python experiments/search_efficiency.py --trials 60 --seeds 2  # a quick run
-    nohup python experiments/search_efficiency.py > search_efficiency.out 2>&1 &
+    python -m experiments search                       # 3 workloads x 4 strategies x 5 seeds x 300 trials
+    python -m experiments search --trials 60 --seeds 2  # a quick run
+    nohup python -m experiments search > search_efficiency.out 2>&1 &
 
 Workloads: dense 1024x1024x1024, a ResNet-50 3x3 conv2d (1x64x56x56, 64 filters, pad 1) and a MobileNet-v2
 depthwise 3x3 conv2d (1x144x56x56, pad 1). By default each is a one-operator Relay model whose weight is a
@@ -18,7 +18,7 @@ first fit are all random instead of mostly single-knob mutations of the best kno
 
 Transfer between related workloads (the "old logs" tuned first, with xgb, same seed, and not reported):
 
-    python experiments/search_efficiency.py --workloads r50_1x1a,c3x3_96,depthwise \
+    python -m experiments search --workloads r50_1x1a,c3x3_96,depthwise \
         --transfer-sources r18_c128,r18_c256 --strategies xgb,xgb-transfer,xgb-transfer-operator,xgb-transfer-old \
         --trials 40 --source-trials 48 --out experiments/results/transfer [--resume]
 
@@ -27,10 +27,10 @@ convolution of a size ResNets lack, and a depthwise convolution (an operator the
 "xgb-transfer-operator" and "xgb-transfer-old" are the transfer of earlier versions (see ABLATIONS).
 
 Transfer between whole models: a workload "<model>:<index>" is a tuning task of a network of
-experiments/onnx_zoo.py (imported from ONNX as relay-tune does), "<model>:*" all of them, "<model>:topN" the N
+`relay_tune.testing.onnx_zoo` (imported from ONNX as relay-tune does), "<model>:*" all of them, "<model>:topN" the N
 of the largest weight x FLOPs:
 
-    python experiments/search_efficiency.py --workloads mobilenet_v2:* --transfer-sources mobilenet_v1:* \
+    python -m experiments search --workloads mobilenet_v2:* --transfer-sources mobilenet_v1:* \
         --strategies xgb,xgb-transfer --trials 40 --source-trials 40 --out experiments/results/transfer_models
 
 Besides the per-task rows, it prints per network the trials (all its tasks together, each tuned with the same
@@ -59,13 +59,13 @@ import itertools
 import json
 import math
 import statistics
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments import UsageError
 from relay_tune.tuning import (
     BuildResult,
     ErrorKind,
@@ -132,7 +132,9 @@ EXTRA_WORKLOADS = tuple(w for w in RELAY_WORKLOADS if w not in WORKLOADS)
 
 def relay_task(name: str, cores: int) -> Any:
     """The tuning task of a one-operator Relay model whose weight is a constant (as in a real model), or task
-    number N of a network of experiments/onnx_zoo.py ("mobilenet_v2:07", see `model_workloads`)."""
+    number N of a network of `relay_tune.testing.onnx_zoo` ("mobilenet_v2:07", see `model_workloads`). The
+    one-operator models are extracted with layout planning and Winograd off, so their one task is the operator's
+    own kernel (planning would add layout transforms around it, Winograd split a 3x3 convolution in three)."""
     import numpy as np
 
     from relay_tune.compiler import bind_params
@@ -146,7 +148,7 @@ def relay_task(name: str, cores: int) -> Any:
     source, weight_shape = RELAY_WORKLOADS[name]
     weight = np.random.default_rng(0).standard_normal(weight_shape).astype("float32")
     mod = infer_types(bind_params(infer_types(parse_module(source)), {"w": weight}))
-    (task,) = tasks_from_module(mod, f"llvm -num-cores={cores}")
+    (task,) = tasks_from_module(mod, f"llvm -num-cores={cores}", layout_planning=False, winograd="off")
     return task
 
 
@@ -157,24 +159,24 @@ _MODEL_TASKS: dict[tuple[str, int], list[Any]] = {}
 
 
 def model_tasks(model: str, cores: int) -> list[Any]:
-    """The tuning tasks of an experiments/onnx_zoo.py network (imported from an ONNX file, as relay-tune does)."""
+    """The tuning tasks of a `relay_tune.testing.onnx_zoo` network (imported from an ONNX file, as relay-tune
+    does)."""
     if (model, cores) not in _MODEL_TASKS:
         import tempfile
 
         import onnx
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from onnx_zoo import RELATIVES, ZOO
-
         from relay_tune.frontend import from_onnx
+        from relay_tune.testing.onnx_zoo import network
         from relay_tune.tuning.relay_task import tasks_from_module
 
-        networks = {**ZOO, **RELATIVES}
-        if model not in networks:
-            raise ValueError(f"unknown network {model!r}; choose from {', '.join(networks)}")
+        try:
+            built = network(model)
+        except KeyError as error:
+            raise ValueError(error.args[0]) from None
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / f"{model}.onnx"
-            onnx.save(networks[model](), str(path))
+            onnx.save(built, str(path))
             mod, _ = from_onnx(path)
         _MODEL_TASKS[(model, cores)] = tasks_from_module(mod, f"llvm -num-cores={cores}")
     return _MODEL_TASKS[(model, cores)]
@@ -677,8 +679,7 @@ def plot(outcomes: list[RunOutcome], args: argparse.Namespace) -> None:
     print(f"plot: {path}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
@@ -711,7 +712,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--also-share", type=float, nargs="*", default=[0.98],
                         help="also print trials to reach these shares of the best (default: 0.98)")
     parser.add_argument("--remeasure-rounds", type=int, default=5, help="interleaved rounds of the re-measurement")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.strategies = [s for s in args.strategies.split(",") if s]
     args.transfer_sources = [w for w in args.transfer_sources.split(",") if w]
@@ -719,13 +722,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.workloads = model_workloads(args.workloads, args.cores)
         args.transfer_sources = model_workloads(args.transfer_sources, args.cores)
     except ValueError as err:
-        parser.error(str(err))
+        raise UsageError(str(err)) from None
     for w in args.workloads + args.transfer_sources:
         if w not in RELAY_WORKLOADS and ":" not in w:
-            parser.error(f"unknown workload {w!r}")
+            raise UsageError(f"unknown workload {w!r}; choose from {', '.join(RELAY_WORKLOADS)} or MODEL:INDEX")
     for s in args.strategies:
         if s not in STRATEGIES + ABLATIONS:
-            parser.error(f"unknown strategy {s!r}")
+            raise UsageError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES + ABLATIONS)}")
     # xgb logs feed the transfer runs of the other workloads: run every plain xgb first.
     order = sorted(args.strategies, key=lambda s: (s.startswith("xgb-transfer"), (STRATEGIES + ABLATIONS).index(s)))
     tasks = {w: relay_task(w, args.cores) for w in dict.fromkeys(args.workloads + args.transfer_sources)}
@@ -771,7 +774,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     report(outcomes, args)
     print(f"total wall time: {time.monotonic() - started:.0f} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,17 +1,19 @@
-"""How fast are the default (untuned) kernels? Dense, batch_matmul, conv2d and depthwise conv2d against numpy.
+"""Default (untuned) kernels against numpy: dense, batch_matmul, conv2d and depthwise conv2d, GFLOPS.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python experiments/bench_ops.py [--rounds 5] [--only conv]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m experiments kernels [--rounds 5] [--only conv]
 
 Every workload is a relay call wrapped in a primitive function and built through the whole path
 (compute -> default schedule -> loop nest -> LLVM), exactly as a model build does. Baselines, measured in
 the same run and alternating with our kernels: numpy's matmul (OpenBLAS) for dense and batch_matmul, and
 im2col + numpy matmul for the convolutions (the im2col copy is part of the baseline, as it would be in a
 framework that convolves that way). Both run single-core and on all cores: threadpoolctl limits numpy's
-BLAS threads, the target's core count limits ours. Each figure is the median over rounds; packed weights
-are prepared once, outside the timing, as a model runtime does for constants.
+BLAS threads, the target's core count limits ours. Both are timed in interleaved rounds
+(`experiments.timing`), each sample at least `--min-ms` long; each figure is the median. Packed weights are
+prepared once, outside the timing, as a model runtime does for constants. Every kernel's result is checked against
+the baseline's first.
 
-OpenBLAS worker threads spin for a while after each call and would steal cycles from the next
-measurement, so the script pauses between the two libraries. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the
+OpenBLAS worker threads spin for a while after each call and would steal cycles from the next measurement, so
+each engine waits for an idle process before its turn (`--settle`). OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the
 environment can make numpy pick a slower kernel: unset them for a fair baseline (as above).
 """
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from experiments import UsageError
+from experiments.timing import TimedCallable, interleaved
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
 from relay_tune.kernel.build import build_primitive
 from relay_tune.op.registry import get_op
-from relay_tune.runtime.kernel import time_kernel
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types
 
@@ -119,96 +121,75 @@ def primitive(workload: Workload) -> Function:
     return infer_types(IRModule({"main": Function(params, body)}))["main"].with_attrs(Primitive=1)
 
 
-def time_numpy(fn: Callable[[], object], threads: int, min_seconds: float, repeat: int) -> float:
-    with threadpool_limits(limits=threads, user_api="blas"):
-        fn()  # warm-up (thread start, page faults)
-        number = 1
-        while True:
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-            number = max(number + 1, min(number * 10, math.ceil(number * min_seconds / max(elapsed, 1e-9) * 1.2)))
-        costs = [elapsed / number]
-        for _ in range(repeat - 1):
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            costs.append((time.perf_counter() - start) / number)
-    return statistics.median(costs)
+def calls_per_sample(call: Callable[[], object], min_seconds: float) -> int:
+    """How many back-to-back calls last at least `min_seconds` (after one warm-up call)."""
+    call()
+    start = time.perf_counter()
+    call()
+    once = max(time.perf_counter() - start, 1e-9)
+    return max(1, math.ceil(min_seconds / once))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds")
-    parser.add_argument("--settle", type=float, default=0.2, help="seconds to pause between libraries")
-    parser.add_argument("--min-ms", type=float, default=100.0, help="minimum duration of one timing repeat")
-    parser.add_argument("--only", default="", help="run workloads whose name contains this text")
-    args = parser.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    parser.add_argument("--settle", type=float, default=0.2,
+                        help="at most this many seconds to wait for an idle process before each engine's turn")
+    parser.add_argument("--min-ms", type=float, default=100.0, help="minimum duration of one timed sample")
+    parser.add_argument("--only", default="", help="run the workloads whose name contains this text")
 
+
+def run(args: argparse.Namespace) -> int:
+    workloads = [w for w in WORKLOADS if args.only in w.name]
+    if not workloads:
+        raise UsageError(f"no workload name contains {args.only!r}; names: {', '.join(w.name for w in WORKLOADS)}")
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         if name in os.environ:
             print(f"warning: {name}={os.environ[name]} is set; numpy may run a slower BLAS kernel. For a fair "
-                  f"baseline run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {__file__}")
+                  f"baseline run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m experiments kernels")
     host = Target.host()
-    cores = host.num_cores
-    print(f"target: llvm -mcpu={host.mcpu} ({host.vector_lanes()} float32 lanes), {cores} cores")
+    print(f"target: llvm -mcpu={host.mcpu} ({host.vector_lanes()} float32 lanes), {host.num_cores} cores")
     for info in threadpool_info():
         if info.get("user_api") == "blas":
             print(f"numpy BLAS: {info.get('internal_api')} {info.get('version')}, kernel {info.get('architecture')}, "
                   f"{info.get('num_threads')} threads")
-    print(f"load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-    rng = np.random.default_rng(0)
-    thread_counts = sorted({1, cores})
-    rows = []
-    for workload in WORKLOADS:
-        if args.only and args.only not in workload.name:
-            continue
-        func = primitive(workload)
-        inputs = [rng.uniform(-1, 1, s).astype("float32") for s in workload.shapes]
-        kernels = {}
-        compile_seconds = 0.0
-        for threads in thread_counts:
-            start = time.perf_counter()
-            kernels[threads] = build_primitive(func, host.with_cores(threads))
-            compile_seconds = time.perf_counter() - start
-        expected = np.asarray(kernels[thread_counts[0]](*inputs))
-        baseline = workload.baseline(inputs)
-        reference = np.asarray(baseline()).reshape(expected.shape)
-        error = float(np.abs(expected - reference).max())
-        assert error < 1e-3 * math.sqrt(workload.flops / expected.size), f"{workload.name}: wrong result ({error})"
-        prepared = {}
-        for threads, kernel in kernels.items():
-            outputs = [np.empty(s, d) for s, d in zip(kernel.packing.output_shapes, kernel.packing.output_dtypes)]
-            prepared[threads] = (kernel, kernel.packing.kernel_arguments(inputs, outputs))  # packs weights once
-        results: dict[tuple[str, int], list[float]] = {}
-        for _ in range(args.rounds):
-            for threads in thread_counts:
-                kernel, kernel_args = prepared[threads]
-                time.sleep(args.settle)
-                cost = statistics.median(time_kernel(kernel.kernel, kernel_args, number=1, repeat=3,
-                                                     min_repeat_ms=args.min_ms))
-                results.setdefault(("ours", threads), []).append(cost)
-                time.sleep(args.settle)
-                cost = time_numpy(baseline, threads, args.min_ms / 1000.0, repeat=3)
-                results.setdefault(("numpy", threads), []).append(cost)
-        for threads in thread_counts:
-            ours = workload.flops / statistics.median(results[("ours", threads)]) / 1e9
-            base = workload.flops / statistics.median(results[("numpy", threads)]) / 1e9
-            rows.append((workload.name, threads, ours, base, compile_seconds))
-            print(f"  {workload.name:52s} {threads} core(s): {ours:7.1f} GFLOPS vs numpy {base:7.1f}  "
-                  f"ratio {ours / base:5.2f}", flush=True)
-
-    print(f"\ndefault schedules, float32 GFLOPS (median of {args.rounds} rounds); baseline: numpy matmul "
-          f"(dense, batch_matmul) or im2col + numpy matmul (convolutions)")
+    rows = [row for workload in workloads for row in bench_workload(workload, host, args)]
+    print(f"\ndefault schedules, float32 GFLOPS (median of {args.rounds} interleaved rounds); baseline: numpy "
+          f"matmul (dense, batch_matmul) or im2col + numpy matmul (convolutions)")
     print(f"{'workload':52s} {'cores':>5} {'relay-tune':>11} {'numpy':>9} {'ratio':>6} {'compile':>8}")
     for name, threads, ours, base, compile_seconds in rows:
         print(f"{name:52s} {threads:>5} {ours:11.1f} {base:9.1f} {ours / base:6.2f} {compile_seconds * 1e3:6.0f}ms")
-    print(f"load average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+def bench_workload(workload: Workload, host: Target, args: argparse.Namespace
+                   ) -> list[tuple[str, int, float, float, float]]:
+    """(name, threads, our GFLOPS, numpy's GFLOPS, compile seconds) on one core and on all of them."""
+    rng = np.random.default_rng(0)
+    func = primitive(workload)
+    inputs = [rng.uniform(-1, 1, s).astype("float32") for s in workload.shapes]
+    baseline = workload.baseline(inputs)
+    rows = []
+    for threads in sorted({1, host.num_cores}):
+        start = time.perf_counter()
+        built = build_primitive(func, host.with_cores(threads))
+        compile_seconds = time.perf_counter() - start
+        expected = np.asarray(built(*inputs))
+        error = float(np.abs(expected - np.asarray(baseline()).reshape(expected.shape)).max())
+        if error >= 1e-3 * math.sqrt(workload.flops / expected.size):
+            raise AssertionError(f"{workload.name}: wrong result (largest error {error})")
+        outputs = [np.empty(s, d) for s, d in zip(built.packing.output_shapes, built.packing.output_dtypes)]
+        packed = built.kernel.pack(built.packing.kernel_arguments(inputs, outputs))  # packs weights once
+
+        def ours(kernel: object = built.kernel, packed: object = packed) -> None:
+            kernel.repeat(packed, 1)  # type: ignore[attr-defined]
+
+        with threadpool_limits(limits=threads, user_api="blas"):
+            engines = {name: TimedCallable(call, calls_per_sample(call, args.min_ms / 1000.0))
+                       for name, call in (("ours", ours), ("numpy", baseline))}
+            samples = interleaved(engines, rounds=args.rounds, repeat=1, settle_s=args.settle)
+        gflops = {name: workload.flops / s.median / 1e9 for name, s in samples.items()}
+        rows.append((workload.name, threads, gflops["ours"], gflops["numpy"], compile_seconds))
+        print(f"  {workload.name:52s} {threads} core(s): {gflops['ours']:7.1f} GFLOPS "
+              f"(±{100 * samples['ours'].spread / 2:.1f}%) vs numpy {gflops['numpy']:7.1f} "
+              f"(±{100 * samples['numpy'].spread / 2:.1f}%)  ratio {gflops['ours'] / gflops['numpy']:5.2f}", flush=True)
+    return rows

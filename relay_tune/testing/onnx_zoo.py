@@ -1,6 +1,6 @@
 """Well-known network architectures as ONNX graphs built with `onnx.helper` (no download), batch 1.
 
-    from experiments.onnx_zoo import ZOO
+    from relay_tune.testing.onnx_zoo import ZOO
     model = ZOO["resnet50"]()            # onnx.ModelProto, input "input" (1, 3, 224, 224)
 
 ResNet-50 v1, MobileNet v2, SqueezeNet 1.1, a ShuffleNet v2 (1.0x)-style net, DenseNet-121, VGG-16, an
@@ -9,6 +9,9 @@ RELATIVES, ResNet-18 and MobileNet v1. Layer shapes
 follow the published architectures; weights are seeded random values at a trained network's scale (He
 initialisation for convolutions and fully connected layers, batch-norm statistics near 1 and 0), so activations
 stay in a realistic range through the whole depth and comparisons between engines are meaningful.
+
+SMALL holds two models of a few milliseconds or less for tests and quick checks: `small_cnn`, a VGG-style
+classifier on 32x32 images, and `mlp`, a two-layer perceptron with GELU. `network(name)` builds any of them.
 """
 
 from __future__ import annotations
@@ -330,8 +333,50 @@ ZOO: dict[str, Callable[[], onnx.ModelProto]] = {
 }
 
 # Not in ZOO (whose eight networks the end-to-end benchmarks run): the smaller relatives that tuning logs are
-# transferred from (experiments/tuning_curve.py: ResNet-18 -> ResNet-50, MobileNet v1 -> v2).
+# transferred from (`python -m experiments curve`: ResNet-18 -> ResNet-50, MobileNet v1 -> v2).
 RELATIVES: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet18": resnet18,
     "mobilenet_v1": mobilenet_v1,
 }
+
+
+def small_cnn(
+    batch: int = 1, image: int = 32, widths: Sequence[int] = (16, 32, 64), classes: int = 10, seed: int = 0
+) -> onnx.ModelProto:
+    """Input `input: (batch, 3, image, image)` float32 -> class probabilities `(batch, classes)`: stages of
+    conv (with bias) / batch norm / relu with 2x2 max pooling between them, global pooling, a fully connected
+    layer, softmax."""
+    n = Net(seed)
+    x, cin = "input", 3
+    for stage, cout in enumerate(widths):
+        x = n.relu(n.bn(n.conv(x, cin, cout, 3, bias=True), cout))
+        if stage < len(widths) - 1:
+            x = n.maxpool(x, k=2, stride=2, pad=0)
+        cin = cout
+    x = n.op("Softmax", [n.classifier(x, cin, classes)], axis=1)
+    return n.model({"input": (batch, 3, image, image)}, {x: (batch, classes)}, "small_cnn")
+
+
+def mlp(batch: int = 8, features: int = 256, hidden: int = 512, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+    """Input `input: (batch, features)` -> logits `(batch, classes)`: MatMul/Add/GELU/MatMul/Add."""
+    n = Net(seed)
+    w1 = n.const("w1", n.rng.standard_normal((features, hidden)) * np.sqrt(2.0 / features))
+    w2 = n.const("w2", n.rng.standard_normal((hidden, classes)) * np.sqrt(1.0 / hidden))
+    x = n.op("Add", [n.op("MatMul", ["input", w1]), n.const("b1", np.zeros(hidden))])
+    # Gelu is an operator only from opset 20; spelled out as exporters for older opsets do.
+    gate = n.op("Add", [n.op("Erf", [n.op("Mul", [x, n.const("inv_sqrt2", np.array(1.0 / np.sqrt(2.0)))])]),
+                        n.const("one", np.array(1.0))])
+    x = n.op("Mul", [n.op("Mul", [x, gate]), n.const("half", np.array(0.5))])
+    x = n.op("Add", [n.op("MatMul", [x, w2]), n.const("b2", np.zeros(classes))])
+    return n.model({"input": (batch, features)}, {x: (batch, classes)}, "mlp")
+
+
+SMALL: dict[str, Callable[[], onnx.ModelProto]] = {"small_cnn": small_cnn, "mlp": mlp}
+
+
+def network(name: str) -> onnx.ModelProto:
+    """The network `name` of ZOO, RELATIVES or SMALL; a KeyError that lists the names for any other."""
+    builders = {**ZOO, **RELATIVES, **SMALL}
+    if name not in builders:
+        raise KeyError(f"unknown network {name!r}; known: {', '.join(builders)}")
+    return builders[name]()

@@ -1,11 +1,11 @@
 """End-to-end latency against tuning wall time: how fast does whole-model tuning pay off?
 
-    python experiments/tuning_curve.py                                # ResNet-50 and MobileNet v2, 4 variants each
-    python experiments/tuning_curve.py --models resnet50 --variants gradient --trials 2000   # the must-show run
-    python experiments/tuning_curve.py --models tiny_resnet50 --trials 48 --checkpoint-s 5   # a minute or two
+    python -m experiments curve                                # ResNet-50 and MobileNet v2, 4 variants each
+    python -m experiments curve --models resnet50 --variants gradient --trials 2000   # the must-show run
+    python -m experiments curve --models tiny_resnet50 --trials 48 --checkpoint-s 5   # a minute or two
 
 Each run tunes one model with `relay_tune.tuning.tune_model` (the library call behind `relay-tune MODEL`; the
-ONNX models of `experiments/onnx_zoo.py` are saved to a temporary folder and imported as `relay-tune` imports
+ONNX models of `relay_tune.testing.onnx_zoo` are saved to a temporary folder and imported as `relay-tune` imports
 them), with one of the VARIANTS: the gradient task scheduler or round-robin over the tasks (`--scheduler`), with
 or without `--transfer-from` the log of a smaller relative (ResNet-18 for ResNet-50, MobileNet v1 for v2, tuned
 first by the same script with the gradient scheduler), and "gradient-probe", the gradient scheduler whose
@@ -19,7 +19,7 @@ the tuner builds its result, `check_tuned_records`: a record slower in the graph
 dropped, and the default build is kept if it is faster end to end; `--no-check-tuned` builds every record) and the
 scheduler's estimate is taken (sum over tasks of weight x best time measured so far). All builds of a model (the
 default build and every checkpoint of every variant) are timed end to end together at the end, in interleaved
-rounds (`relay_tune.compiler.interleaved_latency`, median), so every point sees the same machine; each build's
+rounds (`experiments.timing.interleaved`, median), so every point sees the same machine; each build's
 output is checked against the numpy reference interpreter first.
 
 Outputs in `--out` (default experiments/results/tuning_curve): `curve.csv` (one row per model, variant and
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 import tempfile
 import time
 import warnings
@@ -46,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from experiments import UsageError
+from experiments.timing import interleaved
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "gradient": {"scheduler": "gradient"},
@@ -64,20 +64,20 @@ SHARE = 0.9
 
 
 def load_model(name: str, folder: Path) -> Any:
-    """A type-checked Relay module of `name`: an ONNX network of experiments/onnx_zoo.py, saved to `folder` and
+    """A type-checked Relay module of `name`: an ONNX network of `relay_tune.testing.onnx_zoo`, saved to `folder` and
     imported from the file; or a small ResNet of `relay_tune.testing.zoo` ("tiny_...", for quick runs)."""
     if name.startswith("tiny_resnet"):
         from relay_tune.testing import zoo
 
         return zoo.resnet(int(name.removeprefix("tiny_resnet")), image=32, width=8, num_classes=10)
     import onnx
-    from onnx_zoo import RELATIVES, ZOO
 
     from relay_tune.frontend import from_onnx
+    from relay_tune.testing.onnx_zoo import network
 
     path = folder / f"{name}.onnx"
     if not path.is_file():
-        onnx.save({**ZOO, **RELATIVES}[name](), str(path))
+        onnx.save(network(name), str(path))
     mod, _ = from_onnx(path)
     return mod
 
@@ -273,7 +273,7 @@ def time_to_share(points: Sequence[Point], default_s: float, share: float, field
 
 
 def curves(args: argparse.Namespace, folder: Path) -> list[tuple[Point, float]]:
-    from relay_tune.compiler import build, interleaved_latency, resolve_target
+    from relay_tune.compiler import build, resolve_target
     from relay_tune.tuning.hostlock import measurement_lock
     from relay_tune.tuning.relay_task import tasks_from_module
 
@@ -297,8 +297,8 @@ def curves(args: argparse.Namespace, folder: Path) -> list[tuple[Point, float]]:
         distinct = list({id(b): b for b in builds.values()}.values())
         print(f"{model}: timing {len(distinct)} builds end to end, {args.rounds} interleaved rounds", flush=True)
         with measurement_lock():
-            latencies = interleaved_latency(distinct, rounds=args.rounds)
-        by_id = {id(b): s for b, s in zip(distinct, latencies)}
+            samples = interleaved({str(i): b for i, b in enumerate(distinct)}, rounds=args.rounds)
+        by_id = {id(b): samples[str(i)].median for i, b in enumerate(distinct)}
         default_s = by_id[id(default)]
         for point in points:
             point.e2e_s = by_id[id(point.built)]
@@ -371,8 +371,7 @@ def plot(rows: list[tuple[Point, float]], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default="resnet50,mobilenet_v2", help=f"comma-separated: {', '.join(MODELS)}")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--trials", type=int, default=2000, help="trials of each run (the transfer sources too)")
@@ -391,15 +390,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "is reported as within the timing noise (default 0.03)")
     parser.add_argument("--rtol", type=float, default=1e-3, help="tolerance of the check against the interpreter")
     parser.add_argument("--out", type=Path, default=Path("experiments/results/tuning_curve"))
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     args.models = [m for m in args.models.split(",") if m]
     args.variants = [v for v in args.variants.split(",") if v]
     for name, known in (("model", MODELS), ("variant", VARIANTS)):
         unknown = [x for x in (args.models if name == "model" else args.variants) if x not in known]
         if unknown:
-            parser.error(f"unknown {name}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+            raise UsageError(f"unknown {name}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     if args.checkpoint_s <= 0 or args.trials < 1:
-        parser.error("--checkpoint-s must be > 0 and --trials >= 1")
+        raise UsageError("--checkpoint-s must be > 0 and --trials >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -416,7 +417,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot(rows, args.out / "tuning_curve.png")
     print(f"wrote {args.out / 'curve.csv'} and {args.out / 'tuning_curve.png'}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

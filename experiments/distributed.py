@@ -1,7 +1,7 @@
 """Scaling of tuning on many workers against one PostgreSQL database, with simulated measurement.
 
-    python experiments/bench_distributed.py                      # 1, 4, 16, 64 workers, 1 s per trial
-    python experiments/bench_distributed.py --workers 1 4 --trial-s 0.5 --per-worker 10 --space small
+    python -m experiments distributed                      # 1, 4, 16, 64 workers, 1 s per trial
+    python -m experiments distributed --workers 1 4 --trial-s 0.5 --per-worker 10 --space small
 
 Each worker is a separate process running the production driver, search (`--search`, default xgb), scheduler,
 claims, heartbeats and PostgreSQL records (`python -m relay_tune.tuning.simulated`); only the measurement is
@@ -24,8 +24,8 @@ calls included), the CPU time a worker process used per trial while tuning, how 
 millisecond of that; the rest is the round trip), and the host's 1-minute
 load average when the run ends (the workers share this host's cores with the server and with anything else). The
 database is a throwaway cluster this script starts (PostgreSQL's initdb/pg_ctl must be installed; as root it runs
-them as the `postgres` user), or `--admin-url` of an existing server. Results also go to
-experiments/results/bench_distributed.json.
+them as the `postgres` user), or `--admin-url` of an existing server. The rows also go to `--out` as JSON
+(default experiments/results/distributed.json).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from experiments import UsageError
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,8 +59,8 @@ def _as_server_user(command: list[str]) -> list[str]:
 def throwaway_cluster(max_connections: int) -> Iterator[str]:
     initdb = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))[::-1]), None)
     if initdb is None:
-        sys.exit("PostgreSQL is not installed (no initdb); install it (apt-get install postgresql) or pass "
-                 "--admin-url")
+        raise UsageError("PostgreSQL is not installed (no initdb); install it (apt-get install postgresql) or pass "
+                         "--admin-url")
     bindir = Path(initdb).resolve().parent
     folder = Path(tempfile.mkdtemp(prefix="relay-tune-bench-pg-"))
     if os.geteuid() == 0:
@@ -143,8 +145,7 @@ def run_workers(url: str, workers: int, per_worker: int, max_budget: int, trial_
             "median_worker_trials": statistics.median(r["measured"] for r in reports)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--trial-s", type=float, default=1.0, help="simulated seconds per trial (default 1)")
     parser.add_argument("--per-worker", type=int, default=40, help="budget per worker (default 40 trials)")
@@ -157,7 +158,13 @@ def main() -> None:
     parser.add_argument("--search", default="xgb", help="search strategy of the workers (default xgb)")
     parser.add_argument("--batch", type=int, default=4, help="trials per round (default 4)")
     parser.add_argument("--admin-url", help="an existing server's admin URL instead of a throwaway cluster")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=Path("experiments/results/distributed.json"),
+                        help="where the rows go as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if min(args.workers) < 1 or args.trial_s < 0 or args.per_worker < 1:
+        raise UsageError("--workers and --per-worker must be at least 1, --trial-s at least 0")
     import optuna
     import sqlalchemy
 
@@ -195,10 +202,7 @@ def main() -> None:
               f"{r['steady_trials_per_s']:.2f} | {r['steady_efficiency']:.2f} | {r['storage_ms_per_trial']:.0f} | "
               f"{r['search_ms_per_trial']:.0f} | {r['cpu_ms_per_trial']:.0f} | {r['claim_ms_per_round']:.0f} | "
               f"{r['load_avg_1min']:.1f} |")
-    out = ROOT / "experiments" / "results" / "bench_distributed.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+    print(f"wrote {args.out}")
+    return 0
