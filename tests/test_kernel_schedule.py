@@ -774,7 +774,8 @@ def test_lowering_a_resnet50_conv2d_schedule_is_fast() -> None:
 def test_dense_1024_packed_schedule_computes_the_product() -> None:
     """The dense schedule built only from schedule primitives, compiled serial and parallel, on a 1024^3 product
     (tails none, packing and k-blocking real). Its speed against numpy is a benchmark's job
-    (`experiments/bench_codegen_dense.py`), not a test's: timings on a shared machine would make this flaky."""
+    (`python -m experiments kernels --only dense`), not a test's: timings on a shared machine would make this
+    flaky."""
     size = 1024
     a, w, _, c, _ = dense_bias_relu(size, size, size)
     x, wt = rand(size, size), rand(size, size)

@@ -29,7 +29,7 @@ class _ThreadRecordingMatmul(MatmulTask):
 def test_the_reference_runs_on_one_blas_thread() -> None:
     """After a multithreaded BLAS call its pool threads busy-wait for about 0.1 s, on the cores the kernel measured
     next runs on: a task's first measurement (right after its reference) then had repeats 1.5-3x apart
-    (experiments/runner_stability.py first). The runner computes references on one BLAS thread."""
+    (experiments/README.md, "Runner stability"). The runner computes references on one BLAS thread."""
     before = _blas_threads()
     if not before or max(before) < 2:
         pytest.skip("numpy's BLAS runs one thread here anyway")
