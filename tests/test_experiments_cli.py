@@ -332,3 +332,33 @@ def test_distributed_with_one_worker(tmp_path: Path, capsys: pytest.CaptureFixtu
     (row,) = json.loads(out.read_text())
     assert row["workers"] == 1 and row["recorded"] == 3 and row["duplicates"] == 0
     assert "| 1 | 3 (3) |" in capsys.readouterr().out
+
+
+def _documented_commands() -> list[list[str]]:
+    """Every `python -m experiments ...` command in experiments/README.md and README.md, as argument lists."""
+    import re
+    import shlex
+
+    commands = []
+    for readme in (REPO / "experiments" / "README.md", REPO / "README.md"):
+        text = readme.read_text()
+        blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+        spans = blocks + re.findall(r"`([^`]+)`", re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S))
+        for span in spans:
+            for line in " ".join(span.split()).split("python -m experiments")[1:]:
+                argv = shlex.split(line.split(" python ")[0])
+                commands.append(argv)
+    return commands
+
+
+def test_every_documented_command_parses() -> None:
+    from experiments.__main__ import parser
+    from relay_tune.testing.onnx_zoo import RELATIVES, SMALL, ZOO
+
+    commands = [argv for argv in _documented_commands() if argv and argv[0] != "SUBCOMMAND" and "--help" not in argv]
+    assert len(commands) >= 15
+    assert {argv[0] for argv in commands} >= set(SUBCOMMANDS)
+    for argv in commands:
+        args = parser().parse_args(argv)
+        if argv[0] == "models":
+            assert set(args.models.split(",")) <= {*ZOO, *RELATIVES, *SMALL}, argv
