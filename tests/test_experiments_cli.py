@@ -343,11 +343,11 @@ def _documented_commands() -> list[list[str]]:
     for readme in (REPO / "experiments" / "README.md", REPO / "README.md"):
         text = readme.read_text()
         blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
-        spans = blocks + re.findall(r"`([^`]+)`", re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S))
-        for span in spans:
-            for line in " ".join(span.split()).split("python -m experiments")[1:]:
-                argv = shlex.split(line.split(" python ")[0])
-                commands.append(argv)
+        inline = re.findall(r"`([^`]+)`", re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S))
+        lines = [line for block in blocks for line in block.splitlines()] + [" ".join(s.split()) for s in inline]
+        for line in lines:
+            if "python -m experiments" in line:
+                commands.append(shlex.split(line.split("python -m experiments", 1)[1]))
     return commands
 
 
