@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.compiler import bind_params
+from relay_tune.text import parse_module
+from relay_tune.type_infer import infer_types
+
 _CONV = re.compile(r"^conv2d_nchw\+?([+\w]*) 1x(\d+)x(\d+)x(\d+) \* (\d+)x(\d+)x(\d+)x(\d+) s(\d+) p(\d+)(?: g(\d+))?$")
 
 
@@ -113,10 +117,6 @@ def blocked_source(layer: ConvLayer, lanes: int) -> tuple[str, dict[str, tuple[i
 
 def blocked_module(layer: ConvLayer, lanes: int, seed: int = 0) -> Any:
     """The type-checked blocked form of `layer` with seeded random constants at trained scale, or None."""
-    from relay_tune.compiler import bind_params
-    from relay_tune.text import parse_module
-    from relay_tune.type_infer import infer_types
-
     made = blocked_source(layer, lanes)
     if made is None:
         return None

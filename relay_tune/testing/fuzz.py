@@ -48,7 +48,17 @@ from typing import Any
 
 import numpy as np
 
+import relay_tune
 from relay_tune.errors import ParseError, RelayTuneError, RelayTypeError
+from relay_tune.interpreter import evaluate
+from relay_tune.ir import Call, Function, IRModule, Tuple, TupleGetItem, Var, const, op, post_order
+from relay_tune.ir.types import TensorType, TupleType
+from relay_tune.op.registry import all_ops
+from relay_tune.passes import optimize
+from relay_tune.text import load_module, parse_module, print_module
+from relay_tune.tuning.records import LogEvent, LogFormatError, TuningRecord, parse_line
+from relay_tune.type_infer import infer_types
+from search_space import Config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # the shared corpus beside the repository, when there is one
@@ -181,7 +191,6 @@ class Seed:
 
 def load_seeds(use_corpus: bool = True) -> list[Seed]:
     """Seed programs printed canonically (so constants resolve through `constants`)."""
-    from relay_tune.text import load_module, parse_module, print_module
 
     seeds: list[Seed] = []
 
@@ -272,7 +281,6 @@ def _numbers(text: str, tokens: Sequence[tuple[int, int]]) -> list[tuple[int, in
 
 
 def _static_tensor_params(func: Any) -> list[tuple[str, tuple[int, ...], str]] | None:
-    from relay_tune.ir.types import TensorType
 
     out = []
     for p in func.params:
@@ -335,9 +343,6 @@ def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bo
                  deep: bool = True) -> Outcome:
     """Type inference -> passes -> interpreter before and after -> (build_now) LLVM build vs the interpreter.
     `deep=False` stops after type inference (the fast slice the test suite runs)."""
-    from relay_tune.interpreter import evaluate
-    from relay_tune.passes import optimize
-    from relay_tune.type_infer import infer_types
 
     try:
         typed = infer_types(mod)
@@ -371,7 +376,6 @@ def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bo
         raise Defect("wrong-result", f"optimised program: {problem}")
     if not build_now:
         return Outcome("interpret")
-    import relay_tune
 
     try:
         with warnings.catch_warnings():
@@ -388,7 +392,6 @@ def run_pipeline(mod: Any, rng: np.random.Generator, stats: Stats, from_text: bo
 
 def _tensors_only(ty: Any) -> bool:
     """Results the comparison understands: tensors and tuples of them (not functions or references)."""
-    from relay_tune.ir.types import TensorType, TupleType
 
     if isinstance(ty, TupleType):
         return all(_tensors_only(f) for f in ty.fields)
@@ -396,8 +399,6 @@ def _tensors_only(ty: Any) -> bool:
 
 
 def _small(func: Any) -> bool:
-    from relay_tune.ir import post_order
-    from relay_tune.ir.types import TensorType, TupleType
 
     def elements(ty: Any) -> int:
         if isinstance(ty, TensorType):  # zero dimensions count as one: an empty tensor may still be walked
@@ -417,7 +418,6 @@ def _small(func: Any) -> bool:
 
 
 def fuzz_text(seed: Seed, text: str, rng: np.random.Generator, stats: Stats, deep: bool = True) -> Outcome:
-    from relay_tune.text import parse_module, print_module
 
     try:
         mod = parse_module(text, "fuzz.relay", list(seed.constants))
@@ -467,10 +467,6 @@ def _perturb(value: Any, rng: np.random.Generator) -> Any:
 
 def random_program(rng: np.random.Generator, steps: int) -> Any:
     """A random module: `steps` operator calls on parameters and earlier results (ill-typed steps dropped)."""
-    from relay_tune.ir import Call, Function, IRModule, Tuple, TupleGetItem, Var, const, op
-    from relay_tune.ir.types import TensorType, TupleType
-    from relay_tune.op.registry import all_ops
-    from relay_tune.type_infer import infer_types
 
     ops = [o for o in all_ops() if o.type_relation is not None and o.name not in SKIP_OPS]
     params = []
@@ -522,8 +518,6 @@ def random_program(rng: np.random.Generator, steps: int) -> Any:
 
 
 def fuzz_registry(rng: np.random.Generator, stats: Stats, build_now: bool, deep: bool = True) -> Outcome:
-    from relay_tune.ir import IRModule
-    from relay_tune.text import parse_module, print_module
 
     mod: IRModule = random_program(rng, int(rng.integers(1, 7)))
     outcome = run_pipeline(mod, rng, stats, from_text=False, build_now=build_now, deep=deep)
@@ -656,8 +650,8 @@ _ORT: Any = None
 
 
 def fuzz_onnx(rng: np.random.Generator, stats: Stats, scratch: Path, deep: bool = True) -> Outcome:
+    # optional dependency: the ONNX importer needs onnx
     from relay_tune.frontend.onnx import from_onnx
-    from relay_tune.interpreter import evaluate
 
     model, inputs, perturbed = random_onnx(rng)
     data = model.SerializeToString()
@@ -715,8 +709,6 @@ def fuzz_onnx(rng: np.random.Generator, stats: Stats, scratch: Path, deep: bool 
 
 
 def _log_seed_lines() -> list[str]:
-    from relay_tune.tuning.records import LogEvent, TuningRecord
-    from search_space import Config
 
     record = TuningRecord("ab12" * 16, "llvm -mcpu=znver4 -num-cores=2", Config({"tile_x": [4, 8], "unroll": True}),
                           (1.5e-4, 1.6e-4), description="dense 64x64", flops=5e5, host_cpu="znver4", trial=3)
@@ -724,7 +716,6 @@ def _log_seed_lines() -> list[str]:
 
 
 def fuzz_log(rng: np.random.Generator, stats: Stats) -> Outcome:
-    from relay_tune.tuning.records import LogFormatError, parse_line
 
     line = str(rng.choice(_log_seed_lines()))
     line = mutate_tokens(line, rng) if rng.random() < 0.6 else mutate_chars(line, rng)
