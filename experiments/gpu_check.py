@@ -187,7 +187,7 @@ def check_models(device: Any, budget: float) -> None:
                 w = np.asarray(w, dtype=np.float64)
                 scale = max(1.0, float(np.max(np.abs(w))))
                 worst = max(worst, float(np.max(np.abs(np.asarray(g, np.float64) - w))) / scale)
-            latency = min(model.benchmark(repeat=5, number=5, inputs=inputs))
+            latency = interleaved({"relay-tune": model}, rounds=5, repeat=5, inputs=inputs)["relay-tune"].median
             status = "PASS" if worst < 1e-3 else "FAIL"
             row(f"model {label}", status, f"max rel. error {worst:.2e}; {len(model.plan.calls)} calls; "
                 f"{latency * 1e3:.2f} ms/inference (untuned); build {build_s:.1f} s")
@@ -396,16 +396,12 @@ def check_reference_blas(ours: float | None) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         a = torch.randn(size, size, device="cuda", dtype=torch.float32)
         b = torch.randn(size, size, device="cuda", dtype=torch.float32)
-        for _ in range(3):
+
+        def product() -> None:
             torch.matmul(a, b)
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            torch.matmul(a, b)
-        stop.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(stop) / 1e3 / 20
+            torch.cuda.synchronize()  # the wall time of a call is the product's (~0.01 ms of ~3 ms is the sync)
+
+        seconds = interleaved({"cuBLAS": product}, rounds=4, repeat=5)["cuBLAS"].median
         gflops = flops / seconds / 1e9
         ratio = f"; relay-tune reaches {ours / gflops:.0%} of it" if ours else ""
         row("dense 4096^3 fp32 (torch/cuBLAS, TF32 off)", "INFO", f"{gflops:.0f} GFLOPS{ratio}")
@@ -420,16 +416,12 @@ def check_reference_blas(ours: float | None) -> None:
 
         a = cupy.random.standard_normal((size, size), dtype=cupy.float32)
         b = cupy.random.standard_normal((size, size), dtype=cupy.float32)
-        for _ in range(3):
+
+        def cupy_product() -> None:
             a @ b
-        cupy.cuda.Device().synchronize()
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(20):
-            a @ b
-        stop.record()
-        stop.synchronize()
-        seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3 / 20
+            cupy.cuda.Device().synchronize()
+
+        seconds = interleaved({"cuBLAS": cupy_product}, rounds=4, repeat=5)["cuBLAS"].median
         gflops = flops / seconds / 1e9
         ratio = f"; relay-tune reaches {ours / gflops:.0%} of it" if ours else ""
         row("dense 4096^3 fp32 (cupy/cuBLAS)", "INFO", f"{gflops:.0f} GFLOPS{ratio}")
