@@ -77,15 +77,17 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"no such tuning log: {log}")
     if args.openvino == "on" and openvino_core() is None:
         raise UsageError("--openvino on: the openvino package is not installed (pip install openvino)")
-    rows = [bench_network(name, known[name](), args) for name in names]
-    print_table(rows)
+    results = [bench_network(name, known[name](), args) for name in names]
+    print_table(results)
+    rows = [row for row, _ in results]
     if args.csv is not None:
         write_rows(args.csv, rows)
     return 0 if all(r["matches"] for r in rows) else 1
 
 
-def bench_network(name: str, onnx_model: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """One network: build every engine, check its output against onnxruntime's, time them all interleaved."""
+def bench_network(name: str, onnx_model: Any, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Samples]]:
+    """One network: build every engine, check its output against onnxruntime's, time them all interleaved. Returns
+    the CSV row and every engine's samples."""
     inputs = random_inputs(onnx_model, args.seed)
     session = ort_session(onnx_model, args.threads)
     want = first_output(session.run(None, inputs))
@@ -115,8 +117,7 @@ def bench_network(name: str, onnx_model: Any, args: argparse.Namespace) -> dict[
         row[f"{label}_spread"] = round(samples.spread, 3)
         if label != "onnxruntime":
             row[f"{label}_ratio"] = round(samples.median / timed["onnxruntime"].median, 3)
-    row["_timed"] = timed
-    return row
+    return row, timed
 
 
 def relay_tune_builds(onnx_model: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -200,10 +201,9 @@ def first_output(result: Any) -> np.ndarray:
     return np.asarray(result)
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
+def print_table(results: list[tuple[dict[str, Any], dict[str, Samples]]]) -> None:
     print("\nmedian latency ± half the interquartile range; ratio to onnxruntime (below 1: faster)")
-    for row in rows:
-        timed: dict[str, Samples] = row.pop("_timed")
+    for row, timed in results:
         base = timed["onnxruntime"].median
         cells = [f"{label} {s.describe()}" + ("" if label == "onnxruntime" else f" ({s.median / base:.2f}x)")
                  for label, s in timed.items()]

@@ -153,6 +153,28 @@ def test_models_times_openvino_in_f32_when_installed(tmp_path: Path, capsys: pyt
     assert "openvino" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_models_builds_one_network_from_each_tuning_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import onnx
+
+    from relay_tune.testing.onnx_zoo import mlp
+
+    model, log = tmp_path / "mlp.onnx", tmp_path / "mlp.jsonl"
+    onnx.save(mlp(), str(model))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    tuned = subprocess.run([sys.executable, "-m", "relay_tune", "tune", str(model), "--trials", "4", "--log", str(log),
+                            "--no-cache", "--jobs", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert tuned.returncode == 0, tuned.stderr
+    table = tmp_path / "models.csv"
+    assert main(["models", "--models", "mlp", "--threads", "1", "--rounds", "1", "--repeat", "1", "--settle", "0",
+                 "--openvino", "off", "--log", str(log), "--log", str(log), "--csv", str(table)]) == 0
+    (row,) = list(csv.DictReader(table.open()))
+    for label in ("default", "tuned1", "tuned2"):  # two logs: two tuned builds, each checked and timed
+        assert float(row[f"{label}_error"]) < 1e-3 and float(row[f"{label}_ms"]) > 0
+    assert "tuned2" in capsys.readouterr().out
+
+
 def test_fuzz_a_few_hundred_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "campaign.json"
     assert main(["fuzz", "--inputs", "200", "--jobs", "0", "--shallow", "--seed", "3", "--out", str(out)]) == 0
