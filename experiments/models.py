@@ -98,6 +98,7 @@ def bench_network(name: str, onnx_model: Any, args: argparse.Namespace) -> tuple
         engines[label] = build
         outputs[label] = first_output(build.run(**inputs))
         row[f"{label}_kernel_calls"] = build.num_kernel_calls
+        row[f"{label}_tuned_tasks"] = sum(1 for task in build.plan.tasks if task.tuned)
     if args.openvino != "off" and openvino_core() is not None:
         infer = openvino_engine(onnx_model, args.threads)
         engines["openvino"] = lambda: infer(inputs)
