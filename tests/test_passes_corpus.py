@@ -3,7 +3,6 @@ change, and ResNet-50 fuses the way it should."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -126,20 +125,17 @@ def test_pipeline_preserves_outputs_big_models(program: Callable[[str], Path], n
 
 
 @pytest.fixture(scope="module")
-def resnet50() -> tuple[IRModule, IRModule, float]:
+def resnet50() -> tuple[IRModule, IRModule]:
     mod = zoo.full("resnet50")  # ResNet-50 v1 at 224x224
-    start = time.perf_counter()
-    fused = optimize(mod, opt_level=3)
-    elapsed = time.perf_counter() - start
-    return mod, fused, elapsed
+    return mod, optimize(mod, opt_level=3)
 
 
 def _ops(func: Function) -> list[str]:
     return [n.op_name for n in dataflow_post_order(func.body) if isinstance(n, Call) and n.op_name is not None]
 
 
-def test_resnet50_has_no_batch_norm_and_one_conv_per_function(resnet50: tuple[IRModule, IRModule, float]) -> None:
-    original, fused, _ = resnet50
+def test_resnet50_has_no_batch_norm_and_one_conv_per_function(resnet50: tuple[IRModule, IRModule]) -> None:
+    original, fused = resnet50
     assert "nn.batch_norm" in [n.op_name for n in dataflow_post_order(original["main"]) if isinstance(n, Call)]
     calls = primitive_calls(fused)
     all_ops = [name for c in calls for name in _ops(c.op)]  # type: ignore[arg-type]
@@ -154,10 +150,10 @@ def _is_elementwise(name: str | None) -> bool:
     return name is not None and has_op(name) and get_op(name).pattern <= OpPattern.BROADCAST
 
 
-def test_resnet50_every_conv_absorbs_its_elementwise_consumers(resnet50: tuple[IRModule, IRModule, float]) -> None:
+def test_resnet50_every_conv_absorbs_its_elementwise_consumers(resnet50: tuple[IRModule, IRModule]) -> None:
     """A conv group's output may only reach element-wise code in another group when fusion could not go on:
     the value has several consumers, or the consumer's group already holds a complex operator."""
-    _, fused, _ = resnet50
+    _, fused = resnet50
     main = fused["main"]
     consumers: dict[int, list[tuple[Call, int]]] = {}
     for node in dataflow_post_order(main):
@@ -196,8 +192,8 @@ def test_resnet50_every_conv_absorbs_its_elementwise_consumers(resnet50: tuple[I
     assert conv_groups.count(("nn.conv2d", "add", "add", "nn.relu")) == 16
 
 
-def test_resnet50_task_table(resnet50: tuple[IRModule, IRModule, float], capsys: pytest.CaptureFixture[str]) -> None:
-    _, fused, _ = resnet50
+def test_resnet50_task_table(resnet50: tuple[IRModule, IRModule], capsys: pytest.CaptureFixture[str]) -> None:
+    _, fused = resnet50
     tasks = extract_tasks(fused)
     conv_tasks = [t for t in tasks if t.anchor_op == "nn.conv2d"]
     dense_tasks = [t for t in tasks if t.anchor_op == "nn.dense"]
@@ -218,13 +214,4 @@ def test_resnet50_task_table(resnet50: tuple[IRModule, IRModule, float], capsys:
     with capsys.disabled():
         print(f"\nResNet-50 tasks ({len(tasks)} distinct fused functions, {total_gflops:.2f} GFLOPs):")
         print(format_task_table(tasks))
-
-
-def test_resnet50_pipeline_is_fast(
-    resnet50: tuple[IRModule, IRModule, float], capsys: pytest.CaptureFixture[str]
-) -> None:
-    _, _, elapsed = resnet50
-    with capsys.disabled():
-        print(f"\nResNet-50 optimize(opt_level=3): {elapsed:.2f} s")
-    assert elapsed < 5.0
 
