@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from model_sources import ZOO_FILES, in_corpus
+from model_sources import ZOO_FILES, corpus_cases
 
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import ANY, Call, Constant, Expr, Function, IRModule, TensorType, rewrite
@@ -20,7 +20,7 @@ from relay_tune.testing import zoo
 from relay_tune.text import load_module, parse_expr
 from relay_tune.type_infer import infer_types
 
-CORPUS_FILES = in_corpus(*(f"{name}.relay" for name in [
+CORPUS_FILES = corpus_cases(*(f"{name}.relay" for name in [
     "tvm_aot_fused_nchwc", "tvm_aot_int8_conv", "tvm_autoquant_bias_conv", "tvm_autoquant_two_conv",
     "tvm_composite_partition", "tvm_dfpattern_nhwc_conv", "tvm_dfpattern_partitioned", "tvm_dyn_any_dims",
     "tvm_expr_grad_let_tuple", "tvm_lower_te_primitive", "tvm_menagerie_batch_norm_extract",
@@ -29,7 +29,7 @@ CORPUS_FILES = in_corpus(*(f"{name}.relay" for name in [
     "tvm_op_level1_take_slice", "tvm_target_hooks_infix", "tvm_type_infer_polymorphic",
 ]))
 # ~10 s per interpreter run of the whole 12-layer GPT-2; zoo models at their real size
-SLOW_FILES = [*in_corpus("tvm_menagerie_gpt2.relay"), "zoo:resnet50", "zoo:mobilenet_v2", "zoo:bert_layer"]
+SLOW_FILES = [*corpus_cases("tvm_menagerie_gpt2.relay"), "zoo:resnet50", "zoo:mobilenet_v2", "zoo:bert_layer"]
 
 
 def positive_batch_norm_variance(func: Function) -> Function:
