@@ -85,6 +85,7 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
         require_known_shapes,
         with_input_shapes,
     )
+
     # start-up: imported on use, so `relay-tune --help` does not load type inference and the operators (~0.1 s)
     from relay_tune.type_infer import infer_types
 

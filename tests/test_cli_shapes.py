@@ -166,3 +166,26 @@ def test_relay_text_with_open_dimensions(tmp_path: Path, capsys: pytest.CaptureF
     assert "dense 5x4 * 3x4" in capsys.readouterr().out
     assert main(["tasks", str(path), "--shape", "x=5,4", "--shape", "w=2,4"]) == 2
     assert "changes the fixed size of dimension 0 of input 'w' [3, ?]" in capsys.readouterr().err
+
+
+def test_a_scalar_input_has_a_known_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "scaled.relay"
+    path.write_text('#[version = "0.0.5"]\ndef @main(%x: Tensor[(?, 4), float32], %s: float32) {\n'
+                    "  multiply(%x, %s)\n}\n")
+    assert main(["tasks", str(path)]) == 2
+    assert "unknown dimensions in: x [?, 4]. Give" in capsys.readouterr().err  # the scalar is not listed
+    assert main(["tasks", str(path), "--shape", "x=3,4"]) == 0
+
+
+def test_an_onnx_input_without_a_shape_takes_any_given_shape(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "rankless",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "rankless.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["tasks", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "x (no shape)" in err and "e.g. --shape x=D0,D1,..." in err
+    assert main(["tasks", str(path), "--shape", "x=2,3,5"]) == 0
+    assert "relu 2x3x5" in capsys.readouterr().out

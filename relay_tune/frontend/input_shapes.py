@@ -1,7 +1,8 @@
 """Input shapes given on the command line (`--shape NAME=D0,D1,...`): checked against a model's inputs and applied.
 
 A model's inputs are described as `InputDims`: per input name its dimensions, each a known size (an int) or the
-name of a symbolic one (`"N"`, `"batch"`; `"?"` where the model names none). ONNX models give their inputs' dims in
+name of a symbolic one (`"N"`, `"batch"`; `"?"` where the model names none), or None for an input declared without
+a shape. ONNX models give their inputs' dims in
 the graph; Relay text gives `?` for a dimension the program leaves open.
 """
 
@@ -17,7 +18,7 @@ from relay_tune.ir.traversal import substitute
 from relay_tune.ir.types import TensorType
 
 Dim = int | str
-InputDims = dict[str, tuple[Dim, ...]]
+InputDims = dict[str, tuple[Dim, ...] | None]  # None: declared without a shape (not even a rank)
 
 SHAPE_FLAG = "--shape NAME=D0,D1,..."
 
@@ -31,8 +32,8 @@ def format_dims(dims: Sequence[Dim]) -> str:
 
 
 def onnx_input_dims(model: Any) -> InputDims:
-    """The dims of an `onnx.ModelProto`'s graph inputs (initializers left out): known sizes, else the
-    symbolic name, else `?`; an input without any shape has no entry's rank to offer and maps to `()`."""
+    """The dims of an `onnx.ModelProto`'s graph inputs (initializers left out): each a known size, else its
+    symbolic name, else `?`; None for an input declared without a shape."""
     initializers = {t.name for t in model.graph.initializer}
     dims: InputDims = {}
     for value_info in model.graph.input:
@@ -40,7 +41,7 @@ def onnx_input_dims(model: Any) -> InputDims:
             continue
         tensor_type = value_info.type.tensor_type
         if not tensor_type.HasField("shape"):
-            dims[value_info.name] = ()
+            dims[value_info.name] = None
             continue
         dims[value_info.name] = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim
@@ -49,20 +50,15 @@ def onnx_input_dims(model: Any) -> InputDims:
 
 
 def relay_input_dims(func: Function) -> InputDims:
-    """The dims of a Relay function's parameters (`?` for a dimension left open); untyped parameters map to `()`."""
-    dims: InputDims = {}
-    for param in func.params:
-        ty = param.type_annotation
-        if isinstance(ty, TensorType):
-            dims[param.name_hint] = tuple(d if isinstance(d, int) else "?" for d in ty.shape)
-        else:
-            dims[param.name_hint] = ()
-    return dims
+    """The dims of a Relay function's tensor parameters (`?` for a dimension left open)."""
+    return {p.name_hint: tuple(d if isinstance(d, int) else "?" for d in p.type_annotation.shape)
+            for p in func.params if isinstance(p.type_annotation, TensorType)}
 
 
 def unknown_dims(dims: InputDims) -> InputDims:
     """The inputs that still have a dimension of unknown size (or no shape at all)."""
-    return {name: shape for name, shape in dims.items() if not shape or not all(isinstance(d, int) for d in shape)}
+    return {name: shape for name, shape in dims.items()
+            if shape is None or not all(isinstance(d, int) for d in shape)}
 
 
 def check_shapes(dims: InputDims, shapes: Mapping[str, Sequence[int]], model: str) -> None:
@@ -73,7 +69,9 @@ def check_shapes(dims: InputDims, shapes: Mapping[str, Sequence[int]], model: st
             raise InputShapeError(f"{model}: --shape {name}=...: the model has no input {name!r} "
                                   f"(inputs: {', '.join(dims) or 'none'})")
         known = dims[name]
-        if known and len(known) != len(shape):
+        if known is None:  # declared without a shape: any shape fits
+            continue
+        if len(known) != len(shape):
             raise InputShapeError(f"{model}: --shape {name}={','.join(map(str, shape))} gives {len(shape)} "
                                   f"dimension(s); input {name!r} has {len(known)}: {format_dims(known)}")
         conflicts = [i for i, (have, want) in enumerate(zip(known, shape)) if isinstance(have, int) and have != want]
@@ -88,8 +86,11 @@ def require_known_shapes(dims: InputDims, model: str, why: str = "compiling need
     unknown = unknown_dims(dims)
     if not unknown:
         return
-    listed = "; ".join(f"{name} {format_dims(shape) if shape else '(no shape)'}" for name, shape in unknown.items())
-    example = " ".join(f"--shape {name}=" + ",".join(str(d) if isinstance(d, int) else "1" for d in shape or ("1",))
+    listed = "; ".join(f"{name} {'(no shape)' if shape is None else format_dims(shape)}"
+                       for name, shape in unknown.items())
+    # the example fills each unknown size with 1 (a batch of one, the common case); a rankless input gets the pattern
+    example = " ".join(f"--shape {name}=" + ("D0,D1,..." if shape is None else
+                                             ",".join(str(d) if isinstance(d, int) else "1" for d in shape))
                        for name, shape in unknown.items())
     raise InputShapeError(f"{model}: {why}; unknown dimensions in: {listed}. Give them "
                           f"with {SHAPE_FLAG} (repeatable), e.g. {example}")
