@@ -630,6 +630,7 @@ def test_zoo_model_compiles_to_ptx(name: str) -> None:
     for i, spec in enumerate(extract_tasks(fused)):
         primfunc, _ = lower_gpu(spec.func, f"k{i}")
         funcs.append(primfunc)
+    assert funcs
     module = build_ptx(funcs, CUDA)
     assert len(module.functions) == len(funcs)
     if PTXAS is not None:

@@ -127,7 +127,9 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
     from relay_tune.tuning.task import apply_layout
 
     mod, _, _ = small_mlp()
-    for task in gpu_tasks(mod, check_ptxas=False):
+    tasks = gpu_tasks(mod, check_ptxas=False)
+    assert tasks
+    for task in tasks:
         rng = np.random.default_rng(0)
         config = task.space.sample(rng)
         artifact = task.build(config)

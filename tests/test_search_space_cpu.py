@@ -423,6 +423,7 @@ def test_space_size_table(model: str, capsys: pytest.CaptureFixture[str]) -> Non
     table = format_space_table([(t.description, t.family, t.space) for t in tasks])
     with capsys.disabled():
         print(f"\nschedule spaces of {model} ({HOST.log_name}):\n{table}")
+    assert tasks
     for task in tasks:
         assert task.space.is_valid(task.default_config()), task.description
         if task.family in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):

@@ -1267,7 +1267,8 @@ def _size(imp: Importer, node: OnnxNode) -> Expr:
 # ================================================================================================
 
 
-def _load(model_or_path: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+def read_model(model_or_path: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+    """The `onnx.ModelProto` at a path (or the one given); not a file or not ONNX is one `RelayTuneError`."""
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path
     path = Path(model_or_path)
@@ -1404,7 +1405,7 @@ def from_onnx(
     dimensions that conversions must know). `params["const_i"]` is the value of
     `meta[relay.Constant][i]` in `print_module(mod)`.
     """
-    model = _load(model_or_path)
+    model = read_model(model_or_path)
     mod = infer_types(IRModule.from_expr(convert_graph(model, shape_overrides)))
     constants: list[np.ndarray] = []
     print_module(mod, constants_out=constants)
