@@ -48,7 +48,8 @@ def @main(%x: Tensor[(1, {cin}, {size}, {size}), float32], %w: Tensor[({cout}, {
 def previous_default(task: object) -> object:
     """The default rule's config before flat mode: the same rule on the workload without its pointwise fact (column
     tiles), with whole rows per vector (`row_vector`) where the rows are narrower than a vector."""
-    from search_space.cpu import _closest_factor, _dividing_factor, _split_value, default_config, vector_registers
+    from search_space.cpu import default_config
+    from search_space.families.common import closest_factor, dividing_factor, split_value, vector_registers
 
     workload = task.workload  # type: ignore[attr-defined]
     dims, lanes = workload.dims, workload.lanes
@@ -58,11 +59,11 @@ def previous_default(task: object) -> object:
         return config
     space = task.space  # type: ignore[attr-defined]
     rows = max(r for r in range(1, dims["h"] + 1) if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
-    rows = _closest_factor(space.knob("tile_h"), rows)
-    fc = _dividing_factor(space.knob("tile_c"), min(int(config["tile_c"][-1]), workload.accumulator_budget //
+    rows = closest_factor(space.knob("tile_h"), rows)
+    fc = dividing_factor(space.knob("tile_c"), min(int(config["tile_c"][-1]), workload.accumulator_budget //
                                                     vector_registers(rows * dims["w"], lanes)))
-    return config.replace(tile_c=_split_value(dims["c"], fc), tile_h=_split_value(dims["h"], rows),
-                          tile_w=_split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
+    return config.replace(tile_c=split_value(dims["c"], fc), tile_h=split_value(dims["h"], rows),
+                          tile_w=split_value(dims["w"], dims["w"]), row_vector=True, pack_w=fc > 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
