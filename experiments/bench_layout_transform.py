@@ -9,7 +9,7 @@ kernels run per workload, each checked against the reference interpreter first:
 
 - `before`: the injective family's default before the transpose mode: the flat modes (`inner`, `rows` for NCHW{b}c
   outputs), whose vectorized loop runs over a fused `(w, c)` or `(h, w)` axis and divides it per lane;
-- `after`: today's default config (the transpose mode: see `search_space.cpu._transpose_loops`);
+- `after`: today's default config (the transpose mode: see `search_space.families.injective._transpose_loops`);
 - `copy`: numpy's `copyto` of an array of the input's bytes, one core (the floor a transform aims at; ours may use
   `--threads` cores).
 

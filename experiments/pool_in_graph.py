@@ -36,7 +36,7 @@ from relay_tune.passes.base import dataflow_post_order  # noqa: E402
 from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS  # noqa: E402
 from relay_tune.tuning.database import best_for_target  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
-from search_space import ConfigNotInSpace, config_to_steps  # noqa: E402
+from search_space.decode import ConfigNotInSpace, config_to_steps  # noqa: E402
 
 POOLS = ("max_pool2d", "avg_pool2d", "global_avg_pool2d")
 

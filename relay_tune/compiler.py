@@ -30,7 +30,7 @@ Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores. 
 
 Tuning logs (`logs`): a path or list of paths of JSON-lines tuning logs, or a function
 `(task_key, target) -> schedule steps | None` (`ScheduleLookup`). For logs, the best valid record per workload
-and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps through `search_space.config_to_steps`.
+and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps through `search_space.decode`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ from relay_tune.runtime.model import (
 from relay_tune.target import Target
 from relay_tune.tuning.database import best_for_target
 from relay_tune.type_infer import infer_types
-from search_space import ConfigNotInSpace, config_to_steps
+from search_space.decode import ConfigNotInSpace, config_to_steps
 from search_space.defaults import default_steps
 
 __all__ = [

@@ -1,8 +1,10 @@
-"""Schedule search spaces: knob kinds, `Space` (knobs + constraints), `Config` (one point, stable key), and
-`config_to_steps(func, config, target)`: a (logged) config back into the schedule steps of its family's template
-(`search_space.decode`)."""
+"""Schedule search spaces: knob kinds, `Space` (knobs + constraints) and `Config` (one point, stable key).
 
-from typing import Any
+The templates live in submodules: `search_space.families` (CPU, one module per operator family),
+`search_space.gpu` (CUDA), `search_space.defaults` (the untuned schedule) and `search_space.decode`
+(`config_to_steps(func, config, target)`: a logged config back into schedule steps). The package itself imports
+none of them, so the record store can read `Config` without loading the templates and the code generators.
+"""
 
 from search_space.config import Config, ConfigValue, InvalidConfigError, JSONValue, config_key
 from search_space.knobs import BoolKnob, ChoiceKnob, IntKnob, Knob, SplitKnob, split_candidates
@@ -10,7 +12,6 @@ from search_space.space import Constraint, Space
 
 __all__ = [
     "BoolKnob",
-    "ConfigNotInSpace",
     "ChoiceKnob",
     "Config",
     "ConfigValue",
@@ -22,17 +23,5 @@ __all__ = [
     "Space",
     "SplitKnob",
     "config_key",
-    "config_to_steps",
     "split_candidates",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """`config_to_steps` and `ConfigNotInSpace`, imported on first use."""
-    if name in ("config_to_steps", "ConfigNotInSpace"):
-        # start-up: the decoder imports every template and the kernel layer (~0.4 s); `from search_space import
-        # Config` stays light
-        from search_space import decode
-
-        return getattr(decode, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,8 +7,7 @@ template (`search_space.families`) once the config is checked to be a point of t
 written by another version may hold configs of another space). A CPU config may instead carry its steps as the
 JSON text of a list of step dicts in a `"steps"` knob (hand-pinned schedules).
 
-It lives with the templates, below the model compiler and the tuner, which both decode logs through it
-(`search_space.config_to_steps` is this function).
+It lives with the templates, below the model compiler and the tuner, which both decode logs through it.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from relay_tune.kernel.build import build_primitive
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types
-from search_space import Config, config_to_steps
+from search_space import Config
 from search_space.cpu import MAX_FLAT_TILES, with_later_knobs
+from search_space.decode import config_to_steps
 
 HOST = resolve_target("llvm -num-cores=2")
 RNG = np.random.default_rng(11)

@@ -17,7 +17,7 @@ from relay_tune.target import Target
 from relay_tune.tuning.cuda_runner import CudaRunner
 from relay_tune.tuning.gpu_task import GPUTask, gpu_tasks
 from relay_tune.type_infer import infer_types
-from search_space import config_to_steps
+from search_space.decode import config_to_steps
 
 GPU_MISSING = cuda_available()
 needs_gpu = pytest.mark.skipif(GPU_MISSING is not None, reason=f"no CUDA GPU: {GPU_MISSING}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from relay_tune.compiler import resolve_target
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import tasks_from_module
-from search_space import config_to_steps
+from search_space.decode import config_to_steps
 from tests.experiment_scripts import load_experiment
 
 POOL = """#[version = "0.0.5"]

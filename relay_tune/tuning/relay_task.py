@@ -9,7 +9,7 @@ often the model runs it, `space` the schedule space of its family (`search_space
 interpreter run on the primitive function itself. Weights that are model constants (the same at every call site)
 may be packed by a schedule: the build packs them once, and the runner packs them ahead of timing, like the model.
 
-`search_space.config_to_steps(func, config, target)` is how the build turns a logged config back into schedule
+`search_space.decode.config_to_steps(func, config, target)` is how the build turns a logged config back into schedule
 steps. Every config, the default one included, goes through its family's template (`search_space.families`); an
 untuned build runs the template at the same default config (`search_space.defaults`), so the tuner's "default"
 baseline, the log's record of it and what an untuned build runs are one kernel.
