@@ -39,6 +39,8 @@ for a machine that runs the model, not one shared with other jobs."""
 # ---------------------------------------------------------------------------------------------------------------
 # What a space needs to know about a fused function
 # ---------------------------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class CpuWorkload:
     """The facts about one fused function on one CPU target that its space depends on (plain data).
@@ -196,6 +198,8 @@ def default_parallel(workload: CpuWorkload, levels: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # Knobs, constraints and defaults (constraints are module-level functions: spaces travel to build worker processes)
 # ---------------------------------------------------------------------------------------------------------------
+
+
 def inner_factor(config: Config, name: str) -> int:
     value = config[name]
     assert isinstance(value, tuple)
@@ -281,6 +285,8 @@ def balanced(extent: int, most: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # Loops the templates share
 # ---------------------------------------------------------------------------------------------------------------
+
+
 def inline_cheap(sch: Any, keep: Iterable[str] = ()) -> None:
     """Inline every element-wise / injective stage that is not an output (nor listed in `keep`)."""
     kept = set(keep)

@@ -86,6 +86,7 @@ def _analyse(prim: Any, sch: Any, anchor: Any, target: Any, constants: frozenset
 
 # -- space -------------------------------------------------------------------------------------------------------
 
+
 def _matmul_registers_fit(config: Config, lanes: int, budget: int) -> bool:
     return accumulator_registers(inner_factor(config, "tile_m"), inner_factor(config, "tile_n"), lanes) <= budget
 
@@ -162,6 +163,7 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
 
 
 # -- template ----------------------------------------------------------------------------------------------------
+
 
 def _template_matmul(sch: Any, prim: Any, config: Config, target: Any) -> None:
     anchor = anchor_stage(sch, prim)

@@ -78,6 +78,8 @@ def _inner_period(stage: Any) -> int:
                 isinstance(n, tir.BinaryOp) and n.op in ("floordiv", "floormod") for n in operand):
             period = math.gcd(period, int(node.b.value))
     return period
+
+
 TRANSFORM_KINDS = ("pack", "unpack", "reblock")
 """Layout transforms the injective family's "transpose" mode schedules: NCHW -> NCHW{b}c, NCHW{b}c -> NCHW, and
 NCHW{b}c -> NCHW{b'}c where one block divides the other."""
