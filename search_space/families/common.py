@@ -45,9 +45,10 @@ for a machine that runs the model, not one shared with other jobs."""
 class CpuWorkload:
     """The facts about one fused function on one CPU target that its space depends on (plain data).
 
-    dims: family-specific extents (see `analyze`). lanes: vector lanes of the anchor's dtype. registers: vector
-    registers of the target. constant_weight: the operand a schedule may pack is a model constant (packing is
-    then done once, ahead of time; a packed non-constant input would cost a copy the measurement cannot see).
+    dims: family-specific extents (see each family's `analyse`). lanes: vector lanes of the anchor's dtype.
+    registers: vector registers of the target. constant_weight: the operand a schedule may pack is a model constant
+    (packing is then done once, ahead of time; a packed non-constant input would cost a copy the measurement cannot
+    see).
     """
 
     family: str
