@@ -30,7 +30,7 @@ Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores. 
 
 Tuning logs (`logs`): a path or list of paths of JSON-lines tuning logs, or a function
 `(task_key, target) -> schedule steps | None` (`ScheduleLookup`). For logs, the best valid record per workload
-and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps through `steps_from_config`.
+and target is used (`relay_tune.tuning.apply_best`) and its config becomes steps through `search_space.decode`.
 """
 
 from __future__ import annotations
@@ -99,12 +99,12 @@ from relay_tune.runtime.model import (
 from relay_tune.target import Target
 from relay_tune.tuning.database import best_for_target
 from relay_tune.type_infer import infer_types
+from search_space.decode import ConfigNotInSpace, config_to_steps
 from search_space.defaults import default_steps
-from search_space.logged import ConfigNotInSpace, config_steps
 
 __all__ = [
     "BuildWarning", "ScheduleLookup", "TaskLookup", "bind_params", "build", "interleaved_latency", "read_params",
-    "resolve_target", "steps_from_config", "task_lookup",
+    "resolve_target", "task_lookup",
 ]
 
 ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
@@ -149,12 +149,6 @@ def resolve_target(target: str | Target | None) -> Target:
     return resolved.validate()  # before LLVM sees it: an unknown CPU can abort the process inside LLVM
 
 
-def steps_from_config(func: Function, config: Mapping[str, Any], target: Target) -> list[Any]:
-    """The schedule steps a tuning config stands for, for fused function `func`: its family's template at the
-    config (`search_space.logged.config_steps`; a CPU config may carry its steps in a `"steps"` knob)."""
-    return config_steps(func, config, target)
-
-
 TaskLookup = Callable[[Any, Target], Sequence[Any] | None]
 """`(task spec, target) -> steps | None`: the form the build uses inside (the spec has the key and the function)."""
 
@@ -190,7 +184,7 @@ def task_lookup(logs: Any) -> TaskLookup | None:
         # version, or a compute that changed) are passed over, and with none left the task is untuned.
         for config in ranked.get(spec.key, ()):
             try:
-                return steps_from_config(spec.func, config, target)
+                return config_to_steps(spec.func, config, target)
             except ConfigNotInSpace:
                 continue
         return None

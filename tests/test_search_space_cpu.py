@@ -27,7 +27,7 @@ from relay_tune.kernel.schedule import LayoutTransform
 from relay_tune.target import Target
 from relay_tune.text import parse_module
 from relay_tune.tuning import InlineBuilder, LocalRunner, MeasureResult, apply_layout
-from relay_tune.tuning.relay_task import RelayTuneTask, config_to_steps, layout_steps, tasks_from_module
+from relay_tune.tuning.relay_task import RelayTuneTask, layout_steps, tasks_from_module
 from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError
 from search_space.cpu import (
@@ -39,6 +39,7 @@ from search_space.cpu import (
     format_space_table,
     vector_registers,
 )
+from search_space.decode import config_to_steps
 from search_space.defaults import default_steps
 
 HOST = resolve_target("llvm")

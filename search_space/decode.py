@@ -1,14 +1,13 @@
 """A logged tuning config back into schedule steps, on any target: what a build runs for a tuned task.
 
-    steps = config_steps(func, config, target)   # func: a fused Primitive=1 function; target: a resolved Target
+    steps = config_to_steps(func, config, target)   # func: a fused Primitive=1 function; target: a resolved Target
 
 CUDA configs go through the GPU family template (`search_space.gpu`). CPU configs go through their family's
-template (`search_space.cpu`) once the config is checked to be a point of this workload's space (a log written by
-another version may hold configs of another space). A CPU config may instead carry its steps as the JSON text of a
-list of step dicts in a `"steps"` knob (hand-pinned schedules).
+template (`search_space.families`) once the config is checked to be a point of this workload's space (a log
+written by another version may hold configs of another space). A CPU config may instead carry its steps as the
+JSON text of a list of step dicts in a `"steps"` knob (hand-pinned schedules).
 
-It lives with the templates, below the model compiler (`relay_tune.compiler.steps_from_config`) and the tuner
-(`relay_tune.tuning.relay_task.config_to_steps`), which both decode logs through it.
+It lives with the templates, below the model compiler and the tuner, which both decode logs through it.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.kernel.compute import primitive_compute
 from search_space import gpu
 from search_space.config import Config
-from search_space.cpu import FAMILIES, analyze, cpu_space, parameter_numbers, with_later_knobs
-from search_space.cpu import config_to_steps as cpu_template_steps
+from search_space.cpu import analyze, cpu_space, parameter_numbers, with_later_knobs
+from search_space.families import FAMILIES, family_named
 
-__all__ = ["ConfigNotInSpace", "config_steps"]
+__all__ = ["ConfigNotInSpace", "config_to_steps"]
 
 
 class ConfigNotInSpace(RelayTuneError):
@@ -33,10 +32,10 @@ class ConfigNotInSpace(RelayTuneError):
     passes such a record over; it is not the user's mistake."""
 
 
-def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
+def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
     """Schedule steps for fused function `func` from a logged `config` on `target` (see the module docstring)."""
     if target.kind == "cuda":
-        return gpu.config_to_steps(func, config, target)
+        return gpu.steps_of_prim(primitive_compute(func), config)
     steps = config.get("steps")
     if isinstance(steps, str):
         try:
@@ -60,4 +59,4 @@ def config_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]
         raise ConfigNotInSpace(
             f"cannot turn a tuning config into schedule steps: {dict(config)} is not a point of the {workload.family} "
             "schedule space of this workload (a log written by another relay-tune version?)")
-    return cpu_template_steps(prim, config, target)
+    return family_named(workload.family).steps(prim, config, target)
