@@ -32,7 +32,7 @@ PARALLEL_MIN_WORK = 1 << 14
 parallel region costs more than it saves. 2^14 iterations take a few microseconds on one core, about what a
 fork/join of libgomp's spinning team costs on an idle machine. Under heavy oversubscription (more runnable threads
 than cores) every parallel region waits for a descheduled worker and serial kernels win far above this line
-(`experiments/parallel_threshold.py` measures where the ratio crosses 1 on the machine at hand); the rule is
+(experiments/README.md, "Parallel threshold", has the measurement); the rule is
 for a machine that runs the model, not one shared with other jobs."""
 
 
