@@ -1409,3 +1409,7 @@ def from_onnx(
     constants: list[np.ndarray] = []
     print_module(mod, constants_out=constants)
     return mod, params_dict(constants)
+
+
+# The converters of further operator families register into `_CONVERTERS` on import.
+from relay_tune.frontend import onnx_image  # noqa: E402,F401

@@ -1,0 +1,474 @@
+"""Image operators: `image.resize1d/2d/3d` (nearest, linear and cubic interpolation with every coordinate
+transformation of ONNX Resize, antialiasing, crop-and-resize) and the depth/space rearrangements
+`nn.depth_to_space` and `nn.space_to_depth`.
+
+Resizing is separable: every spatial axis maps each output position to a few input taps with weights, and an
+output element is the weighted sum over the product of the taps of its axes. The taps and weights of one axis
+are written once (`_axis_taps`) over a small numeric interface that both the numpy reference (arrays of output
+positions) and the tensor-expression compute (symbolic index expressions) implement, so the kernel computes
+exactly what the reference does. The arithmetic follows the ONNX reference implementation: source coordinates
+in float64, a tap window starting left of the coordinate (`ceil(x) - 1`, so the fraction lies in (0, 1]), edge
+clamping, and the sum in float64 rounded once to the output dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from relay_tune.errors import RelayTypeError, UnsupportedError
+from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType, Type
+from relay_tune.op._shape import (
+    check_dtype,
+    expect_arity,
+    expect_tensor,
+    format_shape,
+    is_float_dtype,
+    is_int_dtype,
+)
+from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
+
+Array = np.ndarray
+
+RESIZE_METHODS = ("nearest_neighbor", "linear", "cubic")
+COORDINATE_MODES = (
+    "half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nearest",
+    "tf_crop_and_resize", "half_pixel_symmetric",
+)
+ROUNDING_METHODS = ("round", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+# Spatial letters and accepted layouts per resize rank (channels first or last, as in TVM).
+_RESIZE_LAYOUTS = {1: ("NCW", "NWC"), 2: ("NCHW", "NHWC"), 3: ("NCDHW", "NDHWC")}
+_SPATIAL_LETTERS = {1: "W", 2: "HW", 3: "DHW"}
+MAX_RESIZE_TAPS = 4096
+"""The most input taps one output element of a compiled resize reads (antialiased downscaling by large factors
+widens the window; beyond this the kernel would be one huge expression)."""
+
+
+def _resize_attrs(rank: int) -> dict[str, Any]:
+    return {
+        "size": None, "roi": None, "layout": _RESIZE_LAYOUTS[rank][0], "method": "linear",
+        "coordinate_transformation_mode": "half_pixel", "rounding_method": "", "cubic_alpha": -0.5,
+        "cubic_exclude": 0, "extrapolation_value": 0.0, "out_dtype": "", "scales": None, "antialias": False,
+    }
+
+
+RESIZE_OPS = {1: "image.resize1d", 2: "image.resize2d", 3: "image.resize3d"}
+for _rank, _name in RESIZE_OPS.items():
+    register_op(
+        _name, 1, OpPattern.INJECTIVE, _resize_attrs(_rank), f"relay.attrs.Resize{_rank}DAttrs", required=("size",),
+        description=f"{_rank}-D resize; `scales` (one per spatial axis, default output/input) is the factor the "
+                    "coordinate transformation divides by, as in ONNX Resize",
+    )
+
+
+@dataclass(frozen=True)
+class AxisResize:
+    """How one spatial axis is resized: its position, extents, scale factor and region of interest."""
+
+    axis: int
+    in_extent: int
+    out_extent: int
+    scale: float
+    roi: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ResizeSpec:
+    """A resize call's attributes, validated and resolved for one input shape."""
+
+    axes: tuple[AxisResize, ...]
+    method: str
+    mode: str
+    rounding: str
+    cubic_alpha: float
+    exclude_outside: bool
+    extrapolation_value: float
+    antialias: bool
+    out_dtype: str
+
+
+def _floats(value: Any, count: int, op_name: str, what: str) -> tuple[float, ...]:
+    items = value if isinstance(value, tuple) else (value,)
+    if len(items) != count or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+        raise RelayTypeError(f"{what} must be {count} numbers, got {value!r}", op_name=op_name)
+    return tuple(float(v) for v in items)
+
+
+def _spatial_axes(op_name: str, rank: int, layout: Any) -> tuple[int, ...]:
+    if layout not in _RESIZE_LAYOUTS[rank]:
+        raise RelayTypeError(f"layout must be one of {', '.join(_RESIZE_LAYOUTS[rank])}, got {layout!r}",
+                             op_name=op_name)
+    return tuple(layout.index(letter) for letter in _SPATIAL_LETTERS[rank])
+
+
+def _check_choice(value: Any, choices: Sequence[str], op_name: str, what: str) -> str:
+    if value not in choices:
+        raise RelayTypeError(f"{what} must be one of {', '.join(choices)}, got {value!r}", op_name=op_name)
+    return str(value)
+
+
+def _resize_rank(op_name: str) -> int:
+    return next(r for r, n in RESIZE_OPS.items() if n == op_name)
+
+
+def _resize_out_shape(op_name: str, shape: Sequence[Dim], attrs: Attrs) -> tuple[Dim, ...]:
+    rank = _resize_rank(op_name)
+    axes = _spatial_axes(op_name, rank, attrs["layout"])
+    if len(shape) != rank + 2:
+        raise RelayTypeError(f"layout {attrs['layout']} needs a rank-{rank + 2} input, got shape "
+                             f"{format_shape(shape)}", op_name=op_name)
+    size = attrs["size"]
+    items = size if isinstance(size, tuple) else (size,)
+    if len(items) != rank or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in items):
+        raise RelayTypeError(f"size must be {rank} positive integers, got {size!r}", op_name=op_name)
+    out = list(shape)
+    for axis, extent in zip(axes, items):
+        out[axis] = extent
+    return tuple(out)
+
+
+def resize_spec(op_name: str, shape: Sequence[Dim], attrs: Attrs) -> ResizeSpec:
+    """The validated resize of an input of `shape` (spatial extents must be known for scales and coordinates)."""
+    rank = _resize_rank(op_name)
+    out_shape = _resize_out_shape(op_name, shape, attrs)
+    spatial = _spatial_axes(op_name, rank, attrs["layout"])
+    method = _check_choice(attrs["method"], RESIZE_METHODS, op_name, "method")
+    mode = _check_choice(attrs["coordinate_transformation_mode"], COORDINATE_MODES, op_name,
+                         "coordinate_transformation_mode")
+    rounding = attrs["rounding_method"] or (
+        "round" if mode in ("align_corners", "tf_half_pixel_for_nearest") else "floor")
+    rounding = _check_choice(rounding, ROUNDING_METHODS, op_name, "rounding_method")
+    antialias = bool(attrs["antialias"])
+    if antialias and method == "nearest_neighbor":
+        raise RelayTypeError("antialias applies to linear and cubic resizing, not nearest_neighbor", op_name=op_name)
+    roi = (0.0,) * rank + (1.0,) * rank if attrs["roi"] is None else _floats(attrs["roi"], 2 * rank, op_name, "roi")
+    scales = None if attrs["scales"] is None else _floats(attrs["scales"], rank, op_name, "scales")
+    axes = []
+    for i, axis in enumerate(spatial):
+        extent, out_extent = shape[axis], out_shape[axis]
+        if isinstance(extent, AnyDim) or isinstance(out_extent, AnyDim):
+            raise RelayTypeError(f"spatial axis {axis} of {format_shape(shape)} must have a known extent",
+                                 op_name=op_name)
+        if extent <= 0:
+            raise RelayTypeError(f"cannot resize the empty axis {axis} of {format_shape(shape)}", op_name=op_name)
+        scale = out_extent / extent if scales is None else scales[i]
+        if not scale > 0 or not math.isfinite(scale):
+            raise RelayTypeError(f"scales must be positive, got {scales}", op_name=op_name)
+        axes.append(AxisResize(axis, int(extent), int(out_extent), scale, (roi[i], roi[rank + i])))
+    out_dtype = check_dtype(attrs["out_dtype"] or "", op_name, "out_dtype") if attrs["out_dtype"] else ""
+    return ResizeSpec(tuple(axes), method, mode, rounding, float(attrs["cubic_alpha"]), bool(attrs["cubic_exclude"]),
+                      float(attrs["extrapolation_value"]), antialias, out_dtype)
+
+
+def _make_resize_relation(op_name: str) -> Callable[[Sequence[Type], Attrs], Type]:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        expect_arity(arg_types, 1, op_name)
+        x = expect_tensor(arg_types[0], op_name, "data")
+        out_shape = _resize_out_shape(op_name, x.shape, attrs)
+        if all(isinstance(shape_dim, int) for shape_dim in x.shape):
+            spec = resize_spec(op_name, x.shape, attrs)
+        else:  # validate the attributes; coordinates are checked once the shape is known
+            spec = resize_spec(op_name, tuple(1 if isinstance(d, AnyDim) else d for d in x.shape), attrs)
+        dtype = spec.out_dtype or x.dtype
+        if not (is_float_dtype(x.dtype) or is_int_dtype(x.dtype)):
+            raise RelayTypeError(f"data must be a float or integer tensor, got {x.dtype}", op_name=op_name)
+        return TensorType(tuple(ANY if isinstance(d, AnyDim) else d for d in out_shape), dtype)
+
+    return relation
+
+
+for _name in RESIZE_OPS.values():
+    type_relation(_name)(_make_resize_relation(_name))
+
+
+# ------------------------------------------------------------------------------------------------
+# One axis: source coordinates, taps and weights, over numpy arrays or tensor expressions
+# ------------------------------------------------------------------------------------------------
+
+
+class _NumpyMath:
+    """The numeric interface over numpy float64 arrays of output positions."""
+
+    @staticmethod
+    def const(like: Array, value: float) -> Array:
+        return np.full(np.shape(like), float(value))
+
+    floor = staticmethod(np.floor)
+    ceil = staticmethod(np.ceil)
+    fabs = staticmethod(np.abs)
+
+    @staticmethod
+    def where(cond: Array, a: Any, b: Any) -> Array:
+        return np.where(cond, a, b)
+
+    @staticmethod
+    def either(a: Array, b: Array) -> Array:
+        return a | b
+
+    @staticmethod
+    def both(a: Array, b: Array) -> Array:
+        return a & b
+
+    @staticmethod
+    def clamp_index(x: Array, extent: int) -> Array:
+        return np.clip(x.astype(np.int64), 0, extent - 1)
+
+    @staticmethod
+    def to_float(cond: Array) -> Array:
+        return cond.astype(np.float64)
+
+    @staticmethod
+    def is_zero(x: Array) -> Array:
+        return x == 0.0
+
+
+class _TeMath:
+    """The same interface over float64 tensor expressions."""
+
+    @staticmethod
+    def const(like: Any, value: float) -> Any:
+        return tir.FloatImm(float(value), "float64")
+
+    floor = staticmethod(lambda x: te.floor(x))
+    ceil = staticmethod(lambda x: te.ceil(x))
+    fabs = staticmethod(lambda x: te.fabs(x))
+
+    @staticmethod
+    def where(cond: Any, a: Any, b: Any) -> Any:
+        return te.if_then_else(cond, tir.as_expr(a, "float64"), tir.as_expr(b, "float64"))
+
+    @staticmethod
+    def either(a: Any, b: Any) -> Any:
+        return te.any_of(a, b)
+
+    @staticmethod
+    def both(a: Any, b: Any) -> Any:
+        return te.all_of(a, b)
+
+    @staticmethod
+    def clamp_index(x: Any, extent: int) -> Any:
+        return te.minimum(te.maximum(te.cast(tir.INDEX_DTYPE, x), 0), extent - 1)
+
+    @staticmethod
+    def to_float(cond: Any) -> Any:
+        return te.if_then_else(cond, tir.FloatImm(1.0, "float64"), tir.FloatImm(0.0, "float64"))
+
+    @staticmethod
+    def is_zero(x: Any) -> Any:
+        return te.equal(x, 0.0)
+
+
+def _source_coordinate(m: Any, y: Any, ax: AxisResize, mode: str) -> Any:
+    """The input coordinate output position `y` samples (ONNX Resize's coordinate transformations)."""
+    in_w, scale = ax.in_extent, ax.scale
+    out_w = scale * in_w  # the reference uses the unrounded output length
+    if mode == "align_corners":
+        return m.const(y, 0.0) if out_w == 1 else y * float(in_w - 1) / (out_w - 1)
+    if mode == "asymmetric":
+        return y / scale
+    if mode == "tf_half_pixel_for_nearest":
+        return (y + 0.5) / scale
+    if mode == "tf_crop_and_resize":
+        lo, hi = ax.roi
+        if out_w == 1:
+            x = m.const(y, (hi - lo) * (in_w - 1) / 2)
+        else:
+            x = y * (hi - lo) * float(in_w - 1) / (out_w - 1)
+        return x + lo * (in_w - 1)
+    if mode == "pytorch_half_pixel":
+        return m.const(y, -0.5) if out_w == 1 else (y + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = in_w / 2 * (1 - ax.out_extent / out_w)
+        return (y + 0.5) / scale - 0.5 + offset
+    return (y + 0.5) / scale - 0.5
+
+
+def _nearest(m: Any, x: Any, rounding: str) -> Any:
+    if rounding == "floor":
+        return m.floor(x)
+    if rounding == "ceil":
+        return m.ceil(x)
+    if rounding == "round_prefer_ceil":
+        return m.floor(x + 0.5)
+    if rounding == "round_prefer_floor":
+        return m.ceil(x - 0.5)
+    return m.where(x < 0.0, m.ceil(x - 0.5), m.floor(x + 0.5))  # round: halves away from zero
+
+
+def _cubic(m: Any, t: Any, a: float) -> Any:
+    """The cubic convolution kernel at distance `t` >= 0 (Keys, coefficient `a`)."""
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return m.where(t <= 1.0, near, m.where(t < 2.0, far, m.const(t, 0.0)))
+
+
+def _kernel_offsets(spec: ResizeSpec, scale: float) -> range:
+    """Tap offsets relative to `ceil(x) - 1` for linear/cubic (antialiasing widens them when downscaling)."""
+    s = min(scale, 1.0)
+    if spec.method == "linear":
+        start = math.floor(-1 / s) + 1 if spec.antialias else 0
+    else:
+        start = math.floor(-2 / s) + 1 if spec.antialias else -1
+    return range(start, 2 - start)
+
+
+@dataclass
+class AxisTaps:
+    """Taps of one axis: clamped input indices with weights (None: nearest, a single unweighted tap), the
+    weight sum to divide by (None: the weights already sum to 1) and the extrapolated positions (or None)."""
+
+    taps: list[tuple[Any, Any]]
+    norm: Any
+    outside: Any
+
+
+def _axis_taps(m: Any, y: Any, ax: AxisResize, spec: ResizeSpec) -> AxisTaps:
+    x = _source_coordinate(m, y, ax, spec.mode)
+    outside = m.either(x < 0.0, x > float(ax.in_extent - 1)) if spec.mode == "tf_crop_and_resize" else None
+    if spec.method == "nearest_neighbor":
+        return AxisTaps([(m.clamp_index(_nearest(m, x, spec.rounding), ax.in_extent), None)], None, outside)
+    left = m.ceil(x) - 1.0  # the fraction `x - left` lies in (0, 1]: the tap left of an integer x comes first
+    ratio = x - left
+    s = min(ax.scale, 1.0)
+    taps: list[tuple[Any, Any]] = []
+    for offset in _kernel_offsets(spec, ax.scale):
+        if spec.method == "linear":
+            if spec.antialias:
+                weight = m.fabs((offset - ratio) * s)
+                weight = m.where(weight < 1.0, 1.0 - weight, m.const(y, 0.0))
+            else:
+                weight = ratio if offset == 1 else 1.0 - ratio
+        elif spec.antialias:
+            weight = _cubic(m, m.fabs((offset - ratio) * s), spec.cubic_alpha)
+        else:
+            weight = _cubic(m, ratio - offset if offset <= 0 else offset - ratio, spec.cubic_alpha)
+        position = left + float(offset)
+        if spec.exclude_outside:
+            inside = m.both(position >= 0.0, position < float(ax.in_extent))
+            weight = weight * m.to_float(inside)
+        taps.append((m.clamp_index(position, ax.in_extent), weight))
+    norm = None
+    if spec.antialias or spec.exclude_outside:
+        norm = taps[0][1]
+        for _, w in taps[1:]:
+            norm = norm + w
+        norm = m.where(m.is_zero(norm), 1.0, norm)  # every tap outside: the result is 0, as in the reference
+    return AxisTaps(taps, norm, outside)
+
+
+def _round_to(values: Array, dtype: str) -> Array:
+    """float64 results in the output dtype: integers are rounded (halves to even) and saturated."""
+    if is_int_dtype(dtype):
+        info = np.iinfo(dtype)
+        return np.clip(np.round(values), info.min, info.max).astype(dtype)
+    return values.astype(dtype)
+
+
+def _resize_reference(op_name: str) -> Callable[[Sequence[Array], Attrs], Array]:
+    def ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+        x = np.asarray(inputs[0])
+        spec = resize_spec(op_name, x.shape, attrs)
+        out_dtype = spec.out_dtype or x.dtype.name
+        result = x if spec.method == "nearest_neighbor" else x.astype(np.float64)
+        outside_any: Array | None = None
+        for ax in spec.axes:
+            y = np.arange(ax.out_extent, dtype=np.float64)
+            axis = _axis_taps(_NumpyMath, y, ax, spec)
+            bshape = [1] * x.ndim
+            bshape[ax.axis] = ax.out_extent
+            if spec.method == "nearest_neighbor":
+                result = np.take(result, axis.taps[0][0], axis=ax.axis)
+            else:
+                total = sum(np.take(result, i, axis=ax.axis) * w.reshape(bshape) for i, w in axis.taps)
+                result = total if axis.norm is None else total / axis.norm.reshape(bshape)
+            if axis.outside is not None:
+                mask = axis.outside.reshape(bshape)
+                outside_any = mask if outside_any is None else outside_any | mask
+        if outside_any is not None:
+            result = np.where(outside_any, spec.extrapolation_value, result)
+        if spec.method == "nearest_neighbor" and outside_any is None:
+            return result.astype(out_dtype)
+        return _round_to(np.asarray(result, dtype=np.float64), out_dtype)
+
+    return ref
+
+
+for _name in RESIZE_OPS.values():
+    reference(_name)(_resize_reference(_name))
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor-expression computes (kernels)
+# ------------------------------------------------------------------------------------------------
+# Imported here, not at the top: the kernel layer is only needed once kernels are built.
+from relay_tune.kernel import te, tir  # noqa: E402
+from relay_tune.kernel.compute_blocks import INJECTIVE, axis_names, named, static_shape  # noqa: E402
+from relay_tune.op.registry import compute  # noqa: E402
+
+
+def _injective(name: str, shape: Sequence[int], body: Callable[..., Any]) -> te.Tensor:
+    return te.compute(tuple(shape), named(axis_names(len(shape)), body), name, INJECTIVE)
+
+
+def _round_expr(value: Any, dtype: str) -> Any:
+    if is_int_dtype(dtype):
+        info = np.iinfo(dtype)
+        value = te.minimum(te.maximum(te.round(value), float(info.min)), float(info.max))
+    return te.cast(dtype, value)
+
+
+def _resize_compute(op_name: str) -> Callable[..., te.Tensor]:
+    def impl(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        (x,) = inputs
+        spec = resize_spec(op_name, x.shape, attrs)
+        shape = static_shape(out_type)
+        out_dtype = spec.out_dtype or x.dtype
+        taps_count = 1
+        for ax in spec.axes:
+            taps_count *= 1 if spec.method == "nearest_neighbor" else len(_kernel_offsets(spec, ax.scale))
+        if taps_count > MAX_RESIZE_TAPS:
+            raise UnsupportedError(f"{op_name}: one output element would read {taps_count} input taps "
+                                   f"(at most {MAX_RESIZE_TAPS} compile); the downscaling is too strong")
+
+        def body(*idx: Any) -> Any:
+            per_axis = [_axis_taps(_TeMath, te.cast("float64", idx[ax.axis]), ax, spec) for ax in spec.axes]
+            combos: list[tuple[dict[int, Any], Any]] = [({}, None)]
+            for ax, axis in zip(spec.axes, per_axis):
+                combos = [({**where, ax.axis: i}, w if weight is None else (weight if w is None else weight * w))
+                          for where, weight in combos for i, w in axis.taps]
+
+            def read(where: dict[int, Any]) -> Any:
+                return x[tuple(where.get(d, i) for d, i in enumerate(idx))]
+
+            if spec.method == "nearest_neighbor":
+                value = read(combos[0][0])
+                if x.dtype != out_dtype:
+                    value = te.cast(out_dtype, value)
+            else:
+                total = None
+                for where, weight in combos:
+                    term = te.cast("float64", read(where)) * weight
+                    total = term if total is None else total + term
+                for axis in per_axis:
+                    if axis.norm is not None:
+                        total = total / axis.norm
+                value = _round_expr(total, out_dtype)
+            outside = [a.outside for a in per_axis if a.outside is not None]
+            if outside:
+                fill = _round_expr(tir.FloatImm(spec.extrapolation_value, "float64"), out_dtype)
+                value = te.if_then_else(te.any_of(*outside), fill, value)
+            return value
+
+        return _injective(op_name.split(".")[-1], shape, body)
+
+    return impl
+
+
+for _name in RESIZE_OPS.values():
+    compute(_name)(_resize_compute(_name))
