@@ -193,3 +193,70 @@ def _resize(imp: Importer, node: OnnxNode) -> Expr:
         cubic_exclude=int(node.attrs.get("exclude_outside", 0)),
         extrapolation_value=node.attr_float("extrapolation_value", 0.0), antialias=antialias,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# DepthToSpace, SpaceToDepth
+# ------------------------------------------------------------------------------------------------
+
+
+@_converts("DepthToSpace", "SpaceToDepth")
+def _depth_space(imp: Importer, node: OnnxNode) -> Expr:
+    x = node.required(0)
+    if imp.rank(x) != 4:
+        raise OnnxModelError(f"{node.op_type} needs a rank-4 NCHW input, got shape {imp.shape(x)}")
+    mode = node.attr_str("mode", "DCR").upper()
+    op_name = "nn.depth_to_space" if node.op_type == "DepthToSpace" else "nn.space_to_depth"
+    return imp.call(op_name, [x], block_size=int(node.attrs["blocksize"]), mode=mode)
+
+
+# ------------------------------------------------------------------------------------------------
+# Range, Trilu, CumSum, OneHot
+# ------------------------------------------------------------------------------------------------
+
+
+def _scalar(imp: Importer, node: OnnxNode, index: int, what: str) -> np.ndarray:
+    value = imp.static(node.required(index), f"{what} of {node.op_type}")
+    if value.size != 1:
+        raise OnnxModelError(f"{what} must be a scalar, got shape {value.shape}")
+    return value.reshape(())
+
+
+@_converts("Range")
+def _range(imp: Importer, node: OnnxNode) -> Expr:
+    start, limit, delta = (_scalar(imp, node, i, w) for i, w in enumerate(("start", "limit", "delta")))
+    dtype = imp.dtype(node.required(0))
+    as_number = float if np.issubdtype(start.dtype, np.floating) else int
+    if as_number(delta) == 0:
+        raise OnnxModelError("delta of Range must not be 0")
+    return imp.call("arange", [], start=as_number(start), stop=as_number(limit), step=as_number(delta), dtype=dtype)
+
+
+@_converts("Trilu")
+def _trilu(imp: Importer, node: OnnxNode) -> Expr:
+    k = int(_scalar(imp, node, 1, "k")) if node.input(1) is not None else 0
+    return imp.call("trilu", [node.required(0)], k=k, upper=bool(node.attrs.get("upper", 1)))
+
+
+@_converts("CumSum")
+def _cumsum(imp: Importer, node: OnnxNode) -> Expr:
+    x = node.required(0)
+    axis = int(_scalar(imp, node, 1, "axis"))
+    rank = imp.rank(x)
+    if not -rank <= axis < rank:
+        raise OnnxModelError(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return imp.call("cumsum", [x], axis=axis % rank, exclusive=bool(node.attrs.get("exclusive", 0)),
+                    reverse=bool(node.attrs.get("reverse", 0)))
+
+
+@_converts("OneHot")
+def _one_hot(imp: Importer, node: OnnxNode) -> Expr:
+    indices = node.required(0)
+    depth = int(_scalar(imp, node, 1, "depth"))
+    values = node.required(2)
+    if imp.shape(values) != (2,):
+        raise OnnxModelError(f"values of OneHot must hold two elements [off, on], got shape {imp.shape(values)}")
+    if not imp.dtype(indices).startswith(("int", "uint")):
+        indices = imp.cast(indices, "int64")
+    off, on = (imp.call("take", [values, imp.const(i, "int64")], axis=0) for i in (0, 1))
+    return imp.call("one_hot", [indices, on, off], depth=depth, axis=int(node.attrs.get("axis", -1)))

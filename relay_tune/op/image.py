@@ -472,3 +472,148 @@ def _resize_compute(op_name: str) -> Callable[..., te.Tensor]:
 
 for _name in RESIZE_OPS.values():
     compute(_name)(_resize_compute(_name))
+
+
+# ------------------------------------------------------------------------------------------------
+# nn.depth_to_space, nn.space_to_depth
+# ------------------------------------------------------------------------------------------------
+
+DEPTH_SPACE_MODES = ("DCR", "CRD")
+_DEPTH_SPACE_ATTRS = {"block_size": None, "layout": "NCHW", "mode": "DCR"}
+register_op("nn.depth_to_space", 1, OpPattern.INJECTIVE, _DEPTH_SPACE_ATTRS, "relay.attrs.SubPixelAttrs",
+            required=("block_size",), description="moves blocks of channels into space; DCR or CRD channel order")
+register_op("nn.space_to_depth", 1, OpPattern.INJECTIVE, _DEPTH_SPACE_ATTRS, "relay.attrs.SubPixelAttrs",
+            required=("block_size",), description="moves blocks of space into channels; DCR or CRD channel order")
+
+
+@dataclass(frozen=True)
+class SubPixel:
+    """A depth/space rearrangement resolved for one input: axis positions, block size, mode."""
+
+    c: int
+    h: int
+    w: int
+    block: int
+    mode: str
+
+
+def _sub_pixel(op_name: str, x: TensorType, attrs: Attrs) -> tuple[SubPixel, tuple[Dim, ...]]:
+    layout = attrs["layout"]
+    if layout not in ("NCHW", "NHWC"):
+        raise RelayTypeError(f"layout must be NCHW or NHWC, got {layout!r}", op_name=op_name)
+    block = attrs["block_size"]
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+        raise RelayTypeError(f"block_size must be a positive integer, got {block!r}", op_name=op_name)
+    mode = _check_choice(attrs["mode"], DEPTH_SPACE_MODES, op_name, "mode")
+    if x.ndim != 4:
+        raise RelayTypeError(f"expects a rank-4 {layout} input, got shape {format_shape(x.shape)}", op_name=op_name)
+    sp = SubPixel(layout.index("C"), layout.index("H"), layout.index("W"), block, mode)
+    out = list(x.shape)
+    c, h, w = x.shape[sp.c], x.shape[sp.h], x.shape[sp.w]
+    if op_name == "nn.depth_to_space":
+        if isinstance(c, int) and c % (block * block):
+            raise RelayTypeError(f"{c} channels do not split into blocks of {block}x{block}", op_name=op_name)
+        out[sp.c] = ANY if isinstance(c, AnyDim) else c // (block * block)
+        out[sp.h] = ANY if isinstance(h, AnyDim) else h * block
+        out[sp.w] = ANY if isinstance(w, AnyDim) else w * block
+    else:
+        for axis, extent in ((sp.h, h), (sp.w, w)):
+            if isinstance(extent, int) and extent % block:
+                raise RelayTypeError(f"axis {axis} of {format_shape(x.shape)} is not a multiple of the block size "
+                                     f"{block}", op_name=op_name)
+        out[sp.c] = ANY if isinstance(c, AnyDim) else c * block * block
+        out[sp.h] = ANY if isinstance(h, AnyDim) else h // block
+        out[sp.w] = ANY if isinstance(w, AnyDim) else w // block
+    return sp, tuple(out)
+
+
+def _sub_pixel_relation(op_name: str) -> Callable[[Sequence[Type], Attrs], Type]:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        expect_arity(arg_types, 1, op_name)
+        x = expect_tensor(arg_types[0], op_name, "data")
+        return TensorType(_sub_pixel(op_name, x, attrs)[1], x.dtype)
+
+    return relation
+
+
+def _depth_channel(sp: SubPixel, channel: Any, bh: Any, bw: Any, channels: int) -> Any:
+    """The channel of the deep tensor holding channel `channel` of the shallow one at block offset (bh, bw)."""
+    b = sp.block
+    if sp.mode == "DCR":
+        return (bh * b + bw) * channels + channel
+    return channel * (b * b) + bh * b + bw
+
+
+def _depth_to_space_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    sp, out_shape = _sub_pixel("nn.depth_to_space", TensorType(x.shape, x.dtype.name), attrs)
+    out = np.empty(tuple(int(d) for d in out_shape), x.dtype)
+    b, channels = sp.block, out_shape[sp.c]
+    for bh in range(b):
+        for bw in range(b):
+            for c in range(int(channels)):
+                src = np.take(x, _depth_channel(sp, c, bh, bw, int(channels)), axis=sp.c)
+                dst = [slice(None)] * 4
+                dst[sp.c], dst[sp.h], dst[sp.w] = c, slice(bh, None, b), slice(bw, None, b)
+                out[tuple(dst)] = src
+    return out
+
+
+def _space_to_depth_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = np.asarray(inputs[0])
+    sp, out_shape = _sub_pixel("nn.space_to_depth", TensorType(x.shape, x.dtype.name), attrs)
+    out = np.empty(tuple(int(d) for d in out_shape), x.dtype)
+    b, channels = sp.block, x.shape[sp.c]
+    for bh in range(b):
+        for bw in range(b):
+            for c in range(channels):
+                src = [slice(None)] * 4
+                src[sp.c], src[sp.h], src[sp.w] = c, slice(bh, None, b), slice(bw, None, b)
+                dst = [slice(None)] * 4
+                dst[sp.c] = _depth_channel(sp, c, bh, bw, channels)
+                out[tuple(dst)] = x[tuple(src)]
+    return out
+
+
+type_relation("nn.depth_to_space")(_sub_pixel_relation("nn.depth_to_space"))
+type_relation("nn.space_to_depth")(_sub_pixel_relation("nn.space_to_depth"))
+reference("nn.depth_to_space")(_depth_to_space_ref)
+reference("nn.space_to_depth")(_space_to_depth_ref)
+
+
+@compute("nn.depth_to_space")
+def _depth_to_space_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    sp, _ = _sub_pixel("nn.depth_to_space", TensorType(x.shape, x.dtype), attrs)
+    shape = static_shape(out_type)
+    b = sp.block
+
+    def body(*idx: Any) -> Any:
+        src = list(idx)
+        src[sp.h], src[sp.w] = idx[sp.h] // b, idx[sp.w] // b
+        src[sp.c] = _depth_channel(sp, idx[sp.c], idx[sp.h] % b, idx[sp.w] % b, shape[sp.c])
+        return x[tuple(src)]
+
+    return _injective("depth_to_space", shape, body)
+
+
+@compute("nn.space_to_depth")
+def _space_to_depth_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = inputs
+    sp, _ = _sub_pixel("nn.space_to_depth", TensorType(x.shape, x.dtype), attrs)
+    shape = static_shape(out_type)
+    b, channels = sp.block, x.shape[sp.c]
+
+    def body(*idx: Any) -> Any:
+        oc = idx[sp.c]
+        if sp.mode == "DCR":
+            block, channel = oc // channels, oc % channels
+        else:
+            block, channel = oc % (b * b), oc // (b * b)
+        src = list(idx)
+        src[sp.c] = channel
+        src[sp.h] = idx[sp.h] * b + block // b
+        src[sp.w] = idx[sp.w] * b + block % b
+        return x[tuple(src)]
+
+    return _injective("space_to_depth", shape, body)
