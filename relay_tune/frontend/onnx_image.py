@@ -93,7 +93,8 @@ def _resize_call(
     **attrs: object,
 ) -> Expr:
     """Resize the axes of `x` whose extent, scale or region change, through `image.resizeNd` on a view of `x`
-    with those axes as its spatial axes (leading axes folded into N, trailing ones into C)."""
+    with those axes (and the unchanged ones between them) as its spatial axes: channels first when they end the
+    shape, else channels last with the trailing axes folded into C; leading axes fold into N."""
     shape = imp.static_shape(x, "the input of Resize")
     rank = len(shape)
     full_roi = list(roi) if roi is not None else [0.0] * rank + [1.0] * rank
@@ -109,10 +110,12 @@ def _resize_call(
     spatial = list(range(first, last + 1))
     if len(spatial) > 3:
         raise UnsupportedError(f"Resize of axes {changed}: at most three consecutive axes can be resized together")
-    lead = math.prod(shape[:first])
-    trail = math.prod(shape[last + 1:])
+    lead, trail = math.prod(shape[:first]), math.prod(shape[last + 1:])
     channels_last = last < rank - 1
-    view = [lead, *shape[first:last + 1], trail] if channels_last else [lead, 1, *shape[first:]]
+    if channels_last:
+        view = [lead, *shape[first:last + 1], trail]
+    else:  # the axis before the spatial ones is C and those before it fold into N (NCHW stays as it is)
+        view = [math.prod(shape[:first - 1]), shape[first - 1], *shape[first:]] if first else [1, 1, *shape]
     d = len(spatial)
     layout = ("NWC", "NHWC", "NDHWC")[d - 1] if channels_last else ("NCW", "NCHW", "NCDHW")[d - 1]
     resized = imp.call(

@@ -180,16 +180,17 @@ def _cumsum_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
     dtype = attrs["dtype"] or x.dtype.name
     if axis is None:
         x, axis = x.reshape(-1), 0
-    data = x.astype(dtype)
+    acc = "float32" if dtype == "float16" else dtype  # float16 sums accumulate in float32, as the kernel's do
+    data = x.astype(dtype).astype(acc)
     if attrs["reverse"]:
         data = np.flip(data, axis)
-    total = np.cumsum(data, axis=axis, dtype=dtype)
+    total = np.cumsum(data, axis=axis, dtype=acc)
     if attrs["exclusive"]:  # the sum of the elements before: the inclusive sums shifted by one
         total = np.concatenate([np.zeros_like(np.take(total, [0], axis=axis)),
                                 np.take(total, np.arange(total.shape[axis] - 1), axis=axis)], axis=axis)
     if attrs["reverse"]:
         total = np.flip(total, axis)
-    return np.ascontiguousarray(total)
+    return np.ascontiguousarray(total.astype(dtype))
 
 
 # ------------------------------------------------------------------------------------------------
