@@ -1,4 +1,5 @@
-"""Image and index-generating operators: Resize/Upsample, DepthToSpace/SpaceToDepth, Range, Trilu, CumSum, OneHot.
+"""Image and index-generating operators: Resize/Upsample, GridSample, DepthToSpace/SpaceToDepth, Range, Trilu,
+CumSum, OneHot.
 
 Each ONNX case is one node run by onnxruntime (or onnx's reference evaluator) and by relay-tune twice: the
 reference interpreter and the compiled model (`relay_tune.build`). The Relay operators are also checked on
@@ -226,6 +227,25 @@ OTHER_CASES = [
 ]
 
 
+GRID_X = rand(2, 3, 5, 6)
+GRID = rand(2, 4, 7, 2, low=-1.7, high=1.7)  # positions beyond the borders fold more than once when reflected
+GRID_CASES = [
+    *[P(f"gridsample16-{mode}-{padding}-align{align}",
+        Case("GridSample", {"x": GRID_X, "grid": GRID}, {"mode": mode, "padding_mode": padding, "align_corners": align},
+             16, rtol=1e-4, atol=1e-4))
+      for mode in ["bilinear", "nearest", "bicubic"] for padding in ["zeros", "border", "reflection"]
+      for align in (0, 1)],
+    P("gridsample20-cubic-reflection", Case("GridSample", {"x": GRID_X, "grid": GRID},
+                                            {"mode": "cubic", "padding_mode": "reflection"}, 20, rtol=1e-4, atol=1e-4)),
+    *[P(f"gridsample20-volumetric-{mode}-{padding}",
+        Case("GridSample", {"x": rand(1, 2, 3, 4, 5), "grid": rand(1, 2, 3, 4, 3, low=-1.3, high=1.3)},
+             {"mode": mode, "padding_mode": padding, "align_corners": 1}, 20, oracle="reference", rtol=1e-4,
+             atol=1e-4))
+      for mode in ["linear", "nearest"] for padding in ["zeros", "reflection"]],
+]
+OTHER_CASES += GRID_CASES
+
+
 @pytest.mark.parametrize("case", OTHER_CASES)
 def test_other_operators(case: Case) -> None:
     check_case(case)
@@ -310,6 +330,10 @@ KERNEL_CASES = [
     ("cumsum", [TensorType((3, 5), "float16")], {"axis": 0}),
     ("one_hot", [TensorType((2, 3), "int32"), TensorType((), "float32"), TensorType((), "float32")],
      {"depth": 4, "axis": 1}),
+    ("image.grid_sample", [TensorType((1, 2, 4, 5), "float32"), TensorType((1, 3, 6, 2), "float32")],
+     {"method": "bicubic", "padding_mode": "reflection", "align_corners": False}),
+    ("image.grid_sample", [TensorType((1, 2, 3, 4, 5), "uint8"), TensorType((1, 2, 3, 2, 3), "float64")],
+     {"method": "bilinear", "layout": "NCDHW", "padding_mode": "border"}),
 ]
 
 
@@ -360,6 +384,10 @@ def test_text_round_trip(op_name: str, arg_types: list[TensorType], attrs: dict[
     ("nn.depth_to_space", [TensorType((1, 8, 2, 2), "float32")], {"block_size": 2, "mode": "RCD"},
      "mode must be one of DCR, CRD"),
     ("trilu", [TensorType((4,), "float32")], {}, "rank 2 or more"),
+    ("image.grid_sample", [TensorType((1, 2, 4, 5), "float32"), TensorType((1, 3, 6, 3), "float32")], {},
+     r"grid must have shape \(N, \*out, 2\)"),
+    ("image.grid_sample", [TensorType((1, 2, 4, 5), "float32"), TensorType((1, 3, 6, 2), "float32")],
+     {"padding_mode": "wrap"}, "padding_mode must be one of zeros, border, reflection"),
     ("cumsum", [TensorType((4, 3), "float32")], {"axis": 2}, "out of range"),
     ("one_hot", [TensorType((3,), "float32"), TensorType((), "float32"), TensorType((), "float32")], {"depth": 3},
      "indices must be an integer tensor"),
@@ -381,7 +409,8 @@ def test_arange_zero_step_is_an_error() -> None:
 # ONNX backend node cases of the installed onnx package
 # ------------------------------------------------------------------------------------------------
 
-MY_OPERATORS = ("Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Range", "Trilu", "CumSum", "OneHot")
+MY_OPERATORS = ("Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Range", "Trilu", "CumSum", "OneHot",
+                "GridSample")
 # Inputs that decide shapes, bound to the data set's values as constants (as exported models have them).
 SHAPE_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "Range": (0, 1, 2), "OneHot": (1,), "CumSum": (1,),
                 "Trilu": (1,)}
@@ -440,6 +469,6 @@ def test_backend_node_cases_compiled(monkeypatch: pytest.MonkeyPatch, capsys: py
               f"{len(results) - len(failed)}/{len(results)} pass")
         for name, why in sorted(failed.items()):
             print(f"  FAIL {name}: {why}")
-    assert len(results) >= 80
+    assert len(results) >= 100
     assert set(failed) <= KNOWN_MISSES, {n: w for n, w in failed.items() if n not in KNOWN_MISSES}
 

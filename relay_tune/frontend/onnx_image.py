@@ -1,5 +1,5 @@
 """ONNX converters for image and index-generating operators: Resize (opsets 10 to 19), Upsample (7, 9),
-DepthToSpace, SpaceToDepth, Range, Trilu, CumSum, OneHot.
+GridSample (16, 20), DepthToSpace, SpaceToDepth, Range, Trilu, CumSum, OneHot.
 
 Registered into the importer's converter table (`relay_tune.frontend.onnx`), which imports this module once its
 table exists. Inputs that only decide shapes (Resize's roi/scales/sizes, Range's start/limit/delta, OneHot's
@@ -263,3 +263,26 @@ def _one_hot(imp: Importer, node: OnnxNode) -> Expr:
         indices = imp.cast(indices, "int64")
     off, on = (imp.call("take", [values, imp.const(i, "int64")], axis=0) for i in (0, 1))
     return imp.call("one_hot", [indices, on, off], depth=depth, axis=int(node.attrs.get("axis", -1)))
+
+
+# ------------------------------------------------------------------------------------------------
+# GridSample
+# ------------------------------------------------------------------------------------------------
+
+_GRID_METHODS = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic",
+                 "cubic": "bicubic"}
+
+
+@_converts("GridSample")
+def _grid_sample(imp: Importer, node: OnnxNode) -> Expr:
+    """Opset 16 (4-D; bilinear, nearest, bicubic) and 20 (N-D; linear, nearest, cubic)."""
+    x, grid = node.required(0), node.required(1)
+    mode = node.attr_str("mode", "linear" if imp.opset >= 20 else "bilinear")
+    if mode not in _GRID_METHODS:
+        raise OnnxModelError(f"mode {mode!r} is not one of {', '.join(_GRID_METHODS)}")
+    rank = imp.rank(x)
+    if rank not in (4, 5):
+        raise UnsupportedError(f"GridSample of a rank-{rank} input (rank 4 and 5 are supported)")
+    return imp.call("image.grid_sample", [x, grid], method=_GRID_METHODS[mode],
+                    layout="NCHW" if rank == 4 else "NCDHW", padding_mode=node.attr_str("padding_mode", "zeros"),
+                    align_corners=bool(node.attrs.get("align_corners", 0)))

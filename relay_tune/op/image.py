@@ -1,5 +1,6 @@
 """Image operators: `image.resize1d/2d/3d` (nearest, linear and cubic interpolation with every coordinate
-transformation of ONNX Resize, antialiasing, crop-and-resize) and the depth/space rearrangements
+transformation of ONNX Resize, antialiasing, crop-and-resize), `image.grid_sample` (nearest, bilinear, bicubic
+sampling at normalised positions with zeros, border or reflection padding) and the depth/space rearrangements
 `nn.depth_to_space` and `nn.space_to_depth`.
 
 Resizing is separable: every spatial axis maps each output position to a few input taps with weights, and an
@@ -227,6 +228,17 @@ class _NumpyMath:
     def is_zero(x: Array) -> Array:
         return x == 0.0
 
+    rint = staticmethod(np.rint)
+    trunc = staticmethod(np.trunc)
+
+    @staticmethod
+    def minimum(a: Array, b: float) -> Array:
+        return np.minimum(a, b)
+
+    @staticmethod
+    def maximum(a: Array, b: float) -> Array:
+        return np.maximum(a, b)
+
 
 class _TeMath:
     """The same interface over float64 tensor expressions."""
@@ -262,6 +274,17 @@ class _TeMath:
     @staticmethod
     def is_zero(x: Any) -> Any:
         return te.equal(x, 0.0)
+
+    rint = staticmethod(lambda x: te.round(x))  # halves to even, as numpy's rint
+    trunc = staticmethod(lambda x: te.if_then_else(x < 0.0, te.ceil(x), te.floor(x)))
+
+    @staticmethod
+    def minimum(a: Any, b: float) -> Any:
+        return te.minimum(a, tir.FloatImm(float(b), "float64"))
+
+    @staticmethod
+    def maximum(a: Any, b: float) -> Any:
+        return te.maximum(a, tir.FloatImm(float(b), "float64"))
 
 
 def _source_coordinate(m: Any, y: Any, ax: AxisResize, mode: str) -> Any:
@@ -617,3 +640,147 @@ def _space_to_depth_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type:
         return x[tuple(src)]
 
     return _injective("space_to_depth", shape, body)
+
+
+# ------------------------------------------------------------------------------------------------
+# image.grid_sample
+# ------------------------------------------------------------------------------------------------
+
+GRID_METHODS = ("nearest", "bilinear", "bicubic")
+PADDING_MODES = ("zeros", "border", "reflection")
+_GRID_LAYOUTS = {4: "NCHW", 5: "NCDHW"}
+register_op(
+    "image.grid_sample", 2, OpPattern.INJECTIVE,
+    {"method": "bilinear", "layout": "NCHW", "padding_mode": "zeros", "align_corners": True},
+    "relay.attrs.GridSampleAttrs",
+    description="samples data (N, C, *in) at the normalised positions grid (N, *out, k) (ONNX's grid layout: the "
+                "last axis holds x, y[, z], innermost spatial axis first) -> (N, C, *out)",
+)
+
+
+def _grid_sample_type(arg_types: Sequence[Type], attrs: Attrs) -> TensorType:
+    op = "image.grid_sample"
+    expect_arity(arg_types, 2, op)
+    data, grid = expect_tensor(arg_types[0], op, "data"), expect_tensor(arg_types[1], op, "grid")
+    _check_choice(attrs["method"], GRID_METHODS, op, "method")
+    _check_choice(attrs["padding_mode"], PADDING_MODES, op, "padding_mode")
+    layout = _GRID_LAYOUTS.get(data.ndim)
+    if layout is None or attrs["layout"] != layout:
+        raise RelayTypeError(f"data of shape {format_shape(data.shape)} needs layout NCHW (rank 4) or NCDHW "
+                             f"(rank 5), got layout {attrs['layout']!r}", op_name=op)
+    spatial = data.ndim - 2
+    if grid.ndim != data.ndim or grid.shape[-1] not in (spatial, ANY):
+        raise RelayTypeError(f"grid must have shape (N, *out, {spatial}) for data {format_shape(data.shape)}, got "
+                             f"{format_shape(grid.shape)}", op_name=op)
+    if not is_float_dtype(grid.dtype):
+        raise RelayTypeError(f"grid must be a float tensor, got {grid.dtype}", op_name=op)
+    if isinstance(data.shape[0], int) and isinstance(grid.shape[0], int) and data.shape[0] != grid.shape[0]:
+        raise RelayTypeError(f"data {format_shape(data.shape)} and grid {format_shape(grid.shape)} differ in batch",
+                             op_name=op)
+    return TensorType((data.shape[0], data.shape[1], *grid.shape[1:-1]), data.dtype)
+
+
+type_relation("image.grid_sample")(_grid_sample_type)
+
+
+def _reflect(m: Any, x: Any, lo: float, hi: float) -> Any:
+    """`x` reflected off the borders [lo, hi] until it lies between them."""
+    span = hi - lo
+    if span <= 0:
+        return m.const(x, lo)
+    below = x < lo
+    dx = m.where(below, lo - x, x - hi)
+    folds = m.floor(dx / span)
+    rest = dx - folds * span
+    even = m.is_zero(folds - 2.0 * m.floor(folds / 2.0))
+    inner = m.where(even, lo + rest, hi - rest)
+    outer = m.where(even, hi - rest, lo + rest)
+    return m.where(below, inner, m.where(x > hi, outer, x))
+
+
+def _grid_axis_taps(m: Any, g: Any, extent: int, attrs: Attrs) -> list[tuple[Any, Any, Any]]:
+    """(clamped index, weight or None, validity or None) taps of one spatial axis at the denormalised position
+    `g` (float64). Nearest and bilinear sampling pad the position (clamp or reflect it into the image), then
+    each tap; bicubic pads each tap only, as PyTorch, whose models these are, and onnxruntime do."""
+    align, padding, method = bool(attrs["align_corners"]), attrs["padding_mode"], attrs["method"]
+    lo, hi = (0.0, extent - 1.0) if align else (-0.5, extent - 0.5)
+    x = m.rint(g) if method == "nearest" else g
+    if method != "bicubic":  # bicubic pads each tap, not the position (onnx's reference clamps the position)
+        if padding == "border":
+            x = m.where(m.either(x < lo, x > hi), m.minimum(m.maximum(x, 0.0), float(extent - 1)), x)
+        elif padding == "reflection":
+            x = _reflect(m, x, lo, hi)
+
+    def tap(position: Any, weight: Any) -> tuple[Any, Any, Any]:
+        if padding == "reflection":
+            position = m.trunc(_reflect(m, position, lo, hi))
+        valid = m.both(position >= 0.0, position < float(extent)) if padding == "zeros" else None
+        return m.clamp_index(position, extent), weight, valid
+
+    if method == "nearest":
+        return [tap(m.trunc(x), None)]
+    left = m.floor(x)
+    t = x - left
+    if method == "bilinear":
+        return [tap(left, 1.0 - t), tap(left + 1.0, t)]
+    distances = (t + 1.0, t, 1.0 - t, 2.0 - t)
+    return [tap(left + float(k - 1), _cubic(m, d, -0.75)) for k, d in enumerate(distances)]
+
+
+def _denormalized(g: Any, extent: int, align: bool) -> Any:
+    return (g + 1.0) / 2.0 * float(extent - 1) if align else ((g + 1.0) * float(extent) - 1.0) / 2.0
+
+
+@reference("image.grid_sample")
+def _grid_sample_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    data, grid = np.asarray(inputs[0]), np.asarray(inputs[1])
+    out_type = _grid_sample_type([TensorType(data.shape, data.dtype.name), TensorType(grid.shape, grid.dtype.name)],
+                                 attrs)
+    spatial = data.ndim - 2
+    per_axis = []
+    for d in range(spatial):  # grid's last axis lists x (innermost spatial axis) first
+        g = _denormalized(grid[..., spatial - 1 - d], data.shape[2 + d], bool(attrs["align_corners"]))
+        per_axis.append(_grid_axis_taps(_NumpyMath, np.asarray(g).astype(np.float64), data.shape[2 + d], attrs))
+    batch = np.arange(data.shape[0]).reshape((-1,) + (1,) * spatial)
+    total = np.zeros((*grid.shape[:-1], data.shape[1]), np.float64)
+    combos: list[tuple[list[Array], Array, Array]] = [([], np.ones(grid.shape[:-1]), np.ones(grid.shape[:-1], bool))]
+    for taps in per_axis:
+        combos = [([*idx, i], weight * (1.0 if w is None else w), ok & (True if v is None else v))
+                  for idx, weight, ok in combos for i, w, v in taps]
+    for idx, weight, ok in combos:
+        picked = np.moveaxis(data, 1, -1)[(batch, *idx)].astype(np.float64)  # (N, *out, C)
+        total += np.where(ok[..., None], picked * weight[..., None], 0.0)
+    result = np.moveaxis(total, -1, 1)
+    if is_int_dtype(out_type.dtype):
+        return _round_to(result, out_type.dtype)
+    return result.astype(out_type.dtype)
+
+
+@compute("image.grid_sample")
+def _grid_sample_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, grid = inputs
+    spatial = data.ndim - 2
+    shape = static_shape(out_type)
+    align = bool(attrs["align_corners"])
+
+    def body(*idx: Any) -> Any:
+        n, c, out = idx[0], idx[1], idx[2:]
+        per_axis = []
+        for d in range(spatial):
+            g = _denormalized(grid[(n, *out, spatial - 1 - d)], data.shape[2 + d], align)
+            per_axis.append(_grid_axis_taps(_TeMath, te.cast("float64", g), data.shape[2 + d], attrs))
+        combos: list[tuple[list[Any], Any, list[Any]]] = [([], None, [])]
+        for taps in per_axis:
+            combos = [([*where, i], weight if w is None else (w if weight is None else weight * w),
+                       [*ok, *([] if v is None else [v])])
+                      for where, weight, ok in combos for i, w, v in taps]
+        total = None
+        for where, weight, ok in combos:
+            value = te.cast("float64", data[(n, c, *where)])
+            term = value if weight is None else value * weight
+            if ok:
+                term = te.if_then_else(te.all_of(*ok), term, tir.FloatImm(0.0, "float64"))
+            total = term if total is None else total + term
+        return _round_expr(total, data.dtype)
+
+    return _injective("grid_sample", shape, body)
