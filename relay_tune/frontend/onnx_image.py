@@ -1,22 +1,39 @@
 """ONNX converters for image and index-generating operators: Resize (opsets 10 to 19), Upsample (7, 9),
 GridSample (16, 20), DepthToSpace, SpaceToDepth, Range, Trilu, CumSum, OneHot.
 
-Registered into the importer's converter table (`relay_tune.frontend.onnx`), which imports this module once its
-table exists. Inputs that only decide shapes (Resize's roi/scales/sizes, Range's start/limit/delta, OneHot's
+`CONVERTERS` maps each operator type to its converter; the importer (`relay_tune.frontend.onnx`) adds them to its
+table. This module does not import the importer (that would be an import cycle): converters receive the importer
+and the node, and raise `RelayTuneError`, which the importer reports as an `OnnxModelError` naming the node.
+Inputs that only decide shapes (Resize's roi/scales/sizes, Range's start/limit/delta, OneHot's
 depth) must be constants once shapes are known; the importer's constant folding makes them so in exported graphs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from relay_tune.errors import UnsupportedError
-from relay_tune.frontend.onnx import Importer, OnnxModelError, OnnxNode, _converts
+from relay_tune.errors import RelayTuneError, UnsupportedError
 from relay_tune.ir.expr import Expr
 from relay_tune.op.image import RESIZE_OPS
+
+if TYPE_CHECKING:
+    from relay_tune.frontend.onnx import Importer, OnnxNode
+
+Converter = Callable[["Importer", "OnnxNode"], Expr]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def _converts(*op_types: str) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for name in op_types:
+            CONVERTERS[name] = fn
+        return fn
+
+    return register
 
 # ------------------------------------------------------------------------------------------------
 # Resize and Upsample
@@ -41,7 +58,7 @@ def _per_axis(values: np.ndarray | None, axes: Sequence[int], rank: int, fill: f
         return None
     flat = [float(v) for v in values.reshape(-1)]
     if len(flat) != len(axes):
-        raise OnnxModelError(f"{what} has {len(flat)} values for {len(axes)} axes")
+        raise RelayTuneError(f"{what} has {len(flat)} values for {len(axes)} axes")
     full = [fill] * rank
     for axis, value in zip(axes, flat):
         full[axis] = value
@@ -53,7 +70,7 @@ def _resize_axes(imp: Importer, node: OnnxNode, rank: int) -> list[int]:
         return list(range(rank))
     axes = [int(a) + rank if int(a) < 0 else int(a) for a in node.attrs["axes"]]
     if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
-        raise OnnxModelError(f"axes {list(node.attrs['axes'])} are not distinct axes of a rank-{rank} tensor")
+        raise RelayTuneError(f"axes {list(node.attrs['axes'])} are not distinct axes of a rank-{rank} tensor")
     return axes
 
 
@@ -66,7 +83,7 @@ def _output_geometry(
     if sizes is not None:
         given = [int(v) for v in sizes.reshape(-1)]
         if len(given) != len(axes):
-            raise OnnxModelError(f"sizes has {len(given)} values for {len(axes)} axes")
+            raise RelayTuneError(f"sizes has {len(given)} values for {len(axes)} axes")
         out = list(shape)
         for axis, extent in zip(axes, given):
             out[axis] = extent
@@ -74,7 +91,7 @@ def _output_geometry(
         policy = node.attr_str("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             if policy not in ("not_larger", "not_smaller"):
-                raise OnnxModelError(f"keep_aspect_ratio_policy {policy!r} is not one of stretch, not_larger, "
+                raise RelayTuneError(f"keep_aspect_ratio_policy {policy!r} is not one of stretch, not_larger, "
                                      "not_smaller")
             pick = min if policy == "not_larger" else max
             common = pick(factors[a] for a in axes)
@@ -82,9 +99,9 @@ def _output_geometry(
             out = [int(common * shape[i] + 0.5) if i in axes else shape[i] for i in range(rank)]
         return out, factors
     if scales is None:
-        raise OnnxModelError("one of scales and sizes must be given")
+        raise RelayTuneError("one of scales and sizes must be given")
     if any(not s > 0 for s in scales):
-        raise OnnxModelError(f"scales must be positive, got {scales}")
+        raise RelayTuneError(f"scales must be positive, got {scales}")
     return [int(s * d) for s, d in zip(scales, shape)], scales
 
 
@@ -103,7 +120,7 @@ def _resize_call(
                or (attrs["coordinate_transformation_mode"] == "tf_crop_and_resize"
                    and (full_roi[i], full_roi[rank + i]) != (0.0, 1.0))]
     if any(e <= 0 for e in out):
-        raise OnnxModelError(f"the output shape {list(out)} has an empty axis")
+        raise RelayTuneError(f"the output shape {list(out)} has an empty axis")
     if not changed:
         return x
     first, last = min(changed), max(changed)
@@ -131,7 +148,7 @@ def _legacy_resize(imp: Importer, node: OnnxNode, x: Expr, scales: list[float]) 
     downscaling (onnxruntime's rule for these opsets)."""
     shape = imp.static_shape(x, f"the input of {node.op_type}")
     if len(scales) != len(shape):
-        raise OnnxModelError(f"scales has {len(scales)} values for an input of rank {len(shape)}")
+        raise RelayTuneError(f"scales has {len(scales)} values for an input of rank {len(shape)}")
     method = _method(node)
     out, factors = _output_geometry(node, shape, list(range(len(shape))), scales, None)
     changed = [s for s in scales if s != 1.0]
@@ -145,7 +162,7 @@ def _legacy_resize(imp: Importer, node: OnnxNode, x: Expr, scales: list[float]) 
 def _method(node: OnnxNode) -> str:
     mode = node.attr_str("mode", "nearest")
     if mode not in _METHODS:
-        raise OnnxModelError(f"mode {mode!r} is not one of nearest, linear, cubic")
+        raise RelayTuneError(f"mode {mode!r} is not one of nearest, linear, cubic")
     return _METHODS[mode]
 
 
@@ -174,21 +191,21 @@ def _resize(imp: Importer, node: OnnxNode) -> Expr:
     if raw_roi is not None:
         flat = [float(v) for v in raw_roi.reshape(-1)]
         if len(flat) != 2 * len(axes):
-            raise OnnxModelError(f"roi has {len(flat)} values for {len(axes)} axes (two per axis)")
+            raise RelayTuneError(f"roi has {len(flat)} values for {len(axes)} axes (two per axis)")
         starts = _per_axis(np.array(flat[:len(axes)]), axes, rank, 0.0, "roi")
         ends = _per_axis(np.array(flat[len(axes):]), axes, rank, 1.0, "roi")
         roi = [*(starts or []), *(ends or [])]
     elif mode == "tf_crop_and_resize":
-        raise OnnxModelError("coordinate_transformation_mode tf_crop_and_resize needs the roi input")
+        raise RelayTuneError("coordinate_transformation_mode tf_crop_and_resize needs the roi input")
     scales = _per_axis(_optional_static(imp, node, 2, "scales of Resize"), axes, rank, 1.0, "scales")
     sizes = _optional_static(imp, node, 3, "sizes of Resize")
     if scales is not None and sizes is not None:
-        raise OnnxModelError("only one of scales and sizes may be given")
+        raise RelayTuneError("only one of scales and sizes may be given")
     out, factors = _output_geometry(node, shape, axes, scales, sizes)
     method = _method(node)
     nearest_mode = node.attr_str("nearest_mode", "round_prefer_floor")
     if nearest_mode not in _NEAREST_MODES:
-        raise OnnxModelError(f"nearest_mode {nearest_mode!r} is not one of {', '.join(sorted(_NEAREST_MODES))}")
+        raise RelayTuneError(f"nearest_mode {nearest_mode!r} is not one of {', '.join(sorted(_NEAREST_MODES))}")
     antialias = bool(node.attrs.get("antialias", 0)) and method != "nearest_neighbor"
     return _resize_call(
         imp, x, out, factors, roi, method=method, coordinate_transformation_mode=mode,
@@ -207,7 +224,7 @@ def _resize(imp: Importer, node: OnnxNode) -> Expr:
 def _depth_space(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     if imp.rank(x) != 4:
-        raise OnnxModelError(f"{node.op_type} needs a rank-4 NCHW input, got shape {imp.shape(x)}")
+        raise RelayTuneError(f"{node.op_type} needs a rank-4 NCHW input, got shape {imp.shape(x)}")
     mode = node.attr_str("mode", "DCR").upper()
     op_name = "nn.depth_to_space" if node.op_type == "DepthToSpace" else "nn.space_to_depth"
     return imp.call(op_name, [x], block_size=int(node.attrs["blocksize"]), mode=mode)
@@ -221,7 +238,7 @@ def _depth_space(imp: Importer, node: OnnxNode) -> Expr:
 def _scalar(imp: Importer, node: OnnxNode, index: int, what: str) -> np.ndarray:
     value = imp.static(node.required(index), f"{what} of {node.op_type}")
     if value.size != 1:
-        raise OnnxModelError(f"{what} must be a scalar, got shape {value.shape}")
+        raise RelayTuneError(f"{what} must be a scalar, got shape {value.shape}")
     return value.reshape(())
 
 
@@ -231,7 +248,7 @@ def _range(imp: Importer, node: OnnxNode) -> Expr:
     dtype = imp.dtype(node.required(0))
     as_number = float if np.issubdtype(start.dtype, np.floating) else int
     if as_number(delta) == 0:
-        raise OnnxModelError("delta of Range must not be 0")
+        raise RelayTuneError("delta of Range must not be 0")
     return imp.call("arange", [], start=as_number(start), stop=as_number(limit), step=as_number(delta), dtype=dtype)
 
 
@@ -247,7 +264,7 @@ def _cumsum(imp: Importer, node: OnnxNode) -> Expr:
     axis = int(_scalar(imp, node, 1, "axis"))
     rank = imp.rank(x)
     if not -rank <= axis < rank:
-        raise OnnxModelError(f"axis {axis} is out of range for a tensor of rank {rank}")
+        raise RelayTuneError(f"axis {axis} is out of range for a tensor of rank {rank}")
     return imp.call("cumsum", [x], axis=axis % rank, exclusive=bool(node.attrs.get("exclusive", 0)),
                     reverse=bool(node.attrs.get("reverse", 0)))
 
@@ -258,7 +275,7 @@ def _one_hot(imp: Importer, node: OnnxNode) -> Expr:
     depth = int(_scalar(imp, node, 1, "depth"))
     values = node.required(2)
     if imp.shape(values) != (2,):
-        raise OnnxModelError(f"values of OneHot must hold two elements [off, on], got shape {imp.shape(values)}")
+        raise RelayTuneError(f"values of OneHot must hold two elements [off, on], got shape {imp.shape(values)}")
     if not imp.dtype(indices).startswith(("int", "uint")):
         indices = imp.cast(indices, "int64")
     off, on = (imp.call("take", [values, imp.const(i, "int64")], axis=0) for i in (0, 1))
@@ -279,7 +296,7 @@ def _grid_sample(imp: Importer, node: OnnxNode) -> Expr:
     x, grid = node.required(0), node.required(1)
     mode = node.attr_str("mode", "linear" if imp.opset >= 20 else "bilinear")
     if mode not in _GRID_METHODS:
-        raise OnnxModelError(f"mode {mode!r} is not one of {', '.join(_GRID_METHODS)}")
+        raise RelayTuneError(f"mode {mode!r} is not one of {', '.join(_GRID_METHODS)}")
     rank = imp.rank(x)
     if rank not in (4, 5):
         raise UnsupportedError(f"GridSample of a rank-{rank} input (rank 4 and 5 are supported)")
