@@ -315,6 +315,12 @@ KERNEL_CASES = [
      {"size": [9, 2], "layout": "NHWC", "method": "linear", "coordinate_transformation_mode": "align_corners"}),
     ("image.resize2d", [TensorType((1, 2, 5, 6), "float32")],
      {"size": [3, 11], "method": "nearest_neighbor", "rounding_method": "round"}),
+    # integer upscaling factors: the kernel's integer index arithmetic against the reference's float formula
+    *[("image.resize2d", [TensorType((1, 2, 5, 3), "float32")],
+       {"size": [15, 6], "method": "nearest_neighbor", "coordinate_transformation_mode": mode, "rounding_method": r})
+      for mode, r in [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("half_pixel", "round"),
+                      ("pytorch_half_pixel", "round_prefer_ceil"), ("half_pixel_symmetric", "round_prefer_floor"),
+                      ("asymmetric", "ceil"), ("half_pixel", "floor"), ("align_corners", "round")]],
     ("image.resize2d", [TensorType((1, 2, 5, 6), "float32")],
      {"size": [3, 11], "method": "nearest_neighbor", "coordinate_transformation_mode": "tf_crop_and_resize",
       "roi": [0.1, -0.2, 0.9, 1.3], "extrapolation_value": 4.0}),
@@ -343,6 +349,22 @@ def test_compiled_kernel_matches_reference(op_name: str, arg_types: list[TensorT
     inputs = [rand(*t.shape, dtype=t.dtype, low=0 if t.dtype == "uint8" else -4, high=250 if t.dtype == "uint8"
                    else 4) for t in arg_types]  # type: ignore[arg-type]
     check_compiled_against_reference(mod, inputs, rtol=1e-3 if "float16" in str(arg_types) else 1e-6)
+
+
+def test_nearest_integer_upscaling_indexes_without_float_arithmetic() -> None:
+    """YOLO-style 2x nearest upsampling reads input (h // 2, w // 2): no float64 coordinates in the kernel."""
+    from relay_tune.kernel import te
+    from relay_tune.kernel.compute import primitive_compute
+
+    def float_nodes(mode: str, rounding: str) -> int:
+        mod = relay_call("image.resize2d", [TensorType((1, 4, 5, 6), "float32")], size=[10, 12],
+                         method="nearest_neighbor", coordinate_transformation_mode=mode, rounding_method=rounding)
+        (stage,) = primitive_compute(mod["main"].with_attrs(Primitive=1)).outputs
+        return sum(1 for node in te.iter_exprs(stage.op.body) if node.dtype == "float64")
+
+    assert float_nodes("asymmetric", "floor") == 0
+    assert float_nodes("half_pixel", "round_prefer_floor") == 0
+    assert float_nodes("align_corners", "round") > 0  # no integer form: the general coordinate path
 
 
 def test_arange_compiles() -> None:

@@ -351,7 +351,31 @@ class AxisTaps:
     outside: Any
 
 
-def _axis_taps(m: Any, y: Any, ax: AxisResize, spec: ResizeSpec) -> AxisTaps:
+def _integer_factor(ax: AxisResize, spec: ResizeSpec) -> int | None:
+    """k when nearest upscaling by the integer k maps output position y to input y // k exactly.
+
+    That holds for asymmetric coordinates rounded down (y / k = y // k + r / k with r / k in [0, 1)) and for the
+    half-pixel family rounded to nearest ((y + 0.5) / k - 0.5 = y // k + f with f strictly inside (-0.5, 0.5),
+    never a tie). The integer form replaces a float64 division, rounding and clamp per element.
+    """
+    k = ax.scale
+    if spec.method != "nearest_neighbor" or k != int(k) or k < 1 or ax.out_extent != int(k) * ax.in_extent:
+        return None
+    half_pixel = spec.mode in ("half_pixel", "half_pixel_symmetric") or (
+        spec.mode == "pytorch_half_pixel" and ax.out_extent > 1)
+    if (spec.mode == "asymmetric" and spec.rounding == "floor") or (
+            half_pixel and spec.rounding in ("round", "round_prefer_floor", "round_prefer_ceil")):
+        return int(k)
+    return None
+
+
+def _axis_taps(m: Any, y: Any, ax: AxisResize, spec: ResizeSpec, position: Any = None) -> AxisTaps:
+    """Taps of the output positions whose float64 value is `y`. Given their integer form `position` (the kernel
+    does), nearest upscaling by an integer factor uses integer arithmetic; the reference keeps the float
+    formula, so the kernel tests check the two agree."""
+    factor = None if position is None else _integer_factor(ax, spec)
+    if factor is not None:
+        return AxisTaps([(position // factor if factor > 1 else position, None)], None, None)
     x = _source_coordinate(m, y, ax, spec.mode)
     outside = m.either(x < 0.0, x > float(ax.in_extent - 1)) if spec.mode == "tf_crop_and_resize" else None
     if spec.method == "nearest_neighbor":
@@ -401,8 +425,7 @@ def _resize_reference(op_name: str) -> Callable[[Sequence[Array], Attrs], Array]
         result = x if spec.method == "nearest_neighbor" else x.astype(np.float64)
         outside_any: Array | None = None
         for ax in spec.axes:
-            y = np.arange(ax.out_extent, dtype=np.float64)
-            axis = _axis_taps(_NumpyMath, y, ax, spec)
+            axis = _axis_taps(_NumpyMath, np.arange(ax.out_extent, dtype=np.float64), ax, spec)
             bshape = [1] * x.ndim
             bshape[ax.axis] = ax.out_extent
             if spec.method == "nearest_neighbor":
@@ -460,7 +483,8 @@ def _resize_compute(op_name: str) -> Callable[..., te.Tensor]:
                                    f"(at most {MAX_RESIZE_TAPS} compile); the downscaling is too strong")
 
         def body(*idx: Any) -> Any:
-            per_axis = [_axis_taps(_TeMath, te.cast("float64", idx[ax.axis]), ax, spec) for ax in spec.axes]
+            per_axis = [_axis_taps(_TeMath, te.cast("float64", idx[ax.axis]), ax, spec, idx[ax.axis])
+                        for ax in spec.axes]
             combos: list[tuple[dict[int, Any], Any]] = [({}, None)]
             for ax, axis in zip(spec.axes, per_axis):
                 combos = [({**where, ax.axis: i}, w if weight is None else (weight if w is None else weight * w))
