@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import relay_tune.frontend.onnx as onnx_frontend
@@ -271,6 +273,27 @@ def test_resize_tf_half_pixel_for_nearest() -> None:
     np.testing.assert_array_equal(build(mod, "llvm").run(x=x), want)
 
 
+def test_resize_sizes_computed_from_shapes_fold_to_constants() -> None:
+    """The exporters' pattern: sizes = Concat(Shape(x)[0:2], [h, w]) is known once shapes are, so it imports."""
+    x = rand(1, 3, 5, 7)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "two"], ["batch_channels"]),
+        helper.make_node("Concat", ["batch_channels", "hw"], ["sizes"], axis=0),
+        helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, x.shape)],
+                              [helper.make_empty_tensor_value_info("y")],
+                              initializer=[numpy_helper.from_array(v, n) for n, v in
+                                           (("zero", i64(0)), ("two", i64(2)), ("hw", i64(10, 14)))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    mod, _ = from_onnx(model)
+    np.testing.assert_array_equal(build(mod, "llvm").run(x=x), want)
+
+
 def test_resize_runtime_sizes_are_reported() -> None:
     case = Case("Resize", {"x": X4, "sizes": i64(2, 3, 4, 4)}, {"mode": "linear"}, 19, order=["x", "", "", "sizes"])
     with pytest.raises(UnsupportedError, match="sizes of Resize is computed at run time"):
@@ -349,6 +372,40 @@ def test_compiled_kernel_matches_reference(op_name: str, arg_types: list[TensorT
     inputs = [rand(*t.shape, dtype=t.dtype, low=0 if t.dtype == "uint8" else -4, high=250 if t.dtype == "uint8"
                    else 4) for t in arg_types]  # type: ignore[arg-type]
     check_compiled_against_reference(mod, inputs, rtol=1e-3 if "float16" in str(arg_types) else 1e-6)
+
+
+@st.composite
+def resize_attrs(draw: st.DrawFn) -> tuple[TensorType, dict[str, Any]]:
+    layout = draw(st.sampled_from(["NCHW", "NHWC"]))
+    h, w, c = draw(st.integers(1, 9)), draw(st.integers(1, 9)), draw(st.integers(1, 3))
+    shape = (1, c, h, w) if layout == "NCHW" else (1, h, w, c)
+    method = draw(st.sampled_from(["nearest_neighbor", "linear", "cubic"]))
+    mode = draw(st.sampled_from(["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel",
+                                 "tf_half_pixel_for_nearest", "tf_crop_and_resize", "half_pixel_symmetric"]))
+    attrs: dict[str, Any] = {
+        "size": [draw(st.integers(1, 13)), draw(st.integers(1, 13))], "layout": layout, "method": method,
+        "coordinate_transformation_mode": mode,
+        "rounding_method": draw(st.sampled_from(["round", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])),
+        "cubic_alpha": draw(st.sampled_from([-0.5, -0.75])), "cubic_exclude": draw(st.integers(0, 1)),
+        "antialias": method != "nearest_neighbor" and draw(st.booleans()),
+    }
+    if draw(st.booleans()):  # ONNX scales: the factor the coordinates divide by, not output / input
+        attrs["scales"] = [draw(st.floats(0.3, 3.0)), draw(st.floats(0.3, 3.0))]
+    if mode == "tf_crop_and_resize":
+        attrs["roi"] = [draw(st.floats(-0.3, 0.5)), draw(st.floats(-0.3, 0.5)), draw(st.floats(0.6, 1.3)),
+                        draw(st.floats(0.6, 1.3))]
+        attrs["extrapolation_value"] = -3.0
+    return TensorType(shape, draw(st.sampled_from(["float32", "float32", "uint8"]))), attrs
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(resize_attrs())
+def test_resize2d_kernel_matches_reference_on_drawn_attributes(case: tuple[TensorType, dict[str, Any]]) -> None:
+    data_type, attrs = case
+    mod = relay_call("image.resize2d", [data_type], **attrs)
+    low, high = (0, 255) if data_type.dtype == "uint8" else (-4, 4)
+    check_compiled_against_reference(mod, [rand(*data_type.shape, dtype=data_type.dtype, low=low, high=high)],
+                                     rtol=1e-6)
 
 
 def test_nearest_integer_upscaling_indexes_without_float_arithmetic() -> None:
