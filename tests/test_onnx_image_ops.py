@@ -424,6 +424,20 @@ def test_nearest_integer_upscaling_indexes_without_float_arithmetic() -> None:
     assert float_nodes("align_corners", "round") > 0  # no integer form: the general coordinate path
 
 
+def test_grid_sample_kernel_stays_inside_the_image_for_nan_and_huge_positions() -> None:
+    """Non-finite and huge grid positions read index 0 / the border (never outside the buffer), as the reference."""
+    grid = np.array([1e30, -1e30, np.nan, 3, -7, 1e9, 0.2, -0.4, np.inf, 2.5, -np.inf, 0.0], "float32")
+    for method in ("nearest", "bilinear", "bicubic"):
+        for padding in ("zeros", "border"):
+            mod = relay_call("image.grid_sample", [TensorType((1, 2, 4, 5), "float32"), TensorType((1, 2, 3, 2),
+                             "float32")], method=method, padding_mode=padding)
+            inputs = [rand(1, 2, 4, 5), grid.reshape(1, 2, 3, 2)]
+            with np.errstate(all="ignore"):
+                want = np.asarray(evaluate(mod, inputs))
+                got = np.asarray(build_primitive(mod["main"].with_attrs(Primitive=1))(*inputs))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=f"{method} {padding}")
+
+
 def test_arange_compiles() -> None:
     mod = infer_types(IRModule({"main": Function((), Call(op("arange"), (), get_op("arange").make_attrs(
         {"start": 1.25, "stop": -3.0, "step": -0.75})))}))

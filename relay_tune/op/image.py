@@ -162,7 +162,7 @@ def resize_spec(op_name: str, shape: Sequence[Dim], attrs: Attrs) -> ResizeSpec:
         if not scale > 0 or not math.isfinite(scale):
             raise RelayTypeError(f"scales must be positive, got {scales}", op_name=op_name)
         axes.append(AxisResize(axis, int(extent), int(out_extent), scale, (roi[i], roi[rank + i])))
-    out_dtype = check_dtype(attrs["out_dtype"] or "", op_name, "out_dtype") if attrs["out_dtype"] else ""
+    out_dtype = check_dtype(attrs["out_dtype"], op_name, "out_dtype") if attrs["out_dtype"] else ""
     return ResizeSpec(tuple(axes), method, mode, rounding, float(attrs["cubic_alpha"]), bool(attrs["cubic_exclude"]),
                       float(attrs["extrapolation_value"]), antialias, out_dtype)
 
@@ -179,7 +179,7 @@ def _make_resize_relation(op_name: str) -> Callable[[Sequence[Type], Attrs], Typ
         dtype = spec.out_dtype or x.dtype
         if not (is_float_dtype(x.dtype) or is_int_dtype(x.dtype)):
             raise RelayTypeError(f"data must be a float or integer tensor, got {x.dtype}", op_name=op_name)
-        return TensorType(tuple(ANY if isinstance(d, AnyDim) else d for d in out_shape), dtype)
+        return TensorType(out_shape, dtype)
 
     return relation
 
@@ -218,7 +218,7 @@ class _NumpyMath:
 
     @staticmethod
     def clamp_index(x: Array, extent: int) -> Array:
-        return np.clip(x.astype(np.int64), 0, extent - 1)
+        return np.minimum(np.where(x > 0, x, 0.0), extent - 1).astype(np.int64)  # NaN -> 0, as the kernel
 
     @staticmethod
     def to_float(cond: Array) -> Array:
@@ -241,7 +241,7 @@ class _NumpyMath:
 
 
 class _TeMath:
-    """The same interface over float64 tensor expressions."""
+    """The same interface over float64 tensor expressions (`te` is imported below, with the kernel layer)."""
 
     @staticmethod
     def const(like: Any, value: float) -> Any:
@@ -265,7 +265,9 @@ class _TeMath:
 
     @staticmethod
     def clamp_index(x: Any, extent: int) -> Any:
-        return te.minimum(te.maximum(te.cast(tir.INDEX_DTYPE, x), 0), extent - 1)
+        # clamped as a float: converting a float beyond the integer range (a huge grid position) is undefined
+        inside = te.minimum(te.maximum(x, tir.FloatImm(0.0, "float64")), tir.FloatImm(extent - 1.0, "float64"))
+        return te.cast(tir.INDEX_DTYPE, inside)
 
     @staticmethod
     def to_float(cond: Any) -> Any:
