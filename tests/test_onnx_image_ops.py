@@ -512,6 +512,17 @@ KNOWN_MISSES = {"test_onehot_with_bfloat16_values", "test_range_bfloat16_type_po
                 "test_tril_zero"}
 
 
+def test_converters_name_the_newest_definitions_they_follow() -> None:
+    """Each converter states the newest operator version it follows; a newer definition in the installed onnx
+    package fails this until its converter is checked against it."""
+    from relay_tune.frontend.onnx_image import CONVERTERS, NEWEST_VERSION
+
+    assert set(NEWEST_VERSION) == set(CONVERTERS) == set(MY_OPERATORS)
+    newest_opset = onnx.defs.onnx_opset_version()
+    for name, version in NEWEST_VERSION.items():
+        assert onnx.defs.get_schema(name, newest_opset).since_version == version, name
+
+
 def bind_shape_inputs(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> onnx.ModelProto:
     """`model` with its node's shape-deciding inputs turned into initializers holding the data set's values."""
     bound = onnx.ModelProto()

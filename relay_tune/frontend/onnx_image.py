@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 
 Converter = Callable[["Importer", "OnnxNode"], Expr]
 CONVERTERS: dict[str, Converter] = {}
+NEWEST_VERSION = {
+    "Resize": 19, "Upsample": 10, "GridSample": 22, "DepthToSpace": 28, "SpaceToDepth": 28, "Range": 27,
+    "Trilu": 14, "CumSum": 14, "OneHot": 28,
+}
+"""The newest definition (`since_version`) of each operator these converters follow: SpaceToDepth-28's `mode`,
+OneHot-28's all-off rows for out-of-range indices, Range-27's `stash_type` (float16 ranges are computed wider, in
+float64), GridSample-22 and DepthToSpace-28 (new element types only)."""
 
 
 def _converts(*op_types: str) -> Callable[[Converter], Converter]:
