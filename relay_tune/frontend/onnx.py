@@ -45,6 +45,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
+from relay_tune.frontend.onnx_image import CONVERTERS as IMAGE_CONVERTERS
 from relay_tune.frontend.params import params_dict
 from relay_tune.ir.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, op
 from relay_tune.ir.module import IRModule
@@ -286,7 +287,7 @@ def _prod(dims: Sequence[int]) -> int:
 # ================================================================================================
 
 Converter = Callable[[Importer, OnnxNode], "Expr | Sequence[Expr]"]
-_CONVERTERS: dict[str, Converter] = {}
+_CONVERTERS: dict[str, Converter] = dict(IMAGE_CONVERTERS)  # families kept in their own modules
 
 
 def _converts(*op_types: str) -> Callable[[Converter], Converter]:
