@@ -486,14 +486,66 @@ def test_tails_are_peeled_not_guarded() -> None:
     assert sorted({f.extent for f in fors(func) if f.kind is tir.ForKind.UNROLLED}) == [5, 8]
 
 
-def test_guard_kept_when_the_tail_position_is_not_fixed() -> None:
-    """A fused outer loop makes the tail position symbolic; the guard stays (and is still correct)."""
+def _versions(func: tir.PrimFunc) -> list[tir.IfThenElse]:
+    return [s for s in stmts_of(func, tir.IfThenElse) if s.else_body is not None]  # type: ignore[misc]
+
+
+def _guarded_vector_loops(stmt: tir.Stmt) -> int:
+    """Vectorized loops with a test inside them."""
+    return sum(isinstance(s, tir.For) and s.kind is tir.ForKind.VECTORIZED
+               and any(isinstance(t, tir.IfThenElse) for t in analysis.iter_stmts(s.body))
+               for s in analysis.iter_stmts(stmt))
+
+
+def test_tails_under_a_fused_loop_are_versioned() -> None:
+    """A fused outer loop makes the tail position symbolic (`f // 5 * 16 + j < 53`): the nest below is versioned,
+    a guard-free copy for the whole tiles and the guarded one for the tail, both correct."""
     _, _, c = matmul()
     s = Schedule(c)
-    s.tile(c, "i", "j", 8, 16)
-    s.fuse(c, "i.0", "j.0")
+    io, jo, ii, ji = s.tile(c, "i", "j", 8, 16)
+    s.reorder(c, jo, io, "k", ii, ji)
+    s.parallel(c, s.fuse(c, jo, io))
+    s.vectorize(c, ji)
     func = check_matmul(s)
-    assert stmts_of(func, tir.IfThenElse)
+    versions = _versions(func)
+    assert versions
+    assert any(_guarded_vector_loops(v.then_body) == 0 and fors_in(v.then_body, tir.ForKind.VECTORIZED)
+               for v in versions)
+
+
+def fors_in(stmt: tir.Stmt, kind: tir.ForKind) -> list[tir.For]:
+    return [s for s in analysis.iter_stmts(stmt) if isinstance(s, tir.For) and s.kind is kind]
+
+
+@pytest.mark.parametrize("m,n,k,tile_m,tile_n", [
+    (40, 6625 % 97, 12, 6, 16),  # both tails (40 = 6 * 6 + 4, 29 = 16 + 13)
+    (13, 32, 5, 4, 16),  # a row tail only
+    (16, 17, 3, 8, 16),  # a one-column tail
+    (24, 48, 7, 8, 16),  # tiles divide: nothing to version
+])
+def test_versioned_accumulator_tiles_match_numpy(m: int, n: int, k: int, tile_m: int, tile_n: int) -> None:
+    """The dense template's nest: a register accumulator computed at the fused parallel block loop, with row and
+    column tails under it; init, update and the copy-out are each versioned."""
+    *_, c, d = dense_bias_relu(m, n, k)
+    s = Schedule(d)
+    acc = s.cache_write(c, "local")
+    io, jo, ii, ji = s.tile(d, "i", "j", tile_m, tile_n)
+    s.reorder(d, jo, io, ii, ji)
+    fused = s.fuse(d, jo, io)
+    s.parallel(d, fused)
+    s.vectorize(d, ji)
+    s.compute_at(acc, d, fused)
+    s.compute_inline(c)
+    *spatial, kk = s.leaves(acc)
+    s.reorder(acc, kk, *spatial)
+    s.vectorize(acc, spatial[-1])
+    func = lower(s, "dense")
+    x, wt, b = rand(m, k), rand(n, k), rand(n)
+    check(func, [x, wt, b], [np.maximum(x @ wt.T + b, 0.0)])
+    tails = m % tile_m or n % tile_n
+    assert bool(_versions(func)) == bool(tails)
+    if n % tile_n == 0:
+        assert _guarded_vector_loops(func.body) == 0
 
 
 def test_extent_one_loops_are_elided() -> None:

@@ -37,6 +37,9 @@ over the spatial loops that come after that point, then accumulates. So `reorder
 variable, that loop is partitioned instead: a main part where the guard provably holds (no test) and
 a tail, with the tail's constant substituted (so an inner vectorized loop gets a shorter constant
 extent instead of a test per lane). Iterations where the guard can never hold are dropped.
+Where the guard's offset is not fixed by the enclosing loops (a tail block under a fused loop:
+`(f // 7) * 16 + j < 6625`), the nest below is versioned instead: `if` the guard holds at every
+iteration of the loops below, a copy without the test runs, `else` the guarded copy.
 
 *Speculative reads*: `te.if_then_else` becomes a `Select`, whose branches may both be evaluated, so
 reads inside a branch whose index is not provably in bounds are clamped into the buffer (padding
@@ -76,6 +79,9 @@ LOCAL_LIMIT_BYTES = 256 * 1024
 
 PEEL_BUDGET = 256
 """Loop partitions per kernel before lowering falls back to guards (bounds code growth)."""
+
+VERSION_BUDGET = 16
+"""Versioned nests (a guard-free copy beside the guarded one) per kernel: each doubles a nest."""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -138,18 +144,22 @@ class _Env:
     vmap: dict[tir.LoopVar, PrimExpr]
     ivals: dict[tir.LoopVar, tuple[int, int]]
     bmap: dict[tir.Buffer, tir.Buffer]
+    versioned: frozenset[int] = frozenset()  # ids of the guards whose guarded copy this is
 
     def bind(self, svar: tir.LoopVar, value: PrimExpr, ival: tuple[int, int]) -> _Env:
         vmap = dict(self.vmap)
         vmap[svar] = value
         ivals = dict(self.ivals)
         ivals[svar] = ival
-        return _Env(vmap, ivals, self.bmap)
+        return _Env(vmap, ivals, self.bmap, self.versioned)
 
     def with_buffer(self, structural: tir.Buffer, actual: tir.Buffer) -> _Env:
         bmap = dict(self.bmap)
         bmap[structural] = actual
-        return _Env(self.vmap, self.ivals, bmap)
+        return _Env(self.vmap, self.ivals, bmap, self.versioned)
+
+    def guarded_copy(self, guard: _Guard) -> _Env:
+        return _Env(self.vmap, self.ivals, self.bmap, self.versioned | {id(guard)})
 
 
 _DEAD = object()
@@ -174,6 +184,7 @@ class _Lowering:
         self.ssimp = Simplifier(self.struct_ranges)
         self.esimp = Simplifier(self.var_ranges)
         self.peels_left = PEEL_BUDGET
+        self.versions_left = VERSION_BUDGET
         self.ctx: dict[str, _StageCtx] = {}
         self.param_buffers: dict[str, tir.Buffer] = {}
 
@@ -573,6 +584,9 @@ class _Lowering:
     ) -> tir.Stmt | None:
         if i == len(loops):
             return inner(env, pending)
+        versioned = self._version(ctx, loops, i, env, pending, inner, attach)
+        if versioned is not None:
+            return versioned[0]
         spec = loops[i]
         out: list[tir.Stmt] = []
         for start, stop in self._partition(spec, env, pending):
@@ -623,6 +637,56 @@ class _Lowering:
             else:
                 pre.append(nest)
         return env, pre, allocs
+
+    def _version(
+        self,
+        ctx: _StageCtx,
+        loops: list[_LoopSpec],
+        i: int,
+        env: _Env,
+        pending: list[_Guard],
+        inner: Callable[[_Env, list[_Guard]], tir.Stmt | None],
+        attach: bool,
+    ) -> tuple[tir.Stmt | None] | None:
+        """`(if all-hold: nest without the guard else: nest with it,)` for the first pending guard whose
+        offset the enclosing loops leave symbolic; None where no guard is versioned here."""
+        if self.versions_left <= 0:
+            return None
+        for g in pending:
+            cond = self._holds_throughout(g, loops[i:], env)
+            if cond is None:
+                continue
+            self.versions_left -= 1
+            fast = self._emit_loops(ctx, loops, i, env, [p for p in pending if p is not g], inner, attach)
+            slow = self._emit_loops(ctx, loops, i, env.guarded_copy(g), pending, inner, attach)
+            if fast is None or slow is None:
+                return (fast if slow is None else slow,)
+            return (tir.IfThenElse(cond, fast, slow),)
+        return None
+
+    def _holds_throughout(self, g: _Guard, loops: list[_LoopSpec], env: _Env) -> PrimExpr | None:
+        """The condition that guard `g` holds at every iteration of `loops`, where the enclosing loops
+        bind its offset through an opaque atom (`f // 7` of a fused loop), so partitioning cannot split
+        it off and the guard would be tested at every iteration; None for any other guard."""
+        if id(g) in env.versioned or not g.nested:
+            return None
+        inner = {lp.svar: lp for lp in loops}
+        if any(lp.kind is ForKind.THREAD_BINDING for lp in loops):
+            return None
+        corner = Lin({}, g.lin.const, g.lin.dtype)
+        for atom, c in g.lin.coeffs.items():
+            if isinstance(atom, tir.LoopVar) and atom in inner:
+                lo, hi = self.struct_ranges[atom]
+                corner.const += c * (hi if c > 0 else lo)
+            elif analysis.uses_vars(atom) <= env.vmap.keys():
+                corner.coeffs[atom] = c
+            else:
+                return None
+        lo, hi = self._lin_interval(corner, env)
+        if not lo <= 0 < hi:  # always holds (no test needed) or holds nowhere at the corner (no fast copy)
+            return None
+        cond = self.esimp.simplify(tir.BinaryOp("lt", corner.to_expr(), tir.IntImm(1)), env.vmap)
+        return None if isinstance(cond, tir.IntImm) else cond
 
     def _partition(self, spec: _LoopSpec, env: _Env, pending: list[_Guard]) -> list[tuple[int, int]]:
         """Ranges of the loop to emit separately: a main part where the affine guards on this loop
