@@ -17,8 +17,10 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import relay_tune
 from relay_tune.compiler import _lower_one, is_memory_view, resolve_target
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
@@ -214,6 +216,29 @@ def @main(%x: Tensor[(12, 128, 64), float32]) {
     assert config["mode"] == "split" and 64 % int(config["vector"]) == 0  # type: ignore[call-overload]
     text = analysis.format_func(_built_default(spec, CPU))
     assert "vectorized" in text and "//" not in text and "%" not in text, text  # affine, contiguous indices
+
+
+def test_dense_column_tail_under_the_fused_parallel_loop_is_versioned() -> None:
+    """PP-OCRv4's classifier head, 40x120 by 6625x120: 6625 columns in tiles of 16 leave a one-column tail under the
+    fused parallel loop, tested at every lane (8x the time of the loop without it); lowering versions the nest, so
+    the whole tiles run a copy without tests, and the kernel equals numpy's product."""
+    mod = parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(40, 120), float32], %w: Tensor[(6625, 120), float32], %b: Tensor[(6625), float32]) {
+  nn.bias_add(nn.dense(%x, %w), %b)
+}""")
+    (spec,) = extract_tasks(optimize(infer_types(mod)))
+    func = _built_default(spec, CPU)
+    versions = [s for s in analysis.iter_stmts(func.body) if isinstance(s, tir.IfThenElse) and s.else_body]
+    unguarded_vectors = [
+        loop for v in versions for loop in analysis.iter_stmts(v.then_body)
+        if isinstance(loop, tir.For) and loop.kind is tir.ForKind.VECTORIZED
+        and not any(isinstance(t, tir.IfThenElse) for t in analysis.iter_stmts(loop.body))]
+    assert _parallel_loops(func.body) == 1 and unguarded_vectors
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((40, 120), (6625, 120), (6625,)))
+    got = relay_tune.build(mod, params={"w": w, "b": b}).run(x=x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(np.asarray(got), x @ w.T + b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("size", [14, 7])
