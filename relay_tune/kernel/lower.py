@@ -39,7 +39,8 @@ a tail, with the tail's constant substituted (so an inner vectorized loop gets a
 extent instead of a test per lane). Iterations where the guard can never hold are dropped.
 Where the guard's offset is not fixed by the enclosing loops (a tail block under a fused loop:
 `(f // 7) * 16 + j < 6625`), the nest below is versioned instead: `if` the guard holds at every
-iteration of the loops below, a copy without the test runs, `else` the guarded copy.
+iteration of the loops below, a copy without the test runs, `else` the guarded copy (CPU kernels; a
+GPU kernel keeps the guard rather than branch around its barriers).
 
 *Speculative reads*: `te.if_then_else` becomes a `Select`, whose branches may both be evaluated, so
 reads inside a branch whose index is not provably in bounds are clamped into the buffer (padding
@@ -81,7 +82,7 @@ PEEL_BUDGET = 256
 """Loop partitions per kernel before lowering falls back to guards (bounds code growth)."""
 
 VERSION_BUDGET = 16
-"""Versioned nests (a guard-free copy beside the guarded one) per kernel: each doubles a nest."""
+"""Versioned nests (a guard-free copy beside the guarded one) per CPU kernel: each doubles a nest."""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -209,6 +210,9 @@ class _Lowering:
 
         for n in reversed(order):  # consumers first: a region depends on its readers
             self.ctx[n] = self._structure(stages[n], eff[n], readers[n])
+        if any(lp.kind is ForKind.THREAD_BINDING for c in self.ctx.values() for lp in c.loops):
+            # a GPU kernel: a version test on a thread index would split a block around its barriers
+            self.versions_left = 0
         for n in order:
             self._templates(self.ctx[n])
             st = stages[n]
@@ -671,8 +675,6 @@ class _Lowering:
         if id(g) in env.versioned or not g.nested:
             return None
         inner = {lp.svar: lp for lp in loops}
-        if any(lp.kind is ForKind.THREAD_BINDING for lp in loops):
-            return None
         corner = Lin({}, g.lin.const, g.lin.dtype)
         for atom, c in g.lin.coeffs.items():
             if isinstance(atom, tir.LoopVar) and atom in inner:
