@@ -242,6 +242,29 @@ def @main(%x: Tensor[(40, 120), float32], %w: Tensor[(6625, 120), float32], %b: 
     np.testing.assert_allclose(np.asarray(got), x @ w.T + b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("batch,m,k,n", [(0, 40, 120, 360), (0, 40, 120, 120), (36, 75, 96, 24), (3, 13, 10, 40)])
+def test_default_matmul_panels_divide_rows_of_three_vectors(batch: int, m: int, k: int, n: int) -> None:
+    """Rows of 24, 120 or 360 columns (Winograd's 24-channel products in DBNet, SVTR's projections) at 8 lanes: two
+    vectors leave half a panel at the end of every row, three divide it; the product equals numpy's."""
+    x_shape, w_shape = ((batch, m, k), (batch, n, k)) if batch else ((m, k), (n, k))
+    call = "nn.batch_matmul(%x, %w, transpose_b=True)" if batch else "nn.dense(%x, %w)"
+    mod = parse_module(f"""#[version = "0.0.5"]
+def @main(%x: Tensor[{x_shape}, float32], %w: Tensor[{w_shape}, float32]) {{
+  {call}
+}}""")
+    (spec,) = extract_tasks(optimize(infer_types(mod)))
+    config = RelayTuneTask(spec, CPU).default_config()
+    lanes = CPU.vector_lanes("float32")
+    panel = int(config["tile_n"][-1])  # type: ignore[index]
+    if n % lanes == 0 and n % (3 * lanes) == 0:
+        assert n % panel == 0, dict(config)
+    rng = np.random.default_rng(n)
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    got = relay_tune.build(mod, params={"w": w}).run(x=x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(np.asarray(got), x @ np.swapaxes(w, -1, -2), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("layout_planning", [False, True])
 @pytest.mark.parametrize("channels,out,height,width", [(96, 24, 15, 20), (13, 10, 7, 9), (40, 20, 3, 5)])
 def test_default_convolutions_with_tails_under_fused_loops_match_the_interpreter(
