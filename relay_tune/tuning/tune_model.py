@@ -48,7 +48,7 @@ from relay_tune.tuning.cache import TuningCache, records_since
 from relay_tune.tuning.cuda_runner import CudaRunner
 from relay_tune.tuning.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.tuning.distributed import is_database_url
-from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
+from relay_tune.tuning.driver import DEFAULT_STORAGE, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
 from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
@@ -57,6 +57,7 @@ from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
+from relay_tune.tuning.summary import TuneSummary
 from relay_tune.tuning.xgb_search import xgb_search
 
 __all__ = [
@@ -396,11 +397,12 @@ def tune_model(
         # every task gets its warm-up round (its default schedule measured) when the budget allows
         batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
     store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
-    database = None
+    database = budget = None
 
     if distributed.is_database_url(store):
         # Many machines, one study: the records live in the database, the local log mirrors this worker's.
         database = distributed.PostgresDatabase(os.fspath(store), mirror=log_path)  # type: ignore[arg-type]
+        budget = distributed.SharedBudget.factory(database)
     strategy = make_search(search, storage=store, seed=seed, log_path=log_path, transfer_from=transfer_from)
     deadline = started + timeout if timeout is not None else None
     pick = DeadlineScheduler(deadline, chosen)
@@ -417,7 +419,7 @@ def tune_model(
         if tasks:
             summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
                            scheduler=pick, progress=progress, batch_size=batch_size, seed=seed,
-                           database=database)
+                           database=database, budget=budget)
         else:  # every task is in the tuning cache: nothing to measure
             summary = TuneSummary(tasks=(), total_trials=total_trials, trials_done=0, trials_this_session=0,
                                   interrupted=False, session="", log_path=os.fspath(log_path))
