@@ -61,6 +61,7 @@ __all__ = [
     "DistributedError",
     "PostgresDatabase",
     "SharedBudget",
+    "StudyClaimLock",
     "advisory_lock",
     "is_database_url",
     "rdb_storage",
@@ -358,6 +359,26 @@ def fail_stale_claims(study: Any, *, throttle: bool = True) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+class StudyClaimLock:
+    """The claim lock of studies in a PostgreSQL database (`relay_tune.tuning.search.ClaimLock`): a per-study
+    advisory lock around each claim step, under which a dead worker's stale trials are failed first (their configs
+    come back to the pool)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @contextlib.contextmanager
+    def hold(self, study: Any) -> Iterator[None]:
+        with advisory_lock(self.url, f"relay-tune:claims:{study.study_name}"):
+            fail_stale_claims(study)
+            yield
+
+    def close(self, study: Any) -> None:
+        # The claim sweep is throttled to once per heartbeat interval; a session that ends right after taking a
+        # dead worker's freed budget would otherwise leave that worker's stale trials RUNNING in the study.
+        fail_stale_claims(study, throttle=False)
 
 
 class Heartbeats:
