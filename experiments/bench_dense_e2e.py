@@ -53,7 +53,7 @@ from relay_tune.kernel.schedule import Schedule  # noqa: E402
 from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
 from relay_tune.tuning.database import JsonLinesDatabase  # noqa: E402
-from relay_tune.tuning.tune_model import tune_model  # noqa: E402
+from relay_tune.tuning.tune_model import BuildOptions, tune_model  # noqa: E402
 
 RESULTS = REPO_ROOT / "experiments" / "results"
 
@@ -134,7 +134,7 @@ def tuned_log(name: str, mod: object, trials: int, given: str | None, target: st
         return Path(given)
     log = REPO_ROOT / "logs" / f"dense_e2e_{name}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
-    tune_model(mod, target, trials, log, measure_latency=False)
+    tune_model(mod, target, trials, log, build=BuildOptions(measure_latency=False))
     return log
 
 

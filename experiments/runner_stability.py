@@ -43,7 +43,14 @@ from relay_tune.text import parse_module  # noqa: E402
 from relay_tune.tuning.measure import MeasureResult  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.runner import LocalRunner, random_inputs  # noqa: E402
-from relay_tune.tuning.tune_model import COLD_WEIGHTS_BYTES, default_runner, tune_model  # noqa: E402
+from relay_tune.tuning.tune_model import (  # noqa: E402
+    COLD_WEIGHTS_BYTES,
+    BuildOptions,
+    MeasureOptions,
+    SearchOptions,
+    default_runner,
+    tune_model,
+)
 
 RESULTS = REPO_ROOT / "experiments" / "results"
 
@@ -218,8 +225,9 @@ def part_speed(args: argparse.Namespace) -> list[dict]:
         for name in (VARIANTS if round_ % 2 == 0 else reversed(VARIANTS)):
             with tempfile.TemporaryDirectory() as folder, VARIANTS[name]() as runner:
                 start = time.monotonic()
-                result = tune_model(mod, "llvm", args.trials, Path(folder) / "log.jsonl", storage=None,
-                                    search=args.search, runner=runner, measure_latency=False, seed=round_)
+                result = tune_model(mod, "llvm", args.trials, Path(folder) / "log.jsonl",
+                                    search=SearchOptions(storage=None, strategy=args.search, seed=round_),
+                                    measure=MeasureOptions(runner=runner), build=BuildOptions(measure_latency=False))
                 seconds = time.monotonic() - start
                 stats = runner.worker_stats()
             trials = result.summary.trials_this_session
