@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from relay_tune.errors import RelayTuneError
-from relay_tune.tuning.budget import Grant, Next, Proposer, TrialBudget
+from relay_tune.tuning.budget import BudgetFactory, Grant, Next, Proposer, TrialBudget
 from relay_tune.tuning.database import Database, MemoryDatabase, TaskTarget
 from relay_tune.tuning.progress import PhaseTimer
 from relay_tune.tuning.records import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
@@ -742,8 +742,8 @@ class SharedBudget(TrialBudget):
         self._full = False  # the budget was all claimed at the last look
 
     @classmethod
-    def factory(cls, database: PostgresDatabase, wait_poll_s: float = 1.0) -> Any:
-        """A `relay_tune.tuning.budget.BudgetFactory` making shared budgets on `database` (`tune`'s `budget`)."""
+    def factory(cls, database: PostgresDatabase, wait_poll_s: float = 1.0) -> BudgetFactory:
+        """Makes shared budgets on `database` (`tune`'s `budget`)."""
         return lambda tasks, total, spent: cls(database, tasks, total, spent, wait_poll_s)
 
     def exhausted(self, recorded: int) -> bool:

@@ -119,17 +119,17 @@ class PhaseTimes(ProgressCallback):
     """Adds up the seconds of each phase; a run on a shared budget also counts its claim rounds ("rounds")."""
 
     def __init__(self) -> None:
-        self.seconds = Counter[str]()
+        self.seconds: dict[str, float] = {}
         self.calls = Counter[str]()
 
     def on_phase(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] += seconds
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
         self.calls[phase] += 1
 
     def as_dict(self) -> dict[str, float]:
         """Seconds by phase, and the number of claim rounds when there were any (`TuneSummary.seconds`)."""
         times = dict(self.seconds)
-        if self.calls["claim"]:
+        if self.calls["claim"]:  # a count, not seconds; the log's session_end carries it here
             times["rounds"] = self.calls["claim"]
         return times
 

@@ -283,8 +283,8 @@ def claim_lock_for(storage: object) -> ClaimLock | None:
     journal = journal_path(storage)
     if journal is not None:
         return JournalClaimLock(f"{journal}.claims.lock")
-    if distributed.is_database_url(storage):
-        return distributed.StudyClaimLock(os.fspath(storage))  # type: ignore[arg-type]
+    if isinstance(storage, str) and distributed.is_database_url(storage):
+        return distributed.StudyClaimLock(storage)
     return None
 
 

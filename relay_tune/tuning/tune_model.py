@@ -531,8 +531,8 @@ def _measurement(plan: _Plan, measure: MeasureOptions) -> tuple[Builder, Runner]
 def _build_and_time(mod: Any, plan: _Plan, result: TuneModelResult, database: Any, cache: TuningCache | None,
                     build: BuildOptions) -> TuneModelResult:
     """Build the model from the log (and the cache, or the database) and time it against the default build."""
-    compile_options = {"opt_level": build.opt_level, "layout_planning": build.layout_planning,
-                       "winograd": build.winograd}
+    compile_options: dict[str, Any] = {"opt_level": build.opt_level, "layout_planning": build.layout_planning,
+                                       "winograd": build.winograd}
     untuned = compile_model(mod, target=plan.target, **compile_options) if build.measure_latency else None
     lookup, configs = _lookup(plan, database, cache)
     with warnings.catch_warnings():
