@@ -125,7 +125,7 @@ def tuning_clock(log: Path) -> list[tuple[float, Any]]:
 def tune_run(mod: Any, log: Path, variant: str, args: argparse.Namespace, source_log: Path | None,
              seconds_left: float | None) -> bool:
     """Tune (or continue) one run for at most `seconds_left`; True when the run is complete."""
-    from relay_tune.tuning.tune_model import tune_model
+    from relay_tune.tuning.tune_model import BuildOptions, SearchOptions, tune_model
 
     options = VARIANTS[variant]
     limit = args.max_tuning_s - tuning_seconds(log) if args.max_tuning_s else None
@@ -138,10 +138,11 @@ def tune_run(mod: Any, log: Path, variant: str, args: argparse.Namespace, source
           + (f", transfer from {source_log.name}" if transfer else ""), flush=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = tune_model(mod, args.target, args.trials, log, seed=args.seed, timeout=timeout,
-                            measure_latency=False, scheduler=options["scheduler"],
-                            warmup_trials=options.get("warmup_trials"), transfer_from=transfer,
-                            batch_size=args.batch)
+        search = SearchOptions(seed=args.seed, timeout=timeout, scheduler=options["scheduler"],
+                               warmup_trials=options.get("warmup_trials"), transfer_from=transfer,
+                               batch_size=args.batch)
+        result = tune_model(mod, args.target, args.trials, log, search=search,
+                            build=BuildOptions(measure_latency=False))
     done = result.summary.trials_done
     print(f"  {done} trials in the log, {tuning_seconds(log):.0f} s of tuning", flush=True)
     if result.interrupted:

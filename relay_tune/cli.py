@@ -508,7 +508,14 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
 @_command("tune")
 def cmd_tune(args: argparse.Namespace) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.tune_model import RichProgress, default_log_path, tune_model
+    from relay_tune.tuning.tune_model import (
+        BuildOptions,
+        MeasureOptions,
+        RichProgress,
+        SearchOptions,
+        default_log_path,
+        tune_model,
+    )
 
     console = _console()
     if args.trials < 0:
@@ -533,12 +540,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     progress = RichProgress(console)
     try:
         with _interrupt_first():
-            result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
-                                search=args.search, transfer_from=args.transfer_from, seed=args.seed,
-                                timeout=args.timeout, jobs=args.jobs, progress=progress, task_filter=args.tasks,
-                                output=output, opt_level=args.opt_level, check=not args.no_check,
-                                cache=_tuning_cache(args), retune=args.retune, scheduler=args.scheduler,
-                                layout_planning=args.layout_planning, winograd=args.winograd)
+            result = tune_model(mod, args.target, args.trials, log, progress=progress, search=SearchOptions(
+                strategy=args.search, storage=args.storage or "default", transfer_from=args.transfer_from,
+                seed=args.seed, scheduler=args.scheduler, timeout=args.timeout, task_filter=args.tasks,
+                cache=_tuning_cache(args), retune=args.retune),
+                measure=MeasureOptions(jobs=args.jobs, check=not args.no_check),
+                build=BuildOptions(opt_level=args.opt_level, layout_planning=args.layout_planning,
+                                   winograd=args.winograd, output=output))
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
