@@ -52,7 +52,7 @@ from relay_tune.kernel.lower import lower  # noqa: E402
 from relay_tune.kernel.schedule import Schedule  # noqa: E402
 from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
-from relay_tune.tuning.database import JsonLinesDatabase  # noqa: E402
+from relay_tune.records.database import JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.tune_model import tune_model  # noqa: E402
 
 RESULTS = REPO_ROOT / "experiments" / "results"

@@ -22,7 +22,7 @@ net and one BERT-base encoder layer (sequence 128). For each network:
    tuning.
 
 Spinning threads. Both engines keep worker threads that spin after a run, waiting for the next one: libgomp's
-team (bounded by relay-tune, `relay_tune.runtime.kernel.DEFAULT_GOMP_SPINCOUNT`) and onnxruntime's intra-op pool
+team (bounded by relay-tune, `relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`) and onnxruntime's intra-op pool
 (by default it keeps spinning after `run` returns: about 60 ms on this 2-core machine, onnxruntime 1.32). With 2
 threads on 2 cores, an engine timed while the other's workers still spin shares its cores with them, and a parallel
 kernel waited at its end for a descheduled thread: measured run by run, SqueezeNet took 30 ms right after an
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} usable cores")
     planned = [label for label, _, _, _ in build_plan(args)]
     labels = [*planned[:1], "py loop", *planned[1:]]
-    from relay_tune.runtime.kernel import load_libgomp
+    from relay_tune.codegen.jit import load_libgomp
 
     load_libgomp()  # before onnxruntime starts any thread: the spin limit is read when libgomp starts
     print("libgomp spin count:", os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),

@@ -31,7 +31,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
 from relay_tune.kernel.build import build_primitive
 from relay_tune.op.registry import get_op
-from relay_tune.runtime.kernel import time_kernel
+from relay_tune.codegen.jit import time_kernel
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types
 

@@ -721,7 +721,7 @@ def fuzz_onnx(rng: np.random.Generator, stats: Stats, scratch: Path, deep: bool 
 
 
 def _log_seed_lines() -> list[str]:
-    from relay_tune.tuning.records import LogEvent, TuningRecord
+    from relay_tune.records.log_format import LogEvent, TuningRecord
     from search_space import Config
 
     record = TuningRecord("ab12" * 16, "llvm -mcpu=znver4 -num-cores=2", Config({"tile_x": [4, 8], "unroll": True}),
@@ -730,7 +730,7 @@ def _log_seed_lines() -> list[str]:
 
 
 def fuzz_log(rng: np.random.Generator, stats: Stats) -> Outcome:
-    from relay_tune.tuning.records import LogFormatError, parse_line
+    from relay_tune.records.log_format import LogFormatError, parse_line
 
     line = str(rng.choice(_log_seed_lines()))
     line = mutate_tokens(line, rng) if rng.random() < 0.6 else mutate_chars(line, rng)

@@ -34,7 +34,7 @@ from relay_tune.ir import Call  # noqa: E402
 from relay_tune.kernel import tir  # noqa: E402
 from relay_tune.passes.base import dataflow_post_order  # noqa: E402
 from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS  # noqa: E402
-from relay_tune.tuning.database import best_for_target  # noqa: E402
+from relay_tune.records.database import best_for_target  # noqa: E402
 from relay_tune.tuning.relay_task import config_to_steps, tasks_from_module  # noqa: E402
 from search_space.logged import ConfigNotInSpace  # noqa: E402
 

@@ -260,7 +260,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     _require_main(mod, args.model)
     check_model_memory(mod)
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.records import LogWarning
+    from relay_tune.records.log_format import LogWarning
 
     logs = list(args.log)
     with contextlib.ExitStack() as stack:
@@ -557,7 +557,7 @@ def _print_tune_result(console: Any, result: Any) -> None:
 def cmd_logs(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.records import LogWarning
+    from relay_tune.records.log_format import LogWarning
 
     console = _console()
     if args.action not in _LOG_ACTIONS:  # `relay-tune logs LOG...` means `logs summary LOG...`
@@ -594,7 +594,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def _log_groups(paths: Sequence[str]) -> dict[tuple[str, str], list[Any]]:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.records import read_records
+    from relay_tune.records.log_format import read_records
 
     groups: dict[tuple[str, str], list[Any]] = {}
     for record in read_records(list(paths)):
@@ -608,8 +608,8 @@ def _logs_summary(args: argparse.Namespace, console: Any) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.database import top_k
-    from relay_tune.tuning.records import read_events
+    from relay_tune.records.database import top_k
+    from relay_tune.records.log_format import read_events
 
     groups = _log_groups(args.logs)
     label = getattr(args, "label", None) or ", ".join(args.logs)
@@ -645,7 +645,7 @@ def _short_target(target: str) -> str:
 
 def _logs_best(args: argparse.Namespace, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.database import top_k
+    from relay_tune.records.database import top_k
 
     groups = _log_groups(args.logs)
     if args.output:
@@ -705,7 +705,7 @@ _LOG_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
 def _tuning_cache(args: argparse.Namespace) -> Any:
     """The tuning cache the command uses: --cache DIR, else the user's; None with --no-cache."""
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.cache import TuningCache
+    from relay_tune.records.cache import TuningCache
 
     if getattr(args, "no_cache", False):
         return None
@@ -727,7 +727,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     # start-up: as above (the tuner's records)
-    from relay_tune.tuning.records import LogWarning
+    from relay_tune.records.log_format import LogWarning
 
     console = _console()
     cache = _tuning_cache(args)
@@ -744,7 +744,7 @@ def _cache_list(args: argparse.Namespace, cache: Any, console: Any) -> int:
     from rich.table import Table
 
     # start-up: as above (the tuner's records)
-    from relay_tune.tuning.records import host_cpu_name
+    from relay_tune.records.log_format import host_cpu_name
 
     entries = cache.entries()
     if not entries:
@@ -765,8 +765,8 @@ def _cache_list(args: argparse.Namespace, cache: Any, console: Any) -> int:
 
 def _cache_prune(args: argparse.Namespace, cache: Any, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.cache import parse_date
-    from relay_tune.tuning.records import host_cpu_name
+    from relay_tune.records.cache import parse_date
+    from relay_tune.records.log_format import host_cpu_name
 
     if args.keep is None and not args.this_cpu and args.before is None:
         raise RelayTuneError("cache prune needs --keep N, --this-cpu or --before YYYY-MM-DD (what to drop)")
@@ -780,7 +780,7 @@ def _cache_prune(args: argparse.Namespace, cache: Any, console: Any) -> int:
 
 def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.cache import fastest_per_workload
+    from relay_tune.records.cache import fastest_per_workload
 
     if not args.output:
         raise RelayTuneError("cache export needs -o OUT.jsonl")

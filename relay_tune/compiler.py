@@ -82,7 +82,7 @@ from relay_tune.passes.extract_tasks import TaskSpec, constant_inputs, extract_t
 from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
 from relay_tune.resources import check_memory
 from relay_tune.runtime.cuda import gpu_model_from_plan
-from relay_tune.runtime.kernel import KernelSignature, load_object
+from relay_tune.codegen.jit import KernelSignature, load_object
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, BufferLifetime, plan_memory
 from relay_tune.runtime.model import (
     PACKING_TASK,
@@ -97,7 +97,7 @@ from relay_tune.runtime.model import (
     host_triple,
 )
 from relay_tune.target import Target
-from relay_tune.tuning.database import best_for_target
+from relay_tune.records.database import best_for_target
 from relay_tune.type_infer import infer_types
 from search_space.defaults import default_steps
 from search_space.logged import ConfigNotInSpace, config_steps

@@ -23,7 +23,7 @@ from relay_tune.interpreter import evaluate
 from relay_tune.kernel.build import build_primitive
 from relay_tune.op import nn
 from relay_tune.text import parse_module
-from relay_tune.tuning.records import TuningRecord, host_cpu_name
+from relay_tune.records.log_format import TuningRecord, host_cpu_name
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types
 

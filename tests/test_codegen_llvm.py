@@ -27,7 +27,7 @@ from relay_tune.codegen.reference_kernels import conv2d_nchwc, packed_matmul
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import Buffer, Call, Cast, For, ForKind, LoopVar, PrimFunc, Select, Store
-from relay_tune.runtime.kernel import (
+from relay_tune.codegen.jit import (
     KernelArgumentError,
     KernelSignature,
     PythonThreadTeam,
@@ -729,7 +729,7 @@ def test_parallel_loop_is_complete_when_the_team_is_smaller_than_asked(
 ) -> None:
     """A thread that never runs its share (descheduled, or a team smaller than the loop asked for) leaves its chunks
     to the threads that run: every iteration is still done, once."""
-    import relay_tune.runtime.kernel as runtime_kernel
+    import relay_tune.codegen.jit as runtime_kernel
 
     team = PythonThreadTeam(max_threads=team_size)
     monkeypatch.setattr(runtime_kernel, "_python_team", team)
@@ -763,7 +763,7 @@ class _LateTeam(PythonThreadTeam):
 
 def test_a_late_thread_share_is_done_by_the_thread_that_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The region does not wait for a descheduled thread's share: the first thread to run takes it too."""
-    import relay_tune.runtime.kernel as runtime_kernel
+    import relay_tune.codegen.jit as runtime_kernel
 
     x = random_array((1001,), "float32")
     got = np.zeros(1001, np.float32)

@@ -232,7 +232,7 @@ def test_gpu_model_file_runs_again_on_the_gpu(tmp_path: object) -> None:
 @pytest.mark.gpu
 def test_cuda_runner_rejects_a_wrong_result() -> None:
     """A kernel whose output disagrees with the reference is a failed measurement, never a winner."""
-    from relay_tune.tuning.measure import ErrorKind
+    from relay_tune.records.measure import ErrorKind
 
     mod, _, _ = small_mlp()
     task = gpu_tasks(mod)[0]

@@ -21,8 +21,8 @@ from relay_tune.runtime.model import PACKING_TASK
 from relay_tune.target import Target
 from relay_tune.text import parse_module
 from relay_tune.tuning import LocalRunner
-from relay_tune.tuning.measure import MeasureResult
-from relay_tune.tuning.records import TuningRecord, append_lines
+from relay_tune.records.measure import MeasureResult
+from relay_tune.records.log_format import TuningRecord, append_lines
 from relay_tune.tuning.relay_task import tasks_from_module
 
 HOST = resolve_target("llvm")

@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from relay_tune.tuning import LogWriter, TuningRecord
-from relay_tune.tuning.records import SCHEMA_VERSION, LogEvent, LogWarning, append_lines, host_cpu_name, read_events
+from relay_tune.records.log_format import SCHEMA_VERSION, LogEvent, LogWarning, append_lines, host_cpu_name, read_events
 from search_space import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def test_future_schema_is_counted_as_newer(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys
-from relay_tune.tuning.records import append_lines
+from relay_tune.records.log_format import append_lines
 path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(count):
     pad = "z" * (i * 997 % 20000)  # lines of many sizes, most larger than PIPE_BUF

@@ -15,7 +15,7 @@ import relay_tune
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
-from relay_tune.runtime.kernel import aligned_empty
+from relay_tune.codegen.jit import aligned_empty
 from relay_tune.runtime.model import (
     CompiledModel,
     GraphPlan,

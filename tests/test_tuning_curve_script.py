@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_tune.tuning.records import LogEvent, LogWriter, TuningRecord
+from relay_tune.records.log_format import LogEvent, LogWriter, TuningRecord
 from search_space import Config
 from tests.experiment_scripts import load_experiment
 

@@ -31,7 +31,7 @@ from relay_tune.tuning import (
     read_events,
     read_records,
 )
-from relay_tune.tuning.records import LogTail, parse_line
+from relay_tune.records.log_format import LogTail, parse_line
 from search_space import Config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

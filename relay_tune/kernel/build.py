@@ -40,7 +40,7 @@ from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import LayoutTransform, Schedule, Step
 from relay_tune.passes.extract_tasks import workload_key
-from relay_tune.runtime.kernel import KernelSignature, load_object
+from relay_tune.codegen.jit import KernelSignature, load_object
 from relay_tune.target import Target
 from search_space.defaults import default_steps
 

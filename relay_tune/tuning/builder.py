@@ -31,7 +31,7 @@ from types import FrameType, TracebackType
 
 from relay_tune.errors import CompileError
 from relay_tune.tuning.isolation import die_with_parent, ignore_interrupts
-from relay_tune.tuning.measure import BuildResult, ErrorKind
+from relay_tune.records.measure import BuildResult, ErrorKind
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 from search_space import Config, InvalidConfigError
 

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from relay_tune.tuning.measure import MeasureResult
+from relay_tune.records.measure import MeasureResult
 from search_space import Config
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from relay_tune.kernel.build import OUTPUT, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
 from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.extract_tasks import constant_inputs
-from relay_tune.runtime.kernel import REPEAT_SUFFIX
+from relay_tune.codegen.jit import REPEAT_SUFFIX
 from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from relay_tune.type_infer import infer_types

@@ -11,7 +11,7 @@ model twice, without and with the log, and time both.
 
 The log is the state. Records of these tasks and this target already in the log count against `total_trials`: a
 rerun of a finished run measures nothing new, an interrupted run measures only what is left, a larger budget
-continues where the last run stopped. With a tuning cache (`cache=`, `relay_tune.tuning.cache`; the command line
+continues where the last run stopped. With a tuning cache (`cache=`, `relay_tune.records.cache`; the command line
 uses the user's by default) a task tuned before on this target and CPU model, by any run into any log, is not
 tuned again (unless `retune`), the run's valid records are added to the cache, and the build takes the cache's
 best records too. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
@@ -44,15 +44,15 @@ from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_d
 from relay_tune.target import Target
 from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.tuning.cache import TuningCache, records_since
+from relay_tune.records.cache import TuningCache, records_since
 from relay_tune.tuning.cuda_runner import CudaRunner
-from relay_tune.tuning.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
+from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.tuning.distributed import is_database_url
 from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
 from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.tuning.records import LogEvent, LogWriter, read_records
+from relay_tune.records.log_format import LogEvent, LogWriter, read_records
 from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler
