@@ -137,7 +137,7 @@ def blocked_source(layer: ConvLayer, lanes: int) -> tuple[str, dict[str, tuple[i
 
 def blocked_module(layer: ConvLayer, lanes: int, seed: int = 0) -> Any:
     """The type-checked blocked form of `layer` with seeded random constants at trained scale, or None."""
-    from relay_tune.compiler import bind_params
+    from relay_tune.compile import bind_params
     from relay_tune.text import parse_module
     from relay_tune.type_infer import infer_types
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", default=str(RESULTS / "bench_blocked_conv.csv"))
     args = parser.parse_args(argv)
 
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
     from relay_tune.testing import zoo
     from relay_tune.tuning import InlineBuilder, LocalRunner
     from relay_tune.tuning.relay_task import tasks_from_module

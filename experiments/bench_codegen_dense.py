@@ -24,9 +24,9 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from relay_tune.codegen.llvm import compile_object
-from relay_tune.kernel.build import build_primitive
 from relay_tune.codegen.jit import time_kernel
+from relay_tune.codegen.llvm import compile_object
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.target import Target
 from relay_tune.tuning.operator_tasks import dense, resnet50_conv3x3
 

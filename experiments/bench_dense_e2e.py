@@ -46,13 +46,12 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
 from timing import settle  # noqa: E402
 
 import relay_tune  # noqa: E402
-from relay_tune import compiler  # noqa: E402
-from relay_tune.compiler import bind_params  # noqa: E402
+from relay_tune.compile import bind_params, kernel_calls  # noqa: E402
 from relay_tune.kernel.lower import lower  # noqa: E402
 from relay_tune.kernel.schedule import Schedule  # noqa: E402
+from relay_tune.records.database import JsonLinesDatabase  # noqa: E402
 from relay_tune.runtime.profile import compare_with_logs  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
-from relay_tune.records.database import JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.tune_model import tune_model  # noqa: E402
 
 RESULTS = REPO_ROOT / "experiments" / "results"
@@ -125,7 +124,7 @@ def build_with_plain_packing(mod: object, target: str, log: Path) -> object:
         _source, packed = layout.pack_compute()
         return lower(Schedule([packed]), name)
 
-    with mock.patch.object(compiler, "packing_kernel", plain):
+    with mock.patch.object(kernel_calls, "packing_kernel", plain):
         return relay_tune.build(mod, target=target, logs=str(log))
 
 

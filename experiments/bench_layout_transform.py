@@ -35,8 +35,8 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
 
 from timing import write_rows  # noqa: E402
 
-from relay_tune.kernel.build import build_primitive  # noqa: E402
 from relay_tune.codegen.jit import time_kernel  # noqa: E402
+from relay_tune.compile.primitive import build_primitive  # noqa: E402
 from relay_tune.target import Target  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module  # noqa: E402

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
-from relay_tune.kernel.build import build_primitive
-from relay_tune.op.registry import get_op
 from relay_tune.codegen.jit import time_kernel
+from relay_tune.compile.primitive import build_primitive
+from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
+from relay_tune.op.registry import get_op
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types
 

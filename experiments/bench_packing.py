@@ -9,7 +9,7 @@ four kernels are compiled and each checked against numpy's packing (`LayoutTrans
 - `serial`: the plain loop nest (`Schedule([packed])`, the packing kernel before it was scheduled);
 - `gather`: outer panel loop in parallel, the last packed axis vectorized (each vector of stores is a gather of
   rows that lie a whole row apart in the source);
-- `scheduled`: `relay_tune.compiler.packing_kernel`, as models and the runner run it
+- `scheduled`: `relay_tune.compile.tasks.packing_kernel`, as models and the runner run it
   (`LayoutTransform.pack_schedule`: parallel outer loops, the source rows read in unrolled 16-element blocks);
 - `numpy`: `LayoutTransform.pack` (pad, reshape, transpose, copy), for scale.
 
@@ -37,7 +37,8 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
 from timing import write_rows  # noqa: E402
 
 from relay_tune.codegen.llvm import build_llvm  # noqa: E402
-from relay_tune.compiler import packing_kernel, resolve_target  # noqa: E402
+from relay_tune.compile import resolve_target  # noqa: E402
+from relay_tune.compile.tasks import packing_kernel  # noqa: E402
 from relay_tune.kernel.lower import lower  # noqa: E402
 from relay_tune.kernel.schedule import LayoutTransform, Schedule  # noqa: E402
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from relay_tune.compiler import bind_params, resolve_target
-from relay_tune.kernel.build import build_primitive
+from relay_tune.compile import bind_params, resolve_target
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.text import parse_module
 from relay_tune.tuning import tune
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module

@@ -26,7 +26,7 @@ import onnx  # noqa: E402
 from bench_onnx_e2e import first_output, matches, ort_session, time_interleaved  # noqa: E402
 
 import relay_tune  # noqa: E402
-from relay_tune.compiler import resolve_target  # noqa: E402
+from relay_tune.compile import resolve_target  # noqa: E402
 from relay_tune.frontend import from_onnx  # noqa: E402
 
 RTOL = 1e-3  # largest error relative to the output's scale, as bench_onnx_e2e.py's default

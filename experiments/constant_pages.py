@@ -28,8 +28,8 @@ if str(REPO_ROOT) not in sys.path:
 from timing import write_rows  # noqa: E402  (experiments/timing.py)
 
 import relay_tune  # noqa: E402
-from relay_tune.compiler import resolve_target  # noqa: E402
 from relay_tune.codegen.jit import aligned_empty  # noqa: E402
+from relay_tune.compile import resolve_target  # noqa: E402
 from relay_tune.runtime.model import CompiledModel, load  # noqa: E402
 from relay_tune.runtime.pages import huge_page_bytes_backing  # noqa: E402
 

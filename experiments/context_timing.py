@@ -45,9 +45,9 @@ if str(REPO_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 import relay_tune  # noqa: E402
-from relay_tune.compiler import resolve_target  # noqa: E402
-from relay_tune.runtime.context import Production, context_loop, production  # noqa: E402
+from relay_tune.compile import resolve_target  # noqa: E402
 from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
+from relay_tune.runtime.context import Production, context_loop, production  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.runner import (  # noqa: E402
     DEFAULT_TOLERANCES,

@@ -53,7 +53,7 @@ def _same_nest(task: Any, a: Any, b: Any) -> bool:
 _OTHER_DEFAULTS = """
 import json, sys
 try:
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
 except ImportError:  # a checkout from before the compiler module had its name
     from relay_tune.build import resolve_target
 from relay_tune.cli import load_model
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from relay_tune.cli import load_model
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
     from relay_tune.tuning import InlineBuilder, LocalRunner
     from relay_tune.tuning.relay_task import tasks_from_module
 

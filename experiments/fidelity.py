@@ -36,10 +36,10 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import relay_tune  # noqa: E402
-from relay_tune.compiler import resolve_target  # noqa: E402
+from relay_tune.compile import resolve_target  # noqa: E402
+from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
 from relay_tune.runtime.model import CompiledModel  # noqa: E402
 from relay_tune.runtime.profile import ProfileComparison, compare_with_logs  # noqa: E402
-from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.tune_model import default_runner  # noqa: E402
 

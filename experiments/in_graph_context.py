@@ -45,7 +45,7 @@ def build(args: argparse.Namespace) -> CompiledModel:
     if args.model:
         return load(args.model)
     import relay_tune
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
     from relay_tune.frontend import from_onnx
 
     mod, _params = from_onnx(args.onnx)

@@ -37,7 +37,7 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
 from timing import write_rows  # noqa: E402
 
 import relay_tune  # noqa: E402
-from relay_tune.compiler import resolve_target  # noqa: E402
+from relay_tune.compile import resolve_target  # noqa: E402
 from relay_tune.frontend import from_onnx  # noqa: E402
 
 RESULTS = REPO_ROOT / "experiments" / "results"

@@ -28,7 +28,7 @@ SHAPES = ("512x13x1000,512x13x64,64x13x256,384x13x64,48x13x192,256x13x48,32x27x1
 
 
 def task_of(cin: int, size: int, cout: int, target: object) -> object:
-    from relay_tune.compiler import bind_params
+    from relay_tune.compile import bind_params
     from relay_tune.text import parse_module
     from relay_tune.tuning.relay_task import tasks_from_module
     from relay_tune.type_infer import infer_types
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=SHAPES, help="CinxSIZExCout,... (1x1 convolutions on SIZExSIZE maps)")
     args = parser.parse_args(argv)
 
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
     from relay_tune.tuning import InlineBuilder, LocalRunner
 
     target = resolve_target(f"llvm -num-cores={args.threads}")

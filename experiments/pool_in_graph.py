@@ -22,14 +22,16 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import relay_tune  # noqa: E402
-from relay_tune import compiler  # noqa: E402
-from relay_tune.compiler import lower_task, resolve_target, task_lookup  # noqa: E402
+from relay_tune.compile import resolve_target, task_list, task_lookup  # noqa: E402
+from relay_tune.compile import tasks as task_lowering  # noqa: E402
+from relay_tune.compile.tasks import lower_task  # noqa: E402
 from relay_tune.ir import Call  # noqa: E402
 from relay_tune.kernel import tir  # noqa: E402
 from relay_tune.passes.base import dataflow_post_order  # noqa: E402
@@ -151,13 +153,16 @@ def main() -> int:
         if name != "log":
             models[name] = relay_tune.build(mod, target=target, logs=lookup_for(overrides))
     # Before layout transforms of a 1x1 map became aliases: only pure reshapes were views.
-    original = compiler.is_memory_view
-    compiler.is_memory_view = lambda func: original(func) and all(
-        n.op_name in RESHAPE_LIKE_OPS for n in dataflow_post_order(func.body) if isinstance(n, Call))
-    try:
+    original = task_lowering.is_memory_view
+
+    def reshapes_only(func: object) -> bool:
+        return original(func) and all(
+            n.op_name in RESHAPE_LIKE_OPS for n in dataflow_post_order(func.body) if isinstance(n, Call))
+
+    # both modules that decide views: the build's task list and each task's lowering
+    with mock.patch.object(task_lowering, "is_memory_view", reshapes_only), \
+            mock.patch.object(task_list, "is_memory_view", reshapes_only):
         models["1x1 transforms as kernels"] = relay_tune.build(mod, target=target, logs=[args.log])
-    finally:
-        compiler.is_memory_view = original
     inputs = logged.random_inputs(seed=0)
     want = logged.run(**inputs)
     for name, model in models.items():

@@ -135,7 +135,7 @@ def relay_task(name: str, cores: int) -> Any:
     number N of a network of experiments/onnx_zoo.py ("mobilenet_v2:07", see `model_workloads`)."""
     import numpy as np
 
-    from relay_tune.compiler import bind_params
+    from relay_tune.compile import bind_params
     from relay_tune.text import parse_module
     from relay_tune.tuning.relay_task import tasks_from_module
     from relay_tune.type_infer import infer_types

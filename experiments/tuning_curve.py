@@ -19,7 +19,7 @@ the tuner builds its result, `check_tuned_records`: a record slower in the graph
 dropped, and the default build is kept if it is faster end to end; `--no-check-tuned` builds every record) and the
 scheduler's estimate is taken (sum over tasks of weight x best time measured so far). All builds of a model (the
 default build and every checkpoint of every variant) are timed end to end together at the end, in interleaved
-rounds (`relay_tune.compiler.interleaved_latency`, median), so every point sees the same machine; each build's
+rounds (`relay_tune.runtime.benchmark.interleaved_latency`, median), so every point sees the same machine; each build's
 output is checked against the numpy reference interpreter first.
 
 Outputs in `--out` (default experiments/results/tuning_curve): `curve.csv` (one row per model, variant and
@@ -210,7 +210,7 @@ def curve_points(model: str, variant: str, mod: Any, tasks: Sequence[Any], log: 
     are shared through `builds`, whose key () is the default build), the scheduler's estimate. check_tuned: build
     as the tuner does (`check_tuned_records`: a record slower in the graph than the default kernel is not used,
     and the default build is kept when it is faster end to end); False: every record as it is."""
-    from relay_tune.compiler import BuildWarning, build, check_tuned_records
+    from relay_tune.compile import BuildWarning, build, check_tuned_records
     from relay_tune.records.database import MemoryDatabase
     from relay_tune.tuning.tune_model import _chosen_configs, best_steps_lookup
 
@@ -273,7 +273,8 @@ def time_to_share(points: Sequence[Point], default_s: float, share: float, field
 
 
 def curves(args: argparse.Namespace, folder: Path) -> list[tuple[Point, float]]:
-    from relay_tune.compiler import build, interleaved_latency, resolve_target
+    from relay_tune.compile import build, resolve_target
+    from relay_tune.runtime.benchmark import interleaved_latency
     from relay_tune.tuning.hostlock import measurement_lock
     from relay_tune.tuning.relay_task import tasks_from_module
 

@@ -100,7 +100,7 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
         mod = load_module(p, consts=consts, seed=seed)
     if params:
         # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-        from relay_tune.compiler import bind_params, read_params
+        from relay_tune.compile import bind_params, read_params
 
         mod = bind_params(infer_types(mod), read_params(params))
     return infer_types(mod)
@@ -118,7 +118,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     if args.fused:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-        from relay_tune.compiler import resolve_target
+        from relay_tune.compile import resolve_target
         from relay_tune.passes import layout_block, optimize
 
         block = layout_block(resolve_target("llvm"), args.layout_planning)  # as `build` would for this CPU
@@ -172,7 +172,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-    from relay_tune.compiler import model_tasks, resolve_target
+    from relay_tune.compile import model_tasks, resolve_target
     from relay_tune.passes import layout_block, optimize
 
     loaded = load_model(args.model, args.consts, params=args.params)
@@ -250,7 +250,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-    from relay_tune.compiler import BuildWarning, build, resolve_target
+    from relay_tune.compile import BuildWarning, build, resolve_target
     from relay_tune.resources import check_model_memory, check_writable_file
 
     console = _console()
@@ -469,7 +469,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.trials < 0:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
 
     resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
@@ -790,7 +790,7 @@ def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
     records = cache.records()
     if args.target:
         # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-        from relay_tune.compiler import resolve_target
+        from relay_tune.compile import resolve_target
 
         target = resolve_target(args.target)
         records = [r for r in records if r.target in (target.log_name, str(target))]

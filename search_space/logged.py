@@ -7,7 +7,7 @@ template (`search_space.cpu`) once the config is checked to be a point of this w
 another version may hold configs of another space). A CPU config may instead carry its steps as the JSON text of a
 list of step dicts in a `"steps"` knob (hand-pinned schedules).
 
-It lives with the templates, below the model compiler (`relay_tune.compiler.steps_from_config`) and the tuner
+It lives with the templates, below the model compiler (`relay_tune.compile.steps_from_config`) and the tuner
 (`relay_tune.tuning.relay_task.config_to_steps`), which both decode logs through it.
 """
 

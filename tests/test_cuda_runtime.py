@@ -134,7 +134,7 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
         inputs = [rng.standard_normal(s.shape).astype(s.dtype) for s in task.input_specs()]
         want = task.reference(inputs)
         # rebuild the loop nests (artifacts carry PTX only) and run them on the emulated device
-        from relay_tune.kernel.build import lower_primitive
+        from relay_tune.compile.primitive import lower_primitive
         from relay_tune.target import Target
 
         primfunc, _ = lower_primitive(task.func, Target.parse(task.target), task.steps(config), name="kernel")

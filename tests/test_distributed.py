@@ -419,7 +419,7 @@ def test_four_workers_two_killed_and_restarted(pg_url: str, model_file: Path, tm
 
     # the model built from the database uses the global best of each task: the lookup `tune_model` builds with
     from relay_tune.cli import load_model
-    from relay_tune.compiler import build
+    from relay_tune.compile import build
     from relay_tune.records.database import top_k
     from relay_tune.tuning.distributed import PostgresDatabase
     from relay_tune.tuning.relay_task import tasks_from_module

@@ -75,7 +75,7 @@ def test_cli_params_file_binds_inputs(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_read_params_refuses_pickled_arrays(tmp_path: Path) -> None:
-    from relay_tune.compiler import read_params
+    from relay_tune.compile import read_params
 
     path = tmp_path / "objects.npz"
     np.savez(path, w=np.array([{"a": 1}], dtype=object))

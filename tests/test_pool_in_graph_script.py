@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import config_to_steps, tasks_from_module
 from tests.experiment_scripts import load_experiment

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import relay_tune
+from relay_tune.codegen.jit import aligned_empty
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
-from relay_tune.codegen.jit import aligned_empty
 from relay_tune.runtime.model import (
     CompiledModel,
     GraphPlan,
@@ -241,7 +241,7 @@ def test_save_load_round_trip_gives_identical_outputs_without_compiling(
     assert all(n.endswith((".json", ".o", ".npy")) for n in names)
 
     import relay_tune.codegen.llvm as llvm_codegen
-    import relay_tune.kernel.build as kernel_build
+    import relay_tune.compile.primitive as kernel_build
 
     def no_compiling(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("loading a saved model must not compile")
