@@ -32,8 +32,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import relay_tune  # noqa: E402
-from relay_tune.interpreter import Interpreter  # noqa: E402
 from relay_tune.codegen.jit import aligned_empty  # noqa: E402
+from relay_tune.interpreter import Interpreter  # noqa: E402
 from relay_tune.text import parse_module  # noqa: E402
 
 

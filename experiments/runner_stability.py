@@ -39,8 +39,8 @@ for entry in (REPO_ROOT, REPO_ROOT / "experiments"):
 from timing import write_rows  # noqa: E402
 
 import relay_tune  # noqa: E402
-from relay_tune.text import parse_module  # noqa: E402
 from relay_tune.records.measure import MeasureResult  # noqa: E402
+from relay_tune.text import parse_module  # noqa: E402
 from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
 from relay_tune.tuning.runner import LocalRunner, random_inputs  # noqa: E402
 from relay_tune.tuning.tune_model import COLD_WEIGHTS_BYTES, default_runner, tune_model  # noqa: E402

@@ -8,7 +8,7 @@
 """
 
 from relay_tune.records.database import apply_best
-from relay_tune.records.tables import COLUMNS, distill, load, merge
 from relay_tune.records.log_format import expand_log_paths, read_events, read_records
+from relay_tune.records.tables import COLUMNS, distill, load, merge
 
 __all__ = ["COLUMNS", "apply_best", "distill", "expand_log_paths", "load", "merge", "read_events", "read_records"]

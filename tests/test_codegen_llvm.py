@@ -14,6 +14,14 @@ import numpy as np
 import pytest
 
 from relay_tune.codegen import affine
+from relay_tune.codegen.jit import (
+    KernelArgumentError,
+    KernelSignature,
+    PythonThreadTeam,
+    aligned_empty,
+    python_thread_team,
+    time_kernel,
+)
 from relay_tune.codegen.llvm import (
     build_llvm,
     codegen_options,
@@ -27,14 +35,6 @@ from relay_tune.codegen.reference_kernels import conv2d_nchwc, packed_matmul
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import Buffer, Call, Cast, For, ForKind, LoopVar, PrimFunc, Select, Store
-from relay_tune.codegen.jit import (
-    KernelArgumentError,
-    KernelSignature,
-    PythonThreadTeam,
-    aligned_empty,
-    python_thread_team,
-    time_kernel,
-)
 from relay_tune.target import Target
 
 HOST = Target.host()

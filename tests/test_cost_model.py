@@ -36,9 +36,9 @@ from cost_model.transfer import (
 )
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log, recall_at_k
 from relay_tune.kernel import analysis
+from relay_tune.records.log_format import LogWriter, TuningRecord
 from relay_tune.records.measure import ErrorKind, MeasureResult
 from relay_tune.tuning.operator_tasks import conv2d, dense, dense_1024, mobilenet_depthwise, resnet50_conv3x3
-from relay_tune.records.log_format import LogWriter, TuningRecord
 from relay_tune.tuning.relay_task import RelayTuneTask
 from search_space import Config
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import relay_tune
+from relay_tune.records.log_format import TuningRecord, append_lines
+from relay_tune.records.measure import MeasureResult
 from relay_tune.runtime.model import PACKING_TASK
 from relay_tune.text import parse_module
 from relay_tune.tuning import ErrorKind, LocalRunner
-from relay_tune.records.measure import MeasureResult
-from relay_tune.records.log_format import TuningRecord, append_lines
 from relay_tune.tuning.relay_task import tasks_from_module
 
 DENSE_INPUT_WEIGHT = """#[version = "0.0.5"]

@@ -30,6 +30,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from relay_tune.codegen.jit import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
 from relay_tune.codegen.llvm_base import (
     I8,
     I32,
@@ -42,7 +43,6 @@ from relay_tune.codegen.llvm_base import (
 )
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.kernel import tir
-from relay_tune.codegen.jit import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
 from relay_tune.target import Target
 
 __all__ = [

@@ -31,8 +31,8 @@ from typing import IO, Any, TypeAlias
 import llvmlite.binding as llvm
 
 from relay_tune.errors import RelayTuneError
-from relay_tune.resources import ResourceError
 from relay_tune.records.measure import OK_NUMBER, ErrorKind, MeasureResult, error_from_name, error_name
+from relay_tune.resources import ResourceError
 from relay_tune.version import __version__
 from search_space import Config
 

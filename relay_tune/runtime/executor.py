@@ -37,9 +37,9 @@ from typing import Any
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from relay_tune.codegen.jit import _jit_lock, _lljit
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
-from relay_tune.codegen.jit import _jit_lock, _lljit
 
 __all__ = ["RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
 

@@ -20,76 +20,26 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import llvmlite
 import numpy
 
 from relay_tune.errors import raised_by_interrupt
-from relay_tune.tuning.builder import Builder, LocalBuilder
 from relay_tune.records.database import CurrentSpaces, Database, JsonLinesDatabase
-from relay_tune.records.measure import MeasureInput, MeasureResult
-from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
 from relay_tune.records.log_format import LogEvent, TuningRecord, host_cpu_name
+from relay_tune.records.measure import MeasureInput, MeasureResult
+from relay_tune.tuning.builder import Builder, LocalBuilder
+from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
 from relay_tune.tuning.runner import LocalRunner, Runner
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import SearchStrategy, StrategyFactory, optuna_search
+from relay_tune.tuning.summary import TaskSummary, TuneSummary
 from relay_tune.tuning.task import TuneTask
 from relay_tune.version import __version__
 from search_space import Config
 
 DEFAULT_STORAGE = "default"
-
-
-@dataclass(frozen=True)
-class TaskSummary:
-    key: str
-    target: str
-    description: str
-    weight: int
-    flops: float
-    trials: int
-    valid_trials: int
-    errors: dict[str, int]
-    best_cost: float | None
-    best_config: Config | None
-    default_cost: float | None
-    stopped: str | None
-
-    @property
-    def best_gflops(self) -> float | None:
-        if self.best_cost is None or self.best_cost <= 0 or self.flops <= 0:
-            return None
-        return self.flops / self.best_cost / 1e9
-
-    @property
-    def speedup_over_default(self) -> float | None:
-        if self.best_cost is None or self.default_cost is None or self.best_cost <= 0:
-            return None
-        return self.default_cost / self.best_cost
-
-
-@dataclass(frozen=True)
-class TuneSummary:
-    tasks: tuple[TaskSummary, ...]
-    total_trials: int  # the budget
-    trials_done: int  # records of these tasks in the log, all sessions
-    trials_this_session: int
-    interrupted: bool
-    session: str
-    log_path: str
-    seconds: dict[str, float] = field(default_factory=dict)  # build / run / search / total
-
-    @property
-    def estimated_latency(self) -> float | None:
-        """Sum of weight x best cost over tasks with a valid kernel (None when no task has one)."""
-        parts = [t.weight * t.best_cost for t in self.tasks if t.best_cost is not None]
-        return sum(parts) if parts else None
-
-    @property
-    def tasks_without_kernel(self) -> list[TaskSummary]:
-        return [t for t in self.tasks if t.best_cost is None]
 
 
 def default_storage_path(log_path: str | os.PathLike[str]) -> Path:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from relay_tune.records.measure import MeasureResult
+from relay_tune.tuning.summary import TuneSummary
 from search_space import Config
-
-if TYPE_CHECKING:
-    from relay_tune.tuning.driver import TuneSummary
 
 
 @dataclass(frozen=True)

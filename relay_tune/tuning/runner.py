@@ -71,11 +71,11 @@ from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
-from relay_tune.runtime.context import Production, context_loop, private_cache_bytes, production
 from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.records.measure import ErrorKind, RunResult
+from relay_tune.runtime.context import Production, context_loop, private_cache_bytes, production
 from relay_tune.runtime.pages import huge_page_empty
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
-from relay_tune.records.measure import ErrorKind, RunResult
 from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
 
 # (rtol, atol) per dtype; atol is scaled by the largest expected magnitude (at least 1).

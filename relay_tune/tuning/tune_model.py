@@ -44,7 +44,7 @@ from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
 from relay_tune.tuning.cuda_runner import CudaRunner
 from relay_tune.tuning.distributed import is_database_url
-from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
+from relay_tune.tuning.driver import DEFAULT_STORAGE, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
 from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
@@ -52,6 +52,7 @@ from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
+from relay_tune.tuning.summary import TuneSummary
 from relay_tune.tuning.xgb_search import xgb_search
 
 __all__ = [
