@@ -52,9 +52,9 @@ class CallRecorder(StoragePlan):
         if task.alias:
             source = self.values[leaves[0]]
             assert isinstance(out_type, TensorType)
-            shape = tuple(int(d) for d in out_type.shape)  # type: ignore[arg-type]
+            shape = out_type.static_shape
             return self.new_value(shape, source.dtype, source.storage)
-        outputs = [self.intermediate(tuple(int(d) for d in t.shape), t.dtype) for t in flatten_types(out_type)]
+        outputs = [self.intermediate(t.static_shape, t.dtype) for t in flatten_types(out_type)]
         args = [outputs[b.index] if b.kind == "output" else leaves[b.index] if b.kind == "input"
                 else self._packed(call.args, leaves, b) for b in task.bindings]
         step = len(self.calls)

@@ -36,7 +36,7 @@ def bind_params(mod: IRModule, params: Mapping[str, Any], entry: str = "main") -
         if isinstance(ty, TensorType):
             if str(array.dtype) != ty.dtype:
                 raise RelayTuneError(f"param {name!r}: expected dtype {ty.dtype} ({ty}), got {array.dtype}")
-            if ty.is_static and tuple(int(d) for d in ty.shape) != array.shape:  # type: ignore[arg-type]
+            if ty.is_static and ty.static_shape != array.shape:
                 raise RelayTuneError(f"param {name!r}: expected shape {ty.shape} ({ty}), got {array.shape}")
         mapping[param] = Constant(array)
     body = substitute(func.body, mapping)

@@ -30,7 +30,7 @@ class Planner(CallRecorder):
                 raise UnsupportedError(
                     f"input %{param.name_hint} has type {ty}; compiled models take tensors of static shape"
                 )
-            shape = tuple(int(d) for d in ty.shape)  # type: ignore[arg-type]
+            shape = ty.static_shape
             storage = self.new_storage("input", position, nbytes(shape, ty.dtype))
             value = self.new_value(shape, ty.dtype, storage)
             env[id(param)] = value

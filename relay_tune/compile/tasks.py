@@ -104,7 +104,7 @@ def is_memory_view(func: Function) -> bool:
         return True
     if param_type.size > VIEW_CHECK_LIMIT:
         return False
-    return _permutes_nothing(func, calls, tuple(int(d) for d in param_type.shape))  # type: ignore[arg-type]
+    return _permutes_nothing(func, calls, param_type.static_shape)
 
 
 def _permutes_nothing(func: Function, calls: Sequence[Call], shape: tuple[int, ...]) -> bool:
