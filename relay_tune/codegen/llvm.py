@@ -118,7 +118,7 @@ class CPUCodegen(LLVMCodegenBase):
         # wrapper honest (LLVM cannot merge or hoist work across repeated calls it cannot see into).
         fn.attributes.add("nounwind")
         fn.attributes.add("noinline")
-        align = int(dict(func.attrs).get("param_align", 0) or 0)
+        align = func.param_align
         for arg in fn.args:
             arg.add_attribute("noalias")
             if align > 1:
