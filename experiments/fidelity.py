@@ -1,7 +1,7 @@
 """In-graph fidelity: does what the tuner logs for a kernel predict its time in the model?
 
-    python experiments/fidelity.py --onnx resnet50.onnx --log logs/resnet50.jsonl
-    python experiments/fidelity.py --relay model.relay --log logs/model.jsonl [--repeats 3] [--top 6]
+    python -m experiments fidelity --onnx resnet50.onnx --log logs/resnet50.jsonl
+    python -m experiments fidelity --relay model.relay --log logs/model.jsonl [--repeats 3] [--top 6]
 
 For a model and its tuning log (the model is built from the log, best record per task, and with default
 schedules), in one run:
@@ -13,11 +13,11 @@ schedules), in one run:
    occurrences) measured again `--repeats` times, each by a fresh `LocalRunner` (a fresh measurement process,
    the tuner's own settings); the spread is max / min - 1, and the in-graph time is compared with the median of
    those repeats too (the logged time, a minimum over many noisy records, is biased low);
-3. `benchmark()` against `run()` (both timed the same way a caller sees them, interleaved rounds, medians);
-4. tuned against default end to end (interleaved rounds, medians).
+3. `benchmark()` against `run()` called from Python, and the tuned against the default build end to end, all
+   in the same interleaved rounds (`experiments.timing`, medians).
 
-Prints a table and writes experiments/results/fidelity_<model>.csv (one row per task; the whole-model figures are
-rows whose task column says so).
+Prints a table and writes `<out>/fidelity_<model>.csv` (one row per task; the whole-model figures are rows whose
+task column says so; `--out` defaults to experiments/results).
 """
 
 from __future__ import annotations
@@ -25,25 +25,20 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-import relay_tune  # noqa: E402
-from relay_tune.compile import resolve_target  # noqa: E402
-from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase  # noqa: E402
-from relay_tune.runtime.model import CompiledModel  # noqa: E402
-from relay_tune.runtime.profile import ProfileComparison, compare_with_logs  # noqa: E402
-from relay_tune.tuning.relay_task import tasks_from_module  # noqa: E402
-from relay_tune.tuning.tune_model import default_runner  # noqa: E402
-
-RESULTS = REPO_ROOT / "experiments" / "results"
+import relay_tune
+from experiments import UsageError
+from experiments.timing import interleaved
+from relay_tune.compile import resolve_target
+from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase
+from relay_tune.runtime.model import CompiledModel
+from relay_tune.runtime.profile import ProfileComparison, compare_with_logs
+from relay_tune.tuning.relay_task import tasks_from_module
+from relay_tune.tuning.tune_model import default_runner
 
 
 def load(args: argparse.Namespace) -> tuple[object, str]:
@@ -55,32 +50,6 @@ def load(args: argparse.Namespace) -> tuple[object, str]:
     from relay_tune.text import load_module
 
     return load_module(args.relay), Path(args.relay).stem
-
-
-def interleaved_run_vs_benchmark(model: CompiledModel, inputs: dict, rounds: int, number: int
-                                 ) -> tuple[float, float]:
-    """Median seconds per inference of `run()` (timed around each call from Python) and of `benchmark()` (its
-    own figure), alternating within each round."""
-    runs, benches = [], []
-    clock = time.perf_counter
-    model.run(**inputs)
-    for _ in range(rounds):
-        times = []
-        for _ in range(number):
-            start = clock()
-            model.run(**inputs)
-            times.append(clock() - start)
-        runs.append(statistics.median(times))
-        benches.append(model.benchmark(repeat=number, number=1, inputs=inputs, warmup=1).median)
-    return statistics.median(runs), statistics.median(benches)
-
-
-def interleaved_models(models: list[CompiledModel], inputs: dict, rounds: int, number: int) -> list[float]:
-    samples: list[list[float]] = [[] for _ in models]
-    for _ in range(rounds):
-        for model, out in zip(models, samples):
-            out.append(model.benchmark(repeat=number, number=1, inputs=inputs, warmup=1).median)
-    return [statistics.median(s) for s in samples]
 
 
 class SpreadProfile:
@@ -137,21 +106,25 @@ def repeat_agreement(tasks: dict[str, object], log: str, keys: list[str], repeat
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--onnx")
-    source.add_argument("--relay")
-    parser.add_argument("--log", required=True)
+    source.add_argument("--onnx", help="the model as an ONNX file")
+    source.add_argument("--relay", help="the model as Relay text")
+    parser.add_argument("--log", required=True, help="its tuning log")
     parser.add_argument("--target", default="native")
     parser.add_argument("--repeats", type=int, default=3, help="fresh measurement processes per config")
     parser.add_argument("--top", type=int, default=6, help="tasks whose best config is measured again")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the end-to-end timing")
     parser.add_argument("--profile-rounds", type=int, default=7,
                         help="profile rounds (of 3 runs each) at least, one after each config measured again")
-    parser.add_argument("--number", type=int, default=5)
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    parser.add_argument("--number", type=int, default=5, help="inferences per engine and round")
+    parser.add_argument("--out", type=Path, default=Path("experiments/results"), help="folder of the CSV")
+
+
+def run(args: argparse.Namespace) -> int:
+    for path in (args.onnx or args.relay, args.log):
+        if not Path(path).is_file():
+            raise UsageError(f"no such file: {path}")
 
     mod, name = load(args)
     target = resolve_target(args.target)
@@ -193,8 +166,10 @@ def main() -> None:
     remeasured = [r.profile.per_call / statistics.median(agreement[r.profile.key]) for r in comparison
                   if agreement.get(r.profile.key)]
     within_remeasured = sum(1 for x in remeasured if 1 / 1.15 <= x <= 1.15)
-    run_s, bench_s = interleaved_run_vs_benchmark(tuned, inputs, args.rounds, args.number)
-    tuned_s, default_s = interleaved_models([tuned, default], inputs, args.rounds, args.number)
+    timed = interleaved({"run": lambda: tuned.run(**inputs), "tuned": tuned, "default": default},
+                        rounds=args.rounds, repeat=args.number, inputs=inputs)
+    run_s, bench_s = timed["run"].median, timed["tuned"].median
+    tuned_s, default_s = bench_s, timed["default"].median
     summary = {
         "tasks within 15% of logged": f"{within} of {len(ratios)}",
         "worst in-graph / logged": f"{max(ratios, key=lambda x: abs(x - 1)):.3f}" if ratios else "-",
@@ -210,7 +185,8 @@ def main() -> None:
     for key, value in summary.items():
         print(f"{key:40s} {value}")
         rows.append({"task": f"[model] {key}", "logged_us": None, "in_graph_us": None, "ratio": value})
-    out_path = RESULTS / f"fidelity_{name}.csv"
+    args.out.mkdir(parents=True, exist_ok=True)
+    out_path = args.out / f"fidelity_{name}.csv"
     fields = ["task", "key", "tuned", "calls", "logged_us", "in_graph_us", "ratio", "repeat_costs_us", "repeat_spread"]
     with out_path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
@@ -218,7 +194,4 @@ def main() -> None:
         for row in rows:
             writer.writerow({k: row.get(k) for k in fields})
     print(f"\nwrote {out_path}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

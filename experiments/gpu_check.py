@@ -1,20 +1,21 @@
 """One-shot check of the CUDA back end on a machine with an NVIDIA GPU; prints one table at the end.
 
-    python experiments/gpu_check.py [--trials 200] [--budget-s 480] [--skip-models] [--csv gpu_check.csv]
+    python -m experiments gpu-check [--trials 200] [--budget-s 470] [--skip-models] [--csv gpu_check.csv]
 
 1. every registered operator, compiled with its default GPU schedule, run on the GPU and compared with the
    reference interpreter (the operator table of tests/test_codegen_nvptx.py);
 2. the corpus ResNet-50, MobileNet v2 and GPT-2 MLP extract built with `relay_tune.build(target="cuda")`,
    compared with the interpreter on the same random inputs, and timed;
-3. ResNet-50 v1 and MobileNet v2 imported from ONNX (experiments/onnx_zoo.py, batch 1), built for the GPU,
-   compared with onnxruntime's output, and their latency against onnxruntime's CUDA provider when it is installed
-   and against torchvision's ResNet-50 / MobileNet v2 (cuDNN, fp32, TF32 off; same architectures, other random
-   weights) when torch sees the GPU, timed in the same run;
+3. ResNet-50 v1 and MobileNet v2 imported from ONNX (`relay_tune.testing.onnx_zoo`, batch 1), built for the
+   GPU, compared with onnxruntime's output, and their latency against onnxruntime's CUDA provider when it is
+   installed and against torchvision's ResNet-50 / MobileNet v2 (cuDNN, fp32, TF32 off; same architectures, other
+   random weights) when torch sees the GPU, timed in the same interleaved rounds (`experiments.timing`);
 4. dense 4096x4096x4096 fp32 tuned through the tuning driver (GPUTask + CudaRunner), tuning throughput in trials
    per minute, its GFLOPS against torch (cuBLAS, TF32 off) in the same run, else cupy, else ours alone.
 
-Every part is guarded: a failure becomes a row of the table, never the end of the script. Sections stop early
-when the overall budget (default 8 minutes) runs short.
+Every part is guarded: a failure becomes a row of the table, never the end of the check. Sections stop early
+when the overall budget (default 470 s) runs short. Exit status 1 when a row failed (on a machine without an
+NVIDIA GPU: the device row).
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments.timing import interleaved
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 ROWS: list[tuple[str, str, str]] = []
 START = time.monotonic()
@@ -185,7 +187,7 @@ def check_models(device: Any, budget: float) -> None:
                 w = np.asarray(w, dtype=np.float64)
                 scale = max(1.0, float(np.max(np.abs(w))))
                 worst = max(worst, float(np.max(np.abs(np.asarray(g, np.float64) - w))) / scale)
-            latency = min(model.benchmark(repeat=5, number=5, inputs=inputs))
+            latency = interleaved({"relay-tune": model}, rounds=5, repeat=5, inputs=inputs)["relay-tune"].median
             status = "PASS" if worst < 1e-3 else "FAIL"
             row(f"model {label}", status, f"max rel. error {worst:.2e}; {len(model.plan.calls)} calls; "
                 f"{latency * 1e3:.2f} ms/inference (untuned); build {build_s:.1f} s")
@@ -193,12 +195,9 @@ def check_models(device: Any, budget: float) -> None:
             row(f"model {label}", "FAIL", short(err))
 
 
-def _median_ms(samples: list[float]) -> float:
-    return float(np.median(samples)) * 1e3
-
-
-def _torch_latency_ms(name: str, shape: tuple[int, ...]) -> float | None:
-    """Batch-1 latency of torchvision's model of the same architecture on the GPU (cuDNN, fp32, TF32 off)."""
+def _torch_engine(name: str, shape: tuple[int, ...]) -> Callable[[], object] | None:
+    """One batch-1 inference of torchvision's model of the same architecture on the GPU (cuDNN, fp32, TF32 off),
+    synchronised, so that its wall time is the inference's; None without torch or a GPU torch sees."""
     try:
         import torch
         import torchvision
@@ -211,23 +210,19 @@ def _torch_latency_ms(name: str, shape: tuple[int, ...]) -> float | None:
     torch.backends.cudnn.benchmark = True
     net = getattr(torchvision.models, name)(weights=None).eval().cuda()
     x = torch.randn(*shape, device="cuda")
-    with torch.inference_mode():
-        for _ in range(10):
+
+    def infer() -> None:
+        with torch.inference_mode():
             net(x)
         torch.cuda.synchronize()
-        samples = []
-        for _ in range(7):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(10):
-                net(x)
-            stop.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(stop) / 1e3 / 10)
-    return _median_ms(samples)
+
+    for _ in range(10):  # cuDNN picks its algorithms in the first calls
+        infer()
+    return infer
 
 
-def _ort_cuda_latency_ms(model: Any, inputs: dict[str, np.ndarray]) -> tuple[float | None, str]:
+def _ort_cuda_engine(model: Any, inputs: dict[str, np.ndarray]) -> tuple[Callable[[], object] | None, str]:
+    """One inference through onnxruntime's CUDA provider, or None and why not."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -236,26 +231,16 @@ def _ort_cuda_latency_ms(model: Any, inputs: dict[str, np.ndarray]) -> tuple[flo
     if "CUDAExecutionProvider" not in providers:
         return None, f"onnxruntime has no CUDA provider here ({', '.join(providers)})"
     session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
-    for _ in range(10):
-        session.run(None, inputs)
-    samples = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(10):
-            session.run(None, inputs)
-        samples.append((time.perf_counter() - t0) / 10)
-    return _median_ms(samples), "onnxruntime CUDA provider"
+    return (lambda: session.run(None, inputs)), "onnxruntime CUDA provider"
 
 
 def check_onnx_models(device: Any, budget: float) -> None:
     try:
         import onnxruntime as ort
 
-        sys.path.insert(0, str(REPO / "experiments"))
-        from onnx_zoo import ZOO
-
         import relay_tune
         from relay_tune.frontend import from_onnx
+        from relay_tune.testing.onnx_zoo import ZOO
     except ImportError as err:
         row("ONNX models", "SKIP", f"needs onnx and onnxruntime: {short(err)}")
         return
@@ -280,14 +265,22 @@ def check_onnx_models(device: Any, budget: float) -> None:
             got = got[0] if isinstance(got, tuple) else got
             scale = max(1.0, float(np.max(np.abs(want))))
             error = float(np.max(np.abs(np.asarray(got, np.float64) - want))) / scale
-            ours = _median_ms(model.benchmark(repeat=7, number=10, inputs=inputs))
+            engines: dict[str, Any] = {"relay-tune": model}
+            ort_engine, ort_note = _ort_cuda_engine(model_proto, inputs)
+            if ort_engine is not None:
+                engines["onnxruntime-gpu"] = ort_engine
+            torch_engine = _torch_engine(torch_name, shape)
+            if torch_engine is not None:
+                engines[f"torchvision {torch_name} (cuDNN)"] = torch_engine
+            timed = interleaved(engines, rounds=7, repeat=10, inputs=inputs)
+            ours = timed["relay-tune"].median * 1e3
             parts = [f"max rel. error {error:.2e} vs onnxruntime (CPU)", f"{len(model.plan.calls)} kernels",
                      f"relay-tune {ours:.3f} ms (untuned)", f"build {build_s:.1f} s"]
-            ort_ms, ort_note = _ort_cuda_latency_ms(model_proto, inputs)
-            parts.append(f"onnxruntime-gpu {ort_ms:.3f} ms, ratio {ours / ort_ms:.2f}" if ort_ms else ort_note)
-            torch_ms = _torch_latency_ms(torch_name, shape)
-            if torch_ms:
-                parts.append(f"torchvision {torch_name} (cuDNN) {torch_ms:.3f} ms, ratio {ours / torch_ms:.2f}")
+            if ort_engine is None:
+                parts.append(ort_note)
+            for name, samples in timed.items():
+                if name != "relay-tune":
+                    parts.append(f"{name} {samples.median * 1e3:.3f} ms, ratio {ours / (samples.median * 1e3):.2f}")
             row(f"ONNX {key} on the GPU", "PASS" if error < 1e-3 else "FAIL", "; ".join(parts))
         except Exception as err:
             row(f"ONNX {key} on the GPU", "FAIL", short(err))
@@ -403,16 +396,12 @@ def check_reference_blas(ours: float | None) -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         a = torch.randn(size, size, device="cuda", dtype=torch.float32)
         b = torch.randn(size, size, device="cuda", dtype=torch.float32)
-        for _ in range(3):
+
+        def product() -> None:
             torch.matmul(a, b)
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            torch.matmul(a, b)
-        stop.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(stop) / 1e3 / 20
+            torch.cuda.synchronize()  # the wall time of a call is the product's (~0.01 ms of ~3 ms is the sync)
+
+        seconds = interleaved({"cuBLAS": product}, rounds=4, repeat=5)["cuBLAS"].median
         gflops = flops / seconds / 1e9
         ratio = f"; relay-tune reaches {ours / gflops:.0%} of it" if ours else ""
         row("dense 4096^3 fp32 (torch/cuBLAS, TF32 off)", "INFO", f"{gflops:.0f} GFLOPS{ratio}")
@@ -427,16 +416,12 @@ def check_reference_blas(ours: float | None) -> None:
 
         a = cupy.random.standard_normal((size, size), dtype=cupy.float32)
         b = cupy.random.standard_normal((size, size), dtype=cupy.float32)
-        for _ in range(3):
+
+        def cupy_product() -> None:
             a @ b
-        cupy.cuda.Device().synchronize()
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(20):
-            a @ b
-        stop.record()
-        stop.synchronize()
-        seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3 / 20
+            cupy.cuda.Device().synchronize()
+
+        seconds = interleaved({"cuBLAS": cupy_product}, rounds=4, repeat=5)["cuBLAS"].median
         gflops = flops / seconds / 1e9
         ratio = f"; relay-tune reaches {ours / gflops:.0%} of it" if ours else ""
         row("dense 4096^3 fp32 (cupy/cuBLAS)", "INFO", f"{gflops:.0f} GFLOPS{ratio}")
@@ -446,14 +431,18 @@ def check_reference_blas(ours: float | None) -> None:
         row("dense 4096^3 fp32 (cupy)", "FAIL", short(err))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=200, help="tuning trials for dense 4096^3 (default 200)")
     parser.add_argument("--budget-s", type=float, default=470.0, help="overall time budget in seconds")
     parser.add_argument("--skip-models", action="store_true")
     parser.add_argument("--log-dir", help="keep the dense tuning log in this folder (default: a temporary one)")
     parser.add_argument("--csv", type=Path, help="also write the table as CSV (check, result, detail)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    global START
+    ROWS.clear()
+    START = time.monotonic()
     try:
         try:
             device = check_device()
@@ -483,7 +472,3 @@ def main() -> int:
                 writer.writerow(["check", "result", "detail"])
                 writer.writerows(ROWS)
     return 0 if not any(s == "FAIL" for _, s, _ in ROWS) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

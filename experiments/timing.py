@@ -1,19 +1,108 @@
-"""Helpers shared by the benchmark scripts of experiments/: waiting for an idle process, writing result tables."""
+"""The one way every benchmark of experiments/ times things: interleaved, warmed, repeated; medians and spread.
+
+Engines (compiled models, kernels, numpy, onnxruntime, OpenVINO, ...) are timed in rounds, every engine once per
+round in the same order, so a slow spell of a shared host falls on all of them alike; within a round each engine
+warms up (untimed calls) and is then timed `repeat` times, each timing the mean of `number` calls. The rounds are
+the library's `interleaved_samples` (what `relay-tune build --log` compares builds with); this module adapts plain
+callables to it and summarises the samples.
+"""
 
 from __future__ import annotations
 
 import csv
+import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from relay_tune.runtime.benchmark import interleaved_samples
+
+
+class Benchmarkable(Protocol):
+    """What `interleaved_samples` times: `CompiledModel` and anything with the same `benchmark` method."""
+
+    def benchmark(self, repeat: int = ..., inputs: Any = ...) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Seconds per call of every timed sample of one engine."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median (0.05: the middle half of the samples lie within 5%)."""
+        if len(self.seconds) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.seconds, n=4, method="inclusive")
+        return (q3 - q1) / self.median if self.median > 0 else 0.0
+
+    def describe(self, unit: float = 1e-3, label: str = "ms") -> str:
+        """`12.345 ms ±2.1%`: the median and the spread."""
+        return f"{self.median / unit:.3f} {label} ±{100 * self.spread / 2:.1f}%"
+
+
+class TimedCallable:
+    """A callable with `CompiledModel.benchmark`'s interface: `warmup` untimed calls, then `repeat` samples, each
+    the mean of `number` calls. `before` runs first, untimed (e.g. waiting for another engine's spinning threads)."""
+
+    def __init__(self, call: Callable[[], object], number: int = 1, warmup: int = 1,
+                 before: Callable[[], object] | None = None) -> None:
+        self.call, self.number, self.warmup, self.before = call, number, warmup, before
+
+    def benchmark(self, repeat: int = 3, inputs: Any = None) -> list[float]:
+        if self.before is not None:
+            self.before()
+        call, number = self.call, self.number
+        for _ in range(self.warmup):
+            call()
+        samples = []
+        clock = time.perf_counter
+        for _ in range(repeat):
+            start = clock()
+            for _ in range(number):
+                call()
+            samples.append((clock() - start) / number)
+        return samples
+
+
+def interleaved(engines: Mapping[str, Callable[[], object] | Benchmarkable], rounds: int = 5, repeat: int = 3,
+                inputs: Mapping[str, Any] | None = None, settle_s: float = 0.0) -> dict[str, Samples]:
+    """Per engine name, its samples over `rounds` interleaved rounds. An engine is a plain callable (one call is
+    one sample) or has a `benchmark(repeat, inputs)` method (a `CompiledModel`, timed on `inputs`). With
+    `settle_s`, every engine waits before its turn until the process is idle (`settle`), at most that long."""
+    if rounds < 1 or repeat < 1:
+        raise ValueError("timing needs at least one round and one repeat")
+    wait = (lambda: settle(settle_s)) if settle_s > 0 else None
+    timed = [TimedCallable(e, before=wait) if not hasattr(e, "benchmark") else
+             (_Settled(e, wait) if wait else e) for e in engines.values()]
+    samples = interleaved_samples(timed, inputs, rounds=rounds, repeat=repeat)
+    return {name: Samples(tuple(s)) for name, s in zip(engines, samples)}
+
+
+class _Settled:
+    """A benchmarkable engine that waits for an idle process before each turn."""
+
+    def __init__(self, engine: Benchmarkable, wait: Callable[[], object]) -> None:
+        self.engine, self.wait = engine, wait
+
+    def benchmark(self, repeat: int = 3, inputs: Any = None) -> Any:
+        self.wait()
+        return self.engine.benchmark(repeat=repeat, inputs=inputs)
 
 
 def settle(limit: float, window: float = 0.01, idle: float = 0.05) -> float:
-    """Wait until the process's threads (`time.process_time` counts all of them, in nanoseconds, from the
-    scheduler) stop using the CPUs (below `idle` of one core over `window` seconds), at most `limit` seconds; return
-    the seconds waited. The spinning workers of the engine timed before (onnxruntime's, OpenBLAS's, libgomp's)
-    would otherwise share the cores with the engine timed next."""
+    """Wait until the process's threads stop using the CPUs (below `idle` of one core over `window` seconds; the
+    process CPU clock counts every thread), at most `limit` seconds; return the seconds waited. The spinning
+    workers of the engine timed before (onnxruntime's, OpenBLAS's, libgomp's) would otherwise share the cores with
+    the engine timed next."""
     start = time.perf_counter()
     while time.perf_counter() - start < limit:
         before, began = time.process_time(), time.perf_counter()
@@ -25,6 +114,8 @@ def settle(limit: float, window: float = 0.01, idle: float = 0.05) -> float:
 
 def write_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """`rows` as a CSV table at `path` (its folder made if need be; the columns are the first row's keys)."""
+    if not rows:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

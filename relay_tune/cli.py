@@ -72,10 +72,21 @@ def _require_main(mod: Any, path: str) -> None:
         raise RelayTuneError(f"{path}: the model has no @main function to compile (it defines {names})")
 
 
-def load_model(path: str, consts: str | None = None, seed: int = 0, params: str | None = None) -> Any:
+def load_model(path: str, consts: str | None = None, seed: int = 0, params: str | None = None,
+               shapes: Sequence[tuple[str, tuple[int, ...]]] = (), static: bool = False) -> Any:
     """Parse a model file (Relay text, or ONNX by extension) and type-check it; `params`: an .npz of values for
-    inputs, bound as constants."""
+    inputs, bound as constants; `shapes`: `--shape` values fixing input shapes; `static`: every input's shape must
+    then be known (to compile the model), else one message lists the inputs whose dimensions are not."""
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
+    from relay_tune.frontend.input_shapes import (
+        check_shapes,
+        onnx_input_dims,
+        relay_input_dims,
+        require_known_shapes,
+        with_input_shapes,
+    )
+
+    # start-up: imported on use, so `relay-tune --help` does not load type inference and the operators (~0.1 s)
     from relay_tune.type_infer import infer_types
 
     p = Path(path)
@@ -88,22 +99,52 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
             pass
     except OSError as err:
         raise RelayTuneError(f"{path}: cannot be read ({err.strerror or err})") from None
+    given = _shapes_by_name(shapes)
     if p.suffix == ".onnx":
         # start-up: imported on use, so `relay-tune --help` does not load the ONNX importer
-        from relay_tune.frontend import from_onnx
+        from relay_tune.frontend import from_onnx, load_onnx
 
-        mod, _params = from_onnx(p)  # the module embeds the weights; params index them for files
+        proto = load_onnx(p)
+        dims = onnx_input_dims(proto)
+        check_shapes(dims, given, path)
+        if static:  # before the import, whose conversions may need the sizes themselves
+            require_known_shapes({**dims, **given}, path)
+        try:
+            mod, _params = from_onnx(proto, shape_overrides=given)  # the module embeds the weights
+        except RelayTuneError as err:  # a conversion that needs sizes the model leaves open says which to give
+            require_known_shapes({**dims, **given}, path, why=str(err))
+            raise
     else:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
         from relay_tune.text import load_module
 
         mod = load_module(p, consts=consts, seed=seed)
+        if "main" in mod:
+            check_shapes(relay_input_dims(mod["main"]), given, path)
+            mod = with_input_shapes(mod, given)
     if params:
         # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
         from relay_tune.compile import bind_params, read_params
 
         mod = bind_params(infer_types(mod), read_params(params))
-    return infer_types(mod)
+    mod = infer_types(mod)
+    if static and "main" in mod:
+        require_known_shapes(relay_input_dims(mod["main"]), path)
+    return mod
+
+
+def _shapes_by_name(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    """`--shape` values by input name; naming one input twice with different shapes is a usage error."""
+    # start-up: imported on use, so `relay-tune --help` does not load the IR
+    from relay_tune.frontend.input_shapes import InputShapeError
+
+    given: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes:
+        if given.get(name, shape) != shape:
+            raise InputShapeError(f"--shape gives input {name!r} two shapes: {','.join(map(str, given[name]))} "
+                                  f"and {','.join(map(str, shape))}")
+        given[name] = shape
+    return given
 
 
 # -------------------------------------------------------------------------------------------------
@@ -114,7 +155,7 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
 @_command("check")
 def cmd_check(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    mod = load_model(args.model, args.consts, params=args.params)
+    mod = load_model(args.model, args.consts, params=args.params, shapes=args.shape)
     elapsed = time.perf_counter() - start
     if args.fused:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
@@ -175,7 +216,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from relay_tune.compile import model_tasks, resolve_target
     from relay_tune.passes import layout_block, optimize
 
-    loaded = load_model(args.model, args.consts, params=args.params)
+    loaded = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
         # start-up: imported on use, not by `relay-tune --help`: the compiler (~0.4 s with LLVM), the tuner (~0.1 s)
         from relay_tune.tuning.relay_task import tasks_from_module
@@ -223,10 +264,14 @@ def _shape_override(text: str) -> tuple[str, tuple[int, ...]]:
 @_command("import")
 def cmd_import(args: argparse.Namespace) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the ONNX importer, the parser and passes (~0.1 s)
-    from relay_tune.frontend import from_onnx, params_path, save_params
+    from relay_tune.frontend import from_onnx, load_onnx, params_path, save_params
+    from relay_tune.frontend.input_shapes import check_shapes, onnx_input_dims
     from relay_tune.text import print_module
 
-    mod, _params = from_onnx(args.model, shape_overrides=dict(args.shape))
+    proto = load_onnx(args.model)
+    given = _shapes_by_name(args.shape)
+    check_shapes(onnx_input_dims(proto), given, args.model)
+    mod, _params = from_onnx(proto, shape_overrides=given)
     constants: list[Any] = []
     text = print_module(mod, show_types=not args.no_types, constants_out=constants)
     out = Path(args.output)
@@ -256,7 +301,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     console = _console()
     resolve_target(args.target)  # before anything else: a bad target is a usage error
     check_writable_file(args.output, "model file", append=False)
-    mod = load_model(args.model, args.consts, params=args.params)
+    mod = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
     _require_main(mod, args.model)
     check_model_memory(mod)
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
@@ -479,7 +524,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     check_writable_file(log, "tuning log")  # before any measurement that could not be recorded
     check_writable_file(output, "model file", append=False)
-    mod = load_model(args.model, args.consts, params=args.params)
+    mod = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
     _require_main(mod, args.model)
     check_model_memory(mod)
     if args.no_check:
@@ -917,6 +962,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "Default: the file beside the model with the same stem, if any",
     )
     p.add_argument("--opt-level", type=int, default=3, choices=range(4), help="graph optimisation level (default 3)")
+    _add_shape_arg(p)
     p.add_argument("--params", metavar="FILE.npz", help="values for model inputs (by input name) to bind as "
                    "constants: weights given this way are packed once, at build time")
     p.add_argument("--layout-planning", action=argparse.BooleanOptionalAction, default=None,
@@ -926,6 +972,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="3x3 stride-1 convolutions on planned layouts as Winograd transforms around a batched product: "
                    "auto (the measured rule: maps of 14x14 or more, 64 input channels or more), on (all), off, f2 / "
                    "f4 (all, one tile size); default: auto. Like --layout-planning, tuning and builds must agree")
+
+
+def _add_shape_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], type=_shape_override, metavar="NAME=D0,D1,...",
+                   help="fix the shape of a model input whose dimensions are symbolic or unknown (repeatable), "
+                   "e.g. --shape input=1,3,224,224")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -955,8 +1007,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "meta[relay.Constant][i]) with their values in <stem>.params.npz beside it.")
     p.add_argument("model", help="the ONNX model (.onnx)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.relay", help="the Relay text file to write")
-    p.add_argument("--shape", action="append", default=[], type=_shape_override, metavar="NAME=D0,D1,...",
-                   help="fix the shape of a graph input (repeatable), e.g. --shape input=1,3,224,224")
+    _add_shape_arg(p)
     p.add_argument("--no-types", action="store_true", help="do not write /* ty=... */ type comments")
 
     p = sub.add_parser("build", help="compile a model into one file (.rtmod) that `relay-tune run` loads",
@@ -1024,13 +1075,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    # start-up: imported on use, so `relay-tune --help` does not load LLVM's targets (~0.04 s)
+    # start-up: imported on use, so `relay-tune --help` does not load LLVM's targets (~0.04 s) nor the IR
+    from relay_tune.frontend.input_shapes import InputShapeError
     from relay_tune.target import TargetError
 
     try:
         with _interrupt_first():
             return _COMMANDS[args.command](args)
-    except TargetError as err:  # a bad --target is a usage error: exit code 2, like argparse's own
+    except (TargetError, InputShapeError) as err:  # a bad --target or --shape: exit code 2, like argparse's own
         print(f"relay-tune: {err}", file=sys.stderr)
         return EXIT_USAGE
     except RelayTuneError as err:

@@ -2,9 +2,9 @@
 
     steps = default_steps(func, target, constants)   # what an untuned build runs
 
-There is no other way to schedule a function: `search_space.cpu` (CPU) and `search_space.gpu` (CUDA) hold one
-parameterised template per operator family and a rule (`default_config`) that picks the untuned config from the
-workload's shapes. The tuner measures that same config first and records it in the log, so the log's "default" is
+There is no other way to schedule a function: `search_space.families` (CPU) and `search_space.gpu` (CUDA) hold
+one parameterised template per operator family and a rule that picks the untuned config from the workload's
+shapes. The tuner measures that same config first and records it in the log, so the log's "default" is
 exactly the kernel an untuned build runs (`tests/test_default_schedules.py` checks it for every task of every
 model the tests build).
 """
@@ -17,7 +17,8 @@ from typing import Any
 from relay_tune.codegen.nvptx import arch_of
 from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from search_space.config import Config
-from search_space.cpu import config_to_steps, parameter_numbers, task_workload
+from search_space.cpu import parameter_numbers, task_workload
+from search_space.families import family_named
 from search_space.gpu import default_config as gpu_default
 from search_space.gpu import steps_of_prim
 
@@ -48,4 +49,4 @@ def default_steps(func_or_prim: Any, target: Any, constants: Iterable[int] | Non
     if target.kind == "cuda":
         return steps_of_prim(prim, config)
 
-    return config_to_steps(prim, config, target)
+    return family_named(str(config["family"])).steps(prim, config, target)

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from relay_tune.codegen.nvptx import max_shared_bytes
-from relay_tune.kernel.compute import primitive_compute
 from relay_tune.kernel.schedule import Schedule
 from search_space.config import Config, InvalidConfigError
 from search_space.gpu_template import (
@@ -47,7 +46,6 @@ __all__ = [
     "MAX_THREADS_PER_BLOCK",
     "REGISTERS_PER_BLOCK",
     "config_to_params",
-    "config_to_steps",
     "default_config",
     "steps_of_prim",
     "estimate_registers",
@@ -244,10 +242,3 @@ def steps_of_prim(prim: Any, config: Config | Any) -> list[Any]:
     if not isinstance(config, Config):
         config = Config(dict(config))
     return gpu_schedule(prim, config_to_params(prim, config))
-
-
-def config_to_steps(func: Any, config: Config | Any, target: Any = None) -> list[Any]:
-    """The schedule steps a GPU tuning config stands for, for fused function `func` (used by `relay_tune.build`
-    to apply tuning logs on cuda targets)."""
-
-    return steps_of_prim(primitive_compute(func), config)

@@ -2,7 +2,9 @@
 checkout (`../shared/relay_corpus`, never copied into the repository) when it is there.
 
 Tests parametrised over `module_files()` run over every corpus program when the corpus exists and over the zoo
-models printed to Relay text in any case, so a clone of the project alone runs every test. A zoo file is written
+models printed to Relay text in any case, so a clone of the project alone runs every test. Cases that need the
+corpus where it is absent are reported as skipped (`corpus_cases`, `corpus_case`, `every_corpus_file`), never
+dropped from the parametrisation. A zoo file is written
 the way corpus files are: `.relay` text with `/* ty=... */` comments, a `.consts.json` sidecar with the shapes and
 dtypes of its constants, and (which the corpus lacks) a `.params.npz` with their real values, which `load_module`
 prefers over the sidecar.
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from relay_tune.ir import IRModule
 from relay_tune.passes import optimize
@@ -55,14 +59,37 @@ def _corpus_files() -> tuple[list[str], list[str]]:
 CORPUS_MODULES, CORPUS_EXPRESSIONS = _corpus_files()
 
 
-def module_files() -> list[str]:
-    """Every whole-module program: the corpus's (when present) and the zoo's."""
-    return CORPUS_MODULES + ZOO_FILES
+def _needs_corpus(value: str) -> Any:
+    """A parametrisation case that is reported as skipped: the corpus (or this file of it) is not there."""
+    reason = f"needs {value} from the Relay corpus at {CORPUS_DIR}" if HAVE_CORPUS else \
+        f"needs the Relay corpus at {CORPUS_DIR} (not found)"
+    return pytest.param(value, marks=pytest.mark.skip(reason=reason))
+
+
+def module_files() -> list[Any]:
+    """Every whole-module program: the corpus's (one skipped case where it is absent) and the zoo's."""
+    return [*every_corpus_file(CORPUS_MODULES), *ZOO_FILES]
 
 
 def in_corpus(*names: str) -> list[str]:
     """Those of `names` that the corpus has: all of them beside a full checkout, none in a clone alone."""
     return [n for n in names if n in CORPUS_MODULES or n in CORPUS_EXPRESSIONS]
+
+
+def corpus_cases(*names: str) -> list[Any]:
+    """Parametrisation cases for these corpus files: those missing are skipped cases, not left out."""
+    return [n if in_corpus(n) else _needs_corpus(n) for n in names]
+
+
+def corpus_case(value: str, *files: str) -> list[Any]:
+    """One parametrisation case `value` that reads these corpus files: a skipped case where one is missing."""
+    return [value] if len(in_corpus(*files)) == len(files) else [_needs_corpus(value)]
+
+
+def every_corpus_file(cases: list[Any]) -> list[Any]:
+    """Cases drawn from the whole corpus (`CORPUS_MODULES`, `CORPUS_EXPRESSIONS`, a selection of them): as they
+    are where the corpus is present, else one skipped case that stands for them all."""
+    return cases if HAVE_CORPUS else [_needs_corpus("relay_corpus")]
 
 
 def zoo_module(file_name: str) -> IRModule:

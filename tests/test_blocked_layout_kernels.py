@@ -13,11 +13,11 @@ import re
 
 import numpy as np
 import pytest
-from experiment_scripts import load_experiment
 
 from relay_tune.compile import bind_params, resolve_target
 from relay_tune.compile.primitive import build_primitive
 from relay_tune.kernel.analysis import format_func
+from relay_tune.testing.blocked_conv import ConvLayer, blocked_module, blocked_source, channel_block, parse_layer
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types
@@ -25,8 +25,7 @@ from search_space.cpu import cpu_space
 
 HOST = resolve_target("llvm -num-cores=2")
 LANES = HOST.vector_lanes("float32")
-bench = load_experiment("bench_blocked_conv")
-Layer = bench.ConvLayer
+Layer = ConvLayer
 
 
 def anchor_task(mod: object) -> RelayTuneTask:
@@ -53,7 +52,7 @@ def check_configs_with(task: RelayTuneTask, config: object) -> None:
 
 
 def blocked_task(layer: object, lanes: int = LANES) -> RelayTuneTask:
-    mod = bench.blocked_module(layer, lanes)
+    mod = blocked_module(layer, lanes)
     assert mod is not None
     return anchor_task(mod)
 
@@ -131,13 +130,13 @@ def test_reduction_reads_each_input_channel_without_division() -> None:
     assert not re.search(r"\b(rcb|rh|rw|rci)\b[^,\]]*(//|%)", accumulation[0]), accumulation[0]
 
 
-def test_bench_parses_task_descriptions() -> None:
-    layer = bench.parse_layer("conv2d_nchw+bias+add+relu 1x64x56x56 * 256x64x1x1 s1 p0")
+def test_task_descriptions_parse_into_layers() -> None:
+    layer = parse_layer("conv2d_nchw+bias+add+relu 1x64x56x56 * 256x64x1x1 s1 p0")
     assert layer == Layer(64, 56, 56, 256, 1, 1, 0, 1, ("bias", "add", "relu"))
-    dw = bench.parse_layer("conv2d_nchw+bias+clip 1x96x112x112 * 96x1x3x3 s2 p1 g96")
+    dw = parse_layer("conv2d_nchw+bias+clip 1x96x112x112 * 96x1x3x3 s2 p1 g96")
     assert dw is not None and dw.groups == 96
-    assert bench.channel_block(24, 16) == 8 and bench.channel_block(3, 16) is None
-    assert "NCHW3c" in bench.blocked_source(Layer(3, 9, 9, 16, 3, 2, 1, 1, ()), 16)[0]
+    assert channel_block(24, 16) == 8 and channel_block(3, 16) is None
+    assert "NCHW3c" in blocked_source(Layer(3, 9, 9, 16, 3, 2, 1, 1, ()), 16)[0]
 
 
 def _module(source: str) -> object:
@@ -166,14 +165,24 @@ def test_blocked_pooling_vectorizes_the_block(pool: str) -> None:
         np.testing.assert_allclose(got, task.reference(inputs)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_a_layout_round_trip_is_a_memory_view_not_a_task() -> None:
+    """NCHW -> NCHW16c -> NCHW fused into one function is the identity: the build aliases it, nothing to tune."""
+    expr = ("layout_transform(layout_transform(%x, src_layout=\"NCHW\", dst_layout=\"NCHW16c\"), "
+            "src_layout=\"NCHW16c\", dst_layout=\"NCHW\")")
+    mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 32, 14, 14), float32]) {{\n  {expr}\n}}\n")
+    assert tasks_from_module(mod, HOST) == []
+
+
 @pytest.mark.parametrize("expr", [
     "layout_transform(%x, src_layout=\"NCHW\", dst_layout=\"NCHW16c\")",
-    "layout_transform(layout_transform(%x, src_layout=\"NCHW\", dst_layout=\"NCHW16c\"), src_layout=\"NCHW16c\", "
-    "dst_layout=\"NCHW\")",
+    "layout_transform(nn.relu(layout_transform(%x, src_layout=\"NCHW\", dst_layout=\"NCHW16c\")), "
+    "src_layout=\"NCHW16c\", dst_layout=\"NCHW\")",
 ])
 def test_layout_transforms_match_reference(expr: str) -> None:
     mod = _module(f"#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 32, 14, 14), float32]) {{\n  {expr}\n}}\n")
-    for task in tasks_from_module(mod, HOST):
+    tasks = tasks_from_module(mod, HOST)
+    assert tasks
+    for task in tasks:
         blocked = len(task.func.ret_type.shape) == 5  # written in NCHW16c
         changes = blocked != (len(task.func.params[0].checked_type.shape) == 5)  # not both transforms in one kernel
         # every index affine in the vector (tests/test_layout_transform_kernels.py)
@@ -229,7 +238,7 @@ def test_cost_model_features_of_blocked_families() -> None:
 def test_avx2_blocks_of_eight(layer: object) -> None:
     """On an AVX2 target (8 lanes, 16 registers) blocks of 8: the defaults fit its registers and compute right."""
     avx2 = resolve_target("llvm -mcpu=haswell -num-cores=2")
-    mod = bench.blocked_module(layer, avx2.vector_lanes("float32"))
+    mod = blocked_module(layer, avx2.vector_lanes("float32"))
     task = next(t for t in tasks_from_module(mod, avx2) if t.family != "injective")
     config = task.default_config()
     rows = config["tile_cb"] if "tile_cb" in config else config["tile_h"]

@@ -498,6 +498,23 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
         "nn.pad": ([x], call("nn.pad", x, Constant(np.array(0.5, "float32")),
                              pad_width=((0, 0), (0, 1), (2, 1), (1, 1)))),
         "nn.upsampling": ([x], call("nn.upsampling", x, scale_h=2.0, scale_w=2.0)),
+        "image.resize1d": ([var("r", 1, 6, 10)], call("image.resize1d", var("r", 1, 6, 10), size=(7,), method="cubic")),
+        "image.resize2d": ([x], call("image.resize2d", x, size=(5, 13), method="linear", antialias=True)),
+        "image.resize3d": ([var("r", 1, 2, 3, 4, 5)],
+                           call("image.resize3d", var("r", 1, 2, 3, 4, 5), size=(6, 2, 7), method="nearest_neighbor",
+                                rounding_method="round_prefer_ceil")),
+        "image.grid_sample": ([x, var("g", 2, 5, 7, 2)],
+                              call("image.grid_sample", x, var("g", 2, 5, 7, 2), method="bicubic",
+                                   padding_mode="reflection")),
+        "nn.depth_to_space": ([var("d", 1, 12, 3, 5)], call("nn.depth_to_space", var("d", 1, 12, 3, 5), block_size=2,
+                                                           mode="CRD")),
+        "nn.space_to_depth": ([x], call("nn.space_to_depth", x, block_size=4)),
+        "arange": ([], call("arange", start=2.5, stop=-3.0, step=-0.5)),
+        "one_hot": ([var("i", 4, 5, dtype="int32")],
+                    call("one_hot", var("i", 4, 5, dtype="int32"), Constant(np.array(2.0, "float32")),
+                         Constant(np.array(-1.0, "float32")), depth=3, axis=1)),
+        "trilu": ([x], call("trilu", x, k=1, upper=False)),
+        "cumsum": ([v], call("cumsum", v, axis=1, exclusive=True)),
         "reshape": ([x], call("reshape", x, newshape=(6, -1))),
         "split": ([v], call("split", v, indices_or_sections=2, axis=1)),
         "squeeze": ([var("q", 3, 1, 4)], call("squeeze", var("q", 3, 1, 4), axis=(1,))),
@@ -630,6 +647,7 @@ def test_zoo_model_compiles_to_ptx(name: str) -> None:
     for i, spec in enumerate(extract_tasks(fused)):
         primfunc, _ = lower_gpu(spec.func, f"k{i}")
         funcs.append(primfunc)
+    assert funcs
     module = build_ptx(funcs, CUDA)
     assert len(module.functions) == len(funcs)
     if PTXAS is not None:

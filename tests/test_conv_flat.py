@@ -1,5 +1,5 @@
 """Flat mode of the conv2d_nchw template: a 1x1 stride-1 convolution on a narrow map as the matrix product
-W[C_out, C_in] x X[C_in, H*W], positions tiled by `tile_p` across row ends (search_space.cpu).
+W[C_out, C_in] x X[C_in, H*W], positions tiled by `tile_p` across row ends (search_space.families.conv2d_nchw).
 
 Every kernel is compiled and compared with the reference interpreter: odd maps (7x7, 13x13, 27x27, 5x3), channel
 counts that are not multiples of the vector width, bias+relu and residual-add epilogues, the default config and
@@ -15,10 +15,12 @@ import pytest
 from relay_tune.compile import bind_params, resolve_target
 from relay_tune.compile.primitive import build_primitive
 from relay_tune.text import parse_module
-from relay_tune.tuning.relay_task import RelayTuneTask, config_to_steps, tasks_from_module
+from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types
 from search_space import Config
-from search_space.cpu import MAX_FLAT_TILES, with_later_knobs
+from search_space.cpu import with_later_knobs
+from search_space.decode import config_to_steps
+from search_space.families.conv2d_nchw import MAX_FLAT_TILES
 
 HOST = resolve_target("llvm -num-cores=2")
 RNG = np.random.default_rng(11)

@@ -18,7 +18,9 @@ from model_sources import (
     INLINE_EXPRESSION,
     ZOO_FILES,
     ZOO_PREFIX,
-    in_corpus,
+    corpus_case,
+    corpus_cases,
+    every_corpus_file,
     module_files,
     zoo_module,
 )
@@ -45,7 +47,7 @@ from relay_tune.text.loader import load_constants_sidecar, sidecar_path
 from relay_tune.type_infer import infer_expr, infer_types
 
 # A bare expression (TVM `parse_expr`), not a module.
-EXPRESSIONS = [*CORPUS_EXPRESSIONS, "inline"]
+EXPRESSIONS = [*every_corpus_file(CORPUS_EXPRESSIONS), "inline"]
 
 # Signatures that pin the whole-model results (inputs -> outputs) down exactly.
 EXPECTED_MAIN = {
@@ -110,7 +112,7 @@ def test_module_types_agree_with_annotations(program: Callable[[str], Path], nam
 
 
 @pytest.mark.parametrize(
-    "name", [*in_corpus("tvm_aot_fused_nchwc.relay"), f"{ZOO_PREFIX}{FUSED_ZOO_MODEL}_fused.relay"]
+    "name", [*corpus_cases("tvm_aot_fused_nchwc.relay"), f"{ZOO_PREFIX}{FUSED_ZOO_MODEL}_fused.relay"]
 )
 def test_fused_dump_has_type_comments_and_they_all_match(program: Callable[[str], Path], name: str) -> None:
     _, annotations = read_module(program(name))
@@ -204,13 +206,13 @@ WHOLE_MODELS = [
 SMALL_MODULES = [n for n in CORPUS_MODULES if n not in WHOLE_MODELS and n != "tvm_menagerie_gpt2.relay"]
 
 
-@pytest.mark.parametrize("name", [*in_corpus(*WHOLE_MODELS), *SMALL_MODULES, *ZOO_FILES])
+@pytest.mark.parametrize("name", [*corpus_cases(*WHOLE_MODELS), *every_corpus_file(SMALL_MODULES), *ZOO_FILES])
 def test_interpreter_runs_program(program: Callable[[str], Path], name: str) -> None:
     run_program(program(name))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*in_corpus("tvm_menagerie_gpt2.relay"), "zoo:bert_layer"])
+@pytest.mark.parametrize("name", [*corpus_cases("tvm_menagerie_gpt2.relay"), "zoo:bert_layer"])
 def test_interpreter_runs_a_whole_transformer(program: Callable[[str], Path], name: str) -> None:
     if name.startswith("zoo:"):  # one BERT-base layer at its real size
         _, _, out = run_module(zoo.full("bert_layer"), name)
@@ -221,7 +223,7 @@ def test_interpreter_runs_a_whole_transformer(program: Callable[[str], Path], na
     assert out[0].shape == (1, 50, 32, 768)
 
 
-@pytest.mark.parametrize("name", [*in_corpus("tvm_menagerie_mnist.relay"), f"{ZOO_PREFIX}resnet18.relay"])
+@pytest.mark.parametrize("name", [*corpus_cases("tvm_menagerie_mnist.relay"), f"{ZOO_PREFIX}resnet18.relay"])
 def test_model_output_depends_on_the_input(program: Callable[[str], Path], name: str) -> None:
     _, _, first = run_program(program(name), seed=1)
     _, _, second = run_program(program(name), seed=2)
@@ -248,7 +250,7 @@ def @main(%data: Tensor[(1, 4, 4, 4), float32], %weight: Tensor[(4, 4, 3, 3), fl
 """
 
 
-@pytest.mark.parametrize("source", [*in_corpus("tvm_aot_fused_nchwc.relay"), "inline"])
+@pytest.mark.parametrize("source", [*corpus_cases("tvm_aot_fused_nchwc.relay"), "inline"])
 def test_nchwc_pipeline_equals_plain_conv2d(program: Callable[[str], Path], source: str) -> None:
     if source == "inline":
         _, (data, weight), out = run_text(BLOCKED_CONV)
@@ -283,7 +285,7 @@ def @main(%data: Tensor[(1, 4, 6, 6), float32], %weight: Tensor[(6, 4, 3, 3), fl
 """
 
 
-@pytest.mark.parametrize("source", [*in_corpus("tvm_dfpattern_partitioned.relay"), "inline"])
+@pytest.mark.parametrize("source", [*corpus_cases("tvm_dfpattern_partitioned.relay"), "inline"])
 def test_partitioned_pattern_equals_unpartitioned_program(program: Callable[[str], Path], source: str) -> None:
     if source == "inline":
         _, inputs, partitioned = run_text(PARTITIONED)
@@ -311,7 +313,7 @@ def @main(%x: Tensor[(5), float32], %y: Tensor[(5), float32]) {
 """
 
 
-@pytest.mark.parametrize("source", [*(["corpus"] if in_corpus("tvm_lower_te_primitive.relay") else []), "inline"])
+@pytest.mark.parametrize("source", [*corpus_case("corpus", "tvm_lower_te_primitive.relay"), "inline"])
 def test_small_programs_compute_what_they_say(program: Callable[[str], Path], source: str) -> None:
     if source == "inline":
         _, (f, _i), out = run_text(POLYMORPHIC)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -164,24 +163,16 @@ def test_knob_features_are_a_baseline_of_one_space() -> None:
         load_transfer_data([], featurizer)
 
 
-def test_featurization_is_fast() -> None:
-    """Lowering plus features of a full-size ResNet-50 conv2d candidate: tens of milliseconds at most."""
+def test_featurizing_many_candidates_is_featurizing_each_lowered_one() -> None:
+    """`Featurizer.many` of full-size ResNet-50 conv2d candidates: one finite row per candidate, the loop-nest
+    features of its lowered function."""
     task = resnet50_conv3x3()
     rng = np.random.default_rng(0)
     configs = [task.space.sample(rng) for _ in range(30)]
-    funcs = [task.lower(c) for c in configs]
-    start = time.perf_counter()
-    for func in funcs:
-        loop_nest_features(func)
-    features_ms = (time.perf_counter() - start) / len(funcs) * 1e3
-    featurizer = Featurizer("loopnest")
-    start = time.perf_counter()
-    featurizer.many(task, configs)
-    total_ms = (time.perf_counter() - start) / len(configs) * 1e3
-    print(f"features alone {features_ms:.2f} ms, lowering + features {total_ms:.2f} ms per candidate")
-    # bounds generous for loaded CI machines (35 ms lowering + features measured with both cores busy)
-    assert features_ms < 10.0
-    assert total_ms < 80.0
+    rows, kept = Featurizer("loopnest").many(task, configs)
+    assert kept == list(range(len(configs))) and np.isfinite(rows).all()
+    one_by_one = np.stack([loop_nest_features(task.lower(c)) for c in configs[:3]])
+    np.testing.assert_allclose(rows[:3], one_by_one, rtol=1e-6)
 
 
 def test_full_size_workloads_featurize() -> None:

@@ -34,6 +34,7 @@ def test_relay_tasks_featurize(example: Any) -> None:
     tasks = tasks_from_module(example, "llvm")
     featurizer = Featurizer("loopnest")
     rng = np.random.default_rng(0)
+    assert tasks
     for task in tasks:
         assert featurizer.supports(task)
         configs = [task.default_config()] + [task.space.sample(rng) for _ in range(3)]

@@ -13,9 +13,11 @@ from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
 from relay_tune.op.registry import get_op
 from relay_tune.runtime import cuda as cuda_runtime
 from relay_tune.runtime.cuda import CudaUnavailableError, EmulatedDevice, GPUModel, cuda_available
+from relay_tune.target import Target
 from relay_tune.tuning.cuda_runner import CudaRunner
 from relay_tune.tuning.gpu_task import GPUTask, gpu_tasks
 from relay_tune.type_infer import infer_types
+from search_space.decode import config_to_steps
 
 GPU_MISSING = cuda_available()
 needs_gpu = pytest.mark.skipif(GPU_MISSING is not None, reason=f"no CUDA GPU: {GPU_MISSING}")
@@ -127,7 +129,9 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
     from relay_tune.tuning.task import apply_layout
 
     mod, _, _ = small_mlp()
-    for task in gpu_tasks(mod, check_ptxas=False):
+    tasks = gpu_tasks(mod, check_ptxas=False)
+    assert tasks
+    for task in tasks:
         rng = np.random.default_rng(0)
         config = task.space.sample(rng)
         artifact = task.build(config)
@@ -135,8 +139,6 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
         want = task.reference(inputs)
         # rebuild the loop nests (artifacts carry PTX only) and run them on the emulated device
         from relay_tune.compile.primitive import lower_primitive
-        from relay_tune.target import Target
-
         primfunc, _ = lower_primitive(task.func, Target.parse(task.target), task.steps(config), name="kernel")
         from relay_tune.codegen.nvptx import build_ptx
 
@@ -148,11 +150,9 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
 
 
 def test_tuning_logs_for_cuda_become_gpu_schedules() -> None:
-    from search_space.gpu import config_to_steps
-
     mod, _, _ = small_mlp()
     task = gpu_tasks(mod)[0]
-    steps = config_to_steps(task.func, task.default_config().to_dict())
+    steps = config_to_steps(task.func, task.default_config().to_dict(), Target.parse(task.target))
     assert any(getattr(s, "KIND", "") == "bind" for s in steps)
 
 

@@ -170,7 +170,9 @@ FULL_SIZE: dict[str, Callable[[], IRModule]] = {
 @pytest.mark.parametrize("name", [*_params(), *FULL_SIZE])
 def test_no_default_kernel_runs_on_one_core_where_parallel_work_exists(name: str) -> None:
     serial = []
-    for spec in _specs(name, FULL_SIZE.get(name)):
+    specs = _specs(name, FULL_SIZE.get(name))
+    assert specs
+    for spec in specs:
         outputs = primitive_compute(spec.func).outputs
         if _work(spec) < PARALLEL_MIN_WORK or all(math.prod(t.shape) <= 1 for t in outputs):
             continue
@@ -232,7 +234,9 @@ def @main(%x: Tensor[(1, 64, {size}, {size}), float32], %w: Tensor[(64, 1, 3, 3)
 
 @pytest.mark.parametrize("name", ["families", "small_cnn", "zoo:mobilenet_v2", "zoo:bert_layer"])
 def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> None:
-    for spec in _specs(name):
+    specs = _specs(name)
+    assert specs
+    for spec in specs:
         prim = primitive_compute(spec.func)
         config = gpu_default_config(prim, "sm_90")
         assert config_to_params(prim, config) == default_params(prim), spec.description

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +15,24 @@ from relay_tune.runtime.executor import RUN, RUN_PROFILED, RUN_REPEAT, executor_
 from relay_tune.runtime.model import CompiledModel, load
 from relay_tune.text import parse_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from bench_executor import build_chain, chain_text
+
+def chain_text(shape: Sequence[int], ops: int) -> str:
+    """Relay text of `ops` elementwise operators on one tensor of `shape`: y = y * 0.9, then y = y + x, in turn
+    (so that the result depends on every call, in order)."""
+    lines = ['#[version = "0.0.5"]', f"def @main(%x: Tensor[({', '.join(map(str, shape))}), float32]) {{"]
+    previous = "%x"
+    for i in range(ops):
+        step = f"multiply({previous}, 0.9f)" if i % 2 == 0 else f"add({previous}, %x)"
+        lines.append(f"  %{i} = {step};")
+        previous = f"%{i}"
+    lines += [f"  {previous}", "}"]
+    return "\n".join(lines)
+
+
+def build_chain(shape: Sequence[int], ops: int) -> tuple[CompiledModel, object]:
+    """The chain as a model built with fusion off (opt_level 0): one kernel call per operator."""
+    mod = parse_module(chain_text(shape, ops))
+    return relay_tune.build(mod, opt_level=0), mod
 
 MLP = """#[version = "0.0.5"]
 def @main(%x: Tensor[(2, 16), float32], %w: Tensor[(8, 16), float32], %b: Tensor[(8), float32]) {

@@ -52,6 +52,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, dict
 
 def test_profile_rows_carry_the_logged_time_of_their_task(logged: tuple[object, Path, dict[str, float]]) -> None:
     mod, log, costs = logged
+    assert costs
     model = relay_tune.build(mod, logs=[str(log)])
     assert all(t.tuned for t in model.plan.tasks if t.kernel)
     rows = compare_with_logs(model, [log], repeat=3)

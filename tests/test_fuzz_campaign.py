@@ -1,23 +1,16 @@
-"""A slice of the fuzz campaign (experiments/fuzz.py) in the test suite: 10,000 inputs through parse and type
-inference (and ONNX import, and the log reader), and a smaller slice through the passes, the interpreter and
-LLVM. Zero defects: every failure a RelayTuneError with a location, no wrong result, no MemoryError or hang
-(the inputs run in a worker process with an address-space limit and a per-input alarm)."""
+"""A slice of the fuzz campaign (`relay_tune.testing.fuzz`, `python -m experiments fuzz`) in the test suite:
+10,000 inputs through parse and type inference (and ONNX import, and the log reader), and a smaller slice through
+the passes, the interpreter and LLVM. Zero defects: every failure a RelayTuneError with a location, no wrong
+result, no MemoryError or hang (the inputs run in a worker process with an address-space limit and a per-input
+alarm)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-# Imported by its file's name from experiments/ (on sys.path, which spawned worker processes inherit, so they can
-# unpickle the campaign's worker function and its results).
-sys.path.insert(0, str(REPO / "experiments"))
-fuzz = importlib.import_module("fuzz")
+from relay_tune.testing import fuzz
 
 
 def _no_defects(stats: object) -> None:

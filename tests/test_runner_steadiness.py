@@ -29,7 +29,7 @@ class _ThreadRecordingMatmul(MatmulTask):
 def test_the_reference_runs_on_one_blas_thread() -> None:
     """After a multithreaded BLAS call its pool threads busy-wait for about 0.1 s, on the cores the kernel measured
     next runs on: a task's first measurement (right after its reference) then had repeats 1.5-3x apart
-    (experiments/runner_stability.py first). The runner computes references on one BLAS thread."""
+    (experiments/README.md, "Runner stability"). The runner computes references on one BLAS thread."""
     before = _blas_threads()
     if not before or max(before) < 2:
         pytest.skip("numpy's BLAS runs one thread here anyway")
@@ -48,4 +48,5 @@ def test_a_warm_up_time_runs_the_kernel_that_long_before_timing() -> None:
             LocalRunner(timeout=30.0, number=1, repeat=2, min_repeat_ms=1, warmup_ms=300.0) as warmed:
         quick, slow = plain.run(task, artifact), warmed.run(task, artifact)
     assert quick.error_kind is None and slow.error_kind is None, (quick.error_msg, slow.error_msg)
-    assert slow.run_seconds >= 0.3 > quick.run_seconds
+    # a lower bound the warm-up guarantees (how long the plain run takes depends on the machine, so it is not compared)
+    assert slow.run_seconds >= 0.3

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -252,14 +251,11 @@ def test_save_load_round_trip_gives_identical_outputs_without_compiling(
         for attr in ("compile_object", "lower_primitive"):
             if id(getattr(module, attr, None)) in originals:
                 monkeypatch.setattr(module, attr, no_compiling)
-    start = time.perf_counter()
     loaded = relay_tune.runtime.load(path)
-    load_seconds = time.perf_counter() - start
     x = RNG.standard_normal((1, 3, 12, 12)).astype("float32")
     for a, b in zip(cnn.run(x), loaded.run(x)):  # type: ignore[arg-type]
         np.testing.assert_array_equal(a, b)
     assert loaded.plan == cnn.plan and loaded.target == cnn.target
-    assert load_seconds < cnn.build_info["timings"]["total_s"]
     assert read_manifest(path)["format"] == "relay-tune-model"
 
 

@@ -27,7 +27,7 @@ from relay_tune.kernel.schedule import LayoutTransform
 from relay_tune.target import Target
 from relay_tune.text import parse_module
 from relay_tune.tuning import InlineBuilder, LocalRunner, MeasureResult, apply_layout
-from relay_tune.tuning.relay_task import RelayTuneTask, config_to_steps, layout_steps, tasks_from_module
+from relay_tune.tuning.relay_task import RelayTuneTask, layout_steps, tasks_from_module
 from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError
 from search_space.cpu import (
@@ -39,6 +39,7 @@ from search_space.cpu import (
     format_space_table,
     vector_registers,
 )
+from search_space.decode import config_to_steps
 from search_space.defaults import default_steps
 
 HOST = resolve_target("llvm")
@@ -423,6 +424,7 @@ def test_space_size_table(model: str, capsys: pytest.CaptureFixture[str]) -> Non
     table = format_space_table([(t.description, t.family, t.space) for t in tasks])
     with capsys.disabled():
         print(f"\nschedule spaces of {model} ({HOST.log_name}):\n{table}")
+    assert tasks
     for task in tasks:
         assert task.space.is_valid(task.default_config()), task.description
         if task.family in ("dense", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw"):

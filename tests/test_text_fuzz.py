@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_sources import CORPUS_DIR, INLINE_EXPRESSION, in_corpus
+from model_sources import CORPUS_DIR, INLINE_EXPRESSION, corpus_cases, in_corpus
 
 from relay_tune.errors import ParseError
 from relay_tune.ir import Expr, free_vars, structural_equal
@@ -174,7 +174,7 @@ def test_random_bytes(tmp_path_factory: pytest.TempPathFactory, data: st.DataObj
 
 
 @pytest.mark.parametrize(
-    "name", [*in_corpus("tvm_lower_te_primitive.relay", "tvm_expr_grad_let_tuple.relay"), "inline_expression"]
+    "name", [*corpus_cases("tvm_lower_te_primitive.relay", "tvm_expr_grad_let_tuple.relay"), "inline_expression"]
 )
 def test_every_truncation(name: str) -> None:
     text = source_text(name)

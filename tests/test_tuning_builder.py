@@ -17,7 +17,8 @@ from search_space import Config, Constraint, IntKnob, Space
 
 @pytest.fixture(scope="module")
 def builder() -> Iterator[LocalBuilder]:
-    with LocalBuilder(n_parallel=2, timeout=3.0, kill_grace=1.0) as local:
+    # A generous timeout: the builds that must succeed share two cores with other test processes; one hangs for it.
+    with LocalBuilder(n_parallel=2, timeout=10.0, kill_grace=1.0) as local:
         yield local  # type: ignore[misc]
 
 
@@ -41,15 +42,12 @@ def test_builds_matmul_configs_into_object_code(builder: LocalBuilder) -> None:
 def test_failures_become_error_kinds_and_spare_the_other_builds(builder: LocalBuilder) -> None:
     task = FaultyTask(size=64)
     names = ["plain", "compile_error", "invalid", "build_crash", "reversed", "build_hang", "plain"]
-    started = time.monotonic()
     results = builder.build(task, [variant(n) for n in names])
-    elapsed = time.monotonic() - started
     kinds = [None if r.error_kind is None else r.error_kind.name for r in results]
     assert kinds == [None, "COMPILE_ERROR", "INVALID_CONFIG", "COMPILE_ERROR", None, "BUILD_TIMEOUT", None]
     assert "LLVM rejected" in results[1].error_msg
     assert "died" in results[3].error_msg
     assert "killed" in results[5].error_msg
-    assert elapsed < 60  # one timeout, not a stuck pool
     # The builder recovers: the next batch builds normally in fresh workers.
     assert builder.build(task, [variant("plain")])[0].artifact is not None
 
@@ -113,9 +111,11 @@ class _SlowPythonTask:
     weight: int = 1
     target: str = "llvm"
     space: Space = field(default_factory=lambda: Space([IntKnob("seconds", 0, 10)]))
+    finished: list[int] = field(default_factory=list)  # the `seconds` of each build that slept to its end
 
     def build(self, config: Config) -> BuildArtifact:
         time.sleep(float(config["seconds"]))  # type: ignore[arg-type]
+        self.finished.append(int(config["seconds"]))  # type: ignore[arg-type]
         return BuildArtifact(b"", "elf-object", "k", ())
 
     def default_config(self) -> Config:
@@ -130,6 +130,8 @@ class _SlowPythonTask:
 
 def test_soft_timeout_interrupts_python_level_builds() -> None:
     builder = InlineBuilder(timeout=0.2)
-    fast, slow = builder.build(_SlowPythonTask(), [Config({"seconds": 0}), Config({"seconds": 5})])  # type: ignore[arg-type]
+    task = _SlowPythonTask()
+    fast, slow = builder.build(task, [Config({"seconds": 0}), Config({"seconds": 5})])  # type: ignore[arg-type]
     assert fast.error_kind is None
-    assert slow.error_kind is ErrorKind.BUILD_TIMEOUT and slow.build_seconds < 2
+    assert slow.error_kind is ErrorKind.BUILD_TIMEOUT
+    assert task.finished == [0]  # the slow build was stopped mid-sleep, not waited out

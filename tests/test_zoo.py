@@ -5,7 +5,6 @@ built model."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -207,13 +206,10 @@ def test_mobilenet_memory_plan_and_save_load(built: dict[str, tuple[IRModule, Co
     assert report.arena_bytes >= report.lower_bound_bytes
 
     path = model.save(tmp_path / "mobilenet.rtmod")
-    start = time.perf_counter()
-    loaded = relay_tune.runtime.load(path)
-    load_seconds = time.perf_counter() - start
+    loaded = relay_tune.runtime.load(path)  # links the saved object code (test_runtime_model: without compiling)
     inputs = model.random_inputs(3)
     np.testing.assert_array_equal(loaded.run(**inputs), model.run(**inputs))  # type: ignore[arg-type]
-    # Loading links the saved object code: a small fraction of what compiling took.
-    assert load_seconds < 0.5 * model.build_info["timings"]["total_s"]
+    assert loaded.plan == model.plan
 
 
 @pytest.mark.slow

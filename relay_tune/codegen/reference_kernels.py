@@ -1,6 +1,6 @@
 """Hand-scheduled loop nests that exercise the code generator the way tuned schedules do.
 
-They serve as performance baselines (experiments/bench_codegen_dense.py) and as end-to-end tests of
+They serve as performance baselines and as end-to-end tests of
 vectorization, unrolling, register blocking and parallel loops, independently of the schedule layer.
 """
 

@@ -30,7 +30,7 @@ Targets: `"llvm"` (or `"native"`) is this machine: its CPU, features and cores (
 Tuning logs (`logs`): a path or list of paths of JSON-lines tuning logs, or a function
 `(task_key, target) -> schedule steps | None` (`ScheduleLookup`). For logs, the best valid record per workload
 and target is used (`relay_tune.records.database.best_for_target`) and its config becomes steps through
-`steps_from_config`.
+`search_space.decode.config_to_steps`.
 
 Modules, in the order a build runs them: `target` (target strings), `lookup` (tuning-log lookup), `task_list`
 and `tasks` (which tasks a model has, each lowered with `primitive`, the one-kernel compiler), the graph planner
@@ -41,7 +41,7 @@ and `tasks` (which tasks a model has, each lowered with `primitive`, the one-ker
 
 from relay_tune.compile.build_model import build
 from relay_tune.compile.check_tuned import check_tuned_records
-from relay_tune.compile.lookup import BuildWarning, ScheduleLookup, TaskLookup, steps_from_config, task_lookup
+from relay_tune.compile.lookup import BuildWarning, ScheduleLookup, TaskLookup, task_lookup
 from relay_tune.compile.params import bind_params, read_params
 from relay_tune.compile.pipeline import compile_model
 from relay_tune.compile.target import resolve_target
@@ -49,5 +49,5 @@ from relay_tune.compile.task_list import ModelTasks, model_tasks
 
 __all__ = [
     "BuildWarning", "ModelTasks", "ScheduleLookup", "TaskLookup", "bind_params", "build", "check_tuned_records",
-    "compile_model", "model_tasks", "read_params", "resolve_target", "steps_from_config", "task_lookup",
+    "compile_model", "model_tasks", "read_params", "resolve_target", "task_lookup",
 ]

@@ -1,7 +1,7 @@
 """Tuning-log lookup at build time: which schedule steps a task gets from the logs (or a lookup function).
 
 For logs, the best valid record per workload and target is used (`relay_tune.records.database.best_for_target`)
-and its config becomes steps through `steps_from_config`.
+and its config becomes steps through `search_space.decode.config_to_steps`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from relay_tune.errors import RelayTuneError
-from relay_tune.ir import Function
 from relay_tune.records.database import best_for_target
 from relay_tune.target import Target
-from search_space.logged import ConfigNotInSpace, config_steps
+from search_space.decode import ConfigNotInSpace, config_to_steps
 
 ScheduleLookup = Callable[[str, Target], Sequence[Any] | None]
 """`(task_key, target) -> schedule steps (Step objects or their JSON dicts) | None` (None: default schedule)."""
@@ -36,12 +35,6 @@ class SpecLookup:
 
     def __init__(self, fn: TaskLookup) -> None:
         self.fn = fn
-
-
-def steps_from_config(func: Function, config: Mapping[str, Any], target: Target) -> list[Any]:
-    """The schedule steps a tuning config stands for, for fused function `func`: its family's template at the
-    config (`search_space.logged.config_steps`; a CPU config may carry its steps in a `"steps"` knob)."""
-    return config_steps(func, config, target)
 
 
 def task_lookup(logs: Any) -> TaskLookup | None:
@@ -80,7 +73,7 @@ def _log_lookup(paths: Sequence[Any]) -> TaskLookup:
         # version, or a compute that changed) are passed over, and with none left the task is untuned.
         for config in ranked.get(spec.key, ()):
             try:
-                return steps_from_config(spec.func, config, target)
+                return config_to_steps(spec.func, config, target)
             except ConfigNotInSpace:
                 continue
         return None

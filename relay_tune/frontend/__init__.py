@@ -20,7 +20,7 @@ from relay_tune.frontend.params import PARAMS_SUFFIX, ParamsFileError, load_para
 if TYPE_CHECKING:
     from relay_tune.ir.module import IRModule
 
-__all__ = ["PARAMS_SUFFIX", "ParamsFileError", "from_onnx", "load_params", "params_path", "save_params"]
+__all__ = ["PARAMS_SUFFIX", "ParamsFileError", "from_onnx", "load_onnx", "load_params", "params_path", "save_params"]
 
 
 def from_onnx(
@@ -36,3 +36,11 @@ def from_onnx(
     if isinstance(model_or_path, str):
         model_or_path = Path(model_or_path)
     return _from_onnx(model_or_path, shape_overrides)
+
+
+def load_onnx(path: str | Path) -> Any:
+    """Read an ONNX file into an `onnx.ModelProto`; a missing or unreadable file is one `RelayTuneError`."""
+    # optional dependency: relay_tune.frontend.onnx imports onnx (`pip install 'relay-tune[onnx]'`)
+    from relay_tune.frontend.onnx import read_model
+
+    return read_model(Path(path))

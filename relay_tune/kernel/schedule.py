@@ -372,7 +372,7 @@ class LayoutTransform:
         """The CPU schedule of the run-time packing kernel (`pack_compute`), lowered with `lower(...)`.
 
         Packing a weight that is a model input runs before its kernel on every call, so it is scheduled, not left
-        as one serial loop nest (experiments/bench_packing.py measures the variants):
+        as one serial loop nest (experiments/README.md has the variants' times):
 
         - when the last packed axis is the source's innermost axis the copy is contiguous on both sides: that
           loop is vectorized;

@@ -16,7 +16,7 @@ Which convolutions, and with which tile size m, is the `winograd` setting (`Pass
 - "off": none;
 - "on": every eligible convolution, F(4x4, 3x3) where the output map is at least 8x8, else F(2x2, 3x3);
 - "f2", "f4": every eligible convolution with that tile size (for experiments);
-- "auto": the rule `auto_tile_size` below, measured on ResNet-50's 3x3 layers (experiments/bench_winograd.py).
+- "auto": the rule `auto_tile_size` below, measured on ResNet-50's 3x3 layers (experiments/README.md).
 
 A convolution whose kernel is not a constant (a model input) is left alone: its transform would run on every call.
 """
@@ -50,7 +50,7 @@ def auto_tile_size(height: int, width: int, in_channels: int, out_channels: int)
     """The tile size "auto" uses for a convolution with an output map of `height` x `width` (0: the direct
     convolution): F(4x4) on maps of at least 14x14 with at least 64 input channels.
 
-    Measured with default schedules (experiments/bench_winograd.py, in-graph profiles of whole networks): C -> C
+    Measured with default schedules (experiments/README.md, in-graph profiles of whole networks): C -> C
     layers of ResNet-50 with F(4x4) against the direct blocked convolution, 64x56x56 2.1x faster, 128x28x28 2.1x,
     256x14x14 1.5x, 512x7x7 0.64x (2x2 tiles of a 7x7 map: the tiles cover 8x8, and the 36 weight matrices of
     512x512 are read for 4 tiles; F(2x2) 1.02x, no gain); SqueezeNet's 16 -> 64 channels on 55x55 1.2x slower

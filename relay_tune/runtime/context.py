@@ -261,7 +261,7 @@ def context_ir(parallel: bool) -> str:
     b.ret(result)
 
     # a kernel that does nothing: timed around it, the loop costs what it adds besides the kernel (producer step,
-    # timestamps; experiments/context_timing.py compares subtracting that with the timestamps)
+    # timestamps; experiments/README.md, "Kernels timed in their model context", compares subtracting that)
     noop = ir.Function(module, repeat_type, name=NOOP)
     ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
     return _volatile(str(module))

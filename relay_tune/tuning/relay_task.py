@@ -9,10 +9,10 @@ often the model runs it, `space` the schedule space of its family (`search_space
 interpreter run on the primitive function itself. Weights that are model constants (the same at every call site)
 may be packed by a schedule: the build packs them once, and the runner packs them ahead of timing, like the model.
 
-`config_to_steps(func, config, target)` is how the build turns a logged config back into schedule steps (see
-`relay_tune.compile.steps_from_config`). Every config, the default one included, goes through its family's template
-(`search_space.cpu`); an untuned build runs the template at the same default config (`search_space.defaults`), so
-the tuner's "default" baseline, the log's record of it and what an untuned build runs are one kernel.
+`search_space.decode.config_to_steps(func, config, target)` is how the build turns a logged config back into schedule
+steps. Every config, the default one included, goes through its family's template (`search_space.families`); an
+untuned build runs the template at the same default config (`search_space.defaults`), so the tuner's "default"
+baseline, the log's record of it and what an untuned build runs are one kernel.
 """
 
 from __future__ import annotations
@@ -41,12 +41,11 @@ from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError, Space
-from search_space.cpu import config_to_steps as template_steps
 from search_space.cpu import cpu_space, task_workload, with_later_knobs
-from search_space.logged import config_steps
+from search_space.families import family_named
 
 __all__ = [
-    "RelayTuneTask", "ReferenceWarning", "config_to_steps", "constant_inputs", "layout_steps", "tasks_from_module",
+    "RelayTuneTask", "ReferenceWarning", "constant_inputs", "layout_steps", "tasks_from_module",
 ]
 
 KERNEL_PREFIX = "tuned_"
@@ -185,7 +184,7 @@ class RelayTuneTask:
 
     def steps(self, config: Config) -> list[Any]:
         """The schedule steps of a config: its family's template applied to it."""
-        return template_steps(self._prim, config, self.target_info)
+        return family_named(self.family).steps(self._prim, config, self.target_info)
 
     def lower(self, config: Config) -> Any:
         """The loop nest (`tir.PrimFunc`) of a config, without compiling (what a cost model featurizes)."""
@@ -282,8 +281,3 @@ def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
                      winograd=winograd)
     return [RelayTuneTask(spec, resolved) for spec in model_tasks(fused["main"], resolved).kernels]
 
-
-def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[Any]:
-    """Schedule steps for fused function `func` from a logged config (`search_space.logged.config_steps`, the
-    build's decoder); `target` may be a target string."""
-    return config_steps(func, config, _target(target))

@@ -701,7 +701,7 @@ PRODUCER_SHIFT = 1
 # What the producer step does with a kernel's outputs: "flushed", every line evicted from every cache (clflush);
 # "private", pushed out of the cores' private caches only (each thread reads `PRIVATE_EVICT_FACTOR` times its private
 # cache of scratch), so that they sit in the shared cache, as arena memory a few kernels used last does in a model;
-# "half_flushed", the first half of each output flushed, then the private caches emptied. experiments/context_timing.py
+# "half_flushed", the first half of each output flushed, then the private caches emptied. experiments/README.md
 # compares them (see `context_step`). "private": over six runs on ResNet-50 it had the smaller error on memory-bound
 # kernels in all six (0.21-0.26 against 0.29-0.46 on a normal host) and placed more tasks within 15% of the graph in
 # five (the sixth lost by one task to a noise spike on one convolution); flushing sent the outputs to memory and timed
@@ -716,7 +716,7 @@ def context_step(artifact: BuildArtifact, buffers: Sequence[np.ndarray], weights
     """The producer step a kernel is timed after (`relay_tune.runtime.context`): its activation inputs rewritten by the
     thread team, the share that thread t of a kernel split into contiguous shares reads written by thread t + 1
     (`PRODUCER_SHIFT`), and its outputs put out of the kernel's reach (`outputs_in`, below). Measured against the
-    model's profile (experiments/context_timing.py, ResNet-50): a consumer split like its producer read every line
+    model's profile (experiments/README.md, ResNet-50): a consumer split like its producer read every line
     from its own core's cache and ran up to 2x faster than in the model (global pooling 3.0 against 5.4 us); with
     the shares shifted it matched (5.1). And in a model a kernel's output buffer is arena memory that other kernels
     used long before, pushed out since by the weights streamed in between: with its lines left in cache by its

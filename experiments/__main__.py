@@ -1,0 +1,51 @@
+"""`python -m experiments <subcommand> [options]`: relay-tune's benchmarks (see experiments/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from experiments import UsageError
+
+# subcommand -> (module of this package, one line for the list of subcommands)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "kernels": ("kernels", "default kernels (dense, batch_matmul, conv2d, depthwise) against numpy/OpenBLAS"),
+    "search": ("search", "search efficiency: trials each strategy (random, Optuna TPE, XGBoost) needs"),
+    "curve": ("curve", "tuning curve: a model's end-to-end latency against tuning time"),
+    "models": ("models", "whole ONNX models against onnxruntime (and OpenVINO when installed)"),
+    "fidelity": ("fidelity", "each task's logged time against its time inside the model"),
+    "distributed": ("distributed", "distributed tuning: workers on one PostgreSQL, trials per second"),
+    "fuzz": ("fuzz", "the fuzz campaign through parse, types, passes, the interpreter and LLVM"),
+    "gpu-check": ("gpu_check", "the CUDA back end against the interpreter, cuDNN and cuBLAS (NVIDIA GPU)"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="python -m experiments", description=__doc__,
+        epilog="Run `python -m experiments SUBCOMMAND --help` for a subcommand's options.")
+    commands = main.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    for name, (module_name, summary) in SUBCOMMANDS.items():
+        module = importlib.import_module(f"experiments.{module_name}")
+        sub = commands.add_parser(name, help=summary, description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run, parser=sub)
+    return main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except UsageError as error:
+        args.parser.exit(2, f"{args.parser.prog}: error: {error}\n")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

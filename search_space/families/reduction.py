@@ -1,0 +1,207 @@
+"""The `reduction` family: pooling, reductions, softmax, normalisations, and convolutions no other family takes.
+
+Knobs: `vector` (tile width along the innermost output axis) where the reductions read it contiguously,
+`parallel`; on `NCHW{b}c` pooling that axis is the block, one vector of channels; `pad` where a pooling window is
+padded (the padded input written ahead, or read through a guard).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay_tune.kernel import te, tir
+from relay_tune.kernel.schedule import ROOT, Schedule
+from search_space.config import Config
+from search_space.families.common import (
+    CpuWorkload,
+    Family,
+    blocked_rows,
+    blocked_stage,
+    cache_accumulator,
+    default_parallel,
+    flat_loops,
+    inline_cheap,
+    pad_stages,
+    parallel_choices,
+    parallel_worthwhile,
+    stage_work,
+    vector_choices,
+)
+from search_space.knobs import ChoiceKnob, Knob
+from search_space.space import Constraint
+
+# -- analysis ----------------------------------------------------------------------------------------------------
+
+
+def _matches(sch: Any, prim: Any, anchor: Any) -> bool:
+    return True  # the last family of the table: every reduction the others leave
+
+
+def _analyse(prim: Any, sch: Any, anchor: Any, target: Any, constants: frozenset[int]) -> dict[str, Any]:
+    out = sch[prim.outputs[0]]
+    mode, last = _reduction_mode(prim, target)
+    work = max(stage_work(st) for st in sch.stages.values() if st.op is not None)
+    return {"dims": {"last": last}, "lanes": target.vector_lanes(out.tensor.dtype),
+            "default_parallel": parallel_worthwhile(target, work),
+            "has_pad": bool(pad_stages(sch)) and mode != "scalar",
+            "extras": {"mode": mode, "blocked": out.op is not None and blocked_stage(out)}}
+
+
+def _reads_contiguously(stage: Any, axis: Any) -> bool:
+    for node in te.iter_exprs(stage.op.body):
+        if isinstance(node, te.TensorRead) and node.tensor.ndim:
+            last = node.indices[-1]
+            if last is axis:
+                continue
+            if (isinstance(last, tir.BinaryOp) and last.op == "add" and (last.a is axis or last.b is axis)
+                    and isinstance(last.b if last.a is axis else last.a, te.IterVar)):
+                continue
+            return False
+    return True
+
+
+def _reduction_mode(prim: Any, target: Any) -> tuple[str, int]:
+    """How a reduction family function is tiled: "tiles" (reductions accumulate per vector tile of the innermost
+    output axis), "rows" (they run along it, one row at a time), "flat" or "scalar"; and that axis' extent."""
+    sch, out, inner = _prepare_reduction(prim)
+    leaves = list(sch.leaves(out.name))
+    if not leaves:
+        return "scalar", 0
+    last = out.op.axes[-1].extent
+    reductions = [st for st in inner if st.op.is_reduction]
+    aligned = all(len(st.op.axes) == len(out.op.axes) and st.op.axes[-1].extent == last
+                  and _reads_contiguously(st, st.op.axes[-1]) for st in reductions)
+    if last >= 4 and aligned and reductions:
+        return "tiles", last
+    if last >= 4 and len(leaves) >= 2:
+        return "rows", last
+    return "flat", last
+
+
+# -- space and default -------------------------------------------------------------------------------------------
+
+
+def _vector_choices(workload: CpuWorkload) -> list[int] | None:
+    """The `vector` knob's choices, None where the space has no such knob."""
+    mode, last, lanes = workload.extras["mode"], workload.dims["last"], workload.lanes
+    if mode == "tiles":
+        return vector_choices(last, lanes)
+    if mode == "rows" and last > lanes:
+        return vector_choices(last - 1, lanes)
+    return None
+
+
+def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
+    knobs: list[Knob] = []
+    vectors = _vector_choices(workload)
+    if vectors is not None:
+        knobs.append(ChoiceKnob("vector", vectors))
+    if workload.extras["mode"] != "scalar":
+        knobs.append(ChoiceKnob("parallel", parallel_choices(workload, 1)))
+    if workload.has_pad:  # a padded pooling window: the padded input written ahead, or read through a guard
+        knobs.append(ChoiceKnob("pad", ["root", "inline"]))
+    return knobs, []
+
+
+def _later_knobs(workload: CpuWorkload, config: Config) -> Config:
+    """`pad` written ahead: pooling configs logged before the knob existed."""
+    if workload.has_pad and "pad" not in config:
+        return config.replace(pad="root")
+    return config
+
+
+def _default(workload: CpuWorkload) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    lanes, mode = workload.lanes, workload.extras["mode"]
+    vectors = _vector_choices(workload)
+    if vectors is not None:
+        wanted = min(workload.dims["last"], 2 * lanes) if mode == "tiles" else lanes
+        values["vector"] = max((c for c in vectors if c <= wanted), default=vectors[0])
+    if mode != "scalar":
+        values["parallel"] = default_parallel(workload, 1)
+    if workload.has_pad:
+        # Read through a guard where rows are not vectorized (pools over 28 columns and less in Inception:
+        # 1.05-1.6x faster than a padded copy); a padded copy where they are (3-7x slower inlined: the guard
+        # turns each vector load into a masked one). On a blocked layout (NCHW16c) the guard is one condition for
+        # the whole vector of a block: read through it (ResNet-50's 3x3 stride-2 max pool, 1x256x112x112: 2.4x
+        # faster than a padded copy).
+        values["pad"] = "root" if vectors is not None and not workload.extras.get("blocked") else "inline"
+    return values
+
+
+# -- template ----------------------------------------------------------------------------------------------------
+
+
+def _prepare_reduction(prim: Any) -> tuple[Any, Any, list[Any]]:
+    """A schedule with the reduction family's common start: the output's reduction (if any) accumulated in a
+    local tile, cheap stages inlined, pads kept. Returns (schedule, output stage, the other root stages)."""
+    sch = Schedule(prim.outputs)
+    out = sch[prim.outputs[0]]
+    pads = pad_stages(sch)
+    keep = {p.name for p in pads}
+    if out.op is not None and out.op.is_reduction:
+        keep.add(cache_accumulator(sch, out))
+    inline_cheap(sch, keep=keep)
+    pad_names = {p.name for p in pads}
+    inner = [st for st in sch.stages.values()
+             if st.op is not None and st is not out and st.attach == ROOT and st.name not in pad_names]
+    return sch, out, inner
+
+
+def _reduction_inside(sch: Any, stage: Any, vectorize: bool) -> None:
+    leaves = list(sch.leaves(stage.name))
+    spatial = [lp for lp in leaves if not stage.loops[lp].is_reduce]
+    reduce = [lp for lp in leaves if stage.loops[lp].is_reduce]
+    if reduce:
+        sch.reorder(stage.name, *reduce, *spatial)
+    if vectorize and spatial:
+        sch.vectorize(stage.name, spatial[-1])
+
+
+def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    # The steps are recorded on the schedule `_prepare_reduction` makes; copy them onto `sch` at the end.
+    mine, out, inner = _prepare_reduction(prim)
+    mode, last = _reduction_mode(prim, target)
+    parallel = bool(config.get("parallel", 0)) and target.num_cores > 1
+    for pad in pad_stages(mine):
+        if config.get("pad", "root") == "inline":
+            mine.compute_inline(pad.name)
+        elif blocked_stage(pad):
+            blocked_rows(mine, pad, target)  # a blocked pooling's input (NCHW16c)
+        else:
+            flat_loops(mine, pad, target)
+    leaves = list(mine.leaves(out.name))
+    if mode == "scalar":
+        for st in inner:
+            flat_loops(mine, st, target)
+    elif mode == "tiles":
+        vx = int(config["vector"])  # type: ignore[arg-type]
+        wo, wi = mine.split(out.name, leaves[-1], factor=vx)
+        outer = leaves[0] if len(leaves) == 2 else (mine.fuse(out.name, *leaves[:-1]) if len(leaves) > 2 else wo)
+        if parallel:
+            mine.parallel(out.name, outer)
+        mine.vectorize(out.name, wi)
+        for st in inner:
+            mine.compute_at(st.name, out.name, wo)
+            _reduction_inside(mine, st, vectorize=True)
+    elif mode == "rows":
+        lanes = int(config["vector"]) if "vector" in config else target.vector_lanes(out.tensor.dtype)  # type: ignore[arg-type]
+        row = leaves[0] if len(leaves) == 2 else mine.fuse(out.name, *leaves[:-1])
+        split = mine.split(out.name, leaves[-1], factor=lanes) if last > lanes else (None, leaves[-1])
+        if parallel:
+            mine.parallel(out.name, row)
+        mine.vectorize(out.name, split[1])
+        for st in inner:
+            mine.compute_at(st.name, out.name, row)
+            _reduction_inside(mine, st, vectorize=not st.op.is_reduction)
+    else:
+        fused = leaves[0] if len(leaves) == 1 else mine.fuse(out.name, *leaves)
+        if parallel:
+            mine.parallel(out.name, fused)
+        for st in inner:
+            mine.compute_at(st.name, out.name, fused)
+    for step in mine.steps:
+        sch.apply(step)
+
+
+REDUCTION = Family("reduction", _matches, _analyse, _knobs, _default, _template_reduction, _later_knobs)
