@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from relay_tune.compiler import _lower_one, is_memory_view, resolve_target
+from relay_tune.compile import resolve_target
+from relay_tune.compile.tasks import is_memory_view, lower_one
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.compute import primitive_compute
@@ -113,7 +114,7 @@ def _renamed(func: tir.PrimFunc) -> tir.PrimFunc:
 
 def _built_default(spec: object, target: Target) -> tir.PrimFunc:
     """The loop nest an untuned `relay_tune.build` runs for a task."""
-    lowered = _lower_one(spec, target, None, "kernel", [])
+    lowered = lower_one(spec, target, None, "kernel", [])
     assert not lowered.tuned
     return _renamed(lowered.primfunc)
 
@@ -240,7 +241,7 @@ def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> 
         config = gpu_default_config(prim, "sm_90")
         assert config_to_params(prim, config) == default_params(prim), spec.description
         built = _built_default(spec, CUDA)
-        from relay_tune.kernel.build import lower_primitive
+        from relay_tune.compile.primitive import lower_primitive
         from search_space.gpu import steps_of_prim
 
         logged, _ = lower_primitive(spec.func, CUDA, steps_of_prim(prim, config), name="kernel", prim=prim)

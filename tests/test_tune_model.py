@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from relay_tune.cli import load_model
-from relay_tune.compiler import resolve_target, task_lookup
+from relay_tune.compile import resolve_target, task_lookup
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.testing import zoo

@@ -18,7 +18,7 @@ PARALLEL loops are outlined into a function run by every thread of an OpenMP tea
 `GOMP_parallel`; each thread first runs its own contiguous, balanced share of the iterations, in chunks, then
 takes the chunks other threads have not started (see `emit_parallel_loop`). Where libgomp is
 missing, the runtime substitutes a small thread team of its own for those symbols (see
-`relay_tune.runtime.kernel`).
+`relay_tune.codegen.jit`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from relay_tune.codegen.jit import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
 from relay_tune.codegen.llvm_base import (
     I8,
     I32,
@@ -42,7 +43,6 @@ from relay_tune.codegen.llvm_base import (
 )
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.kernel import tir
-from relay_tune.runtime.kernel import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
 from relay_tune.target import Target
 
 __all__ = [
@@ -118,7 +118,7 @@ class CPUCodegen(LLVMCodegenBase):
         # wrapper honest (LLVM cannot merge or hoist work across repeated calls it cannot see into).
         fn.attributes.add("nounwind")
         fn.attributes.add("noinline")
-        align = int(dict(func.attrs).get("param_align", 0) or 0)
+        align = func.param_align
         for arg in fn.args:
             arg.add_attribute("noalias")
             if align > 1:

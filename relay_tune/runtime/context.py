@@ -46,9 +46,9 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import numpy as np
 
+from relay_tune.codegen.jit import _jit_lock, _lljit, aligned_empty, load_libgomp
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
-from relay_tune.runtime.kernel import _jit_lock, _lljit, aligned_empty, load_libgomp
 
 __all__ = ["CONTEXT_LOOP", "COPY", "EVICT", "NOOP", "PRODUCE", "READ", "TOUCH_COLUMNS", "ContextLoop", "Production",
            "context_ir", "context_loop", "private_cache_bytes", "production", "scratch", "team_size"]

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from relay_tune.tuning.measure import MeasureResult
+from relay_tune.records.measure import MeasureResult
 from relay_tune.tuning.summary import TuneSummary
 from search_space import Config
 

@@ -71,11 +71,11 @@ from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
+from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.records.measure import ErrorKind, RunResult
 from relay_tune.runtime.context import Production, context_loop, private_cache_bytes, production
-from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.runtime.pages import huge_page_empty
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
-from relay_tune.tuning.measure import ErrorKind, RunResult
 from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
 
 # (rtol, atol) per dtype; atol is scaled by the largest expected magnitude (at least 1).
@@ -929,7 +929,7 @@ def _measure_batch(conn: multiprocessing.connection.Connection, artifacts: Seque
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
-    """Give libgomp the settings it has in a model's process (`relay_tune.runtime.kernel.load_libgomp`); call
+    """Give libgomp the settings it has in a model's process (`relay_tune.codegen.jit.load_libgomp`); call
     before libgomp is loaded (it reads them once). With libgomp's own default its workers spin some hundred times
     longer between parallel regions than in a model, so the runner timed kernels under other conditions than the
     ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies to both alike."""

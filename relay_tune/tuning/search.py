@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from relay_tune.records.database import Database
+from relay_tune.records.log_format import comparable_records
+from relay_tune.records.measure import MeasureInput, MeasureResult
 from relay_tune.tuning import distributed
-from relay_tune.tuning.database import Database
-from relay_tune.tuning.measure import MeasureInput, MeasureResult
-from relay_tune.tuning.records import comparable_records
 from relay_tune.tuning.task import TuneTask
 from relay_tune.tuning.workers import worker_identity, worker_is_gone
 from search_space import Config

@@ -18,11 +18,11 @@ import os
 import time
 from collections.abc import Sequence
 
+from relay_tune.records.measure import BuildResult, RunResult
 from relay_tune.tuning.builder import Builder
 from relay_tune.tuning.distributed import PostgresDatabase, SharedBudget, is_database_url
 from relay_tune.tuning.driver import tune
 from relay_tune.tuning.hostlock import HostLockedRunner
-from relay_tune.tuning.measure import BuildResult, RunResult
 from relay_tune.tuning.runner import Runner
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 from relay_tune.tuning.testing import MatmulTask, small_tasks

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from relay_tune.tuning.records import TuningRecord
+from relay_tune.records.log_format import TuningRecord
 from relay_tune.tuning.scheduler import TaskProgress
 from relay_tune.tuning.task import TuneTask
 from search_space import Config

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from relay_tune.tuning.records import (
+from relay_tune.records.log_format import (
     LogEntry,
     LogEvent,
     LogTail,
