@@ -625,7 +625,7 @@ def knob_features(space: Space, config: Config) -> np.ndarray:
         value = config[knob.name]
         if isinstance(knob, SplitKnob):
             assert isinstance(value, tuple)
-            values += [math.log2(max(1, int(f))) for f in value]
+            values += [math.log2(max(1, int(f))) if isinstance(f, int | float) else 0.0 for f in value]
         elif isinstance(knob, BoolKnob):
             values.append(float(bool(value)))
         elif isinstance(knob, IntKnob):

@@ -30,7 +30,7 @@ import numpy as np
 
 from cost_model.features import Featurizer
 from cost_model.xgb_model import TrainingSet
-from relay_tune.tuning.records import LogEvent, TuningRecord, comparable_records, expand_log_paths, iter_log
+from relay_tune.records.log_format import LogEvent, TuningRecord, comparable_records, expand_log_paths, iter_log
 
 WORKLOAD_EVENT = "workload"
 TRANSFER_GROUP_PREFIX = "transfer:"

@@ -257,7 +257,7 @@ class XGBCostModel:
             booster = xgb.Booster(params={"nthread": nthread}, model_file=str(path))
         except (OSError, ValueError, xgb.core.XGBoostError) as err:
             raise CostModelError(f"cannot read cost model {path}: {err}") from err
-        attrs = booster.attributes()
+        attrs = {k: v for k, v in booster.attributes().items() if v is not None}
         if attrs.get("relay_tune_format") != MODEL_FORMAT:
             raise CostModelError(f"{path} is not a relay-tune cost model (format {attrs.get('relay_tune_format')!r})")
         schema = attrs.get("feature_schema", "")

@@ -100,7 +100,7 @@ def tuning_seconds(log: Path) -> float:
 def tuning_clock(log: Path) -> list[tuple[float, Any]]:
     """(tuning seconds, record) for every record of `log`, in log order: the record's time since its session's
     start, plus the length of the earlier sessions (session start to its last line)."""
-    from relay_tune.tuning.records import read_events, read_records
+    from relay_tune.records.log_format import read_events, read_records
 
     if not log.is_file():
         return []
@@ -125,7 +125,7 @@ def tuning_clock(log: Path) -> list[tuple[float, Any]]:
 def tune_run(mod: Any, log: Path, variant: str, args: argparse.Namespace, source_log: Path | None,
              seconds_left: float | None) -> bool:
     """Tune (or continue) one run for at most `seconds_left`; True when the run is complete."""
-    from relay_tune.tuning.tune_model import tune_model
+    from relay_tune.tuning.tune_model import BuildOptions, SearchOptions, tune_model
 
     options = VARIANTS[variant]
     limit = args.max_tuning_s - tuning_seconds(log) if args.max_tuning_s else None
@@ -138,10 +138,11 @@ def tune_run(mod: Any, log: Path, variant: str, args: argparse.Namespace, source
           + (f", transfer from {source_log.name}" if transfer else ""), flush=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = tune_model(mod, args.target, args.trials, log, seed=args.seed, timeout=timeout,
-                            measure_latency=False, scheduler=options["scheduler"],
-                            warmup_trials=options.get("warmup_trials"), transfer_from=transfer,
-                            batch_size=args.batch)
+        search = SearchOptions(seed=args.seed, timeout=timeout, scheduler=options["scheduler"],
+                               warmup_trials=options.get("warmup_trials"), transfer_from=transfer,
+                               batch_size=args.batch)
+        result = tune_model(mod, args.target, args.trials, log, search=search,
+                            build=BuildOptions(measure_latency=False))
     done = result.summary.trials_done
     print(f"  {done} trials in the log, {tuning_seconds(log):.0f} s of tuning", flush=True)
     if result.interrupted:
@@ -210,8 +211,8 @@ def curve_points(model: str, variant: str, mod: Any, tasks: Sequence[Any], log: 
     are shared through `builds`, whose key () is the default build), the scheduler's estimate. check_tuned: build
     as the tuner does (`check_tuned_records`: a record slower in the graph than the default kernel is not used,
     and the default build is kept when it is faster end to end); False: every record as it is."""
-    from relay_tune.compiler import BuildWarning, build, check_tuned_records
-    from relay_tune.tuning.database import MemoryDatabase
+    from relay_tune.compile import BuildWarning, build, check_tuned_records
+    from relay_tune.records.database import MemoryDatabase
     from relay_tune.tuning.tune_model import _chosen_configs, best_steps_lookup
 
     clock = tuning_clock(log)
@@ -273,7 +274,7 @@ def time_to_share(points: Sequence[Point], default_s: float, share: float, field
 
 
 def curves(args: argparse.Namespace, folder: Path) -> list[tuple[Point, float]]:
-    from relay_tune.compiler import build, resolve_target
+    from relay_tune.compile import build, resolve_target
     from relay_tune.tuning.hostlock import measurement_lock
     from relay_tune.tuning.relay_task import tasks_from_module
 

@@ -33,10 +33,10 @@ from pathlib import Path
 import relay_tune
 from experiments import UsageError
 from experiments.timing import interleaved
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
+from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase
 from relay_tune.runtime.model import CompiledModel
 from relay_tune.runtime.profile import ProfileComparison, compare_with_logs
-from relay_tune.tuning.database import CurrentSpaces, JsonLinesDatabase
 from relay_tune.tuning.relay_task import tasks_from_module
 from relay_tune.tuning.tune_model import default_runner
 

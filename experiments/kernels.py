@@ -31,8 +31,8 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from experiments import UsageError
 from experiments.timing import TimedCallable, interleaved
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
-from relay_tune.kernel.build import build_primitive
 from relay_tune.op.registry import get_op
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types

@@ -137,7 +137,7 @@ def relay_task(name: str, cores: int) -> Any:
     own kernel (planning would add layout transforms around it, Winograd split a 3x3 convolution in three)."""
     import numpy as np
 
-    from relay_tune.compiler import bind_params
+    from relay_tune.compile import bind_params
     from relay_tune.text import parse_module
     from relay_tune.tuning.relay_task import tasks_from_module
     from relay_tune.type_infer import infer_types

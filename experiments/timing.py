@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from relay_tune.compiler import interleaved_samples
+from relay_tune.runtime.benchmark import interleaved_samples
 
 
 class Benchmarkable(Protocol):

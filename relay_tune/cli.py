@@ -124,7 +124,7 @@ def load_model(path: str, consts: str | None = None, seed: int = 0, params: str 
             mod = with_input_shapes(mod, given)
     if params:
         # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-        from relay_tune.compiler import bind_params, read_params
+        from relay_tune.compile import bind_params, read_params
 
         mod = bind_params(infer_types(mod), read_params(params))
     mod = infer_types(mod)
@@ -159,7 +159,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     if args.fused:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-        from relay_tune.compiler import resolve_target
+        from relay_tune.compile import resolve_target
         from relay_tune.passes import layout_block, optimize
 
         block = layout_block(resolve_target("llvm"), args.layout_planning)  # as `build` would for this CPU
@@ -213,7 +213,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
-    from relay_tune.compiler import model_tasks, resolve_target
+    from relay_tune.compile import model_tasks, resolve_target
     from relay_tune.passes import layout_block, optimize
 
     loaded = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
@@ -295,7 +295,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-    from relay_tune.compiler import BuildWarning, build, resolve_target
+    from relay_tune.compile import BuildWarning, build, resolve_target
     from relay_tune.resources import check_model_memory, check_writable_file
 
     console = _console()
@@ -305,7 +305,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     _require_main(mod, args.model)
     check_model_memory(mod)
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.records import LogWarning
+    from relay_tune.records.log_format import LogWarning
 
     logs = list(args.log)
     with contextlib.ExitStack() as stack:
@@ -508,13 +508,20 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
 @_command("tune")
 def cmd_tune(args: argparse.Namespace) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.tune_model import RichProgress, default_log_path, tune_model
+    from relay_tune.tuning.tune_model import (
+        BuildOptions,
+        MeasureOptions,
+        RichProgress,
+        SearchOptions,
+        default_log_path,
+        tune_model,
+    )
 
     console = _console()
     if args.trials < 0:
         raise RelayTuneError(f"--trials must be >= 0, got {args.trials}")
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
 
     resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
@@ -533,12 +540,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     progress = RichProgress(console)
     try:
         with _interrupt_first():
-            result = tune_model(mod, args.target, args.trials, log, storage=args.storage or "default",
-                                search=args.search, transfer_from=args.transfer_from, seed=args.seed,
-                                timeout=args.timeout, jobs=args.jobs, progress=progress, task_filter=args.tasks,
-                                output=output, opt_level=args.opt_level, check=not args.no_check,
-                                cache=_tuning_cache(args), retune=args.retune, scheduler=args.scheduler,
-                                layout_planning=args.layout_planning, winograd=args.winograd)
+            result = tune_model(mod, args.target, args.trials, log, progress=progress, search=SearchOptions(
+                strategy=args.search, storage=args.storage or "default", transfer_from=args.transfer_from,
+                seed=args.seed, scheduler=args.scheduler, timeout=args.timeout, task_filter=args.tasks,
+                cache=_tuning_cache(args), retune=args.retune),
+                measure=MeasureOptions(jobs=args.jobs, check=not args.no_check),
+                build=BuildOptions(opt_level=args.opt_level, layout_planning=args.layout_planning,
+                                   winograd=args.winograd, output=output))
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -602,7 +610,7 @@ def _print_tune_result(console: Any, result: Any) -> None:
 def cmd_logs(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.records import LogWarning
+    from relay_tune.records.log_format import LogWarning
 
     console = _console()
     if args.action not in _LOG_ACTIONS:  # `relay-tune logs LOG...` means `logs summary LOG...`
@@ -639,7 +647,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def _log_groups(paths: Sequence[str]) -> dict[tuple[str, str], list[Any]]:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.records import read_records
+    from relay_tune.records.log_format import read_records
 
     groups: dict[tuple[str, str], list[Any]] = {}
     for record in read_records(list(paths)):
@@ -653,8 +661,8 @@ def _logs_summary(args: argparse.Namespace, console: Any) -> int:
     from rich.table import Table
 
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.database import top_k
-    from relay_tune.tuning.records import read_events
+    from relay_tune.records.database import top_k
+    from relay_tune.records.log_format import read_events
 
     groups = _log_groups(args.logs)
     label = getattr(args, "label", None) or ", ".join(args.logs)
@@ -690,7 +698,7 @@ def _short_target(target: str) -> str:
 
 def _logs_best(args: argparse.Namespace, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner (~0.1 s)
-    from relay_tune.tuning.database import top_k
+    from relay_tune.records.database import top_k
 
     groups = _log_groups(args.logs)
     if args.output:
@@ -750,7 +758,7 @@ _LOG_ACTIONS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
 def _tuning_cache(args: argparse.Namespace) -> Any:
     """The tuning cache the command uses: --cache DIR, else the user's; None with --no-cache."""
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.cache import TuningCache
+    from relay_tune.records.cache import TuningCache
 
     if getattr(args, "no_cache", False):
         return None
@@ -772,7 +780,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     # start-up: as above (the tuner's records)
-    from relay_tune.tuning.records import LogWarning
+    from relay_tune.records.log_format import LogWarning
 
     console = _console()
     cache = _tuning_cache(args)
@@ -789,7 +797,7 @@ def _cache_list(args: argparse.Namespace, cache: Any, console: Any) -> int:
     from rich.table import Table
 
     # start-up: as above (the tuner's records)
-    from relay_tune.tuning.records import host_cpu_name
+    from relay_tune.records.log_format import host_cpu_name
 
     entries = cache.entries()
     if not entries:
@@ -810,8 +818,8 @@ def _cache_list(args: argparse.Namespace, cache: Any, console: Any) -> int:
 
 def _cache_prune(args: argparse.Namespace, cache: Any, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.cache import parse_date
-    from relay_tune.tuning.records import host_cpu_name
+    from relay_tune.records.cache import parse_date
+    from relay_tune.records.log_format import host_cpu_name
 
     if args.keep is None and not args.this_cpu and args.before is None:
         raise RelayTuneError("cache prune needs --keep N, --this-cpu or --before YYYY-MM-DD (what to drop)")
@@ -825,7 +833,7 @@ def _cache_prune(args: argparse.Namespace, cache: Any, console: Any) -> int:
 
 def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the tuner's records and database (~0.1 s)
-    from relay_tune.tuning.cache import fastest_per_workload
+    from relay_tune.records.cache import fastest_per_workload
 
     if not args.output:
         raise RelayTuneError("cache export needs -o OUT.jsonl")
@@ -835,7 +843,7 @@ def _cache_export(args: argparse.Namespace, cache: Any, console: Any) -> int:
     records = cache.records()
     if args.target:
         # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
-        from relay_tune.compiler import resolve_target
+        from relay_tune.compile import resolve_target
 
         target = resolve_target(args.target)
         records = [r for r in records if r.target in (target.log_name, str(target))]

@@ -7,8 +7,8 @@
     >>> logs.distill(["all.jsonl"], "best.jsonl", top=1)  # the best record per workload and target
 """
 
-from relay_tune.tuning.database import apply_best
-from relay_tune.tuning.logs import COLUMNS, distill, load, merge
-from relay_tune.tuning.records import expand_log_paths, read_events, read_records
+from relay_tune.records.database import apply_best
+from relay_tune.records.log_format import expand_log_paths, read_events, read_records
+from relay_tune.records.tables import COLUMNS, distill, load, merge
 
 __all__ = ["COLUMNS", "apply_best", "distill", "expand_log_paths", "load", "merge", "read_events", "read_records"]

@@ -12,6 +12,7 @@ session that measures and then cannot record anything.
 from __future__ import annotations
 
 import errno
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,11 +66,9 @@ def model_memory_lower_bound(mod: Any) -> tuple[int, dict[str, int]]:
     whichever is more."""
     def nbytes(ty: Any) -> int:
         if isinstance(ty, TensorType):
-            if not all(isinstance(d, int) for d in ty.shape):
+            if not ty.is_static:
                 return 0
-            count = 1
-            for d in ty.shape:
-                count *= int(d)
+            count = math.prod(ty.static_shape)
             try:
                 return count * np.dtype(ty.dtype).itemsize
             except TypeError:

@@ -61,6 +61,10 @@ class Knob(ABC):
     def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
         """The Optuna parameters this knob uses, by parameter name."""
 
+    def param_names(self) -> list[str]:
+        """The names of the Optuna parameters this knob uses (the keys of `distributions`, without Optuna)."""
+        return [self.name]
+
     @abstractmethod
     def to_params(self, value: ConfigValue) -> dict[str, Any]:
         """Optuna parameter values that `suggest` maps back to `value` (for importing measured configs)."""
@@ -136,7 +140,7 @@ class SplitKnob(Knob):
     def candidates(self) -> tuple[int, ...]:
         return self._candidates
 
-    def _param_names(self) -> list[str]:
+    def param_names(self) -> list[str]:
         return [f"{self.name}.{level}" for level in range(1, self.levels)]
 
     def _legal_next(self, product: int, factor: int) -> bool:
@@ -213,7 +217,7 @@ class SplitKnob(Knob):
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> tuple[int, ...]:
         inner: list[int] = []
-        for param in self._param_names():
+        for param in self.param_names():
             index = trial.suggest_int(param, 0, len(self._candidates) - 1)
             inner.append(self._clamp(math.prod(inner), index))
         return self._with_outer(inner)
@@ -222,12 +226,12 @@ class SplitKnob(Knob):
         # start-up: optuna takes ~0.2 s to import; a space (the compiler reads configs) needs it only for a study
         from optuna.distributions import IntDistribution
 
-        return {p: IntDistribution(0, len(self._candidates) - 1) for p in self._param_names()}
+        return {p: IntDistribution(0, len(self._candidates) - 1) for p in self.param_names()}
 
     def to_params(self, value: ConfigValue) -> dict[str, Any]:
         self.check(value)
         assert isinstance(value, tuple)
-        return {p: self._index[int(f)] for p, f in zip(self._param_names(), value[1:])}
+        return {p: self._index[int(f)] for p, f in zip(self.param_names(), value[1:])}
 
     def neighbors(self, value: ConfigValue) -> list[ConfigValue]:
         self.check(value)

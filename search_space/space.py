@@ -41,7 +41,7 @@ class Space:
         names = [k.name for k in knobs]
         if len(set(names)) != len(names):
             raise ValueError(f"knob names must be unique, got {names}")
-        params: list[str] = [p for k in knobs for p in k.distributions()]
+        params: list[str] = [p for k in knobs for p in k.param_names()]
         if len(set(params)) != len(params):
             raise ValueError(f"knobs map to clashing Optuna parameter names: {params}")
         self.knobs: tuple[Knob, ...] = tuple(knobs)

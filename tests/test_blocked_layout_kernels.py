@@ -14,9 +14,9 @@ import re
 import numpy as np
 import pytest
 
-from relay_tune.compiler import bind_params, resolve_target
+from relay_tune.compile import bind_params, resolve_target
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.kernel.analysis import format_func
-from relay_tune.kernel.build import build_primitive
 from relay_tune.testing.blocked_conv import ConvLayer, blocked_module, blocked_source, channel_block, parse_layer
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module

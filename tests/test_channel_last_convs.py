@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.compiler import BuildWarning, bind_params, resolve_target
+from relay_tune.compile import BuildWarning, bind_params, resolve_target
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.interpreter import evaluate
-from relay_tune.kernel.build import build_primitive
 from relay_tune.op import nn
+from relay_tune.records.log_format import TuningRecord, host_cpu_name
 from relay_tune.text import parse_module
-from relay_tune.tuning.records import TuningRecord, host_cpu_name
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types
 

@@ -89,7 +89,7 @@ def test_run_with_input_file_matches_the_interpreter(
 def test_build_with_a_log_reports_tuned_and_untuned_tasks(
     model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
     from relay_tune.passes import extract_tasks, optimize
     from relay_tune.tuning import TuningRecord
     from relay_tune.type_infer import infer_types

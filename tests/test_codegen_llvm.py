@@ -14,6 +14,14 @@ import numpy as np
 import pytest
 
 from relay_tune.codegen import affine
+from relay_tune.codegen.jit import (
+    KernelArgumentError,
+    KernelSignature,
+    PythonThreadTeam,
+    aligned_empty,
+    python_thread_team,
+    time_kernel,
+)
 from relay_tune.codegen.llvm import (
     build_llvm,
     codegen_options,
@@ -27,14 +35,6 @@ from relay_tune.codegen.reference_kernels import conv2d_nchwc, packed_matmul
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import Buffer, Call, Cast, For, ForKind, LoopVar, PrimFunc, Select, Store
-from relay_tune.runtime.kernel import (
-    KernelArgumentError,
-    KernelSignature,
-    PythonThreadTeam,
-    aligned_empty,
-    python_thread_team,
-    time_kernel,
-)
 from relay_tune.target import Target
 
 HOST = Target.host()
@@ -729,10 +729,10 @@ def test_parallel_loop_is_complete_when_the_team_is_smaller_than_asked(
 ) -> None:
     """A thread that never runs its share (descheduled, or a team smaller than the loop asked for) leaves its chunks
     to the threads that run: every iteration is still done, once."""
-    import relay_tune.runtime.kernel as runtime_kernel
+    import relay_tune.codegen.jit as jit
 
     team = PythonThreadTeam(max_threads=team_size)
-    monkeypatch.setattr(runtime_kernel, "_python_team", team)
+    monkeypatch.setattr(jit, "_python_team", team)
     func = _scale_kernel(1001, f"scale_team_of_{team_size}")
     lib = load_object(compile_object([func], HOST.with_cores(4)), [func], threading_runtime="python")
     x = random_array((1001,), "float32")
@@ -763,13 +763,13 @@ class _LateTeam(PythonThreadTeam):
 
 def test_a_late_thread_share_is_done_by_the_thread_that_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The region does not wait for a descheduled thread's share: the first thread to run takes it too."""
-    import relay_tune.runtime.kernel as runtime_kernel
+    import relay_tune.codegen.jit as jit
 
     x = random_array((1001,), "float32")
     got = np.zeros(1001, np.float32)
     seen: list[np.ndarray] = []
     team = _LateTeam(lambda: seen.append(got.copy()))
-    monkeypatch.setattr(runtime_kernel, "_python_team", team)
+    monkeypatch.setattr(jit, "_python_team", team)
     func = _scale_kernel(1001, "scale_late_team")
     lib = load_object(compile_object([func], HOST.with_cores(2)), [func], threading_runtime="python")
     lib.get(func.name)(x, got)

@@ -25,6 +25,7 @@ from relay_tune.codegen.nvptx import (
     find_ptxas,
     plan_kernels,
 )
+from relay_tune.compile.primitive import lower_primitive
 from relay_tune.errors import UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import (
@@ -42,7 +43,6 @@ from relay_tune.ir import (
     post_order,
 )
 from relay_tune.kernel import tir
-from relay_tune.kernel.build import lower_primitive
 from relay_tune.kernel.compute import primitive_compute
 from relay_tune.op.registry import all_ops, get_op
 from relay_tune.runtime.cuda import EmulatedDevice, run_function

@@ -1,5 +1,5 @@
 """Concatenations written in place: the kernels producing a concatenation's inputs write them straight into its
-buffer (`relay_tune.compiler._Planner._in_place_concats`), and the copy kernel is gone. Checked against the
+buffer (`relay_tune.compile.concat.in_place_concats`), and the copy kernel is gone. Checked against the
 reference interpreter, in blocked and NCHW layouts, nested, through save and load, and where it must not apply."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.compiler import _concat_axis
+from relay_tune.compile import BuildWarning
+from relay_tune.compile.concat import concat_axis
 from relay_tune.interpreter import Interpreter
 from relay_tune.runtime.model import load
 from relay_tune.text import parse_module
@@ -127,12 +128,12 @@ def @main(%x: Tensor[(1, 32, 9, 11), float32], %wa: Tensor[(32, 32, 1, 1), float
 
 
 def test_concat_axis_needs_unit_axes_before_it() -> None:
-    assert _concat_axis((1, 48, 9, 11), [(1, 16, 9, 11), (1, 32, 9, 11)]) == 1
-    assert _concat_axis((1, 3, 9, 11, 16), [(1, 1, 9, 11, 16), (1, 2, 9, 11, 16)]) == 1  # blocks of channels
-    assert _concat_axis((2, 48, 9, 11), [(2, 16, 9, 11), (2, 32, 9, 11)]) is None  # batch 2: strided parts
-    assert _concat_axis((1, 16, 18, 11), [(1, 16, 9, 11), (1, 16, 9, 11)]) is None  # rows of many channels
-    assert _concat_axis((1, 1, 18), [(1, 1, 9), (1, 1, 9)]) == 2
-    assert _concat_axis((1, 48, 9, 11), [(1, 16, 9, 11), (1, 31, 9, 11)]) is None
+    assert concat_axis((1, 48, 9, 11), [(1, 16, 9, 11), (1, 32, 9, 11)]) == 1
+    assert concat_axis((1, 3, 9, 11, 16), [(1, 1, 9, 11, 16), (1, 2, 9, 11, 16)]) == 1  # blocks of channels
+    assert concat_axis((2, 48, 9, 11), [(2, 16, 9, 11), (2, 32, 9, 11)]) is None  # batch 2: strided parts
+    assert concat_axis((1, 16, 18, 11), [(1, 16, 9, 11), (1, 16, 9, 11)]) is None  # rows of many channels
+    assert concat_axis((1, 1, 18), [(1, 1, 9), (1, 1, 9)]) == 2
+    assert concat_axis((1, 48, 9, 11), [(1, 16, 9, 11), (1, 31, 9, 11)]) is None
 
 
 def _concat_tasks(mod: object, layout_planning: bool) -> list[tuple[str, int]]:
@@ -152,7 +153,7 @@ def test_concatenations_written_in_place_are_not_tuned_or_looked_up(layout_plann
             return None
 
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", relay_tune.compiler.BuildWarning)
+            warnings.simplefilter("always", BuildWarning)
             model = relay_tune.build(mod, target="llvm", logs=lookup, layout_planning=layout_planning)
         wanted = {t.key for t in tasks_from_module(mod, "llvm", layout_planning=layout_planning)}
         assert set(asked) == wanted  # the build looks up exactly the tuner's tasks

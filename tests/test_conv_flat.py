@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relay_tune.compiler import bind_params, resolve_target
-from relay_tune.kernel.build import build_primitive
+from relay_tune.compile import bind_params, resolve_target
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types

@@ -35,9 +35,9 @@ from cost_model.transfer import (
 )
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log, recall_at_k
 from relay_tune.kernel import analysis
-from relay_tune.tuning.measure import ErrorKind, MeasureResult
+from relay_tune.records.log_format import LogWriter, TuningRecord
+from relay_tune.records.measure import ErrorKind, MeasureResult
 from relay_tune.tuning.operator_tasks import conv2d, dense, dense_1024, mobilenet_depthwise, resnet50_conv3x3
-from relay_tune.tuning.records import LogWriter, TuningRecord
 from relay_tune.tuning.relay_task import RelayTuneTask
 from search_space import Config
 
@@ -391,7 +391,7 @@ def test_transfer_trains_on_one_timing_kind_per_workload(tmp_path: Path) -> None
     times (throughputs are ranked within a group, and the two kinds differ by the way they were taken)."""
     from dataclasses import replace
 
-    from relay_tune.tuning.records import read_records
+    from relay_tune.records.log_format import read_records
 
     path = tmp_path / "dense.jsonl"
     write_log(path, SMALL_DENSE, 20, seed=1)

@@ -16,7 +16,7 @@ from relay_tune.cli import build_parser, load_model
 from relay_tune.errors import RelayTuneError
 from relay_tune.tuning import LocalRunner, read_events, read_records
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
-from relay_tune.tuning.tune_model import make_search, tune_model
+from relay_tune.tuning.tune_model import BuildOptions, MeasureOptions, SearchOptions, make_search, tune_model
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "relay_tune" / "examples" / "small_cnn.relay"
 
@@ -54,7 +54,8 @@ def test_search_options(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_xgb_tunes_a_model_and_a_later_run_transfers_from_its_log(example: Any, tmp_path: Path) -> None:
     first = tmp_path / "first.jsonl"
-    result = tune_model(example, "llvm", 40, first, runner=fast_runner(), measure_latency=False, seed=0)
+    result = tune_model(example, "llvm", 40, first, search=SearchOptions(seed=0),
+                        measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     records = read_records(first)
     assert len(records) == 40 and len({(r.workload_key, r.config_key) for r in records}) == 40
     assert {r.strategy for r in records} <= {"default", "xgb"}
@@ -81,8 +82,9 @@ def test_xgb_tunes_a_model_and_a_later_run_transfers_from_its_log(example: Any, 
     original = tm.make_search
     tm.make_search = spy  # type: ignore[assignment]
     try:
-        tune_model(example, "llvm", 8, second, runner=fast_runner(), measure_latency=False, seed=1,
-                   transfer_from=[first], task_filter="conv2d")
+        tune_model(example, "llvm", 8, second, search=SearchOptions(seed=1, transfer_from=[first],
+                   task_filter="conv2d"), measure=MeasureOptions(runner=fast_runner()),
+                   build=BuildOptions(measure_latency=False))
     finally:
         tm.make_search = original  # type: ignore[assignment]
     hub = seen["hub"]

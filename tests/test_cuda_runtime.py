@@ -138,7 +138,7 @@ def test_gpu_task_artifacts_compute_the_reference_on_the_emulated_gpu() -> None:
         inputs = [rng.standard_normal(s.shape).astype(s.dtype) for s in task.input_specs()]
         want = task.reference(inputs)
         # rebuild the loop nests (artifacts carry PTX only) and run them on the emulated device
-        from relay_tune.kernel.build import lower_primitive
+        from relay_tune.compile.primitive import lower_primitive
         primfunc, _ = lower_primitive(task.func, Target.parse(task.target), task.steps(config), name="kernel")
         from relay_tune.codegen.nvptx import build_ptx
 
@@ -232,7 +232,7 @@ def test_gpu_model_file_runs_again_on_the_gpu(tmp_path: object) -> None:
 @pytest.mark.gpu
 def test_cuda_runner_rejects_a_wrong_result() -> None:
     """A kernel whose output disagrees with the reference is a failed measurement, never a winner."""
-    from relay_tune.tuning.measure import ErrorKind
+    from relay_tune.records.measure import ErrorKind
 
     mod, _, _ = small_mlp()
     task = gpu_tasks(mod)[0]

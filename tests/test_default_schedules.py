@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.compiler import _lower_one, is_memory_view, resolve_target
+from relay_tune.compile import resolve_target
+from relay_tune.compile.tasks import is_memory_view, lower_one
 from relay_tune.interpreter import Interpreter
 from relay_tune.ir import IRModule
 from relay_tune.kernel import analysis, tir
@@ -116,7 +117,7 @@ def _renamed(func: tir.PrimFunc) -> tir.PrimFunc:
 
 def _built_default(spec: object, target: Target) -> tir.PrimFunc:
     """The loop nest an untuned `relay_tune.build` runs for a task."""
-    lowered = _lower_one(spec, target, None, "kernel", [])
+    lowered = lower_one(spec, target, None, "kernel", [])
     assert not lowered.tuned
     return _renamed(lowered.primfunc)
 
@@ -309,7 +310,7 @@ def test_gpu_default_kernel_is_the_template_at_the_default_config(name: str) -> 
         config = gpu_default_config(prim, "sm_90")
         assert config_to_params(prim, config) == default_params(prim), spec.description
         built = _built_default(spec, CUDA)
-        from relay_tune.kernel.build import lower_primitive
+        from relay_tune.compile.primitive import lower_primitive
         from search_space.gpu import steps_of_prim
 
         logged, _ = lower_primitive(spec.func, CUDA, steps_of_prim(prim, config), name="kernel", prim=prim)

@@ -1,6 +1,7 @@
-"""The run-time packing kernel (`relay_tune.compiler.packing_kernel`, scheduled by `LayoutTransform.pack_schedule`):
-every packed array equals numpy's (odd shapes, axes that are not multiples of the panel width, padding), its loops
-are parallel and read the source a block at a time, and the model and the tuner's runner run it alike."""
+"""The run-time packing kernel (`relay_tune.compile.tasks.packing_kernel`, scheduled by
+`LayoutTransform.pack_schedule`): every packed array equals numpy's (odd shapes, axes that are not multiples of
+the panel width, padding), its loops are parallel and read the source a block at a time, and the model and the
+tuner's runner run it alike."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ import pytest
 
 import relay_tune
 from relay_tune.codegen.llvm import build_llvm
-from relay_tune.compiler import packing_kernel, resolve_target
+from relay_tune.compile import resolve_target
+from relay_tune.compile.tasks import packing_kernel
 from relay_tune.interpreter import Interpreter
 from relay_tune.kernel import analysis, tir
 from relay_tune.kernel.schedule import PACK_BLOCK, PACK_PARALLEL_MIN_ELEMENTS, LayoutTransform
 from relay_tune.kernel.tir_eval import evaluate
+from relay_tune.records.log_format import TuningRecord, append_lines
+from relay_tune.records.measure import MeasureResult
 from relay_tune.runtime.model import PACKING_TASK
 from relay_tune.target import Target
 from relay_tune.text import parse_module
 from relay_tune.tuning import LocalRunner
-from relay_tune.tuning.measure import MeasureResult
-from relay_tune.tuning.records import TuningRecord, append_lines
 from relay_tune.tuning.relay_task import tasks_from_module
 
 HOST = resolve_target("llvm")

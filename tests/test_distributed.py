@@ -274,7 +274,7 @@ _LOCK_WORKER = """
 import json, sys, time
 from relay_tune.tuning.hostlock import HostLockedRunner
 from relay_tune.tuning.runner import Runner
-from relay_tune.tuning.measure import RunResult
+from relay_tune.records.measure import RunResult
 
 class Timed(Runner):
     def run(self, task, artifact):
@@ -419,8 +419,8 @@ def test_four_workers_two_killed_and_restarted(pg_url: str, model_file: Path, tm
 
     # the model built from the database uses the global best of each task: the lookup `tune_model` builds with
     from relay_tune.cli import load_model
-    from relay_tune.compiler import build
-    from relay_tune.tuning.database import top_k
+    from relay_tune.compile import build
+    from relay_tune.records.database import top_k
     from relay_tune.tuning.distributed import PostgresDatabase
     from relay_tune.tuning.relay_task import tasks_from_module
     from relay_tune.tuning.tune_model import best_steps_lookup

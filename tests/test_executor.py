@@ -148,7 +148,7 @@ def test_two_models_with_the_same_kernel_names_run_side_by_side() -> None:
 def test_the_executor_runs_parallel_kernels_on_the_fallback_thread_team() -> None:
     # Without libgomp, parallel regions call back into Python from generated code that ctypes entered with the
     # GIL released: the callbacks take it again.
-    from relay_tune.runtime.kernel import python_thread_team
+    from relay_tune.codegen.jit import python_thread_team
 
     mod = parse_module(chain_text((16, 64, 64), 6))
     model = relay_tune.build(mod, target="llvm -num-cores=2", opt_level=0, threading_runtime="python")

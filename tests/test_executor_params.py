@@ -75,7 +75,7 @@ def test_cli_params_file_binds_inputs(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_read_params_refuses_pickled_arrays(tmp_path: Path) -> None:
-    from relay_tune.compiler import read_params
+    from relay_tune.compile import read_params
 
     path = tmp_path / "objects.npz"
     np.savez(path, w=np.array([{"a": 1}], dtype=object))
@@ -97,7 +97,7 @@ ONE_CORE = "llvm -num-cores=1"
 
 
 def test_a_record_slower_in_the_graph_than_the_default_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    import relay_tune.compiler as compiler
+    import relay_tune.compile.check_tuned as check_tuned
 
     mod = parse_module(SLOW_DENSE)
     w = (0.1 * np.random.default_rng(4).standard_normal((256, 256))).astype("float32")
@@ -118,8 +118,8 @@ def test_a_record_slower_in_the_graph_than_the_default_is_not_used(monkeypatch: 
     def end_to_end_samples(models: tuple[object, object], _inputs: object, rounds: int) -> list[list[float]]:
         return [[1e-3] * rounds, [2e-3] * rounds]  # the checked build is the faster one end to end
 
-    monkeypatch.setattr(compiler, "_task_seconds", in_graph_seconds)
-    monkeypatch.setattr(compiler, "interleaved_samples", end_to_end_samples)
+    monkeypatch.setattr(check_tuned, "interleaved_task_seconds", in_graph_seconds)
+    monkeypatch.setattr(check_tuned, "interleaved_samples", end_to_end_samples)
     naive = relay_tune.build(mod, ONE_CORE, params={"w": w}, logs=lookup)
     assert all(t.tuned for t in naive.plan.tasks if t.kernel)
     checked = relay_tune.build(mod, ONE_CORE, params={"w": w}, logs=lookup, check_tuned=True)

@@ -10,7 +10,7 @@ import pytest
 
 import relay_tune
 from relay_tune.cli import main
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
 from relay_tune.passes import extract_tasks, optimize
 from relay_tune.runtime.profile import compare_with_logs
 from relay_tune.text import parse_module

@@ -278,7 +278,7 @@ def test_search_runs_caches_and_remeasures(tmp_path: Path, capsys: pytest.Captur
 
 
 def _record(i: int, session: str, at: float) -> object:
-    from relay_tune.tuning.records import TuningRecord
+    from relay_tune.records.log_format import TuningRecord
     from search_space import Config
 
     return TuningRecord("k", "llvm", Config({"i": i}), (1e-3,), None, timestamp=at, session=session)
@@ -286,7 +286,7 @@ def _record(i: int, session: str, at: float) -> object:
 
 def test_the_tuning_clock_sums_sessions_and_skips_the_gaps(tmp_path: Path) -> None:
     from experiments import curve
-    from relay_tune.tuning.records import LogEvent, LogWriter
+    from relay_tune.records.log_format import LogEvent, LogWriter
 
     log = tmp_path / "run.jsonl"
     writer = LogWriter(log)

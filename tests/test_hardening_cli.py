@@ -19,8 +19,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from relay_tune.records.log_format import SCHEMA_VERSION, LogEvent, LogWarning, append_lines, host_cpu_name, read_events
 from relay_tune.tuning import LogWriter, TuningRecord
-from relay_tune.tuning.records import SCHEMA_VERSION, LogEvent, LogWarning, append_lines, host_cpu_name, read_events
 from search_space import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ TINY = "def @main(%x: Tensor[(8, 16), float32], %w: Tensor[(4, 16), float32]) {\
 
 
 def test_build_skips_foreign_and_broken_log_lines_with_one_warning_each(tmp_path: Path) -> None:
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
     from relay_tune.passes import optimize
     from relay_tune.passes.extract_tasks import extract_tasks
     from relay_tune.text import parse_module
@@ -147,7 +147,7 @@ def test_future_schema_is_counted_as_newer(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys
-from relay_tune.tuning.records import append_lines
+from relay_tune.records.log_format import append_lines
 path, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(count):
     pad = "z" * (i * 997 % 20000)  # lines of many sizes, most larger than PIPE_BUF

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
 from relay_tune.target import Target, TargetError, llvm_cpu_features, llvm_cpu_names
 
 REPO = Path(__file__).resolve().parents[1]

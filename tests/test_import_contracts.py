@@ -1,10 +1,11 @@
-"""The package's layering: import-linter's contracts (pyproject.toml) hold, and no import cycle exists.
+"""The package's layering: import-linter's layers contract (pyproject.toml) holds, and no import cycle exists.
 
 Two import graphs are checked for cycles. The module-level graph is what Python runs when a module is imported:
 every import outside functions (not under TYPE_CHECKING), plus the packages Python imports first (importing
-`a.b.c` runs `a/__init__.py` and `a/b/__init__.py`). The full graph adds every import inside functions too, so a
-deferred import cannot hide a dependency that points back up; only the package's own lazy attributes
-(`relay_tune.build`, a PEP 562 `__getattr__`) are left out by leaving implicit parent-package edges out of it.
+`a.b.c` runs `a/__init__.py` and `a/b/__init__.py`). The full graph adds every import inside functions and every
+type-only import (under TYPE_CHECKING) too, so neither a deferred import nor an annotation can hide a dependency
+that points back up; only the package's own lazy attributes (`relay_tune.build`, a PEP 562 `__getattr__`) are left
+out by leaving implicit parent-package edges out of it.
 
 A function-level import needs a reason: an optional dependency (onnx, cuda-python, psycopg, matplotlib, ...), or
 a start-up cost that a comment on the import (or on the line above its block of imports) names with the word
@@ -41,17 +42,20 @@ def _modules(root: Path = ROOT) -> dict[str, Path]:
     return found
 
 
-def _import_nodes(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement outside TYPE_CHECKING blocks, with whether it sits inside a function."""
+def _import_nodes(tree: ast.AST, type_only: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement outside TYPE_CHECKING blocks, with whether it sits inside a function; with
+    `type_only`, the imports under TYPE_CHECKING too (counted as deferred: Python never runs them)."""
     found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, deferred: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                if type_only:
+                    visit(child, True)
                 continue
             if isinstance(child, ast.Import | ast.ImportFrom):
-                found.append((child, in_function))
-            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+                found.append((child, deferred))
+            visit(child, deferred or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
 
     visit(tree, False)
     return found
@@ -85,7 +89,7 @@ def _graph(modules: dict[str, Path], function_level: bool) -> dict[str, set[str]
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()
-        for node, in_function in _import_nodes(ast.parse(path.read_text())):
+        for node, in_function in _import_nodes(ast.parse(path.read_text()), type_only=function_level):
             if in_function and not function_level:
                 continue
             for target in _targets(name, path, node, modules):
@@ -147,9 +151,9 @@ def test_no_module_level_import_cycle() -> None:
     assert found is None, "module-level import cycle: " + " -> ".join(found or ())
 
 
-def test_no_import_cycle_counting_function_level_imports() -> None:
+def test_no_import_cycle_counting_function_level_and_type_only_imports() -> None:
     found = _find_cycle(_graph(_modules(), function_level=True))
-    assert found is None, "import cycle (function-level imports counted): " + " -> ".join(found or ())
+    assert found is None, "import cycle (function-level and type-only imports counted): " + " -> ".join(found or ())
 
 
 def test_function_level_imports_have_a_reason() -> None:
@@ -160,8 +164,9 @@ def test_function_level_imports_have_a_reason() -> None:
 
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:
-    """A module-level cycle, a cycle through function-level imports, a cycle through a package's __init__, and a
-    function-level import without a reason are each reported; commented and optional ones are not."""
+    """A module-level cycle, a cycle through function-level imports, a cycle through type-only imports, a cycle
+    through a package's __init__, and a function-level import without a reason are each reported; commented and
+    optional ones are not."""
     package = tmp_path / "relay_tune"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -183,6 +188,14 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     assert _find_cycle(_graph(modules, function_level=True)) == ["relay_tune.a", "relay_tune.b", "relay_tune.a"]
     assert _unexplained_function_level_imports(modules, tmp_path) == ["relay_tune/b.py:8: import json"]
 
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from relay_tune.a import A\n")
+    assert _find_cycle(_graph(modules, function_level=False)) is None
+    assert _find_cycle(_graph(modules, function_level=True)) == ["relay_tune.a", "relay_tune.b", "relay_tune.a"]
+    assert _unexplained_function_level_imports(modules, tmp_path) == []
+
     (package / "sub").mkdir()
     (package / "sub" / "__init__.py").write_text("from relay_tune.sub import c\n")
     (package / "sub" / "c.py").write_text("")
@@ -199,8 +212,8 @@ def test_help_loads_neither_the_compilers_nor_the_tuner() -> None:
         "import sys\n"
         "from relay_tune.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = ('relay_tune.compiler', 'relay_tune.kernel', 'relay_tune.tuning', 'relay_tune.codegen', "
-        "'relay_tune.runtime', 'llvmlite', 'optuna', 'xgboost', 'pandas')\n"
+        "heavy = ('relay_tune.compile', 'relay_tune.records', 'relay_tune.kernel', 'relay_tune.tuning', "
+        "'relay_tune.codegen', 'relay_tune.runtime', 'llvmlite', 'optuna', 'xgboost', 'pandas')\n"
         "print(sorted({m.split('.')[0] if not m.startswith('relay_tune') else '.'.join(m.split('.')[:2]) "
         "for m in sys.modules if m.startswith(heavy)}))\n"
     )
@@ -223,3 +236,28 @@ def test_import_linter_contracts_hold() -> None:
     done = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def test_the_compiler_loads_neither_the_tuner_nor_optuna() -> None:
+    """Importing the model compiler and building a small model with a tuning log imports no module of the tuner
+    (`relay_tune.tuning`, its package `__init__` included) and not Optuna: the compiler reads logs through the
+    record store only."""
+    probe = (
+        "import sys, json, tempfile, pathlib\n"
+        "import numpy as np\n"
+        "import relay_tune.compile\n"
+        "from relay_tune.text import parse_module\n"
+        "mod = parse_module('#[version = \"0.0.5\"]\\n"
+        "def @main(%x: Tensor[(3, 5), float32], %w: Tensor[(7, 5), float32]) {\\n"
+        "  nn.relu(nn.dense(%x, %w))\\n}')\n"
+        "log = pathlib.Path(tempfile.mkdtemp()) / 'empty.jsonl'\n"
+        "log.write_text('')\n"
+        "model = relay_tune.compile.build(mod, params={'w': np.ones((7, 5), 'float32')}, logs=str(log))\n"
+        "assert model.run(x=np.ones((3, 5), 'float32')).shape == (3, 7)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'optuna' or m.startswith(('optuna.', "
+        "'relay_tune.tuning')))))\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

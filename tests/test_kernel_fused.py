@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from relay_tune.codegen.llvm import emit_llvm_ir
+from relay_tune.compile.primitive import build_primitive, kernel_name, lower_primitive
 from relay_tune.errors import CompileError, RelayTuneError, UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import (
@@ -33,7 +34,6 @@ from relay_tune.ir import (
     op,
 )
 from relay_tune.kernel import analysis, tir
-from relay_tune.kernel.build import build_primitive, kernel_name, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
 from relay_tune.kernel.schedule import Schedule, ScheduleError
 from relay_tune.op.registry import get_op

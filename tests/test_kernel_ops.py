@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.errors import UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, TensorType, Tuple, TupleGetItem, Var, const, op
-from relay_tune.kernel.build import build_primitive
 from relay_tune.kernel.compute import FAMILY_TAGS, INLINABLE_TAGS, primitive_compute
 from relay_tune.op.registry import all_ops, get_op
 from relay_tune.type_infer import infer_types

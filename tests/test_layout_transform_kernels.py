@@ -15,10 +15,10 @@ import pytest
 
 from relay_tune.codegen import affine
 from relay_tune.codegen.llvm import emit_assembly
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.kernel import tir
 from relay_tune.kernel.analysis import fold
-from relay_tune.kernel.build import build_primitive
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types

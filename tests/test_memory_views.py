@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.compiler import is_memory_view
+from relay_tune.compile.tasks import is_memory_view
 from relay_tune.interpreter import Interpreter
 from relay_tune.ir import IRModule
 from relay_tune.passes import extract_tasks, optimize

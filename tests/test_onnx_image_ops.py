@@ -24,12 +24,12 @@ from onnx import helper, numpy_helper
 
 import relay_tune.frontend.onnx as onnx_frontend
 from relay_tune import build
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.errors import RelayTuneError, RelayTypeError, UnsupportedError
 from relay_tune.frontend import from_onnx
 from relay_tune.frontend.onnx import OnnxModelError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
-from relay_tune.kernel.build import build_primitive
 from relay_tune.op.registry import get_op
 from relay_tune.text import parse_module, print_module
 from relay_tune.type_infer import infer_types

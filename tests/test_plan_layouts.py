@@ -662,7 +662,7 @@ def test_layout_block_is_the_cpu_targets_float32_lanes_and_off_on_gpus() -> None
 
 
 def _lanes() -> int:
-    from relay_tune.compiler import resolve_target
+    from relay_tune.compile import resolve_target
 
     return layout_block(resolve_target("llvm"), True)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.compiler import BuildWarning, bind_params, resolve_target
+from relay_tune.compile import BuildWarning, bind_params, resolve_target
 from relay_tune.errors import RelayTuneError, UnsupportedError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
@@ -131,13 +131,13 @@ def @main(%x: Tensor[(2, 7), float32], %y: Tensor[(2, 7), float32]) {
 
 
 def test_relay_tune_build_is_the_compilers_function(mlp: IRModule) -> None:
-    """`relay_tune.build` is a plain function (the compiler module's `build`), also once that module is imported."""
+    """`relay_tune.build` is a plain function (the compile package's `build`), also once that package is imported."""
     import types
 
-    import relay_tune.compiler as compiler
+    import relay_tune.compile as compile_package
 
-    assert relay_tune.build is compiler.build and relay_tune.bind_params is compiler.bind_params
-    assert isinstance(relay_tune.build, types.FunctionType) and type(compiler) is types.ModuleType
+    assert relay_tune.build is compile_package.build and relay_tune.bind_params is compile_package.bind_params
+    assert isinstance(relay_tune.build, types.FunctionType) and type(compile_package) is types.ModuleType
     model = relay_tune.build(mlp, params=mlp_params())
     assert isinstance(model, CompiledModel)
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import relay_tune
+from relay_tune.codegen.jit import aligned_empty
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
-from relay_tune.runtime.kernel import aligned_empty
 from relay_tune.runtime.model import (
     CompiledModel,
     GraphPlan,
@@ -240,13 +240,13 @@ def test_save_load_round_trip_gives_identical_outputs_without_compiling(
     assert all(n.endswith((".json", ".o", ".npy")) for n in names)
 
     import relay_tune.codegen.llvm as llvm_codegen
-    import relay_tune.kernel.build as kernel_build
+    import relay_tune.compile.primitive as primitive
 
     def no_compiling(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("loading a saved model must not compile")
 
     # every module that holds the compiling functions by name (imported at module level), not only their homes
-    originals = {id(llvm_codegen.compile_object), id(kernel_build.lower_primitive)}
+    originals = {id(llvm_codegen.compile_object), id(primitive.lower_primitive)}
     for module in [m for name, m in sys.modules.items() if name.startswith("relay_tune") and m is not None]:
         for attr in ("compile_object", "lower_primitive"):
             if id(getattr(module, attr, None)) in originals:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import relay_tune
+from relay_tune.records.log_format import TuningRecord, append_lines
+from relay_tune.records.measure import MeasureResult
 from relay_tune.runtime.model import PACKING_TASK
 from relay_tune.text import parse_module
 from relay_tune.tuning import ErrorKind, LocalRunner
-from relay_tune.tuning.measure import MeasureResult
-from relay_tune.tuning.records import TuningRecord, append_lines
 from relay_tune.tuning.relay_task import tasks_from_module
 
 DENSE_INPUT_WEIGHT = """#[version = "0.0.5"]
@@ -83,7 +83,7 @@ def test_a_model_built_from_a_packed_record_packs_its_weight_input_every_run(tas
 
 
 def test_the_measurement_process_gives_libgomp_the_settings_of_a_model_process() -> None:
-    from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
+    from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
     from relay_tune.tuning.runner import model_thread_team
 
     environ: dict[str, str] = {}

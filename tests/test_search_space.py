@@ -279,3 +279,13 @@ def test_spaces_reject_duplicate_names() -> None:
         Space([IntKnob("a", 0, 1), BoolKnob("a")])
     with pytest.raises(ValueError, match="clashing"):
         Space([SplitKnob("t", 8, 2), IntKnob("t.1", 0, 1)])
+
+
+def test_param_names_are_the_optuna_parameters_without_optuna() -> None:
+    """`param_names` (what a space checks for clashes when it is made) names exactly `distributions`' keys."""
+    knobs = [SplitKnob("t", 24, 3, policy="factors"), IntKnob("u", 1, 8), ChoiceKnob("c", ["a", "b"]),
+             BoolKnob("b")]
+    for knob in knobs:
+        assert knob.param_names() == list(knob.distributions())
+    with pytest.raises(ValueError, match="clashing"):
+        Space([SplitKnob("t", 24, 3), IntKnob("t.1", 1, 4)])

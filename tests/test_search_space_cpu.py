@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
+from relay_tune.compile.primitive import build_primitive, lower_primitive
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
-from relay_tune.kernel.build import build_primitive, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
 from relay_tune.kernel.schedule import LayoutTransform
 from relay_tune.target import Target
@@ -121,7 +121,7 @@ FAMILY_OF = {
 
 
 def module_of(source: str, constants: dict[str, tuple[int, ...]]) -> IRModule:
-    from relay_tune.compiler import bind_params
+    from relay_tune.compile import bind_params
 
     mod = infer_types(parse_module('#[version = "0.0.5"]\n' + source))
     values = {name: (RNG.standard_normal(shape) * 0.5).astype("float32") for name, shape in constants.items()}

@@ -17,13 +17,21 @@ import numpy as np
 import pytest
 
 from relay_tune.cli import load_model
-from relay_tune.compiler import resolve_target, task_lookup
+from relay_tune.compile import resolve_target, task_lookup
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.testing import zoo
 from relay_tune.tuning import LocalRunner, ProgressCallback, TrialEvent, apply_best, read_events, read_records
 from relay_tune.tuning.relay_task import tasks_from_module
-from relay_tune.tuning.tune_model import SEARCH_STRATEGIES, default_log_path, make_search, tune_model
+from relay_tune.tuning.tune_model import (
+    SEARCH_STRATEGIES,
+    BuildOptions,
+    MeasureOptions,
+    SearchOptions,
+    default_log_path,
+    make_search,
+    tune_model,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "relay_tune" / "examples" / "small_cnn.relay"
 HOST = resolve_target("llvm")
@@ -68,10 +76,14 @@ def example() -> Any:
 def test_inception_block_tuned_with_a_small_budget(tmp_path: Path) -> None:
     mod = zoo.small("inception_block")
     log = tmp_path / "inception.jsonl"
-    # 8 tasks, a first round of 4 configs each (a task whose space is smaller takes fewer): 32 trials reach all
-    result = tune_model(mod, "llvm", 32, log, runner=fast_runner(), batch_size=4, output=tmp_path / "inception.rtmod")
+    # a first round of 3 configs per task (a task whose space is smaller takes fewer): 3 trials per task reach all
+    trials = 3 * len(tasks_from_module(mod, HOST))
+    assert trials > 0
+    result = tune_model(mod, "llvm", trials, log, search=SearchOptions(batch_size=3),
+                        measure=MeasureOptions(runner=fast_runner()),
+                        build=BuildOptions(output=tmp_path / "inception.rtmod"))
     assert not result.interrupted and not result.timed_out
-    assert result.summary.trials_done == 32 == len(read_records(log))
+    assert result.summary.trials_done == trials == len(read_records(log))
     assert {r.target for r in read_records(log)} == {HOST.log_name}
     assert all(t.trials >= 1 and t.default_cost is not None for t in result.tasks)  # every task has a baseline
     check_build_uses_best_records(result, mod)
@@ -82,11 +94,14 @@ def test_inception_block_tuned_with_a_small_budget(tmp_path: Path) -> None:
 
 def test_budget_counts_what_the_log_holds(example: Any, tmp_path: Path) -> None:
     log = tmp_path / "cnn.jsonl"
-    first = tune_model(example, "llvm", 10, log, runner=fast_runner(), batch_size=3, measure_latency=False)
+    first = tune_model(example, "llvm", 10, log, search=SearchOptions(batch_size=3),
+                       measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     assert first.summary.trials_this_session == 10 and first.model is not None
-    again = tune_model(example, "llvm", 10, log, runner=fast_runner(), batch_size=3, measure_latency=False)
+    again = tune_model(example, "llvm", 10, log, search=SearchOptions(batch_size=3),
+                       measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     assert again.summary.trials_this_session == 0  # a finished run: nothing new to measure
-    more = tune_model(example, "llvm", 14, log, runner=fast_runner(), batch_size=3, measure_latency=False)
+    more = tune_model(example, "llvm", 14, log, search=SearchOptions(batch_size=3),
+                      measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     assert more.summary.trials_this_session == 4 and more.summary.trials_done == 14
     records = read_records(log)
     assert len(records) == 14
@@ -109,11 +124,13 @@ class InterruptAfter(ProgressCallback):
 
 def test_interrupted_run_resumes_with_what_is_left(example: Any, tmp_path: Path) -> None:
     log = tmp_path / "cnn.jsonl"
-    stopped = tune_model(example, "llvm", 12, log, runner=fast_runner(), batch_size=3, progress=InterruptAfter(5))
+    stopped = tune_model(example, "llvm", 12, log, progress=InterruptAfter(5), search=SearchOptions(batch_size=3),
+                         measure=MeasureOptions(runner=fast_runner()))
     assert stopped.interrupted and stopped.model is None and stopped.latency_after is None
     kept = len(read_records(log))
     assert kept == 5
-    resumed = tune_model(example, "llvm", 12, log, runner=fast_runner(), batch_size=3, measure_latency=False)
+    resumed = tune_model(example, "llvm", 12, log, search=SearchOptions(batch_size=3),
+                         measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     assert not resumed.interrupted
     assert resumed.summary.trials_this_session == 12 - kept
     records = read_records(log)
@@ -122,8 +139,8 @@ def test_interrupted_run_resumes_with_what_is_left(example: Any, tmp_path: Path)
 
 
 def test_timeout_ends_tuning_and_still_builds(example: Any, tmp_path: Path) -> None:
-    result = tune_model(example, "llvm", 100, tmp_path / "cnn.jsonl", runner=fast_runner(), timeout=0.0,
-                        measure_latency=False)
+    result = tune_model(example, "llvm", 100, tmp_path / "cnn.jsonl", search=SearchOptions(timeout=0.0),
+                        measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     assert result.timed_out and not result.interrupted
     assert result.summary.trials_this_session == 0
     assert result.model is not None
@@ -131,14 +148,15 @@ def test_timeout_ends_tuning_and_still_builds(example: Any, tmp_path: Path) -> N
 
 
 def test_task_filter_and_search_choice(example: Any, tmp_path: Path) -> None:
-    result = tune_model(example, "llvm", 4, tmp_path / "dense.jsonl", runner=fast_runner(), task_filter="dense",
-                        search="random", measure_latency=False, batch_size=2)
+    result = tune_model(example, "llvm", 4, tmp_path / "dense.jsonl", search=SearchOptions(task_filter="dense",
+                        strategy="random", batch_size=2), measure=MeasureOptions(runner=fast_runner()),
+                        build=BuildOptions(measure_latency=False))
     assert [t.family for t in result.tasks] == ["dense"]
     assert result.summary.trials_this_session == 4
     assert {r.strategy for r in read_records(tmp_path / "dense.jsonl")} == {"default", "random"}
     check_build_uses_best_records(result, example)
     with pytest.raises(RelayTuneError, match="no task matches"):
-        tune_model(example, "llvm", 4, tmp_path / "x.jsonl", task_filter="no such workload")
+        tune_model(example, "llvm", 4, tmp_path / "x.jsonl", search=SearchOptions(task_filter="no such workload"))
     with pytest.raises(RelayTuneError, match="unknown search strategy"):
         make_search("annealing")
     assert set(SEARCH_STRATEGIES) >= {"tpe", "random"}
@@ -164,7 +182,8 @@ def test_resnet50_with_a_tiny_budget_per_task(tmp_path: Path) -> None:
     mod = zoo.full("resnet50")
     tasks = tasks_from_module(mod, HOST)
     log = tmp_path / "resnet50.jsonl"
-    result = tune_model(mod, "llvm", 2 * len(tasks), log, runner=fast_runner(), batch_size=2)
+    result = tune_model(mod, "llvm", 2 * len(tasks), log, search=SearchOptions(batch_size=2),
+                        measure=MeasureOptions(runner=fast_runner()))
     assert not result.interrupted and result.summary.trials_done == 2 * len(tasks)
     assert all(t.trials == 2 for t in result.tasks)  # the warm-up round gives every task its share
     check_build_uses_best_records(result, mod)

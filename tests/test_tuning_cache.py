@@ -12,10 +12,10 @@ import pytest
 from relay_tune.cli import load_model, main
 from relay_tune.logs import load
 from relay_tune.tuning import LocalRunner, read_records
-from relay_tune.tuning.cache import TuningCache, default_cache_dir, records_since
-from relay_tune.tuning.measure import ErrorKind
-from relay_tune.tuning.records import LogWarning, TuningRecord, host_cpu_name
-from relay_tune.tuning.tune_model import tune_model
+from relay_tune.records.cache import TuningCache, default_cache_dir, records_since
+from relay_tune.records.measure import ErrorKind
+from relay_tune.records.log_format import LogWarning, TuningRecord, host_cpu_name
+from relay_tune.tuning.tune_model import BuildOptions, MeasureOptions, SearchOptions, tune_model
 from search_space import Config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "relay_tune" / "examples" / "small_cnn.relay"
@@ -150,14 +150,16 @@ def example() -> Any:
 def test_a_second_run_measures_nothing_new_and_builds_the_same_configs(example: Any, tmp_path: Path) -> None:
     # the three convolutions (12 trials, rounds of 3: each gets its default and two more)
     cache = TuningCache(tmp_path / "cache")
-    first = tune_model(example, "llvm", 12, tmp_path / "one.jsonl", runner=fast_runner(), batch_size=3,
-                       measure_latency=False, cache=cache, task_filter="conv2d")
+    first = tune_model(example, "llvm", 12, tmp_path / "one.jsonl", search=SearchOptions(batch_size=3, cache=cache,
+                       task_filter="conv2d"), measure=MeasureOptions(runner=fast_runner()),
+                       build=BuildOptions(measure_latency=False))
     valid = [r for r in read_records(first.log_path) if r.ok]
     assert first.summary.trials_this_session == 12 and first.cache_added == len(valid) > 0
     assert len(cache.records()) == len(valid)
     # another log, same model: every task is answered by the cache
-    second = tune_model(example, "llvm", 12, tmp_path / "two.jsonl", runner=fast_runner(), batch_size=3,
-                        measure_latency=False, cache=cache, task_filter="conv2d")
+    second = tune_model(example, "llvm", 12, tmp_path / "two.jsonl", search=SearchOptions(batch_size=3, cache=cache,
+                        task_filter="conv2d"), measure=MeasureOptions(runner=fast_runner()),
+                        build=BuildOptions(measure_latency=False))
     assert second.summary.trials_this_session == 0 and not second.log_path.exists()  # nothing measured
     assert second.cached_tasks == len(second.tasks) and second.cache_added == 0
     assert second.configs == first.configs and first.configs  # the same config per task
@@ -165,12 +167,14 @@ def test_a_second_run_measures_nothing_new_and_builds_the_same_configs(example: 
     assert {t.key: t.best_cost for t in second.tasks} == {t.key: t.best_cost for t in first.tasks}
     assert second.model is not None
     # asked to, it tunes again (and the cache grows)
-    third = tune_model(example, "llvm", 3, tmp_path / "three.jsonl", runner=fast_runner(), batch_size=3,
-                       measure_latency=False, cache=cache, retune=True, task_filter="conv2d")
+    third = tune_model(example, "llvm", 3, tmp_path / "three.jsonl", search=SearchOptions(batch_size=3, cache=cache,
+                       retune=True, task_filter="conv2d"), measure=MeasureOptions(runner=fast_runner()),
+                       build=BuildOptions(measure_latency=False))
     assert third.summary.trials_this_session == 3 and third.cached_tasks == 0
     # a log that has records of a task keeps its own budget: a larger --trials continues it
-    more = tune_model(example, "llvm", 15, tmp_path / "one.jsonl", runner=fast_runner(), batch_size=3,
-                      measure_latency=False, cache=cache, task_filter="conv2d")
+    more = tune_model(example, "llvm", 15, tmp_path / "one.jsonl", search=SearchOptions(batch_size=3, cache=cache,
+                      task_filter="conv2d"), measure=MeasureOptions(runner=fast_runner()),
+                      build=BuildOptions(measure_latency=False))
     assert more.summary.trials_this_session == 3 and more.cached_tasks == 0
 
 

@@ -242,7 +242,7 @@ def test_runners_say_how_they_time() -> None:
 def test_comparable_records_keep_failures_and_the_newest_kind() -> None:
     from dataclasses import replace
 
-    from relay_tune.tuning.records import comparable_records
+    from relay_tune.records.log_format import comparable_records
     from relay_tune.tuning.search import FAILURE_VALUE, measured_values
 
     old = [replace(record("a", 1.0, tile, timestamp=float(tile)), timing="back_to_back") for tile in (1, 2)]

@@ -261,8 +261,8 @@ def test_records_of_another_space_neither_count_nor_warm_the_search(tmp_path: Pa
     """A log written under another schedule space (an older version, or an operator whose compute changed) keeps
     its lines, but the run tunes those tasks anew: the budget counts only records that are points of the task's
     current space."""
+    from relay_tune.records.database import CurrentSpaces
     from relay_tune.tuning import TuningRecord
-    from relay_tune.tuning.database import CurrentSpaces
     from relay_tune.tuning.simulated import SimulatedBuilder, SleepRunner
     from search_space import Config
 

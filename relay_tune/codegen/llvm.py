@@ -18,7 +18,7 @@ PARALLEL loops are outlined into a function run by every thread of an OpenMP tea
 `GOMP_parallel`; each thread first runs its own contiguous, balanced share of the iterations, in chunks, then
 takes the chunks other threads have not started (see `emit_parallel_loop`). Where libgomp is
 missing, the runtime substitutes a small thread team of its own for those symbols (see
-`relay_tune.runtime.kernel`).
+`relay_tune.codegen.jit`).
 """
 
 from __future__ import annotations
@@ -26,23 +26,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from relay_tune.codegen.jit import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
 from relay_tune.codegen.llvm_base import (
     I8,
     I32,
     I64,
     VOID,
     CodegenOptions,
+    FunctionContext,
     LLVMCodegenBase,
     dtype_info,
     memory_type,
 )
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.kernel import tir
-from relay_tune.runtime.kernel import REPEAT_SUFFIX, KernelLibrary, KernelSignature, load_object
 from relay_tune.target import Target
 
 __all__ = [
@@ -95,6 +97,69 @@ def codegen_options(target: Target, fast_math: bool = False) -> CodegenOptions:
     return CodegenOptions(fast_math=fast_math, chunk_lanes=target.vector_lanes("float32"))
 
 
+_OUTLINED_TYPE = ir.FunctionType(VOID, [I8.as_pointer()])  # a parallel loop's outlined body: void f(i8* captured)
+
+
+@dataclass(frozen=True)
+class _ParallelRegion:
+    """A parallel loop as its outlined body sees it: what the body captures, and how the iterations are shared.
+
+    Everything the body may refer to travels in one struct (`context_type`): loop variables and buffer pointers,
+    then one claim counter per owner. Work sharing tolerates a late thread: the iterations are cut into `chunks`
+    contiguous chunks and thread t owns the chunks of its static share (contiguous, balanced). A thread takes its
+    own chunks in order, then whatever the other owners have not started. On a quiet machine every thread runs
+    exactly its static share (the same rows as in the kernels before and after: caches stay warm); when a thread is
+    descheduled (more runnable threads than cores, e.g. another library's spinning pool) or libgomp gives a smaller
+    team, the running threads finish its share instead of waiting for it at the end of the region."""
+
+    loop: tir.For
+    threads: int
+    chunks: int
+    captured_vars: list[tuple[tir.LoopVar, ir.Value]]
+    captured_buffers: list[tuple[tir.Buffer, ir.Value]]
+
+    @classmethod
+    def of(cls, loop: tir.For, threads: int, ctx: FunctionContext) -> _ParallelRegion:
+        """The region of `loop` on `threads` threads, capturing what is in scope in `ctx`."""
+        chunks = min(loop.extent, threads * CHUNKS_PER_THREAD)
+        return cls(loop, threads, chunks, list(ctx.env.items()), list(ctx.buffers.items()))
+
+    @property
+    def captured_values(self) -> list[ir.Value]:
+        """The captured loop variables' values, then the buffer pointers: the struct's fields before the counters."""
+        return [v for _, v in self.captured_vars] + [p for _, p in self.captured_buffers]
+
+    @property
+    def counters_field(self) -> int:
+        """The struct field of the claim counters (i64 x threads): the chunk each owner hands out next."""
+        return len(self.captured_vars) + len(self.captured_buffers)
+
+    @property
+    def context_type(self) -> ir.LiteralStructType:
+        """The struct the outlined body receives: the captured values, then the claim counters."""
+        return ir.LiteralStructType([v.type for v in self.captured_values] + [ir.ArrayType(I64, self.threads)])
+
+
+def _store_captured(b: ir.IRBuilder, region: _ParallelRegion, slot: ir.Value) -> None:
+    """Stores the captured values into the struct at `slot`, and each owner's first chunk into its counter."""
+    for i, value in enumerate(region.captured_values):
+        b.store(value, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+    for owner in range(region.threads):
+        first_chunk = ir.Constant(I64, region.chunks * owner // region.threads)
+        b.store(first_chunk, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, region.counters_field),
+                                         ir.Constant(I32, owner)]))
+
+
+def _load_captured(ctx: FunctionContext, region: _ParallelRegion, fields: ir.Value) -> None:
+    """Binds, in the outlined body's `ctx`, the captured loop variables and buffers to their loads from `fields`."""
+    b = ctx.builder
+    for i, (var, _) in enumerate(region.captured_vars):
+        ctx.env[var] = b.load(b.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+    offset = len(region.captured_vars)
+    for i, (buf, _) in enumerate(region.captured_buffers):
+        ctx.buffers[buf] = b.load(b.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, offset + i)]))
+
+
 class CPUCodegen(LLVMCodegenBase):
     """The host CPU back end: C-ABI kernels, OpenMP-style parallel loops, heap scratch buffers."""
 
@@ -118,7 +183,7 @@ class CPUCodegen(LLVMCodegenBase):
         # wrapper honest (LLVM cannot merge or hoist work across repeated calls it cannot see into).
         fn.attributes.add("nounwind")
         fn.attributes.add("noinline")
-        align = int(dict(func.attrs).get("param_align", 0) or 0)
+        align = func.param_align
         for arg in fn.args:
             arg.add_attribute("noalias")
             if align > 1:
@@ -153,100 +218,97 @@ class CPUCodegen(LLVMCodegenBase):
     # -- parallel loops -----------------------------------------------------------------------------
 
     def emit_parallel_loop(self, loop: tir.For) -> None:
+        """ForKind.PARALLEL: the body outlined into a function every thread of a libgomp team runs
+        (`GOMP_parallel`), sharing the iterations as `_ParallelRegion` says; serial inside another parallel loop
+        or where the loop or the target has a single thread's worth of work."""
         ctx = self.ctx
         threads = min(self.target.num_cores, loop.extent)
         if ctx.in_parallel or threads <= 1:
             # Nested parallel loops run serially inside the enclosing team's share of the work.
             self.emit_serial_loop(loop)
             return
-        # Everything the body may refer to travels in one struct: loop variables and buffer pointers.
-        captured_vars = list(ctx.env.items())
-        captured_buffers = list(ctx.buffers.items())
-        values = [v for _, v in captured_vars] + [p for _, p in captured_buffers]
-        # Work sharing that tolerates a late thread. The iterations are cut into `chunks` contiguous chunks and
-        # thread t owns the chunks of its static share (contiguous, balanced), with one claim counter per owner
-        # in the captured struct. A thread takes its own chunks in order, then whatever the other owners have not
-        # started. On a quiet machine every thread runs exactly its static share (the same rows as in the kernels
-        # before and after: caches stay warm); when a thread is descheduled (more runnable threads than cores,
-        # e.g. another library's spinning pool) or libgomp gives a smaller team, the running threads finish its
-        # share instead of waiting for it at the end of the region.
-        chunks = min(loop.extent, threads * CHUNKS_PER_THREAD)
-        counters_type = ir.ArrayType(I64, threads)
-        context_type = ir.LiteralStructType([v.type for v in values] + [counters_type])
-        counters_field = len(values)
-        slot = self.entry_builder().alloca(context_type, name=f"{loop.var.name}.captured")
+        region = _ParallelRegion.of(loop, threads, ctx)
+        slot = self.entry_builder().alloca(region.context_type, name=f"{loop.var.name}.captured")
         b = ctx.builder
-        for i, value in enumerate(values):
-            b.store(value, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        for owner in range(threads):
-            first_chunk = ir.Constant(I64, chunks * owner // threads)
-            b.store(first_chunk, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, counters_field),
-                                             ir.Constant(I32, owner)]))
-
+        _store_captured(b, region, slot)
+        outlined = self._emit_outlined(region)
         data_type = I8.as_pointer()
-        body_type = ir.FunctionType(VOID, [data_type])
+        gomp_parallel = self.declare("GOMP_parallel", VOID, [_OUTLINED_TYPE.as_pointer(), data_type, I32, I32])
+        b.call(gomp_parallel, [outlined, b.bitcast(slot, data_type), ir.Constant(I32, threads), ir.Constant(I32, 0)])
+
+    def _emit_outlined(self, region: _ParallelRegion) -> ir.Function:
+        """The function each thread of the team runs: `void f(i8* captured)`, which loads what the loop body
+        captured and takes chunks of iterations until none is left."""
+        ctx = self.ctx
         self._outlined += 1
-        outlined = ir.Function(self.module, body_type, name=f"{ctx.function.name}__parallel{self._outlined}")
+        outlined = ir.Function(self.module, _OUTLINED_TYPE, name=f"{ctx.function.name}__parallel{self._outlined}")
         outlined.linkage = "internal"
         outlined.attributes.add("nounwind")
-
         body_ctx = self.new_context(outlined, in_parallel=True)
         body_ctx.extents = dict(ctx.extents)
         saved, self._ctx = self._ctx, body_ctx
         try:
-            ob = body_ctx.builder
-            fields = ob.bitcast(outlined.args[0], context_type.as_pointer())
-            for i, (var, _) in enumerate(captured_vars):
-                body_ctx.env[var] = ob.load(ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-            offset = len(captured_vars)
-            for i, (buf, _) in enumerate(captured_buffers):
-                body_ctx.buffers[buf] = ob.load(ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, offset + i)]))
-            thread = ob.sext(ob.call(self.declare("omp_get_thread_num", I32, []), []), I64)
-            team, total, extent = ir.Constant(I64, threads), ir.Constant(I64, chunks), ir.Constant(I64, loop.extent)
-            name = loop.var.name
-            entry = ob.block
-            owners = outlined.append_basic_block(f"{name}.owner")
-            claim = outlined.append_basic_block(f"{name}.claim")
-            work = outlined.append_basic_block(f"{name}.chunk")
-            next_owner = outlined.append_basic_block(f"{name}.next_owner")
-            done = outlined.append_basic_block(f"{name}.done")
-            ob.branch(owners)
-            # for step in range(team): owner = (thread + step) % team
-            ob.position_at_end(owners)
-            step = ob.phi(I64, name=f"{name}.step")
-            step.add_incoming(ir.Constant(I64, 0), entry)
-            owner = ob.urem(ob.add(thread, step), team)
-            limit = ob.sdiv(ob.mul(total, ob.add(owner, ir.Constant(I64, 1))), team)
-            counter = ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, counters_field), owner])
-            ob.branch(claim)
-            # while (chunk = counter++) < limit: run the chunk's iterations
-            ob.position_at_end(claim)
-            chunk = ob.atomic_rmw("add", counter, ir.Constant(I64, 1), "monotonic")
-            ob.cbranch(ob.icmp_signed("<", chunk, limit), work, next_owner)
-            ob.position_at_end(work)
-            start = ob.sdiv(ob.mul(extent, chunk), total)
-            stop = ob.sdiv(ob.mul(extent, ob.add(chunk, ir.Constant(I64, 1))), total)
-
-            def body(iv: ir.Value) -> None:
-                self.bind(loop.var, iv, loop.extent)
-                self.emit_stmt(loop.body)
-                self.unbind(loop.var)
-
-            # chunks <= extent: every chunk has at least one iteration
-            self.emit_loop(start, stop, body, name, nonempty=True)
-            self.builder.branch(claim)
-            ob = self.builder
-            ob.position_at_end(next_owner)
-            following = ob.add(step, ir.Constant(I64, 1))
-            step.add_incoming(following, next_owner)
-            ob.cbranch(ob.icmp_signed("<", following, team), owners, done)
-            ob.position_at_end(done)
-            ob.ret_void()
+            fields = body_ctx.builder.bitcast(outlined.args[0], region.context_type.as_pointer())
+            _load_captured(body_ctx, region, fields)
+            self._emit_work_sharing(region, fields)
         finally:
             self._ctx = saved
+        return outlined
 
-        gomp_parallel = self.declare("GOMP_parallel", VOID, [body_type.as_pointer(), data_type, I32, I32])
-        b.call(gomp_parallel, [outlined, b.bitcast(slot, data_type), ir.Constant(I32, threads), ir.Constant(I32, 0)])
+    def _emit_work_sharing(self, region: _ParallelRegion, fields: ir.Value) -> None:
+        """The outlined function's loops: over owners, this thread first, and over the chunks it can claim from each
+        owner's counter in `fields`."""
+        ob = self.builder
+        outlined = self.ctx.function
+        thread = ob.sext(ob.call(self.declare("omp_get_thread_num", I32, []), []), I64)
+        team, total = ir.Constant(I64, region.threads), ir.Constant(I64, region.chunks)
+        name = region.loop.var.name
+        entry = ob.block
+        owners = outlined.append_basic_block(f"{name}.owner")
+        claim = outlined.append_basic_block(f"{name}.claim")
+        work = outlined.append_basic_block(f"{name}.chunk")
+        next_owner = outlined.append_basic_block(f"{name}.next_owner")
+        done = outlined.append_basic_block(f"{name}.done")
+        ob.branch(owners)
+        # for step in range(team): owner = (thread + step) % team
+        ob.position_at_end(owners)
+        step = ob.phi(I64, name=f"{name}.step")
+        step.add_incoming(ir.Constant(I64, 0), entry)
+        owner = ob.urem(ob.add(thread, step), team)
+        limit = ob.sdiv(ob.mul(total, ob.add(owner, ir.Constant(I64, 1))), team)
+        counter = ob.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, region.counters_field), owner])
+        ob.branch(claim)
+        # while (chunk = counter++) < limit: run the chunk's iterations
+        ob.position_at_end(claim)
+        chunk = ob.atomic_rmw("add", counter, ir.Constant(I64, 1), "monotonic")
+        ob.cbranch(ob.icmp_signed("<", chunk, limit), work, next_owner)
+        ob.position_at_end(work)
+        self._emit_chunk(region, chunk)
+        self.builder.branch(claim)
+        ob = self.builder
+        ob.position_at_end(next_owner)
+        following = ob.add(step, ir.Constant(I64, 1))
+        step.add_incoming(following, next_owner)
+        ob.cbranch(ob.icmp_signed("<", following, team), owners, done)
+        ob.position_at_end(done)
+        ob.ret_void()
+
+    def _emit_chunk(self, region: _ParallelRegion, chunk: ir.Value) -> None:
+        """The loop body over the iterations of chunk number `chunk`."""
+        ob = self.builder
+        loop = region.loop
+        total, extent = ir.Constant(I64, region.chunks), ir.Constant(I64, loop.extent)
+        start = ob.sdiv(ob.mul(extent, chunk), total)
+        stop = ob.sdiv(ob.mul(extent, ob.add(chunk, ir.Constant(I64, 1))), total)
+
+        def body(iv: ir.Value) -> None:
+            self.bind(loop.var, iv, loop.extent)
+            self.emit_stmt(loop.body)
+            self.unbind(loop.var)
+
+        # chunks <= extent: every chunk has at least one iteration
+        self.emit_loop(start, stop, body, loop.var.name, nonempty=True)
+
 
     # -- scratch memory -------------------------------------------------------------------------------
 

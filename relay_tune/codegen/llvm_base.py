@@ -699,7 +699,8 @@ class LLVMCodegenBase:
         for index, extent in zip(reversed(indices), reversed(buf.shape)):
             value = self.cast(self.eval(index), index.dtype, "int64")
             term = self.int_op("mul", value, self.broadcast(ir.Constant(I64, stride), lanes_of(value)), "int64")
-            total = self.int_op("add", *self.match_lanes(total, term), "int64")
+            total, term = self.match_lanes(total, term)
+            total = self.int_op("add", total, term, "int64")
             stride *= extent
         return total
 

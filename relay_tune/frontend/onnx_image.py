@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
+from relay_tune.frontend.onnx_importer import Importer, OnnxNode
 from relay_tune.ir.expr import Expr
 from relay_tune.op.image import RESIZE_OPS
-
-if TYPE_CHECKING:
-    from relay_tune.frontend.onnx import Importer, OnnxNode
 
 Converter = Callable[["Importer", "OnnxNode"], Expr]
 CONVERTERS: dict[str, Converter] = {}

@@ -47,10 +47,7 @@ class Expr:
     # --- types ----------------------------------------------------------------------------
     @property
     def checked_type(self) -> Type:
-        try:
-            ty = self._checked_type
-        except AttributeError:
-            ty = None
+        ty: Type | None = getattr(self, "_checked_type", None)
         if ty is None:
             raise ValueError(
                 f"the type of this {type(self).__name__} is not known yet; run type inference "
@@ -344,7 +341,7 @@ def structural_hash(root: Expr) -> int:
             continue
         h = hash((_local_hash(node), tuple(_child_hash(c) for c in children)))
         object.__setattr__(node, "_hash_cache", h)
-    return root._hash_cache  # type: ignore[attr-defined,no-any-return]
+    return root._hash_cache  # type: ignore[attr-defined]
 
 
 def _child_hash(node: Expr) -> int:
@@ -354,7 +351,7 @@ def _child_hash(node: Expr) -> int:
     if cached is None:
         cached = hash((_local_hash(node), ()))
         object.__setattr__(node, "_hash_cache", cached)
-    return cached  # type: ignore[no-any-return]
+    return cached
 
 
 def structural_equal(lhs: Expr, rhs: Expr, map_free_vars: bool = False) -> bool:

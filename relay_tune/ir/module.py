@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from relay_tune.ir.expr import Function, GlobalVar, structural_equal
 
@@ -41,7 +41,7 @@ class IRModule(Mapping[str, Function]):
         functions[name] = func
         return IRModule(functions)
 
-    def map_functions(self, fn: callable[[str, Function], Function]) -> IRModule:  # type: ignore[valid-type]
+    def map_functions(self, fn: Callable[[str, Function], Function]) -> IRModule:
         return IRModule({name: fn(name, f) for name, f in self._functions.items()})
 
     def __eq__(self, other: object) -> bool:

@@ -59,6 +59,14 @@ class TensorType(Type):
         return all(isinstance(d, int) for d in self.shape)
 
     @property
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape as integers; only defined for static shapes."""
+        dims = tuple(d for d in self.shape if isinstance(d, int))
+        if len(dims) != len(self.shape):
+            raise ValueError(f"static shape of a tensor type with a dynamic dimension: {self}")
+        return dims
+
+    @property
     def size(self) -> int:
         """Number of elements; only defined for static shapes."""
         n = 1

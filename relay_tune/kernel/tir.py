@@ -310,6 +310,12 @@ class PrimFunc:
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(self.params))
 
+    @property
+    def param_align(self) -> int:
+        """Bytes every buffer parameter's address is a multiple of (the `param_align` attr); 0: not known."""
+        value = dict(self.attrs).get("param_align", 0)
+        return value if isinstance(value, int) else 0
+
 
 # ---------------------------------------------------------------------------------------------
 # Helpers

@@ -11,7 +11,8 @@ reference as a sequence of arrays in `inputs[0]`; `split` returns a tuple of arr
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -100,111 +101,155 @@ def reshape_shape(shape: Sequence[Dim], newshape: Any, allowzero: bool = False) 
     next two input dimensions, -4 splits the next input dimension into the two values that follow
     it (one of which may be -1). Every value except -2 consumes one input position (-3 two).
     """
-    op = "reshape"
-    spec = as_int_tuple(newshape, op_name=op, what="newshape")
-    ndim = len(shape)
-    out: list[Dim] = []
-    # Dimensions copied straight from input to output do not take part in inferring -1; that is
-    # what lets `reshape(x: (?, 3, 4), [0, -1])` give (?, 12) instead of an unknown.
-    used_in: set[int] = set()
-    used_out: set[int] = set()
-    infer_at: int | None = None
-    src = 0
-    i = 0
-
-    def need_input(count: int, value: int) -> None:
-        if src + count > ndim:
-            raise RelayTypeError(
-                f"newshape {list(spec)}: value {value} at position {i} needs input axis {src + count - 1}, "
-                f"but the input shape {format_shape(shape)} has rank {ndim}",
-                op_name=op,
-            )
-
-    def copy_input() -> None:
-        nonlocal src
-        used_in.add(src)
-        used_out.add(len(out))
-        out.append(shape[src])
-        src += 1
-
-    while i < len(spec):
-        value = spec[i]
+    reading = _NewshapeReading(tuple(shape), as_int_tuple(newshape, op_name="reshape", what="newshape"))
+    spec = reading.spec
+    while reading.i < len(spec):
+        value = spec[reading.i]
         if value > 0 or (value == 0 and allowzero):
-            out.append(value)
-            src += 1
-        elif value == 0:
-            need_input(1, value)
-            copy_input()
-        elif value == -1:
-            if infer_at is not None:
-                raise RelayTypeError(f"newshape {list(spec)} has more than one -1", op_name=op)
-            infer_at = len(out)
-            out.append(1)
-            src += 1
-        elif value == -2:
-            while src < ndim:
-                copy_input()
-        elif value == -3:
-            need_input(2, value)
-            used_in.update((src, src + 1))
-            used_out.add(len(out))
-            out.append(prod(shape[src : src + 2]))
-            src += 2
-        elif value == -4:
-            if i + 2 >= len(spec):
-                raise RelayTypeError(f"newshape {list(spec)}: -4 must be followed by two values", op_name=op)
-            need_input(1, value)
-            whole = shape[src]
-            used_in.add(src)
-            src += 1
-            parts = [spec[i + 1], spec[i + 2]]
-            i += 2
-            if parts.count(-1) == 2 or any(p == 0 or p < -1 for p in parts):
-                raise RelayTypeError(
-                    f"newshape {list(spec)}: the two values after -4 must be positive (one may be -1), got {parts}",
-                    op_name=op,
-                )
-            split: list[Dim] = list(parts)
-            if -1 in parts:
-                known = parts[1 - parts.index(-1)]
-                if isinstance(whole, int) and whole % known != 0:
-                    raise RelayTypeError(
-                        f"newshape {list(spec)}: cannot split input dimension {whole} into blocks of {known}",
-                        op_name=op,
-                    )
-                split[parts.index(-1)] = ANY if isinstance(whole, AnyDim) else whole // known
-            elif isinstance(whole, int) and parts[0] * parts[1] != whole:
-                raise RelayTypeError(
-                    f"newshape {list(spec)}: cannot split input dimension {whole} into {parts[0]} x {parts[1]}",
-                    op_name=op,
-                )
-            for d in split:
-                used_out.add(len(out))
-                out.append(d)
+            reading.literal(value)
+        elif value in _SPECIAL_VALUES:
+            _SPECIAL_VALUES[value](reading)
         else:
-            raise RelayTypeError(f"newshape {list(spec)}: unsupported special value {value}", op_name=op)
-        i += 1
-
-    if infer_at is not None:
-        rest_in = prod(d for k, d in enumerate(shape) if k not in used_in)
-        rest_out = prod(d for k, d in enumerate(out) if k not in used_out and k != infer_at)
-        if isinstance(rest_in, AnyDim) or isinstance(rest_out, AnyDim):
-            out[infer_at] = ANY
-        elif rest_out == 0 or rest_in % rest_out != 0:
-            raise RelayTypeError(
-                f"cannot reshape {format_shape(shape)} to newshape {list(spec)}: "
-                f"{rest_in} elements do not divide into dimensions of product {rest_out}",
-                op_name=op,
-            )
-        else:
-            out[infer_at] = rest_in // rest_out
+            raise RelayTypeError(f"newshape {list(spec)}: unsupported special value {value}", op_name="reshape")
+        reading.i += 1
+    reading.infer()
+    out = reading.out
     if is_static(shape) and is_static(out) and prod(shape) != prod(out):
         raise RelayTypeError(
             f"cannot reshape {format_shape(shape)} ({prod(shape)} elements) to {format_shape(out)} "
             f"({prod(out)} elements)",
-            op_name=op,
+            op_name="reshape",
         )
     return tuple(out)
+
+
+@dataclass
+class _NewshapeReading:
+    """A reshape's newshape read left to right: the output dimensions so far, the newshape position `i` and input
+    axis `src` reached, and the -1's output position. Dimensions copied straight from input to output (`used_in`,
+    `used_out`) do not take part in inferring -1; that is what lets `reshape(x: (?, 3, 4), [0, -1])` give (?, 12)
+    instead of an unknown."""
+
+    shape: tuple[Dim, ...]
+    spec: tuple[int, ...]
+    out: list[Dim] = field(default_factory=list)
+    used_in: set[int] = field(default_factory=set)
+    used_out: set[int] = field(default_factory=set)
+    infer_at: int | None = None
+    src: int = 0
+    i: int = 0
+
+    def need_input(self, count: int, value: int) -> None:
+        """Raises unless `count` input axes remain from `src` for the special value `value`."""
+        if self.src + count > len(self.shape):
+            raise RelayTypeError(
+                f"newshape {list(self.spec)}: value {value} at position {self.i} needs input axis "
+                f"{self.src + count - 1}, but the input shape {format_shape(self.shape)} has rank {len(self.shape)}",
+                op_name="reshape",
+            )
+
+    def copy_input(self) -> None:
+        """Copies input axis `src` to the output."""
+        self.used_in.add(self.src)
+        self.used_out.add(len(self.out))
+        self.out.append(self.shape[self.src])
+        self.src += 1
+
+    def literal(self, value: int) -> None:
+        """A dimension given as is (a positive value, or 0 with `allowzero`)."""
+        self.out.append(value)
+        self.src += 1
+
+    def copy_one(self) -> None:
+        """0: the input dimension at the current position."""
+        self.need_input(1, 0)
+        self.copy_input()
+
+    def mark_inferred(self) -> None:
+        """-1: a dimension inferred from the remaining elements (`infer`)."""
+        if self.infer_at is not None:
+            raise RelayTypeError(f"newshape {list(self.spec)} has more than one -1", op_name="reshape")
+        self.infer_at = len(self.out)
+        self.out.append(1)
+        self.src += 1
+
+    def copy_rest(self) -> None:
+        """-2: all the remaining input dimensions."""
+        while self.src < len(self.shape):
+            self.copy_input()
+
+    def merge_two(self) -> None:
+        """-3: the product of the next two input dimensions."""
+        self.need_input(2, -3)
+        self.used_in.update((self.src, self.src + 1))
+        self.used_out.add(len(self.out))
+        self.out.append(prod(self.shape[self.src : self.src + 2]))
+        self.src += 2
+
+    def split_one(self) -> None:
+        """-4 a b: the next input dimension split into a x b (one of them may be -1); consumes a and b too."""
+        if self.i + 2 >= len(self.spec):
+            raise RelayTypeError(f"newshape {list(self.spec)}: -4 must be followed by two values", op_name="reshape")
+        self.need_input(1, -4)
+        whole = self.shape[self.src]
+        self.used_in.add(self.src)
+        self.src += 1
+        parts = [self.spec[self.i + 1], self.spec[self.i + 2]]
+        self.i += 2
+        for d in _split_dims(self.spec, whole, parts):
+            self.used_out.add(len(self.out))
+            self.out.append(d)
+
+    def infer(self) -> None:
+        """Fills in the -1's dimension, if there is one, from the elements the other dimensions leave."""
+        if self.infer_at is None:
+            return
+        rest_in = prod(d for k, d in enumerate(self.shape) if k not in self.used_in)
+        rest_out = prod(d for k, d in enumerate(self.out) if k not in self.used_out and k != self.infer_at)
+        if isinstance(rest_in, AnyDim) or isinstance(rest_out, AnyDim):
+            self.out[self.infer_at] = ANY
+        elif rest_out == 0 or rest_in % rest_out != 0:
+            raise RelayTypeError(
+                f"cannot reshape {format_shape(self.shape)} to newshape {list(self.spec)}: "
+                f"{rest_in} elements do not divide into dimensions of product {rest_out}",
+                op_name="reshape",
+            )
+        else:
+            self.out[self.infer_at] = rest_in // rest_out
+
+
+def _split_dims(spec: tuple[int, ...], whole: Dim, parts: list[int]) -> list[Dim]:
+    """The two dimensions -4 splits the input dimension `whole` into, given as `parts` (one may be -1)."""
+    if parts.count(-1) == 2 or any(p == 0 or p < -1 for p in parts):
+        raise RelayTypeError(
+            f"newshape {list(spec)}: the two values after -4 must be positive (one may be -1), got {parts}",
+            op_name="reshape",
+        )
+    split: list[Dim] = list(parts)
+    if -1 in parts:
+        known = parts[1 - parts.index(-1)]
+        if isinstance(whole, int) and whole % known != 0:
+            raise RelayTypeError(
+                f"newshape {list(spec)}: cannot split input dimension {whole} into blocks of {known}",
+                op_name="reshape",
+            )
+        split[parts.index(-1)] = ANY if isinstance(whole, AnyDim) else whole // known
+    elif isinstance(whole, int) and parts[0] * parts[1] != whole:
+        raise RelayTypeError(
+            f"newshape {list(spec)}: cannot split input dimension {whole} into {parts[0]} x {parts[1]}",
+            op_name="reshape",
+        )
+    return split
+
+
+# what each special value of a newshape does (0 only without `allowzero`)
+_SPECIAL_VALUES: dict[int, Callable[[_NewshapeReading], None]] = {
+    0: _NewshapeReading.copy_one,
+    -1: _NewshapeReading.mark_inferred,
+    -2: _NewshapeReading.copy_rest,
+    -3: _NewshapeReading.merge_two,
+    -4: _NewshapeReading.split_one,
+}
 
 
 @type_relation("reshape")

@@ -46,9 +46,9 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import numpy as np
 
+from relay_tune.codegen.jit import _jit_lock, _lljit, aligned_empty, load_libgomp
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
-from relay_tune.runtime.kernel import _jit_lock, _lljit, aligned_empty, load_libgomp
 
 __all__ = ["CONTEXT_LOOP", "COPY", "EVICT", "NOOP", "PRODUCE", "READ", "TOUCH_COLUMNS", "ContextLoop", "Production",
            "context_ir", "context_loop", "private_cache_bytes", "production", "scratch", "team_size"]
@@ -68,203 +68,295 @@ _lock = threading.Lock()
 _loops: dict[bool, ContextLoop] = {}
 
 
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_I8P, _I64P = _I8.as_pointer(), _I64.as_pointer()
+_VOID = ir.VoidType()
+# the producer body's argument: {i64* touch, i64 ntouch}, `TOUCH_COLUMNS` values per buffer (see `production`)
+_DATA_TYPE = ir.LiteralStructType([_I64P, _I64])
+_LINE_TYPE = ir.VectorType(_I64, LINE // 8)
+_REPEAT_TYPE = ir.FunctionType(_VOID, [_I8P, _I64])  # a kernel's repeat entry: (argument vector, repeat count)
+_TIMESPEC = ir.LiteralStructType([_I64, _I64])
+
+
+def _i64(value: int) -> ir.Constant:
+    """An i64 constant."""
+    return ir.Constant(_I64, value)
+
+
+def _field(b: ir.IRBuilder, struct: ir.Value, index: int) -> ir.Value:
+    """A pointer to field `index` of the struct `struct` points to."""
+    return b.gep(struct, [ir.Constant(_I32, 0), ir.Constant(_I32, index)])
+
+
+@dataclass(frozen=True)
+class _Team:
+    """The calling thread's place in the team that runs the producer step."""
+
+    thread: ir.Value  # its number, 0 .. size - 1
+    size: ir.Value
+    is_last: ir.Value  # i1: whether it is thread size - 1
+
+
+@dataclass(frozen=True)
+class _BodyBlocks:
+    """The producer body's loop blocks: over buffers, over this thread's chunks of one, over a chunk's lines, and
+    over the bytes after the last whole line."""
+
+    entry: ir.Block
+    buffers: ir.Block
+    chunks: ir.Block
+    lines: ir.Block
+    next_chunk: ir.Block
+    after_lines: ir.Block
+    tail: ir.Block
+    next_buffer: ir.Block
+    done: ir.Block
+
+
+@dataclass(frozen=True)
+class _TouchRow:
+    """One row of the touch list as the body loads it, with how its lines split into chunks among the team."""
+
+    index: ir.PhiInstr  # the row's number
+    source: ir.Value  # i8*
+    destination: ir.Value  # i8*
+    nbytes: ir.Value
+    mode: ir.Value  # COPY, EVICT or READ
+    lines: ir.Value  # whole lines in the buffer
+    chunk: ir.Value  # lines per chunk
+    first: ir.Value  # this thread's first chunk
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One of this thread's chunks of a buffer: lines low .. high - 1."""
+
+    number: ir.PhiInstr
+    low: ir.Value
+    high: ir.Value
+
+
 def context_ir(parallel: bool) -> str:
     """LLVM IR of the producer step and the timing loop. `parallel`: the producer runs on libgomp's team
     (`GOMP_parallel`); False: on the calling thread alone (where libgomp is missing)."""
-    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    i8p, i64p = i8.as_pointer(), i64.as_pointer()
-    void = ir.VoidType()
     module = ir.Module(name="relay_tune_context")
-    zero, one = ir.Constant(i64, 0), ir.Constant(i64, 1)
+    body = _emit_body(module, parallel, _can_evict())
+    produce = _emit_produce(module, body, parallel)
+    _emit_loop(module, produce)
+    # a kernel that does nothing: timed around it, the loop costs what it adds besides the kernel (producer step,
+    # timestamps; experiments/README.md, "Kernels timed in their model context", compares subtracting that)
+    noop = ir.Function(module, _REPEAT_TYPE, name=NOOP)
+    ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
+    return _volatile(str(module))
 
-    # body(data): data = {i64* touch, i64 ntouch}, `TOUCH_COLUMNS` values per buffer (see `production`); this thread
-    # copies its share of every buffer (or evicts or reads it), 64 bytes (a cache line) at a time
-    data_type = ir.LiteralStructType([i64p, i64])
-    line_type = ir.VectorType(i64, LINE // 8)
-    body = ir.Function(module, ir.FunctionType(void, [i8p]), name="relay_tune_context_body")
+
+def _emit_body(module: ir.Module, parallel: bool, evicts: bool) -> ir.Function:
+    """body(data), the function each thread of the team runs: it copies its share of every buffer of the touch list
+    in `data` (or evicts or reads it), 64 bytes (a cache line) at a time."""
+    body = ir.Function(module, ir.FunctionType(_VOID, [_I8P]), name="relay_tune_context_body")
     body.linkage = "internal"
     b = ir.IRBuilder(body.append_basic_block("entry"))
-    data = b.bitcast(body.args[0], data_type.as_pointer())
-    touch = b.load(b.gep(data, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
-    ntouch = b.load(b.gep(data, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
-    evicts = _can_evict()
-    if evicts:
-        clflush = ir.Function(module, ir.FunctionType(void, [i8p]), name="llvm.x86.sse2.clflush")
+    data = b.bitcast(body.args[0], _DATA_TYPE.as_pointer())
+    touch = b.load(_field(b, data, 0))
+    ntouch = b.load(_field(b, data, 1))
+    clflush = ir.Function(module, ir.FunctionType(_VOID, [_I8P]), name="llvm.x86.sse2.clflush") if evicts else None
+    team = _emit_team(module, b, parallel)
+    blocks = _append_body_blocks(body, b.block)
+    b.cbranch(b.icmp_signed(">", ntouch, _i64(0)), blocks.buffers, blocks.done)
+
+    b.position_at_end(blocks.buffers)
+    row = _emit_touch_row(b, blocks, touch, team)
+    b.cbranch(b.icmp_signed("<", b.mul(row.first, row.chunk), row.lines), blocks.chunks, blocks.after_lines)
+    chunk = _emit_chunk(b, blocks, row)
+    _emit_lines(b, body, blocks, row, chunk, clflush)
+
+    b.position_at_end(blocks.next_chunk)
+    following_chunk = b.add(chunk.number, team.size)
+    chunk.number.add_incoming(following_chunk, blocks.next_chunk)
+    b.cbranch(b.icmp_signed("<", b.mul(following_chunk, row.chunk), row.lines), blocks.chunks, blocks.after_lines)
+
+    _emit_tail(b, body, blocks, row, team, clflush)
+    b.position_at_end(blocks.next_buffer)
+    index_next = b.add(row.index, _i64(1))
+    row.index.add_incoming(index_next, blocks.next_buffer)
+    b.cbranch(b.icmp_signed("<", index_next, ntouch), blocks.buffers, blocks.done)
+    b.position_at_end(blocks.done)
+    b.ret_void()
+    return body
+
+
+def _emit_team(module: ir.Module, b: ir.IRBuilder, parallel: bool) -> _Team:
+    """The calling thread's number and team size: libgomp's where `parallel`, else thread 0 of 1."""
     if parallel:
-        thread_num = ir.Function(module, ir.FunctionType(i32, []), name="omp_get_thread_num")
-        num_threads = ir.Function(module, ir.FunctionType(i32, []), name="omp_get_num_threads")
-        thread = b.sext(b.call(thread_num, []), i64)
-        team = b.sext(b.call(num_threads, []), i64)
+        thread_num = ir.Function(module, ir.FunctionType(_I32, []), name="omp_get_thread_num")
+        num_threads = ir.Function(module, ir.FunctionType(_I32, []), name="omp_get_num_threads")
+        thread = b.sext(b.call(thread_num, []), _I64)
+        size = b.sext(b.call(num_threads, []), _I64)
     else:
-        thread, team = zero, one
-    last_thread = b.icmp_signed("==", thread, b.sub(team, one))
-    entry = b.block
-    buffers = body.append_basic_block("buffers")
-    chunks_loop = body.append_basic_block("chunks")
-    lines_loop = body.append_basic_block("lines")
-    next_chunk = body.append_basic_block("next_chunk")
-    after_lines = body.append_basic_block("after_lines")
-    tail_loop = body.append_basic_block("tail")
-    next_buffer = body.append_basic_block("next_buffer")
-    done = body.append_basic_block("done")
-    b.cbranch(b.icmp_signed(">", ntouch, zero), buffers, done)
+        thread, size = _i64(0), _i64(1)
+    return _Team(thread, size, b.icmp_signed("==", thread, b.sub(size, _i64(1))))
 
-    # A buffer's lines come in chunks of `chunk` bytes, chunk j written by thread (j + shift) % team; chunk 0: one
-    # contiguous share per thread, as a parallel loop splits its iterations.
-    b.position_at_end(buffers)
-    index = b.phi(i64)
-    index.add_incoming(zero, entry)
-    row = b.mul(index, ir.Constant(i64, TOUCH_COLUMNS))
-    source = b.inttoptr(b.load(b.gep(touch, [row])), i8p)
-    destination = b.inttoptr(b.load(b.gep(touch, [b.add(row, one)])), i8p)
-    nbytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 2))]))
-    chunk_bytes = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 3))]))
-    shift = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 4))]))
-    mode = b.load(b.gep(touch, [b.add(row, ir.Constant(i64, 5))]))
-    lines = b.lshr(nbytes, ir.Constant(i64, 6))
-    share = b.sdiv(b.add(lines, b.sub(team, one)), team)
-    chunk_lines = b.lshr(chunk_bytes, ir.Constant(i64, 6))
-    chunk = b.select(b.icmp_signed(">", chunk_lines, zero), chunk_lines, share)
-    first = b.srem(b.add(b.sub(thread, b.srem(shift, team)), team), team)  # the first chunk j of this thread
-    buffers_end = b.block
-    b.cbranch(b.icmp_signed("<", b.mul(first, chunk), lines), chunks_loop, after_lines)
 
-    b.position_at_end(chunks_loop)
-    j = b.phi(i64)
-    j.add_incoming(first, buffers_end)
-    low = b.mul(j, chunk)
-    high_wanted = b.add(low, chunk)
-    high = b.select(b.icmp_signed("<", high_wanted, lines), high_wanted, lines)
-    b.branch(lines_loop)
+def _append_body_blocks(body: ir.Function, entry: ir.Block) -> _BodyBlocks:
+    """The body's loop blocks, appended to it after `entry`."""
+    names = ("buffers", "chunks", "lines", "next_chunk", "after_lines", "tail", "next_buffer", "done")
+    return _BodyBlocks(entry, *(body.append_basic_block(name) for name in names))
 
-    b.position_at_end(lines_loop)
-    line = b.phi(i64)
-    line.add_incoming(low, chunks_loop)
-    offset = b.mul(line, ir.Constant(i64, LINE))
+
+def _emit_touch_row(b: ir.IRBuilder, blocks: _BodyBlocks, touch: ir.Value, team: _Team) -> _TouchRow:
+    """Loads of the next row of the touch list, and its split into chunks. A buffer's lines come in chunks of `chunk`
+    bytes, chunk j written by thread (j + shift) % team; chunk 0: one contiguous share per thread, as a parallel loop
+    splits its iterations."""
+    index = b.phi(_I64)
+    index.add_incoming(_i64(0), blocks.entry)
+    row = b.mul(index, _i64(TOUCH_COLUMNS))
+    source = b.inttoptr(b.load(b.gep(touch, [row])), _I8P)
+    destination = b.inttoptr(b.load(b.gep(touch, [b.add(row, _i64(1))])), _I8P)
+    nbytes = b.load(b.gep(touch, [b.add(row, _i64(2))]))
+    chunk_bytes = b.load(b.gep(touch, [b.add(row, _i64(3))]))
+    shift = b.load(b.gep(touch, [b.add(row, _i64(4))]))
+    mode = b.load(b.gep(touch, [b.add(row, _i64(5))]))
+    lines = b.lshr(nbytes, _i64(6))
+    share = b.sdiv(b.add(lines, b.sub(team.size, _i64(1))), team.size)
+    chunk_lines = b.lshr(chunk_bytes, _i64(6))
+    chunk = b.select(b.icmp_signed(">", chunk_lines, _i64(0)), chunk_lines, share)
+    first = b.srem(b.add(b.sub(team.thread, b.srem(shift, team.size)), team.size), team.size)
+    return _TouchRow(index, source, destination, nbytes, mode, lines, chunk, first)
+
+
+def _emit_chunk(b: ir.IRBuilder, blocks: _BodyBlocks, row: _TouchRow) -> _Chunk:
+    """The chunks block: the bounds of this thread's next chunk of the buffer."""
+    b.position_at_end(blocks.chunks)
+    number = b.phi(_I64)
+    number.add_incoming(row.first, blocks.buffers)
+    low = b.mul(number, row.chunk)
+    high_wanted = b.add(low, row.chunk)
+    high = b.select(b.icmp_signed("<", high_wanted, row.lines), high_wanted, row.lines)
+    b.branch(blocks.lines)
+    return _Chunk(number, low, high)
+
+
+def _emit_lines(b: ir.IRBuilder, body: ir.Function, blocks: _BodyBlocks, row: _TouchRow, chunk: _Chunk,
+                clflush: ir.Function | None) -> None:
+    """The loop over a chunk's lines: each one copied, evicted or read, as the row's mode says."""
+    b.position_at_end(blocks.lines)
+    line = b.phi(_I64)
+    line.add_incoming(chunk.low, blocks.chunks)
+    offset = b.mul(line, _i64(LINE))
     copy_line = body.append_basic_block("copy_line")
     other_line = body.append_basic_block("other_line")
     read_line = body.append_basic_block("read_line")
     line_done = body.append_basic_block("line_done")
-    b.cbranch(b.icmp_signed("==", mode, ir.Constant(i64, COPY)), copy_line, other_line)
+    b.cbranch(b.icmp_signed("==", row.mode, _i64(COPY)), copy_line, other_line)
     b.position_at_end(other_line)
-    if evicts:
+    if clflush is not None:
         evict_line = body.append_basic_block("evict_line")
-        b.cbranch(b.icmp_signed("==", mode, ir.Constant(i64, EVICT)), evict_line, read_line)
+        b.cbranch(b.icmp_signed("==", row.mode, _i64(EVICT)), evict_line, read_line)
         b.position_at_end(evict_line)
-        b.call(clflush, [b.gep(destination, [offset])])
+        b.call(clflush, [b.gep(row.destination, [offset])])
         b.branch(line_done)
     else:
         b.branch(read_line)  # `production` writes no evict rows where there is no clflush
     b.position_at_end(read_line)
-    b.load(b.bitcast(b.gep(destination, [offset]), line_type.as_pointer()), name=_READ_LOAD, align=1)
+    b.load(b.bitcast(b.gep(row.destination, [offset]), _LINE_TYPE.as_pointer()), name=_READ_LOAD, align=1)
     b.branch(line_done)
     b.position_at_end(copy_line)
-    value = b.load(b.bitcast(b.gep(source, [offset]), line_type.as_pointer()), name=_LINE_LOAD, align=1)
-    b.store(value, b.bitcast(b.gep(destination, [offset]), line_type.as_pointer()), align=1)
+    value = b.load(b.bitcast(b.gep(row.source, [offset]), _LINE_TYPE.as_pointer()), name=_LINE_LOAD, align=1)
+    b.store(value, b.bitcast(b.gep(row.destination, [offset]), _LINE_TYPE.as_pointer()), align=1)
     b.branch(line_done)
     b.position_at_end(line_done)
-    following = b.add(line, one)
-    line.add_incoming(following, b.block)
-    b.cbranch(b.icmp_signed("<", following, high), lines_loop, next_chunk)
+    following = b.add(line, _i64(1))
+    line.add_incoming(following, line_done)
+    b.cbranch(b.icmp_signed("<", following, chunk.high), blocks.lines, blocks.next_chunk)
 
-    b.position_at_end(next_chunk)
-    j_next = b.add(j, team)
-    j.add_incoming(j_next, next_chunk)
-    b.cbranch(b.icmp_signed("<", b.mul(j_next, chunk), lines), chunks_loop, after_lines)
 
-    # the bytes after the last whole line: the last thread's, whose share ends there
-    b.position_at_end(after_lines)
-    tail_start = b.mul(lines, ir.Constant(i64, LINE))
+def _emit_tail(b: ir.IRBuilder, body: ir.Function, blocks: _BodyBlocks, row: _TouchRow, team: _Team,
+               clflush: ir.Function | None) -> None:
+    """The bytes after the buffer's last whole line: the last thread's, whose share ends there."""
+    b.position_at_end(blocks.after_lines)
+    tail_start = b.mul(row.lines, _i64(LINE))
     # only a copied buffer has a source to copy its tail from (a read buffer is whole lines: `scratch`)
-    has_tail = b.and_(b.and_(last_thread, b.icmp_signed("<", tail_start, nbytes)),
-                      b.icmp_signed("==", mode, ir.Constant(i64, COPY)))
-    if evicts:
+    has_tail = b.and_(b.and_(team.is_last, b.icmp_signed("<", tail_start, row.nbytes)),
+                      b.icmp_signed("==", row.mode, _i64(COPY)))
+    if clflush is not None:
         # an evicted buffer's last line (the buffer need not start on a line) is evicted instead
         evict_tail = body.append_basic_block("evict_tail")
         copy_tail = body.append_basic_block("copy_tail")
-        b.cbranch(b.and_(last_thread, b.icmp_signed("==", mode, ir.Constant(i64, EVICT))), evict_tail, copy_tail)
+        b.cbranch(b.and_(team.is_last, b.icmp_signed("==", row.mode, _i64(EVICT))), evict_tail, copy_tail)
         b.position_at_end(evict_tail)
-        b.call(clflush, [b.gep(destination, [b.sub(nbytes, one)])])
-        b.branch(next_buffer)
+        b.call(clflush, [b.gep(row.destination, [b.sub(row.nbytes, _i64(1))])])
+        b.branch(blocks.next_buffer)
         b.position_at_end(copy_tail)
     tail_entry = b.block
-    b.cbranch(has_tail, tail_loop, next_buffer)
-    b.position_at_end(tail_loop)
-    byte = b.phi(i64)
+    b.cbranch(has_tail, blocks.tail, blocks.next_buffer)
+    b.position_at_end(blocks.tail)
+    byte = b.phi(_I64)
     byte.add_incoming(tail_start, tail_entry)
-    b.store(b.load(b.gep(source, [byte]), name=_BYTE_LOAD), b.gep(destination, [byte]))
-    byte_next = b.add(byte, one)
-    byte.add_incoming(byte_next, tail_loop)
-    b.cbranch(b.icmp_signed("<", byte_next, nbytes), tail_loop, next_buffer)
+    b.store(b.load(b.gep(row.source, [byte]), name=_BYTE_LOAD), b.gep(row.destination, [byte]))
+    byte_next = b.add(byte, _i64(1))
+    byte.add_incoming(byte_next, blocks.tail)
+    b.cbranch(b.icmp_signed("<", byte_next, row.nbytes), blocks.tail, blocks.next_buffer)
 
-    b.position_at_end(next_buffer)
-    index_next = b.add(index, one)
-    index.add_incoming(index_next, next_buffer)
-    b.cbranch(b.icmp_signed("<", index_next, ntouch), buffers, done)
-    b.position_at_end(done)
-    b.ret_void()
 
-    # produce(touch, ntouch)
-    produce = ir.Function(module, ir.FunctionType(void, [i64p, i64]), name=PRODUCE)
+def _emit_produce(module: ir.Module, body: ir.Function, parallel: bool) -> ir.Function:
+    """produce(touch, ntouch): runs `body` on the touch list, on libgomp's team where `parallel`."""
+    produce = ir.Function(module, ir.FunctionType(_VOID, [_I64P, _I64]), name=PRODUCE)
     b = ir.IRBuilder(produce.append_basic_block("entry"))
-    slot = b.alloca(data_type)
-    b.store(produce.args[0], b.gep(slot, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
-    b.store(produce.args[1], b.gep(slot, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+    slot = b.alloca(_DATA_TYPE)
+    b.store(produce.args[0], _field(b, slot, 0))
+    b.store(produce.args[1], _field(b, slot, 1))
     if parallel:
-        gomp_parallel = ir.Function(module, ir.FunctionType(void, [body.type, i8p, i32, i32]), name="GOMP_parallel")
+        gomp_parallel = ir.Function(module, ir.FunctionType(_VOID, [body.type, _I8P, _I32, _I32]),
+                                    name="GOMP_parallel")
         # 0 threads: libgomp's default team, the one the kernels' parallel loops run on
-        b.call(gomp_parallel, [body, b.bitcast(slot, i8p), ir.Constant(i32, 0), ir.Constant(i32, 0)])
+        b.call(gomp_parallel, [body, b.bitcast(slot, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, 0)])
     else:
-        b.call(body, [b.bitcast(slot, i8p)])
+        b.call(body, [b.bitcast(slot, _I8P)])
     b.ret_void()
+    return produce
 
-    # loop(repeat_fn, rows, row_bytes, nrows, first_row, count, touch, ntouch) -> nanoseconds in the kernel
-    repeat_type = ir.FunctionType(void, [i8p, i64])
-    timespec = ir.LiteralStructType([i64, i64])
-    clock_gettime = ir.Function(module, ir.FunctionType(i32, [i32, timespec.as_pointer()]), name="clock_gettime")
-    loop_fn = ir.Function(module, ir.FunctionType(i64, [repeat_type.as_pointer(), i8p, i64, i64, i64, i64, i64p, i64]),
-                          name=CONTEXT_LOOP)
-    repeat_fn, rows, row_bytes, nrows, first_row, count, touch_arg, ntouch_arg = loop_fn.args
+
+def _emit_loop(module: ir.Module, produce: ir.Function) -> None:
+    """loop(repeat_fn, rows, row_bytes, nrows, first_row, count, touch, ntouch) -> nanoseconds in the kernel."""
+    clock_gettime = ir.Function(module, ir.FunctionType(_I32, [_I32, _TIMESPEC.as_pointer()]), name="clock_gettime")
+    loop_fn = ir.Function(module, ir.FunctionType(_I64, [_REPEAT_TYPE.as_pointer(), _I8P, _I64, _I64, _I64, _I64,
+                                                         _I64P, _I64]), name=CONTEXT_LOOP)
+    repeat_fn, rows, row_bytes, nrows, first_row, count, touch, ntouch = loop_fn.args
     entry = loop_fn.append_basic_block("entry")
     body_block = loop_fn.append_basic_block("call")
     exit_block = loop_fn.append_basic_block("exit")
     b = ir.IRBuilder(entry)
-    stamp = b.alloca(timespec)
-
-    def now() -> ir.Value:
-        b.call(clock_gettime, [ir.Constant(i32, CLOCK_MONOTONIC), stamp])
-        seconds = b.load(b.gep(stamp, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
-        nanos = b.load(b.gep(stamp, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
-        return b.add(b.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanos)
-
-    b.cbranch(b.icmp_signed(">", count, zero), body_block, exit_block)
+    stamp = b.alloca(_TIMESPEC)
+    b.cbranch(b.icmp_signed(">", count, _i64(0)), body_block, exit_block)
     b.position_at_end(body_block)
-    i = b.phi(i64)
-    total = b.phi(i64)
-    i.add_incoming(zero, entry)
-    total.add_incoming(zero, entry)
-    b.call(produce, [touch_arg, ntouch_arg])
+    i = b.phi(_I64)
+    total = b.phi(_I64)
+    i.add_incoming(_i64(0), entry)
+    total.add_incoming(_i64(0), entry)
+    b.call(produce, [touch, ntouch])
     row = b.urem(b.add(first_row, i), nrows)
     args = b.gep(rows, [b.mul(row, row_bytes)])
-    before = now()
-    b.call(repeat_fn, [args, one])
-    after = now()
+    before = _emit_now(b, clock_gettime, stamp)
+    b.call(repeat_fn, [args, _i64(1)])
+    after = _emit_now(b, clock_gettime, stamp)
     total_next = b.add(total, b.sub(after, before))
-    i_next = b.add(i, one)
+    i_next = b.add(i, _i64(1))
     i.add_incoming(i_next, body_block)
     total.add_incoming(total_next, body_block)
     b.cbranch(b.icmp_signed("<", i_next, count), body_block, exit_block)
     b.position_at_end(exit_block)
-    result = b.phi(i64)
-    result.add_incoming(zero, entry)
+    result = b.phi(_I64)
+    result.add_incoming(_i64(0), entry)
     result.add_incoming(total_next, body_block)
     b.ret(result)
 
-    # a kernel that does nothing: timed around it, the loop costs what it adds besides the kernel (producer step,
-    # timestamps; experiments/README.md, "Kernels timed in their model context", compares subtracting that)
-    noop = ir.Function(module, repeat_type, name=NOOP)
-    ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
-    return _volatile(str(module))
+
+def _emit_now(b: ir.IRBuilder, clock_gettime: ir.Function, stamp: ir.Value) -> ir.Value:
+    """The monotonic clock, in nanoseconds, read through the timespec `stamp`."""
+    b.call(clock_gettime, [ir.Constant(_I32, CLOCK_MONOTONIC), stamp])
+    seconds = b.load(_field(b, stamp, 0))
+    nanos = b.load(_field(b, stamp, 1))
+    return b.add(b.mul(seconds, _i64(1_000_000_000)), nanos)
 
 
 _LINE_LOAD = "relay_tune_line"

@@ -16,9 +16,9 @@ what a C function call costs, not a Python loop iteration.
 
 Parallel kernels share one persistent thread team: libgomp's, whose workers stay alive between parallel regions
 and spin briefly before they sleep, so a parallel kernel starts in about a microsecond (see
-`relay_tune.runtime.kernel` for the fallback team used where libgomp is missing).
+`relay_tune.codegen.jit` for the fallback team used where libgomp is missing).
 
-Sharing the cores. The spin is bounded (`relay_tune.runtime.kernel.DEFAULT_GOMP_SPINCOUNT`): libgomp's default
+Sharing the cores. The spin is bounded (`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`): libgomp's default
 kept our workers spinning for milliseconds after a run, taking the cores from whatever ran next. And a parallel
 loop does not wait for a descheduled thread: each thread runs its own share in chunks, then takes the chunks the
 others have not started (`relay_tune.codegen.llvm`), so when another library's threads (onnxruntime's pool spins
@@ -37,9 +37,9 @@ from typing import Any
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from relay_tune.codegen.jit import _jit_lock, _lljit
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
-from relay_tune.runtime.kernel import _jit_lock, _lljit
 
 __all__ = ["RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
 

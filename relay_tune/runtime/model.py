@@ -48,9 +48,9 @@ from typing import Any, Union
 import llvmlite.binding as llvm
 import numpy as np
 
+from relay_tune.codegen.jit import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.errors import RelayTuneError
 from relay_tune.runtime.executor import NativeExecutor
-from relay_tune.runtime.kernel import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
 from relay_tune.runtime.pages import pack
 from relay_tune.target import Target

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from relay_tune.records.database import CurrentSpaces, JsonLinesDatabase
 from relay_tune.runtime.model import CompiledModel, TaskProfile
-from relay_tune.tuning.database import CurrentSpaces, JsonLinesDatabase
 
 __all__ = ["ProfileComparison", "compare_with_logs"]
 

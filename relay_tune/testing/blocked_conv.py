@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from relay_tune.compiler import bind_params
+from relay_tune.compile import bind_params
 from relay_tune.text import parse_module
 from relay_tune.type_infer import infer_types
 

@@ -55,8 +55,8 @@ from relay_tune.ir import Call, Function, IRModule, Tuple, TupleGetItem, Var, co
 from relay_tune.ir.types import TensorType, TupleType
 from relay_tune.op.registry import all_ops
 from relay_tune.passes import optimize
+from relay_tune.records.log_format import LogEvent, LogFormatError, TuningRecord, parse_line
 from relay_tune.text import load_module, parse_module, print_module
-from relay_tune.tuning.records import LogEvent, LogFormatError, TuningRecord, parse_line
 from relay_tune.type_infer import infer_types
 from search_space import Config
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from relay_tune.frontend.params import load_params, params_path
-from relay_tune.ir import Call, Constant, Expr, rewrite
+from relay_tune.ir import Call, Constant, Expr, Function, rewrite
 from relay_tune.ir.module import IRModule
 from relay_tune.text.lexer import SourceText
 from relay_tune.text.parser import decode_source, parse_module
@@ -113,4 +113,9 @@ def _positive_variances(mod: IRModule) -> IRModule:
                 return Call(new.op, (*new.args[:4], fixed[id(var)]), new.attrs, new.span)
         return new
 
-    return mod.map_functions(lambda _name, func: rewrite(func, fix))  # type: ignore[return-value]
+    def fixed_function(_name: str, func: Function) -> Function:
+        out = rewrite(func, fix)
+        assert isinstance(out, Function)  # a rewrite of a function is a function
+        return out
+
+    return mod.map_functions(fixed_function)

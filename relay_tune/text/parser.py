@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -168,14 +168,14 @@ class Parser:
             return tok
         self.fail(f"expected `{text}` {context}, found {tok.describe()}", tok)
 
-    def fail(self, message: str, tok: Token) -> Any:
+    def fail(self, message: str, tok: Token) -> NoReturn:
         raise self.src.error(message, tok.start)
 
     def span(self, tok: Token) -> Span:
         line, column = self.src.location(tok.start)
         return Span(self.src.source_name, line, column)
 
-    def unsupported(self, tok: Token, what: str) -> Any:
+    def unsupported(self, tok: Token, what: str) -> NoReturn:
         self.fail(f"relay-tune does not support {what}", tok)
 
     # ------------------------------------------------------------------ scopes

@@ -27,7 +27,7 @@ def drive(root: Steps[T]) -> T:
         except StopIteration as done:
             stack.pop()
             if not stack:
-                return done.value  # type: ignore[no-any-return]
+                return done.value
             value = done.value
             continue
         stack.append(request)

@@ -7,11 +7,11 @@ appended to the JSON-lines log (`Database`) -> `TaskScheduler` picks the next ta
 """
 
 from relay_tune.tuning.builder import Builder, InlineBuilder, LocalBuilder, build_one
-from relay_tune.tuning.database import Database, JsonLinesDatabase, MemoryDatabase, apply_best, top_k
-from relay_tune.tuning.driver import TaskSummary, TuneSummary, default_storage_path, tune
-from relay_tune.tuning.measure import BuildResult, ErrorKind, MeasureInput, MeasureResult, RunResult
+from relay_tune.records.database import Database, JsonLinesDatabase, MemoryDatabase, apply_best, top_k
+from relay_tune.tuning.driver import default_storage_path, tune
+from relay_tune.records.measure import BuildResult, ErrorKind, MeasureInput, MeasureResult, RunResult
 from relay_tune.tuning.progress import PrintProgress, ProgressCallback, RecordingProgress, TrialEvent, TunePlan
-from relay_tune.tuning.records import (
+from relay_tune.records.log_format import (
     SCHEMA_VERSION,
     LogEvent,
     LogFormatError,
@@ -35,6 +35,7 @@ from relay_tune.tuning.search import (
     optuna_search,
     random_search,
 )
+from relay_tune.tuning.summary import TaskSummary, TuneSummary
 from relay_tune.tuning.task import (
     BuildArtifact,
     InvalidConfigError,

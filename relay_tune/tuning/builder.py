@@ -30,8 +30,8 @@ from concurrent.futures.process import BrokenProcessPool
 from types import FrameType, TracebackType
 
 from relay_tune.errors import CompileError
+from relay_tune.records.measure import BuildResult, ErrorKind
 from relay_tune.tuning.isolation import die_with_parent, ignore_interrupts
-from relay_tune.tuning.measure import BuildResult, ErrorKind
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 from search_space import Config, InvalidConfigError
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from relay_tune.codegen.nvptx import GPUFunction, PTXModule
 from relay_tune.errors import RelayTuneError
+from relay_tune.records.measure import ErrorKind, RunResult
 from relay_tune.runtime.cuda.device import run_function, time_function
 from relay_tune.runtime.cuda.driver import CudaDevice, CudaError, CudaUnavailableError, cuda_device
-from relay_tune.tuning.measure import ErrorKind, RunResult
 from relay_tune.tuning.runner import DEFAULT_TOLERANCES, Runner, compare_outputs, random_inputs
 from relay_tune.tuning.task import BuildArtifact, TuneTask, apply_layout
 

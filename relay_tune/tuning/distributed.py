@@ -9,8 +9,8 @@ Every worker opens the same database. What each piece does:
   same config is refused by the database itself (and logged as a `duplicate_measurement` event). A worker's own
   JSON-lines log is a mirror of what it measured. Reads are incremental (see `_refresh`).
 - Claims. A config being measured has a row in `relay_tune_claims` (primary key: workload, target, config), so
-  only one worker can claim it. The driver claims each round's proposals with one call of the server function
-  `relay_tune_claim` (`PostgresDatabase.claim`).
+  only one worker can claim it. The tuning loop's budget (`SharedBudget`) claims each round's proposals with one
+  call of the server function `relay_tune_claim` (`PostgresDatabase.claim`).
 - One budget. `relay_tune_claim` frees stale claims, counts the records plus the live claims of the model's tasks
   and inserts only as many claims as the budget has room for, under an advisory lock that the server holds for
   the length of that call (no worker code runs while it is held), so all workers together measure exactly
@@ -49,8 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from relay_tune.errors import RelayTuneError
-from relay_tune.tuning.database import Database, MemoryDatabase, TaskTarget
-from relay_tune.tuning.records import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
+from relay_tune.tuning.budget import BudgetFactory, Grant, Next, Proposer, TrialBudget
+from relay_tune.records.database import Database, MemoryDatabase, TaskTarget
+from relay_tune.tuning.progress import PhaseTimer
+from relay_tune.records.log_format import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
 from relay_tune.tuning.workers import worker_identity
 
 __all__ = [
@@ -58,6 +60,8 @@ __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DistributedError",
     "PostgresDatabase",
+    "SharedBudget",
+    "StudyClaimLock",
     "advisory_lock",
     "is_database_url",
     "rdb_storage",
@@ -357,6 +361,26 @@ def fail_stale_claims(study: Any, *, throttle: bool = True) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+class StudyClaimLock:
+    """The claim lock of studies in a PostgreSQL database (`relay_tune.tuning.search.ClaimLock`): a per-study
+    advisory lock around each claim step, under which a dead worker's stale trials are failed first (their configs
+    come back to the pool)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @contextlib.contextmanager
+    def hold(self, study: Any) -> Iterator[None]:
+        with advisory_lock(self.url, f"relay-tune:claims:{study.study_name}"):
+            fail_stale_claims(study)
+            yield
+
+    def close(self, study: Any) -> None:
+        # The claim sweep is throttled to once per heartbeat interval; a session that ends right after taking a
+        # dead worker's freed budget would otherwise leave that worker's stale trials RUNNING in the study.
+        fail_stale_claims(study, throttle=False)
+
+
 class Heartbeats:
     """A daemon thread recording the heartbeat of every trial this process holds, every `interval` seconds."""
 
@@ -650,10 +674,6 @@ class PostgresDatabase(Database):
 
     # -- the shared budget -----------------------------------------------------------------------------------
 
-    @property
-    def shared_budget(self) -> bool:
-        return True
-
     def claim(self, tasks: Sequence[Any], total: int, task: Any, configs: Sequence[Any]) -> tuple[list[Any], int, int]:
         """Claim configs of `task` for this worker, as many as the budget `total` of `tasks` has room for.
 
@@ -705,6 +725,63 @@ class PostgresDatabase(Database):
         with self.engine.begin() as connection:
             connection.execute(sqlalchemy.text(
                 "DELETE FROM relay_tune_claims WHERE worker = :k AND NOT done"), {"k": self.worker})
+
+
+class SharedBudget(TrialBudget):
+    """One budget for every worker tuning into `database`: each round's proposals are claimed through
+    `PostgresDatabase.claim`, which hands out only what the budget has room for, so all workers together measure
+    exactly `total` configs. A worker whose share is claimed waits (re-checking every `wait_poll_s` seconds) while
+    others still hold claims: should one of them die, its claims come back and this worker measures them.
+    """
+
+    def __init__(self, database: PostgresDatabase, tasks: Sequence[Any], total: int, spent: int,
+                 wait_poll_s: float = 1.0) -> None:
+        super().__init__(tasks, total, spent)
+        self.database = database
+        self.wait_poll_s = wait_poll_s
+        self._full = False  # the budget was all claimed at the last look
+
+    @classmethod
+    def factory(cls, database: PostgresDatabase, wait_poll_s: float = 1.0) -> BudgetFactory:
+        """Makes shared budgets on `database` (`tune`'s `budget`)."""
+        return lambda tasks, total, spent: cls(database, tasks, total, spent, wait_poll_s)
+
+    def exhausted(self, recorded: int) -> bool:
+        return recorded >= self.total
+
+    def grant(self, task: Any, search: Proposer, want: int, recorded: int, timer: PhaseTimer) -> Grant:
+        if self._full:  # the last claim found the budget taken: look (cheaply) before proposing again
+            waiting = self._wait_for_room(task, timer)
+            if waiting is not None:
+                return waiting
+        with timer("search"):
+            proposed = search.propose(want)
+        with timer("storage", "claim"):
+            configs, recorded, in_flight = self.database.claim(self.tasks, self.total, task, proposed)
+        self.spent = recorded + in_flight
+        self._full = self.spent + len(configs) >= self.total
+        lost = [c for c in proposed if c not in configs]
+        if lost:
+            search.discard(lost)
+        if recorded >= self.total:
+            return Grant(Next.END)
+        if proposed and not configs:
+            return Grant(Next.RETRY)  # the budget is taken, or every proposal was claimed by another worker
+        return Grant(Next.MEASURE, configs)
+
+    def _wait_for_room(self, task: Any, timer: PhaseTimer) -> Grant | None:
+        """None when the budget has room again; else what the loop does meanwhile."""
+        with timer("storage"):
+            _, recorded, in_flight = self.database.claim(self.tasks, self.total, task, [])
+        if recorded >= self.total:
+            return Grant(Next.END)
+        if recorded + in_flight >= self.total:
+            time.sleep(self.wait_poll_s)  # in case a worker holding claims dies
+            return Grant(Next.RETRY)
+        return None
+
+    def close(self) -> None:
+        self.database.release_claims()  # claims not measured go back to the pool at once
 
 
 class ClaimBeats:

@@ -9,7 +9,13 @@ The log is the state: a run with the same log (and storage) resumes. Records of 
 count against `total_trials`, the scheduler's view of each task is rebuilt from them, and the search never
 measures a logged config again. Ctrl-C ends the run cleanly and returns the partial summary. Several processes
 may tune into the same log and storage at once: they share the budget (re-counted from the log every round, so
-the total overshoots by at most one round per extra process) and never measure each other's configs.
+the total overshoots by at most one round per extra process, `relay_tune.tuning.budget.LocalBudget`) and never
+measure each other's configs. Workers on several machines share one exact budget through a database
+(`relay_tune.tuning.distributed.SharedBudget`).
+
+`TuningLoop` holds one run's state; each of its steps (pick a task, ask the budget for a round, build, run,
+record, end the round) is one method. Progress and the seconds spent per phase go to the callbacks
+(`relay_tune.tuning.progress`).
 """
 
 from __future__ import annotations
@@ -18,78 +24,38 @@ import os
 import platform
 import time
 import uuid
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import llvmlite
 import numpy
 
 from relay_tune.errors import raised_by_interrupt
+from relay_tune.tuning.budget import BudgetFactory, LocalBudget, Next
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.tuning.database import CurrentSpaces, Database, JsonLinesDatabase
-from relay_tune.tuning.measure import MeasureInput, MeasureResult
-from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.tuning.records import LogEvent, TuningRecord, host_cpu_name
+from relay_tune.records.database import CurrentSpaces, Database, JsonLinesDatabase
+from relay_tune.records.measure import MeasureInput, MeasureResult
+from relay_tune.tuning.progress import (
+    Callbacks,
+    PhaseTimer,
+    PhaseTimes,
+    ProgressCallback,
+    TaskInfo,
+    TrialEvent,
+    TunePlan,
+)
+from relay_tune.records.log_format import LogEvent, TuningRecord, host_cpu_name
 from relay_tune.tuning.runner import LocalRunner, Runner
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import SearchStrategy, StrategyFactory, optuna_search
+from relay_tune.tuning.summary import TaskSummary, TuneSummary, summarise_task
 from relay_tune.tuning.task import TuneTask
 from relay_tune.version import __version__
 from search_space import Config
 
+__all__ = ["DEFAULT_STORAGE", "TaskSummary", "TuneSummary", "TuningLoop", "default_storage_path", "tune"]
+
 DEFAULT_STORAGE = "default"
-
-
-@dataclass(frozen=True)
-class TaskSummary:
-    key: str
-    target: str
-    description: str
-    weight: int
-    flops: float
-    trials: int
-    valid_trials: int
-    errors: dict[str, int]
-    best_cost: float | None
-    best_config: Config | None
-    default_cost: float | None
-    stopped: str | None
-
-    @property
-    def best_gflops(self) -> float | None:
-        if self.best_cost is None or self.best_cost <= 0 or self.flops <= 0:
-            return None
-        return self.flops / self.best_cost / 1e9
-
-    @property
-    def speedup_over_default(self) -> float | None:
-        if self.best_cost is None or self.default_cost is None or self.best_cost <= 0:
-            return None
-        return self.default_cost / self.best_cost
-
-
-@dataclass(frozen=True)
-class TuneSummary:
-    tasks: tuple[TaskSummary, ...]
-    total_trials: int  # the budget
-    trials_done: int  # records of these tasks in the log, all sessions
-    trials_this_session: int
-    interrupted: bool
-    session: str
-    log_path: str
-    seconds: dict[str, float] = field(default_factory=dict)  # build / run / search / total
-
-    @property
-    def estimated_latency(self) -> float | None:
-        """Sum of weight x best cost over tasks with a valid kernel (None when no task has one)."""
-        parts = [t.weight * t.best_cost for t in self.tasks if t.best_cost is not None]
-        return sum(parts) if parts else None
-
-    @property
-    def tasks_without_kernel(self) -> list[TaskSummary]:
-        return [t for t in self.tasks if t.best_cost is None]
 
 
 def default_storage_path(log_path: str | os.PathLike[str]) -> Path:
@@ -122,18 +88,35 @@ def tune(
     measure_default: bool = True,
     fsync: bool = False,
     database: Database | None = None,
-    wait_poll_s: float = 1.0,
+    budget: BudgetFactory | None = None,
 ) -> TuneSummary:
     """Tune `tasks` with a global budget of `total_trials` measurements, logging to `log_path`.
 
     storage: Optuna storage for the default search ("default": a journal file beside the log; None: in memory;
     or a path / URL). Ignored when `strategy` is given. builder/runner: default `LocalBuilder()`/`LocalRunner()`
     (created and closed here; ones passed in are left open for reuse). scheduler: default `GradientScheduler`.
-    database: where records go (default: the JSON-lines log at `log_path`); a database shared by several
-    machines (`relay_tune.tuning.distributed.PostgresDatabase`) makes `total_trials` one budget for all of them.
-    wait_poll_s: how often a worker whose share is claimed re-checks the claims of others still in flight.
+    database: where records go (default: the JSON-lines log at `log_path`). budget: how the budget is counted
+    (default: `LocalBudget`, from the log); workers sharing a `relay_tune.tuning.distributed.PostgresDatabase`
+    pass `SharedBudget.factory(database)`, which makes `total_trials` one budget for all of them.
     """
+    started = time.monotonic()
     tasks = list(tasks)
+    _check_arguments(tasks, total_trials, batch_size)
+    log_path = Path(log_path)
+    if strategy is None:
+        store = default_storage_path(log_path) if storage == DEFAULT_STORAGE else storage
+        strategy = optuna_search(storage=store, seed=seed)
+    loop = TuningLoop(
+        tasks, total_trials, log_path, database=database or JsonLinesDatabase(log_path, fsync=fsync),
+        builder=builder or LocalBuilder(), runner=runner or LocalRunner(), strategy=strategy,
+        scheduler=scheduler or GradientScheduler(seed=seed), progress=progress or ProgressCallback(),
+        budget=budget or LocalBudget, batch_size=batch_size, seed=seed, measure_default=measure_default,
+        started=started)
+    loop.close_builder, loop.close_runner = builder is None, runner is None
+    return loop.run()
+
+
+def _check_arguments(tasks: Sequence[TuneTask], total_trials: int, batch_size: int) -> None:
     if total_trials < 0 or batch_size < 1:
         raise ValueError("total_trials must be >= 0 and batch_size >= 1")
     seen: set[tuple[str, str]] = set()
@@ -142,206 +125,200 @@ def tune(
             raise ValueError(f"task {task.description!r} appears twice; merge duplicates by adding their weights")
         seen.add((task.key, task.target))
 
-    started = time.monotonic()
-    log_path = Path(log_path)
-    if database is None:
-        database = JsonLinesDatabase(log_path, fsync=fsync)
-    # Records written under another schedule space (an older version, a compute that changed) stay in the log but
-    # neither count against the budget nor warm the search: those tasks are tuned anew.
-    database = CurrentSpaces(database, tasks)
-    if strategy is None:
-        store = default_storage_path(log_path) if storage == DEFAULT_STORAGE else storage
-        strategy = optuna_search(storage=store, seed=seed)
-    scheduler = scheduler or GradientScheduler(seed=seed)
-    progress = progress or ProgressCallback()
-    own_builder, own_runner = builder is None, runner is None
-    builder = builder or LocalBuilder()
-    runner = runner or LocalRunner()
-    session = uuid.uuid4().hex[:12]
 
-    states = [TaskProgress.from_records(i, float(t.weight), database.records(t.key, t.target), batch_size)
-              for i, t in enumerate(tasks)]
-    for state in states:
-        reason = scheduler.stop_reason(state)
-        if reason is not None:
-            state.stopped = reason
-    strategies: list[SearchStrategy | None] = [None] * len(tasks)
-    defaults = [t.default_config() for t in tasks]
-    spent = sum(s.trials for s in states)
-    measured_now = 0
-    seconds = Counter[str]()
-    interrupted = False
+class TuningLoop:
+    """One run of `tune`: the tasks' progress, their searches, the budget, and the round by round loop.
 
-    database.log_event(LogEvent("session_start", session, data={
-        "total_trials": total_trials, "trials_in_log": spent, "batch_size": batch_size, "seed": seed,
-        "scheduler": getattr(scheduler, "description", type(scheduler).__name__),
-        "search": getattr(strategy, "description", repr(strategy)),
-        "host_cpu": host_cpu_name(), "versions": _versions(),
-        "tasks": [{"workload_key": t.key, "target": t.target, "description": t.description, "weight": t.weight,
-                   "flops": t.flops, "space_size": t.space.size(), "default_config": d.to_dict()}
-                  for t, d in zip(tasks, defaults)],
-    }))
-    progress.on_start(TunePlan(
-        tuple(TaskInfo(i, t.key, t.description, t.weight, t.flops, t.space.size()) for i, t in enumerate(tasks)),
-        total_trials, spent, batch_size, str(log_path), session))
+    Records written under another schedule space (an older version, a compute that changed) stay in the log but
+    neither count against the budget nor warm the search (`CurrentSpaces`): those tasks are tuned anew.
+    `close_builder`/`close_runner`: close them when the run ends (they were made for it).
+    """
 
-    def estimate() -> tuple[float | None, int]:
-        parts = [s.weight * s.best_cost for s in states if s.best_cost is not None]
-        return (sum(parts) if parts else None), sum(1 for s in states if s.best_cost is None)
-
-    def stop(index: int, reason: str) -> None:
-        states[index].stopped = reason
-        database.log_event(LogEvent("task_stopped", session, data={
-            "workload_key": tasks[index].key, "target": tasks[index].target, "reason": reason,
-            "trials": states[index].trials}))
-        progress.on_task_stopped(index, reason)
-
-    full = False  # a shared budget was all claimed at the last look
-    try:
-        while True:
-            # Re-count from the log: other processes tuning into the same log (or database) share the budget.
-            tick = time.monotonic()
-            recorded = sum(len(database.records(t.key, t.target)) for t in tasks)
-            seconds["storage"] += time.monotonic() - tick
-            if recorded >= total_trials or (not database.shared_budget and max(spent, recorded) >= total_trials):
-                break
-            index = scheduler.next_task(states)
-            if index is None:
-                break
-            task, state = tasks[index], states[index]
-            search = strategies[index]
-            if search is None:
-                search = strategies[index] = strategy(task, database)
-                if measure_default:
-                    search.prioritize([defaults[index]])
-            want = batch_size
-            allowance = scheduler.allowance(state)
-            if allowance is not None:
-                want = min(want, allowance)
-            tick = time.monotonic()
-            search.prepare(want)  # the expensive part of proposing (a cost model's ranking), outside any lock
-            seconds["search"] += time.monotonic() - tick
-            configs: list[Config] = []
-            if database.shared_budget:
-                # Workers sharing a database: propose, then claim what the one budget has room for, in one call
-                # that holds the budget lock inside the server only (`Database.claim`).
-                if full:  # the last claim found the budget taken: look (cheaply) before proposing again
-                    tick = time.monotonic()
-                    _, recorded, in_flight = database.claim(tasks, total_trials, task, [])
-                    seconds["storage"] += time.monotonic() - tick
-                    if recorded >= total_trials:
-                        break
-                    if recorded + in_flight >= total_trials:
-                        time.sleep(wait_poll_s)  # in case a worker holding claims dies
-                        continue
-                tick = time.monotonic()
-                proposed = search.propose(want)
-                seconds["search"] += time.monotonic() - tick
-                tick = time.monotonic()
-                configs, recorded, in_flight = database.claim(tasks, total_trials, task, proposed)
-                seconds["storage"] += time.monotonic() - tick
-                seconds["claim"] += time.monotonic() - tick
-                seconds["rounds"] += 1
-                spent = recorded + in_flight
-                full = spent + len(configs) >= total_trials
-                lost = [c for c in proposed if c not in configs]
-                if lost:
-                    search.discard(lost)
-                if recorded >= total_trials:
-                    break
-                if proposed and not configs:
-                    continue  # the budget is taken (`full`), or every proposal was claimed by another worker
-            else:
-                spent = max(spent, recorded)
-                want = min(want, total_trials - spent)
-                if want > 0:
-                    tick = time.monotonic()
-                    configs = search.propose(want)
-                    seconds["search"] += time.monotonic() - tick
-            if not configs:
-                stop(index, "no unmeasured config left in the search space")
-                continue
-            progress.on_round(index, len(configs))
-            tick = time.monotonic()
-            built = builder.build(task, configs)
-            seconds["build"] += time.monotonic() - tick
-            inputs: list[MeasureInput] = []
-            results: list[MeasureResult] = []
-            tick = time.monotonic()
-            # the round's kernels are timed together, their repeats interleaved (`Runner.run_batch`)
-            run_results = iter(runner.run_batch(task, [b.artifact for b in built if b.artifact is not None]))
-            seconds["run"] += time.monotonic() - tick
-            for config, build_result in zip(configs, built, strict=True):
-                run_result = next(run_results) if build_result.artifact is not None else None
-                result = MeasureResult.combine(build_result, run_result)
-                tick = time.monotonic()
-                # A shared database may refuse a record (its claim was given away as stale meanwhile): then the
-                # measurement does not count against the budget; the search still learns from it.
-                accepted = database.commit(TuningRecord.from_measurement(
-                    task.key, task.target, config, result, description=task.description, flops=task.flops,
-                    trial=state.trials, strategy="default" if config == defaults[index] else search.name,
-                    session=session, timing=runner.timing_kind))
-                seconds["storage"] += time.monotonic() - tick
-                if accepted is not False:
-                    spent += 1
-                    measured_now += 1
-                state.observe(result)
-                inputs.append(MeasureInput(task.key, config))
-                results.append(result)
-                latency, missing = estimate()
-                cost = result.cost
-                progress.on_trial(TrialEvent(
-                    trials_done=spent, total_trials=total_trials, task_index=index,
-                    task_description=task.description, config=config, result=result,
-                    gflops=task.flops / cost / 1e9 if cost and task.flops > 0 else None,
-                    best_gflops=task.flops / state.best_cost / 1e9 if state.best_cost and task.flops > 0 else None,
-                    best_cost=state.best_cost, estimated_latency=latency, tasks_without_kernel=missing,
-                    elapsed_seconds=time.monotonic() - started))
-            tick = time.monotonic()
-            search.update(inputs, results)
-            seconds["search"] += time.monotonic() - tick
-            state.end_round()
+    def __init__(self, tasks: Sequence[TuneTask], total_trials: int, log_path: Path, *, database: Database,
+                 builder: Builder, runner: Runner, strategy: StrategyFactory, scheduler: TaskScheduler,
+                 progress: ProgressCallback, budget: BudgetFactory, batch_size: int, seed: int,
+                 measure_default: bool, started: float) -> None:
+        self.tasks = list(tasks)
+        self.total_trials = total_trials
+        self.log_path = log_path
+        self.database = CurrentSpaces(database, self.tasks)
+        self.builder, self.runner, self.strategy, self.scheduler = builder, runner, strategy, scheduler
+        self.batch_size, self.seed, self.measure_default = batch_size, seed, measure_default
+        self.close_builder = self.close_runner = False
+        self.started = started
+        self.session = uuid.uuid4().hex[:12]
+        self.times = PhaseTimes()
+        self.progress = Callbacks([progress, self.times])
+        self.timer = PhaseTimer(self.progress)
+        self.states = [TaskProgress.from_records(i, float(t.weight), self.database.records(t.key, t.target),
+                                                 batch_size) for i, t in enumerate(self.tasks)]
+        for state in self.states:
             reason = scheduler.stop_reason(state)
             if reason is not None:
-                stop(index, reason)
-    except KeyboardInterrupt:
-        interrupted = True
-    except Exception as err:
-        if not raised_by_interrupt(err):  # a library's clean-up that failed half-way through a Ctrl-C
-            raise
-        interrupted = True
-    finally:
-        for search in strategies:
+                state.stopped = reason
+        self.searches: list[SearchStrategy | None] = [None] * len(self.tasks)
+        self.defaults = [t.default_config() for t in self.tasks]
+        self.budget = budget(self.tasks, total_trials, sum(s.trials for s in self.states))
+        self.measured_now = 0
+        self.interrupted = False
+
+    # -- the run ---------------------------------------------------------------------------------------------
+
+    def run(self) -> TuneSummary:
+        """Tune until the budget is spent, every task stopped or Ctrl-C; log the session; return its summary."""
+        self._announce()
+        try:
+            while self._round():
+                pass
+        except KeyboardInterrupt:
+            self.interrupted = True
+        except Exception as err:
+            if not raised_by_interrupt(err):  # a library's clean-up that failed half-way through a Ctrl-C
+                raise
+            self.interrupted = True
+        finally:
+            self._close()
+        return self._finish()
+
+    def _announce(self) -> None:
+        tasks, spent = self.tasks, self.budget.spent
+        self.database.log_event(LogEvent("session_start", self.session, data={
+            "total_trials": self.total_trials, "trials_in_log": spent, "batch_size": self.batch_size,
+            "seed": self.seed, "scheduler": getattr(self.scheduler, "description", type(self.scheduler).__name__),
+            "search": getattr(self.strategy, "description", repr(self.strategy)),
+            "host_cpu": host_cpu_name(), "versions": _versions(),
+            "tasks": [{"workload_key": t.key, "target": t.target, "description": t.description, "weight": t.weight,
+                       "flops": t.flops, "space_size": t.space.size(), "default_config": d.to_dict()}
+                      for t, d in zip(tasks, self.defaults)],
+        }))
+        self.progress.on_start(TunePlan(
+            tuple(TaskInfo(i, t.key, t.description, t.weight, t.flops, t.space.size()) for i, t in enumerate(tasks)),
+            self.total_trials, spent, self.batch_size, str(self.log_path), self.session))
+
+    def _round(self) -> bool:
+        """Pick a task and measure one round of it; False when the run ends."""
+        # Re-count from the log: other processes tuning into the same log (or database) share the budget.
+        with self.timer("storage"):
+            recorded = sum(len(self.database.records(t.key, t.target)) for t in self.tasks)
+        if self.budget.exhausted(recorded):
+            return False
+        index = self.scheduler.next_task(self.states)
+        if index is None:
+            return False
+        search, want = self._search(index), self._want(index)
+        with self.timer("search"):
+            search.prepare(want)  # the expensive part of proposing (a cost model's ranking), outside any lock
+        grant = self.budget.grant(self.tasks[index], search, want, recorded, self.timer)
+        if grant.next is not Next.MEASURE:
+            return grant.next is Next.RETRY
+        if not grant.configs:
+            self._stop(index, "no unmeasured config left in the search space")
+            return True
+        self._measure(index, search, grant.configs)
+        self._end_round(index)
+        return True
+
+    def _search(self, index: int) -> SearchStrategy:
+        """The task's search, made on its first round (proposing the default schedule first)."""
+        search = self.searches[index]
+        if search is None:
+            search = self.searches[index] = self.strategy(self.tasks[index], self.database)
+            if self.measure_default:
+                search.prioritize([self.defaults[index]])
+        return search
+
+    def _want(self, index: int) -> int:
+        allowance = self.scheduler.allowance(self.states[index])
+        return self.batch_size if allowance is None else min(self.batch_size, allowance)
+
+    # -- one round -------------------------------------------------------------------------------------------
+
+    def _measure(self, index: int, search: SearchStrategy, configs: list[Config]) -> None:
+        """Build and time `configs`, record each measurement, and tell the search."""
+        task = self.tasks[index]
+        self.progress.on_round(index, len(configs))
+        with self.timer("build"):
+            built = self.builder.build(task, configs)
+        with self.timer("run"):
+            # the round's kernels are timed together, their repeats interleaved (`Runner.run_batch`)
+            run_results = iter(self.runner.run_batch(task, [b.artifact for b in built if b.artifact is not None]))
+        inputs: list[MeasureInput] = []
+        results: list[MeasureResult] = []
+        for config, build_result in zip(configs, built, strict=True):
+            run_result = next(run_results) if build_result.artifact is not None else None
+            result = MeasureResult.combine(build_result, run_result)
+            self._record(index, search, config, result)
+            inputs.append(MeasureInput(task.key, config))
+            results.append(result)
+        with self.timer("search"):
+            search.update(inputs, results)
+
+    def _record(self, index: int, search: SearchStrategy, config: Config, result: MeasureResult) -> None:
+        """Commit one measurement to the database and report it."""
+        task, state = self.tasks[index], self.states[index]
+        with self.timer("storage"):
+            # A shared database may refuse a record (its claim was given away as stale meanwhile): then the
+            # measurement does not count against the budget; the search still learns from it.
+            accepted = self.database.commit(TuningRecord.from_measurement(
+                task.key, task.target, config, result, description=task.description, flops=task.flops,
+                trial=state.trials, strategy="default" if config == self.defaults[index] else search.name,
+                session=self.session, timing=self.runner.timing_kind))
+        if accepted is not False:
+            self.budget.measured()
+            self.measured_now += 1
+        state.observe(result)
+        self.progress.on_trial(self._trial_event(index, config, result))
+
+    def _trial_event(self, index: int, config: Config, result: MeasureResult) -> TrialEvent:
+        task, state = self.tasks[index], self.states[index]
+        parts = [s.weight * s.best_cost for s in self.states if s.best_cost is not None]
+        cost = result.cost
+        return TrialEvent(
+            trials_done=self.budget.spent, total_trials=self.total_trials, task_index=index,
+            task_description=task.description, config=config, result=result,
+            gflops=task.flops / cost / 1e9 if cost and task.flops > 0 else None,
+            best_gflops=task.flops / state.best_cost / 1e9 if state.best_cost and task.flops > 0 else None,
+            best_cost=state.best_cost, estimated_latency=sum(parts) if parts else None,
+            tasks_without_kernel=sum(1 for s in self.states if s.best_cost is None),
+            elapsed_seconds=time.monotonic() - self.started)
+
+    def _end_round(self, index: int) -> None:
+        state = self.states[index]
+        state.end_round()
+        reason = self.scheduler.stop_reason(state)
+        if reason is not None:
+            self._stop(index, reason)
+
+    def _stop(self, index: int, reason: str) -> None:
+        self.states[index].stopped = reason
+        self.database.log_event(LogEvent("task_stopped", self.session, data={
+            "workload_key": self.tasks[index].key, "target": self.tasks[index].target, "reason": reason,
+            "trials": self.states[index].trials}))
+        self.progress.on_task_stopped(index, reason)
+
+    # -- the end ---------------------------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        """Close the searches, the budget and what was made for the run; log the session's end."""
+        for search in self.searches:
             if search is not None:
                 search.close()
-        release = getattr(database, "release_claims", None)
-        if release is not None:  # claims of a shared database not measured go back to the pool at once
-            release()
-        if own_builder:
-            builder.close()
-        if own_runner:
-            runner.close()
-        seconds["total"] = time.monotonic() - started
-        database.log_event(LogEvent("session_end", session, data={
-            "interrupted": interrupted, "trials_this_session": measured_now, "trials_in_log": spent,
-            "seconds": dict(seconds)}))
+        self.budget.close()
+        if self.close_builder:
+            self.builder.close()
+        if self.close_runner:
+            self.runner.close()
+        self.progress.on_phase("total", time.monotonic() - self.started)
+        self.database.log_event(LogEvent("session_end", self.session, data={
+            "interrupted": self.interrupted, "trials_this_session": self.measured_now,
+            "trials_in_log": self.budget.spent, "seconds": self.times.as_dict()}))
 
-    summary = TuneSummary(
-        tasks=tuple(_summarise(task, state, database.records(task.key, task.target), default)
-                    for task, state, default in zip(tasks, states, defaults)),
-        total_trials=total_trials, trials_done=spent, trials_this_session=measured_now, interrupted=interrupted,
-        session=session, log_path=str(log_path), seconds=dict(seconds))
-    progress.on_finish(summary)
-    return summary
-
-
-def _summarise(task: TuneTask, state: TaskProgress, records: Sequence[TuningRecord], default: Config) -> TaskSummary:
-    valid = [r for r in records if r.ok]
-    best = min(valid, key=lambda r: r.cost or 0.0) if valid else None
-    default_costs = [r.cost for r in valid if r.config == default and r.cost is not None]
-    return TaskSummary(
-        key=task.key, target=task.target, description=task.description, weight=task.weight, flops=task.flops,
-        trials=len(records), valid_trials=len(valid),
-        errors=dict(Counter(r.error_kind.name for r in records if r.error_kind is not None)),
-        best_cost=best.cost if best else None, best_config=best.config if best else None,
-        default_cost=min(default_costs) if default_costs else None, stopped=state.stopped)
+    def _finish(self) -> TuneSummary:
+        summary = TuneSummary(
+            tasks=tuple(summarise_task(task, state, self.database.records(task.key, task.target), default)
+                        for task, state, default in zip(self.tasks, self.states, self.defaults)),
+            total_trials=self.total_trials, trials_done=self.budget.spent, trials_this_session=self.measured_now,
+            interrupted=self.interrupted, session=self.session, log_path=str(self.log_path),
+            seconds=self.times.as_dict())
+        self.progress.on_finish(summary)
+        return summary

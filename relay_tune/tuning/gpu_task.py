@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from relay_tune.codegen.nvptx import arch_of, assemble_ptx, build_ptx, check_launch_resources, find_ptxas
+from relay_tune.compile.primitive import lower_primitive
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
-from relay_tune.kernel.build import lower_primitive
 from relay_tune.kernel.compute import primitive_compute
 from relay_tune.passes import optimize
 from relay_tune.passes.extract_tasks import extract_tasks

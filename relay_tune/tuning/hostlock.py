@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from relay_tune.tuning.measure import RunResult
+from relay_tune.records.measure import RunResult
 from relay_tune.tuning.runner import Runner
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 

@@ -11,7 +11,7 @@ templates of `search_space.cpu`), for benchmarks and for tests of the cost model
 
 from __future__ import annotations
 
-from relay_tune.compiler import resolve_target
+from relay_tune.compile import resolve_target
 from relay_tune.ir import IRModule
 from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.extract_tasks import extract_tasks

@@ -25,17 +25,18 @@ from typing import Any
 import numpy as np
 
 from cost_model.transfer import register_workload_kind
+from relay_tune.codegen.jit import REPEAT_SUFFIX
 from relay_tune.codegen.llvm import compile_object, required_libraries
-from relay_tune.compiler import model_tasks, packing_kernel, resolve_target
+from relay_tune.compile import model_tasks, resolve_target
+from relay_tune.compile.primitive import OUTPUT, lower_primitive
+from relay_tune.compile.tasks import packing_kernel
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
 from relay_tune.ir.types import TupleType
-from relay_tune.kernel.build import OUTPUT, lower_primitive
 from relay_tune.kernel.compute import primitive_compute
 from relay_tune.passes import layout_block, optimize
 from relay_tune.passes.extract_tasks import constant_inputs
-from relay_tune.runtime.kernel import REPEAT_SUFFIX
 from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
 from relay_tune.type_infer import infer_types
@@ -271,7 +272,7 @@ register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
                       layout_planning: bool | None = None, winograd: str | None = None) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target, layout_planning=...)` compiles into
-    a kernel, in order of first use, weighted by the calls that run it (`relay_tune.compiler.model_tasks`, the
+    a kernel, in order of first use, weighted by the calls that run it (`relay_tune.compile.model_tasks`, the
     build's own rule: memory views, which become aliases, and concatenations written in place by their producers
     are left out). Tasks are extracted after layout planning, the same pipeline as the build's, so a kernel is
     tuned in the layout it runs in."""

@@ -71,11 +71,11 @@ from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
+from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.records.measure import ErrorKind, RunResult
 from relay_tune.runtime.context import Production, context_loop, private_cache_bytes, production
-from relay_tune.runtime.kernel import DEFAULT_GOMP_SPINCOUNT
 from relay_tune.runtime.pages import huge_page_empty
 from relay_tune.tuning.isolation import describe_exit, die_with_parent, ignore_interrupts
-from relay_tune.tuning.measure import ErrorKind, RunResult
 from relay_tune.tuning.task import BuildArtifact, TensorSpec, TuneTask, apply_layout
 
 # (rtol, atol) per dtype; atol is scaled by the largest expected magnitude (at least 1).
@@ -548,12 +548,26 @@ class _Timed:
         return cost
 
 
+# a packed argument's kernel and logical input, by argument position (from a `prologue`)
+_PackedBy = dict[int, tuple[Callable[..., Any], int]]
+_ErrorReply = tuple[str, Any, str]  # ("error", ErrorKind name, message)
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    """A kernel's argument buffers, in argument order, and the logical inputs its packed arguments are packed from
+    (by argument position)."""
+
+    buffers: list[np.ndarray]
+    sources: dict[int, np.ndarray]
+
+
 def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
              inputs: list[np.ndarray], expected: list[np.ndarray] | None,
              tolerances: dict[str, tuple[float, float]], timing: TimingOptions,
              prologue: Sequence[tuple[Callable[..., Any], int, int]] = (),
              weights: Sequence[int] = (), copies: WeightCopies | None = None,
-             task_key: str = "") -> _Timed | tuple[str, Any, str]:
+             task_key: str = "") -> _Timed | _ErrorReply:
     """Check one artifact's outputs, warm it up and size its repeats (see the module docstring); the error reply
     when it fails. A single run then times its repeats back to back, a batch interleaves them with the other
     kernels' (`_measure_batch`). `prologue`: packing kernels
@@ -562,16 +576,47 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     are model constants, rotated through copies when `timing.cold_weights_bytes` is set: `copies` keeps them
     across the runs of task `task_key` (None, or `timing.reuse_weight_copies` False: built for this run only)."""
     started = time.perf_counter()
+    packed_by: _PackedBy = {position: (packer, index) for packer, index, position in prologue}
+    arguments = _argument_buffers(artifact, inputs, packed_by)
+    if not isinstance(arguments, _Arguments):
+        return arguments
+    buffers, sources = arguments.buffers, arguments.sources
+    pointers = [b.ctypes.data for b in buffers]
+    in_context = timing.in_context and repeat_entry is not None and not packed_by and not timing.flush_cache
+    # The producer step's saved copy of the activations is taken before the kernel first runs: the values the check
+    # reads are the ones every timed call reads, whatever a kernel does to its inputs.
+    step = context_step(artifact, buffers, set(weights), packed_by) if in_context else None
+    problem = _check_run(artifact, function(*pointers), buffers, expected, tolerances)
+    if problem is not None:
+        return problem
+    flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
+    packing = [(packer, sources[position].ctypes.data, pointers[position])
+               for position, (packer, _) in packed_by.items()]
+    # Without reuse the copies are built for this run only, in a store of their own that lives while they are used.
+    store = copies if copies is not None and timing.reuse_weight_copies else WeightCopies()
+    table = store.argument_table(task_key, artifact, buffers, pointers, set(weights), packed_by,
+                                 timing.cold_weights_bytes)
+    if copies is not None and store is not copies:
+        copies.seconds += store.seconds
+    run_many = _calls(function, repeat_entry, pointers, step, packing, table)
+    return _Timed(run_many, _calls_per_repeat(run_many, timing), flush, (buffers, table, store, sources),
+                  seconds=time.perf_counter() - started)
+
+
+def _argument_buffers(artifact: BuildArtifact, inputs: list[np.ndarray],
+                      packed_by: _PackedBy) -> _Arguments | _ErrorReply:
+    """The kernel's argument buffers: inputs in the kernel's layout, packed arguments filled by their packing
+    kernels, outputs filled with a sentinel (`_sentinel_fill`), the rest zeros; the error reply when an input does
+    not match its argument."""
     buffers: list[np.ndarray] = []
-    packed_by = {position: (packer, index) for packer, index, position in prologue}
-    sources: dict[int, np.ndarray] = {}  # logical inputs of the packed arguments, by argument position
+    sources: dict[int, np.ndarray] = {}
     for position, arg in enumerate(artifact.args):
         if position in packed_by:
             packer, index = packed_by[position]
             source = np.ascontiguousarray(inputs[index]).copy()
             sources[position] = source
             buffer = _sentinel_fill(arg.spec)
-            packer(source.ctypes.data, buffer.ctypes.data)  # the kernel's check below covers the packing too
+            packer(source.ctypes.data, buffer.ctypes.data)  # the kernel's check covers the packing too
         elif arg.role == "input":
             buffer = apply_layout(inputs[arg.index].copy(), arg.layout)
             if buffer.shape != arg.spec.shape or str(buffer.dtype) != arg.spec.dtype:
@@ -583,83 +628,117 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
         else:
             buffer = np.zeros(arg.spec.shape, dtype=arg.spec.dtype)
         buffers.append(buffer)
-    pointers = [b.ctypes.data for b in buffers]
-    in_context = timing.in_context and repeat_entry is not None and not packed_by and not timing.flush_cache
-    # The producer step's saved copy of the activations is taken before the kernel first runs: the values the check
-    # reads are the ones every timed call reads, whatever a kernel does to its inputs.
-    step = context_step(artifact, buffers, set(weights), packed_by) if in_context else None
+    return _Arguments(buffers, sources)
 
-    status = function(*pointers)
+
+def _check_run(artifact: BuildArtifact, status: Any, buffers: list[np.ndarray], expected: list[np.ndarray] | None,
+               tolerances: dict[str, tuple[float, float]]) -> _ErrorReply | None:
+    """The error reply when the kernel's first call returned an error `status` or wrote outputs other than
+    `expected` (None: not checked); None when it passes."""
     if artifact.returns_status and status != 0:
         return ("error", ErrorKind.RUNTIME_ERROR.name, f"kernel returned status {status}")
-    if expected is not None:
-        outputs = [(arg, buffer) for arg, buffer in zip(artifact.args, buffers) if arg.role == "output"]
-        covered = {arg.index for arg, _ in outputs}
-        if covered != set(range(len(expected))):
-            return ("error", ErrorKind.WRONG_RESULT.name,
-                    f"kernel writes outputs {sorted(covered)}, the reference has {len(expected)}")
-        for arg, buffer in outputs:
-            problem = compare_outputs(apply_layout(buffer, arg.layout), expected[arg.index], tolerances, arg.index)
-            if problem is not None:
-                return ("error", ErrorKind.WRONG_RESULT.name, problem)
+    if expected is None:
+        return None
+    outputs = [(arg, buffer) for arg, buffer in zip(artifact.args, buffers) if arg.role == "output"]
+    covered = {arg.index for arg, _ in outputs}
+    if covered != set(range(len(expected))):
+        return ("error", ErrorKind.WRONG_RESULT.name,
+                f"kernel writes outputs {sorted(covered)}, the reference has {len(expected)}")
+    for arg, buffer in outputs:
+        problem = compare_outputs(apply_layout(buffer, arg.layout), expected[arg.index], tolerances, arg.index)
+        if problem is not None:
+            return ("error", ErrorKind.WRONG_RESULT.name, problem)
+    return None
 
-    flush = np.zeros(timing.flush_bytes // 8) if timing.flush_cache else None
-    packing = [(packer, sources[position].ctypes.data, pointers[position])
-               for position, (packer, _) in packed_by.items()]
-    # Without reuse the copies are built for this run only, in a store of their own that lives while they are used.
-    store = copies if copies is not None and timing.reuse_weight_copies else WeightCopies()
-    table = store.argument_table(task_key, artifact, buffers, pointers, set(weights), packed_by,
-                                 timing.cold_weights_bytes)
-    if copies is not None and store is not copies:
-        copies.seconds += store.seconds
-    run_many: Callable[[int], float | None]
+
+def _calls(function: Callable[..., Any], repeat_entry: Callable[..., Any] | None, pointers: list[int],
+           step: Production | None, packing: list[tuple[Callable[..., Any], int, int]],
+           table: np.ndarray | None) -> Callable[[int], float | None]:
+    """`run_many(count)`: `count` calls of the kernel, the way this run times them (see `_Timed`)."""
     if step is not None:
-        # In the model's context (`relay_tune.runtime.context`): before each call, untimed, every thread of the
-        # team rewrites its share of the activation inputs, as the kernel before this one in a model has; one
-        # native loop, timestamps around each kernel call only. Weights rotate through their copies as below.
-        loop = context_loop()
-        rows = table if table is not None else np.asarray([pointers], dtype=np.uint64)
-        cursor = [0]
+        assert repeat_entry is not None  # `_prepare` times in context only a kernel with a repeat entry
+        return _calls_in_context(repeat_entry, pointers, step, table)
+    if packing:
+        return _calls_with_packing(function, pointers, packing)
+    if table is not None:
+        return _calls_rotating_weights(function, repeat_entry, table)
+    if repeat_entry is not None:
+        return _calls_by_repeat_entry(repeat_entry, pointers)
+    return _calls_one_by_one(function, pointers)
 
-        def run_many(count: int) -> float | None:
-            first = cursor[0]
-            cursor[0] = (first + count) % len(rows)
-            return loop.run(repeat_entry, rows, first, count, step) * 1e-9
-    elif packing:
-        def run_many(count: int) -> float | None:
-            for _ in range(count):
-                for packer, source_address, packed_address in packing:
-                    packer(source_address, packed_address)
-                function(*pointers)
-            return None
-    elif table is not None:
-        # One row of argument pointers per copy of the weights; the repeat entry runs each once (a Python call per
-        # kernel call, ~1 us, which only the smallest kernels notice: their weights are no bigger than that cost).
-        first, stride = table.ctypes.data, table.strides[0]
-        rows = [first + i * stride for i in range(len(table))]
-        cursor = [0]
 
-        def run_many(count: int) -> float | None:
-            for _ in range(count):
-                row = cursor[0]
-                cursor[0] = (row + 1) % len(rows)
-                if repeat_entry is not None:
-                    repeat_entry(rows[row], 1)
-                else:
-                    function(*table[row].tolist())
-            return None
-    elif repeat_entry is not None:
-        packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+def _calls_in_context(repeat_entry: Callable[..., Any], pointers: list[int], step: Production,
+                      table: np.ndarray | None) -> Callable[[int], float | None]:
+    """Calls in the model's context (`relay_tune.runtime.context`): before each call, untimed, every thread of the
+    team rewrites its share of the activation inputs, as the kernel before this one in a model has; one native
+    loop, timestamps around each kernel call only. Weights rotate through their copies as in
+    `_calls_rotating_weights`."""
+    loop = context_loop()
+    rows = table if table is not None else np.asarray([pointers], dtype=np.uint64)
+    cursor = [0]
 
-        def run_many(count: int) -> float | None:
-            repeat_entry(ctypes.addressof(packed), count)
-            return None
-    else:
-        def run_many(count: int) -> float | None:
-            for _ in range(count):
-                function(*pointers)
-            return None
+    def run_many(count: int) -> float | None:
+        first = cursor[0]
+        cursor[0] = (first + count) % len(rows)
+        return loop.run(repeat_entry, rows, first, count, step) * 1e-9
+    return run_many
 
+
+def _calls_with_packing(function: Callable[..., Any], pointers: list[int],
+                        packing: list[tuple[Callable[..., Any], int, int]]) -> Callable[[int], float | None]:
+    """Calls that each run the packing kernels (kernel, source address, packed address) first, as the model does."""
+    def run_many(count: int) -> float | None:
+        for _ in range(count):
+            for packer, source_address, packed_address in packing:
+                packer(source_address, packed_address)
+            function(*pointers)
+        return None
+    return run_many
+
+
+def _calls_rotating_weights(function: Callable[..., Any], repeat_entry: Callable[..., Any] | None,
+                            table: np.ndarray) -> Callable[[int], float | None]:
+    """Calls that rotate through the rows of `table`, one row of argument pointers per copy of the weights; the
+    repeat entry runs each once (a Python call per kernel call, ~1 us, which only the smallest kernels notice: their
+    weights are no bigger than that cost)."""
+    first, stride = table.ctypes.data, table.strides[0]
+    rows = [first + i * stride for i in range(len(table))]
+    cursor = [0]
+
+    def run_many(count: int) -> float | None:
+        for _ in range(count):
+            row = cursor[0]
+            cursor[0] = (row + 1) % len(rows)
+            if repeat_entry is not None:
+                repeat_entry(rows[row], 1)
+            else:
+                function(*table[row].tolist())
+        return None
+    return run_many
+
+
+def _calls_by_repeat_entry(repeat_entry: Callable[..., Any], pointers: list[int]) -> Callable[[int], float | None]:
+    """Calls made by the kernel's repeat entry, all `count` in one native call."""
+    packed = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+
+    def run_many(count: int) -> float | None:
+        repeat_entry(ctypes.addressof(packed), count)
+        return None
+    return run_many
+
+
+def _calls_one_by_one(function: Callable[..., Any], pointers: list[int]) -> Callable[[int], float | None]:
+    """Calls of the kernel's entry point from Python, one at a time."""
+    def run_many(count: int) -> float | None:
+        for _ in range(count):
+            function(*pointers)
+        return None
+    return run_many
+
+
+def _calls_per_repeat(run_many: Callable[[int], float | None], timing: TimingOptions) -> int:
+    """The calls per repeat, `timing.number` or more to make a repeat last `timing.min_repeat_ms`, as measured while
+    `run_many` warms the kernel up (`timing.warmup` calls, then more for `timing.warmup_ms`)."""
     clock = time.perf_counter
     start = clock()
     run_many(max(1, timing.warmup))
@@ -676,8 +755,7 @@ def _prepare(artifact: BuildArtifact, function: Callable[..., Any], repeat_entry
     number = timing.number
     if timing.min_repeat_ms > 0:
         number = max(number, min(10_000_000, math.ceil(timing.min_repeat_ms / 1000.0 / per_call)))
-    return _Timed(run_many, number, flush, (buffers, table, store, sources),
-                  seconds=time.perf_counter() - started)
+    return number
 
 
 def _weight_positions(artifact: BuildArtifact, weights: set[int], packed_by: Mapping[int, Any]) -> list[int]:
@@ -929,7 +1007,7 @@ def _measure_batch(conn: multiprocessing.connection.Connection, artifacts: Seque
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
-    """Give libgomp the settings it has in a model's process (`relay_tune.runtime.kernel.load_libgomp`); call
+    """Give libgomp the settings it has in a model's process (`relay_tune.codegen.jit.load_libgomp`); call
     before libgomp is loaded (it reads them once). With libgomp's own default its workers spin some hundred times
     longer between parallel regions than in a model, so the runner timed kernels under other conditions than the
     ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies to both alike."""

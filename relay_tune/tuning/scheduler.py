@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relay_tune.tuning.measure import MeasureResult
-from relay_tune.tuning.records import TuningRecord
+from relay_tune.records.log_format import TuningRecord
+from relay_tune.records.measure import MeasureResult
 
 
 @dataclass

@@ -9,8 +9,8 @@ Rules the strategies keep:
 - A config is never measured twice. Before a proposal is handed out it is checked against the tuning log (also
   records written by other processes) and the study's trials (also other processes' trials in flight); a repeat
   is answered from the earlier result without measuring. Processes sharing a journal take turns (a file lock)
-  to ask for and claim configs, so a claim is always seen by the next asker; on PostgreSQL they take turns the
-  same way through an advisory lock, and the database's claims table decides (`relay_tune.tuning.distributed`);
+  to ask for and claim configs, so a claim is always seen by the next asker (`ClaimLock`); on PostgreSQL they take
+  turns the same way through the database's lock, and its claims table decides (`relay_tune.tuning.distributed`);
   on other shared storages two processes that claim the same config at the same moment both publish their claim
   and re-check, and the lower trial number keeps it (a rare duplicate remains possible there).
 - Failures teach the sampler: a failed measurement is told as a worst value (`FAILURE_VALUE`), which puts it in
@@ -31,14 +31,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from relay_tune.records.database import Database
+from relay_tune.records.log_format import comparable_records
+from relay_tune.records.measure import MeasureInput, MeasureResult
 from relay_tune.tuning import distributed
-from relay_tune.tuning.database import Database
-from relay_tune.tuning.measure import MeasureInput, MeasureResult
-from relay_tune.tuning.records import comparable_records
 from relay_tune.tuning.task import TuneTask
 from relay_tune.tuning.workers import worker_identity, worker_is_gone
 from search_space import Config
@@ -245,6 +245,49 @@ def make_sampler(kind: str, seed: int, n_startup_trials: int = 10) -> optuna.sam
     raise ValueError(f"unknown sampler {kind!r} (expected 'tpe' or 'random')")
 
 
+class ClaimLock(Protocol):
+    """Makes one study's claim step (ask, check against the log and the study, claim) exclusive among the processes
+    that share the study, so a claim is always seen by the next asker."""
+
+    def hold(self, study: Any) -> contextlib.AbstractContextManager[None]:
+        """Held around each claim step of `study`."""
+        ...
+
+    def close(self, study: Any) -> None:
+        """The search of `study` ends in this process."""
+        ...
+
+
+class JournalClaimLock:
+    """Processes sharing a journal file (one machine) take turns through a file lock beside it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    @contextlib.contextmanager
+    def hold(self, study: Any) -> Iterator[None]:
+        with open(self.path, "a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def close(self, study: Any) -> None:
+        pass
+
+
+def claim_lock_for(storage: object) -> ClaimLock | None:
+    """The claim lock of a storage: a file lock beside a journal, the database's lock on PostgreSQL
+    (`relay_tune.tuning.distributed.StudyClaimLock`), None for in-memory and other storages."""
+    journal = journal_path(storage)
+    if journal is not None:
+        return JournalClaimLock(f"{journal}.claims.lock")
+    if isinstance(storage, str) and distributed.is_database_url(storage):
+        return distributed.StudyClaimLock(storage)
+    return None
+
+
 @dataclass(frozen=True)
 class _Claim:
     number: int  # trial number
@@ -264,6 +307,7 @@ class OptunaSearch(SearchStrategy):
         seed: int = 0,
         study_name: str | None = None,
         n_startup_trials: int = 10,
+        claim_lock: ClaimLock | None = None,
     ) -> None:
         # start-up: optuna takes ~0.2 s to import; `relay_tune.tuning` (the compiler reads its logs) must not pay it
         import optuna
@@ -276,11 +320,9 @@ class OptunaSearch(SearchStrategy):
         self._seed = _stable_seed(seed, task.key)
         self._rng = np.random.default_rng(self._seed)
         self._shared = open_storage(storage) is not None
-        # Processes sharing a journal (one machine) serialise their claim step with a file lock, which makes
-        # "never measured twice" exact; other shared storages fall back to the lowest-trial-number rule.
-        journal = journal_path(storage)
-        self._claim_lock = Path(f"{journal}.claims.lock") if journal is not None else None
-        # PostgreSQL: the same exact claim step under an advisory lock, and heartbeats on claims being measured.
+        # Processes sharing a journal or a PostgreSQL database serialise their claim step (`claim_lock_for`),
+        # which makes "never measured twice" exact; other shared storages fall back to the lowest-trial-number rule.
+        self._claim_lock = claim_lock if claim_lock is not None else claim_lock_for(storage)
         self._database_url = os.fspath(storage) if distributed.is_database_url(storage) else None
         self._worker = worker_identity()
         opened = open_storage(storage)
@@ -363,20 +405,11 @@ class OptunaSearch(SearchStrategy):
 
     @contextlib.contextmanager
     def _claiming(self) -> Iterator[None]:
-        if self._database_url is not None:
-            with distributed.advisory_lock(self._database_url, f"relay-tune:claims:{self.study.study_name}"):
-                distributed.fail_stale_claims(self.study)  # a dead worker's claims come back to the pool
-                yield
-            return
         if self._claim_lock is None:
             yield
             return
-        with open(self._claim_lock, "a") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        with self._claim_lock.hold(self.study):
+            yield
 
     def _propose_once(self, n: int) -> tuple[list[Config], int]:
         """Up to `n` new proposals, and how many were found before dropping those claimed elsewhere."""
@@ -430,7 +463,7 @@ class OptunaSearch(SearchStrategy):
             proposals.append((trial, config))
             misses = 0
         asked = len(proposals)
-        if self._shared and self._claim_lock is None and self._database_url is None and proposals:
+        if self._shared and self._claim_lock is None and proposals:
             proposals = self._keep_first_claims(proposals)
         for trial, config in proposals:
             self._pending[config.key] = trial
@@ -486,10 +519,8 @@ class OptunaSearch(SearchStrategy):
             self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self._release(trial)
         self._pending.clear()
-        if self._database_url is not None:
-            # The claim sweep is throttled to once per heartbeat interval; a session that ends right after taking a
-            # dead worker's freed budget would otherwise leave that worker's stale trials RUNNING in the study.
-            distributed.fail_stale_claims(self.study, throttle=False)
+        if self._claim_lock is not None:
+            self._claim_lock.close(self.study)
 
 
 def optuna_search(

@@ -18,11 +18,11 @@ import os
 import time
 from collections.abc import Sequence
 
+from relay_tune.records.measure import BuildResult, RunResult
 from relay_tune.tuning.builder import Builder
-from relay_tune.tuning.distributed import PostgresDatabase, is_database_url
+from relay_tune.tuning.distributed import PostgresDatabase, SharedBudget, is_database_url
 from relay_tune.tuning.driver import tune
 from relay_tune.tuning.hostlock import HostLockedRunner
-from relay_tune.tuning.measure import BuildResult, RunResult
 from relay_tune.tuning.runner import Runner
 from relay_tune.tuning.task import BuildArtifact, TuneTask
 from relay_tune.tuning.testing import MatmulTask, small_tasks
@@ -91,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tasks = simulated_tasks(args.space)
     database = PostgresDatabase(args.storage, mirror=args.log) if is_database_url(args.storage) else None
+    budget = SharedBudget.factory(database, wait_poll_s=0.2) if database is not None else None
     runner: Runner = SleepRunner(args.seconds)
     if args.host_lock:
         runner = HostLockedRunner(runner)
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     cpu = time.process_time()
     summary = tune(tasks, args.trials, args.log, builder=SimulatedBuilder(), runner=runner, strategy=strategy,
-                   batch_size=args.batch, seed=args.seed, database=database, wait_poll_s=0.2)
+                   batch_size=args.batch, seed=args.seed, database=database, budget=budget)
     print(json.dumps({"pid": os.getpid(), "measured": summary.trials_this_session, "seconds": summary.seconds,
                       "wall_s": time.monotonic() - started,
                       "cpu_s": time.process_time() - cpu, "ended_at": time.time(),

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.records.log_format import LogEvent, TuningRecord, read_events, read_records
 from relay_tune.tuning.distributed import export_records, live_workers, redact, study_overview
-from relay_tune.tuning.records import LogEvent, TuningRecord, read_events, read_records
 
 __all__ = ["LOG_ACTIONS", "STORAGE_ACTIONS", "latency_curve", "plot_curves", "storage_summary"]
 

@@ -1,6 +1,7 @@
 """`tune_model`: tune every fused workload of a model, then build the model from the tuning log.
 
-    result = tune_model(mod, "llvm", total_trials=500, log_path="logs/resnet.jsonl")
+    result = tune_model(mod, "llvm", total_trials=500, log_path="logs/resnet.jsonl",
+                        search=SearchOptions(strategy="xgb", seed=1), build=BuildOptions(output="resnet.rtmod"))
     print(result.latency_before, result.latency_after)   # seconds per inference, default vs tuned schedules
     result.model.run(data=image)                         # the model built from the log
 
@@ -11,15 +12,16 @@ model twice, without and with the log, and time both.
 
 The log is the state. Records of these tasks and this target already in the log count against `total_trials`: a
 rerun of a finished run measures nothing new, an interrupted run measures only what is left, a larger budget
-continues where the last run stopped. With a tuning cache (`cache=`, `relay_tune.tuning.cache`; the command line
-uses the user's by default) a task tuned before on this target and CPU model, by any run into any log, is not
-tuned again (unless `retune`), the run's valid records are added to the cache, and the build takes the cache's
-best records too. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is
-built); `timeout` ends it after that many seconds (the model is still built from what was measured).
+continues where the last run stopped. With a tuning cache (`SearchOptions.cache`, `relay_tune.records.cache`; the
+command line uses the user's by default) a task tuned before on this target and CPU model, by any run into any
+log, is not tuned again (unless `retune`), the run's valid records are added to the cache, and the build takes the
+cache's best records too. Ctrl-C ends tuning cleanly (the result says `interrupted`, nothing is built); a `timeout` ends
+it after that many seconds (the model is still built from what was measured).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -31,39 +33,39 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from relay_tune.compiler import (
-    LOOKUP_CANDIDATES,
-    BuildWarning,
-    build,
-    check_tuned_records,
-    interleaved_latency,
-    resolve_target,
-)
+from relay_tune.compile import BuildWarning, check_tuned_records, resolve_target
+from relay_tune.compile.lookup import LOOKUP_CANDIDATES
+from relay_tune.runtime.benchmark import interleaved_latency
+from relay_tune.compile import build as compile_model
 from relay_tune.errors import RelayTuneError
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
 from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.tuning.cache import TuningCache, records_since
+from relay_tune.records.cache import TuningCache, records_since
 from relay_tune.tuning.cuda_runner import CudaRunner
-from relay_tune.tuning.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
+from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.tuning.distributed import is_database_url
-from relay_tune.tuning.driver import DEFAULT_STORAGE, TuneSummary, tune
+from relay_tune.tuning.driver import DEFAULT_STORAGE, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
 from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.tuning.records import LogEvent, LogWriter, read_records
+from relay_tune.records.log_format import LogEvent, LogWriter, read_records
 from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import StrategyFactory, optuna_search, random_search
+from relay_tune.tuning.summary import TuneSummary
 from relay_tune.tuning.xgb_search import xgb_search
 
 __all__ = [
     "SCHEDULERS",
     "SEARCH_STRATEGIES",
+    "BuildOptions",
     "DeadlineScheduler",
+    "MeasureOptions",
     "RichProgress",
+    "SearchOptions",
     "TaskReport",
     "TuneModelResult",
     "best_steps_lookup",
@@ -310,175 +312,261 @@ def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
                                             "numerical check")
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """What is tuned and how the budget is spent.
+
+    strategy: a name of `SEARCH_STRATEGIES`. storage: the Optuna storage ("default": a journal file beside the
+    log; None: in memory; a path or URL). transfer_from: earlier tuning logs (files, folders or glob patterns) whose
+    measurements warm the xgb cost model. scheduler: a name of `SCHEDULERS` (how the budget is shared between
+    tasks). warmup_trials: trials of each task's first round (None: a full batch; 1: only its default schedule, see
+    `relay_tune.tuning.scheduler`). early_stopping: rounds without improvement after which a task stops.
+    batch_size: trials per round of a task (default: up to 8, fewer when the budget would not give every task a
+    round). timeout: seconds of tuning before the run ends (the model is still built). task_filter: a substring of
+    the task descriptions (or keys) to tune, or a predicate on tasks. cache: a tuning cache
+    (`TuningCache.default()` is the user's): tasks with a valid record in it for this target and CPU model, and
+    none in this log, are not tuned (unless `retune`); the run's valid records are added to it (also when
+    interrupted); the build also takes its best records. None (the default here): no cache.
+    """
+
+    strategy: str = "xgb"
+    storage: str | os.PathLike[str] | None = DEFAULT_STORAGE
+    transfer_from: Sequence[str | os.PathLike[str]] = ()
+    seed: int = 0
+    scheduler: str = "gradient"
+    warmup_trials: int | None = None
+    early_stopping: int | None = None
+    batch_size: int | None = None
+    timeout: float | None = None
+    task_filter: str | Callable[[Any], bool] | None = None
+    cache: TuningCache | None = None
+    retune: bool = False
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How candidates are built and timed.
+
+    jobs: parallel build processes (default: one per core). check: compare every measured kernel's outputs with
+    the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the interpreter cannot
+    compute them for a task; False measures without the check and says so in the log. builder/runner: measurement
+    infrastructure to use instead of the defaults (closed by the caller).
+    """
+
+    jobs: int | None = None
+    check: bool = True
+    builder: Builder | None = None
+    runner: Runner | None = None
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How the model is compiled (the tasks are extracted and the model is built with the same settings), and what
+    comes out of the run.
+
+    opt_level, layout_planning, winograd: as in `relay_tune.build` (None: the pipeline's default). output: where
+    to save the built model. measure_latency: time the model with default and with tuned schedules.
+    """
+
+    opt_level: int = 3
+    layout_planning: bool | None = None
+    winograd: str | None = None
+    output: str | os.PathLike[str] | None = None
+    measure_latency: bool = True
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a `tune_model` run works on, decided before any measurement."""
+
+    target: Target
+    log_path: Path
+    all_tasks: list[Any]  # every task of the model (after `task_filter`)
+    tasks: list[Any]  # those tuned here (the others: answered by the tuning cache)
+    cached_records: list[Any]  # the cache's records for this target and CPU
+    gpu_runner: Runner | None  # the runner the tasks need (None: the default CPU runner)
+    storage: Any  # the Optuna storage, resolved ("default" -> the journal beside the log)
+
+    @property
+    def skipped(self) -> list[Any]:
+        tuning = {t.key for t in self.tasks}
+        return [t for t in self.all_tasks if t.key not in tuning]
+
+
 def tune_model(
     mod: Any,
     target: Any = "llvm",
     total_trials: int = 200,
     log_path: str | os.PathLike[str] = "logs/model.jsonl",
     *,
-    storage: str | os.PathLike[str] | None = DEFAULT_STORAGE,
-    search: str = "xgb",
-    transfer_from: Sequence[str | os.PathLike[str]] = (),
-    seed: int = 0,
-    timeout: float | None = None,
-    jobs: int | None = None,
+    search: SearchOptions = SearchOptions(),
+    measure: MeasureOptions = MeasureOptions(),
+    build: BuildOptions = BuildOptions(),
     progress: ProgressCallback | None = None,
-    task_filter: str | Callable[[Any], bool] | None = None,
-    output: str | os.PathLike[str] | None = None,
-    measure_latency: bool = True,
-    builder: Builder | None = None,
-    runner: Runner | None = None,
-    batch_size: int | None = None,
-    early_stopping: int | None = None,
-    opt_level: int = 3,
-    check: bool = True,
-    cache: TuningCache | None = None,
-    retune: bool = False,
-    scheduler: str = "gradient",
-    warmup_trials: int | None = None,
-    layout_planning: bool | None = None,
-    winograd: str | None = None,
 ) -> TuneModelResult:
     """Tune `mod` for `target` with a global budget of `total_trials` measurements, then build it from the log.
 
-    storage: the Optuna storage ("default": a journal file beside the log; None: in memory; a path or URL).
-    search: a name of `SEARCH_STRATEGIES`. transfer_from: earlier tuning logs (files, folders or glob patterns) whose
-    measurements warm the xgb cost model. timeout: seconds of tuning before the run ends (the model is still
-    built). jobs: parallel build processes (default: one per core). task_filter: a substring of the task
-    descriptions (or keys) to tune, or a predicate on tasks. output: where to save the built model.
-    measure_latency: time the model with default and with tuned schedules. builder/runner: measurement
-    infrastructure to use instead of the defaults (closed by the caller). batch_size: trials per round of a task
-    (default: up to 8, fewer when the budget would not give every task a round). check: compare every measured
-    kernel's outputs with the reference interpreter's, and refuse to start (`ReferenceUnavailableError`) when the
-    interpreter cannot compute them for a task; False measures without the check and says so in the log.
-    cache: a tuning cache (`TuningCache.default()` is the user's): tasks with a valid record in it for this target
-    and CPU model, and none in this log, are not tuned (unless `retune`); the run's valid records are added to it
-    (also when interrupted); the build also takes its best records. None (the default here): no cache.
-    scheduler: a name of `SCHEDULERS` (how the budget is shared between tasks). warmup_trials: trials of each
-    task's first round (None: a full batch; 1: only its default schedule, see `relay_tune.tuning.scheduler`).
-    layout_planning: as in `relay_tune.build` (None: the pipeline's default); tasks are extracted and the model is
-    built with the same setting. winograd: likewise (`relay_tune.build`'s `winograd`).
+    `search`, `measure` and `build` say how (`SearchOptions`, `MeasureOptions`, `BuildOptions`); `progress`
+    receives the tuning loop's progress (`relay_tune.tuning.progress`).
     """
     started = time.monotonic()
-    chosen = make_scheduler(scheduler, seed=seed, early_stopping=early_stopping, warmup_trials=warmup_trials)
+    scheduler = make_scheduler(search.scheduler, seed=search.seed, early_stopping=search.early_stopping,
+                               warmup_trials=search.warmup_trials)
+    plan = _plan(mod, target, total_trials, Path(log_path), search, build)
+    _check_or_note(plan, measure.check)
+    database = (distributed.PostgresDatabase(os.fspath(plan.storage), mirror=plan.log_path)
+                if distributed.is_database_url(plan.storage) else None)
+    deadline = DeadlineScheduler(started + search.timeout if search.timeout is not None else None, scheduler)
+    summary, added = _tune_tasks(plan, total_trials, search, measure, deadline, database, progress)
+    tuned_at = time.monotonic()
+    by_key = {task.key: _report(task, s) for task, s in zip(plan.tasks, summary.tasks)}
+    by_key.update((task.key, _cached_report(task, plan.cached_records)) for task in plan.skipped)
+    result = TuneModelResult(
+        tasks=tuple(by_key[task.key] for task in plan.all_tasks), summary=summary, target=plan.target.log_name,
+        log_path=plan.log_path, storage=None if plan.storage is None else os.fspath(plan.storage),
+        search=search.strategy, timed_out=deadline.expired, cached_tasks=len(plan.skipped),
+        cache_path=search.cache.path if search.cache is not None else None, cache_added=added,
+        seconds={"tune": tuned_at - started})
+    if summary.interrupted:
+        return result
+    result = _build_and_time(mod, plan, result, database, search.cache, build)
+    return dataclasses.replace(result, seconds={"tune": tuned_at - started,
+                                                "build_and_measure": time.monotonic() - tuned_at})
+
+
+def _resolve(target: Any) -> Target:
     if isinstance(target, str) and target.split() and target.split()[0] == "cuda":
-        resolved = _cuda_target(target)
-    else:
-        resolved = resolve_target(target)
-    log_path = Path(log_path)
-    tasks, gpu_runner = _tasks_for(mod, resolved, opt_level, layout_planning, winograd)
+        return _cuda_target(target)
+    return resolve_target(target)
+
+
+def _plan(mod: Any, target: Any, total_trials: int, log_path: Path, search: SearchOptions,
+          build: BuildOptions) -> _Plan:
+    """The run's target, its tasks (filtered; those the tuning cache answers left out) and its storage."""
+    resolved = _resolve(target)
+    tasks, gpu_runner = _tasks_for(mod, resolved, build.opt_level, build.layout_planning, build.winograd)
+    task_filter = search.task_filter
     if task_filter is not None:
         keep = task_filter if callable(task_filter) else \
-            (lambda t: task_filter in t.description or t.key.startswith(task_filter))  # type: ignore[operator]
+            (lambda t: task_filter in t.description or t.key.startswith(task_filter))
         tasks = [t for t in tasks if keep(t)]
         if not tasks:
             raise RelayTuneError(f"no task matches {task_filter!r}")
-    all_tasks = tasks
     # The cache's records for this target and CPU, read once: they decide what is skipped here and, with the log
-    # (which holds what this run adds to the cache), what the build below uses.
+    # (which holds what this run adds to the cache), what the build uses.
+    cache = search.cache
     cached_records = cache.usable(sorted({t.target for t in tasks})) if cache is not None else []
-    if cached_records and not retune and not distributed.is_database_url(storage):
-        # A task tuned before on this target and CPU (any model, any log) is not tuned again; a task this log has
-        # records of is left to the log's budget, so a larger --trials still continues it.
-        cached_keys = {r.workload_key for r in cached_records}
-        if log_path.is_file():
-            cached_keys -= {r.workload_key for r in read_records(log_path)}
-        tasks = [t for t in tasks if t.key not in cached_keys]
-    tuning = {t.key for t in tasks}
-    skipped = [t for t in all_tasks if t.key not in tuning]
-    if check:
-        check_references(tasks)
-    else:
-        LogWriter(log_path).write_one(LogEvent("numerical_check_disabled", data={
-            "reason": "tuned without comparing kernel outputs with the reference interpreter (--no-check)",
-            "tasks": len(tasks)}))
-    if batch_size is None:
-        # every task gets its warm-up round (its default schedule measured) when the budget allows
-        batch_size = max(1, min(8, total_trials // max(1, len(tasks))))
-    store = Path(log_path).with_name(log_path.stem + ".optuna.journal") if storage == DEFAULT_STORAGE else storage
-    database = None
+    storage = log_path.with_name(log_path.stem + ".optuna.journal") if search.storage == DEFAULT_STORAGE \
+        else search.storage
+    return _Plan(resolved, log_path, tasks, _not_cached(tasks, cached_records, log_path, search), cached_records,
+                 gpu_runner, storage)
 
-    if distributed.is_database_url(store):
-        # Many machines, one study: the records live in the database, the local log mirrors this worker's.
-        database = distributed.PostgresDatabase(os.fspath(store), mirror=log_path)  # type: ignore[arg-type]
-    strategy = make_search(search, storage=store, seed=seed, log_path=log_path, transfer_from=transfer_from)
-    deadline = started + timeout if timeout is not None else None
-    pick = DeadlineScheduler(deadline, chosen)
-    own_builder, own_runner = builder is None, runner is None and gpu_runner is None
-    builder = builder or LocalBuilder(n_parallel=jobs)
-    runner = runner or gpu_runner or default_runner(check)
-    if not check and hasattr(runner, "check_correctness"):
-        runner.check_correctness = False
+
+def _not_cached(tasks: list[Any], cached_records: list[Any], log_path: Path, search: SearchOptions) -> list[Any]:
+    """The tasks to tune: a task tuned before on this target and CPU (any model, any log) is not tuned again; a task
+    this log has records of is left to the log's budget, so a larger --trials still continues it."""
+    if not cached_records or search.retune or distributed.is_database_url(search.storage):
+        return tasks
+    cached_keys = {r.workload_key for r in cached_records}
+    if log_path.is_file():
+        cached_keys -= {r.workload_key for r in read_records(log_path)}
+    return [t for t in tasks if t.key not in cached_keys]
+
+
+def _check_or_note(plan: _Plan, check: bool) -> None:
+    """Check that every task's reference runs, or note in the log that kernels are measured unchecked."""
+    if check:
+        check_references(plan.tasks)
+    else:
+        LogWriter(plan.log_path).write_one(LogEvent("numerical_check_disabled", data={
+            "reason": "tuned without comparing kernel outputs with the reference interpreter (--no-check)",
+            "tasks": len(plan.tasks)}))
+
+
+def _tune_tasks(plan: _Plan, total_trials: int, search: SearchOptions, measure: MeasureOptions,
+                scheduler: TaskScheduler, database: Any, progress: ProgressCallback | None) -> tuple[TuneSummary, int]:
+    """Tune the plan's tasks (none: every task is in the tuning cache); the summary, and the records added to the
+    tuning cache (also after Ctrl-C: what was measured is worth keeping)."""
+    log_path = plan.log_path
+    # every task gets its warm-up round (its default schedule measured) when the budget allows
+    batch_size = search.batch_size or max(1, min(8, total_trials // max(1, len(plan.tasks))))
+    strategy = make_search(search.strategy, storage=plan.storage, seed=search.seed, log_path=log_path,
+                           transfer_from=search.transfer_from)
+    budget = distributed.SharedBudget.factory(database) if database is not None else None
+    builder, runner = _measurement(plan, measure)
     # Other tuning processes on this machine measure in turn with this one (builds still overlap).
     measuring = runner if isinstance(runner, HostLockedRunner) else HostLockedRunner(runner)
     log_offset = log_path.stat().st_size if log_path.is_file() else 0
     added = 0
+    summary = TuneSummary(tasks=(), total_trials=total_trials, trials_done=0, trials_this_session=0,
+                          interrupted=False, session="", log_path=os.fspath(log_path))
     try:
-        if tasks:
-            summary = tune(tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
-                           scheduler=pick, progress=progress, batch_size=batch_size, seed=seed,
-                           database=database)
-        else:  # every task is in the tuning cache: nothing to measure
-            summary = TuneSummary(tasks=(), total_trials=total_trials, trials_done=0, trials_this_session=0,
-                                  interrupted=False, session="", log_path=os.fspath(log_path))
+        if plan.tasks:
+            summary = tune(plan.tasks, total_trials, log_path, builder=builder, runner=measuring, strategy=strategy,
+                           scheduler=scheduler, progress=progress, batch_size=batch_size, seed=search.seed,
+                           database=database, budget=budget)
     finally:
-        if own_builder:
+        if measure.builder is None:
             builder.close()
-        if gpu_runner is not None or own_runner:
+        if plan.gpu_runner is not None or measure.runner is None:
             runner.close()
-        if cache is not None:  # also after Ctrl-C: what was measured is worth keeping
-            added = cache.add(records_since(log_path, log_offset))
-    tuned_at = time.monotonic()
-    by_key = {task.key: _report(task, s) for task, s in zip(tasks, summary.tasks)}
-    by_key.update((task.key, _cached_report(task, cached_records)) for task in skipped)
-    reports = tuple(by_key[task.key] for task in all_tasks)
-    tasks = all_tasks  # the build and its lookup cover the cached tasks too
-    common = dict(tasks=reports, summary=summary, target=resolved.log_name, log_path=log_path,
-                  storage=None if store is None else os.fspath(store), search=search,
-                  timed_out=pick.expired, cached_tasks=len(skipped),
-                  cache_path=cache.path if cache is not None else None, cache_added=added)
-    if summary.interrupted:
-        return TuneModelResult(**common, seconds={"tune": tuned_at - started})  # type: ignore[arg-type]
-    before = after = None
-    model = None
-    saved: Path | None = None
-    configs: dict[str, str] = {}
-    untuned = build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning, winograd=winograd) \
-        if measure_latency else None
-    logs = [log_path] if log_path.is_file() else None
+        if search.cache is not None:
+            added = search.cache.add(records_since(log_path, log_offset))
+    return summary, added
 
-    if database is not None:
-        lookup = best_steps_lookup(tasks, database=database)  # the global best, whoever measured it
-    elif cache is not None:
-        # the log's records and the cache's for this target and CPU: the fastest of either is built
-        known = MemoryDatabase((read_records(log_path) if log_path.is_file() else []) + cached_records)
-        lookup = best_steps_lookup(tasks, database=known) if known.keys() else None
-        configs = _chosen_configs(tasks, known)
-    else:
-        lookup = best_steps_lookup(tasks, logs) if logs else None
+
+def _measurement(plan: _Plan, measure: MeasureOptions) -> tuple[Builder, Runner]:
+    """The builder and the runner of the run (the caller's, or the defaults)."""
+    builder = measure.builder or LocalBuilder(n_parallel=measure.jobs)
+    runner = measure.runner or plan.gpu_runner or default_runner(measure.check)
+    if not measure.check and hasattr(runner, "check_correctness"):
+        runner.check_correctness = False
+    return builder, runner
+
+
+def _build_and_time(mod: Any, plan: _Plan, result: TuneModelResult, database: Any, cache: TuningCache | None,
+                    build: BuildOptions) -> TuneModelResult:
+    """Build the model from the log (and the cache, or the database) and time it against the default build."""
+    compile_options: dict[str, Any] = {"opt_level": build.opt_level, "layout_planning": build.layout_planning,
+                                       "winograd": build.winograd}
+    untuned = compile_model(mod, target=plan.target, **compile_options) if build.measure_latency else None
+    lookup, configs = _lookup(plan, database, cache)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)  # untuned tasks are expected with a filter or a small budget
         # A record slower in the model than the default schedule is not used (CPU targets; see build).
         # The model built before tuning is the default side of that check (not built a second time).
-        model = (check_tuned_records(mod, resolved, None, lookup, opt_level, default=untuned,
-                                     layout_planning=layout_planning, winograd=winograd) if lookup is not None
-                 else untuned or build(mod, target=resolved, opt_level=opt_level, layout_planning=layout_planning,
-                                       winograd=winograd))
-    if measure_latency:
-        check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
-        if "default_e2e_s" in check:  # the check above timed both builds, interleaved: the faster one was kept
-            before = check["default_e2e_s"]
-            after = before if check["kept_default"] else check["tuned_e2e_s"]
-        else:
-            # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs
-            # 140 us, the tuned build "slower" than the default it had just been checked against).
-            with measurement_lock():
-                before, after = interleaved_latency([untuned, model])
-    if output is not None and hasattr(model, "save"):
-        saved = model.save(output)
-    return TuneModelResult(**common, latency_before=before, latency_after=after, model=model,  # type: ignore[arg-type]
-                           model_path=saved, configs=configs, seconds={"tune": tuned_at - started,
-                                                      "build_and_measure": time.monotonic() - tuned_at})
+        model = (check_tuned_records(mod, plan.target, None, lookup, default=untuned, **compile_options)
+                 if lookup is not None else untuned or compile_model(mod, target=plan.target, **compile_options))
+    before, after = _latencies(model, untuned) if build.measure_latency else (None, None)
+    saved = model.save(build.output) if build.output is not None and hasattr(model, "save") else None
+    return dataclasses.replace(result, latency_before=before, latency_after=after, model=model, model_path=saved,
+                               configs=configs)
+
+
+def _lookup(plan: _Plan, database: Any, cache: TuningCache | None) -> tuple[Any, dict[str, str]]:
+    """The schedule lookup the model is built with (None: no records), and with a cache the config each task
+    takes."""
+    tasks, log_path = plan.all_tasks, plan.log_path  # the build covers the cached tasks too
+    if database is not None:
+        return best_steps_lookup(tasks, database=database), {}  # the global best, whoever measured it
+    if cache is not None:
+        # the log's records and the cache's for this target and CPU: the fastest of either is built
+        known = MemoryDatabase((read_records(log_path) if log_path.is_file() else []) + plan.cached_records)
+        return (best_steps_lookup(tasks, database=known) if known.keys() else None), _chosen_configs(tasks, known)
+    return (best_steps_lookup(tasks, [log_path]) if log_path.is_file() else None), {}
+
+
+def _latencies(model: Any, untuned: Any) -> tuple[float | None, float | None]:
+    """Seconds per inference with default and with tuned schedules."""
+    check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
+    if "default_e2e_s" in check:  # the tuned-records check timed both builds, interleaved: the faster one was kept
+        before = check["default_e2e_s"]
+        return before, before if check["kept_default"] else check["tuned_e2e_s"]
+    # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs 140 us, the
+    # tuned build "slower" than the default it had just been checked against).
+    with measurement_lock():
+        before, after = interleaved_latency([untuned, model])
+    return before, after
 
 
 def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str]] = (), *,

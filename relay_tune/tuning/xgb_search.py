@@ -51,10 +51,10 @@ from optuna.distributions import distribution_to_json
 from cost_model.features import Featurizer
 from cost_model.transfer import WORKLOAD_EVENT, load_transfer_data, teaches, template_of, workload_event
 from cost_model.xgb_model import CostModelError, TrainingSet, XGBCostModel, model_path_for_log
-from relay_tune.tuning.database import Database
+from relay_tune.records.database import Database
+from relay_tune.records.log_format import comparable_records
+from relay_tune.records.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.distributed import study_mirror
-from relay_tune.tuning.measure import MeasureInput, MeasureResult
-from relay_tune.tuning.records import comparable_records
 from relay_tune.tuning.search import (
     FAILURE_VALUE,
     OptunaSearch,

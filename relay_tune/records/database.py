@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from relay_tune.tuning.records import (
+from relay_tune.records.log_format import (
     LogEntry,
     LogEvent,
     LogTail,
@@ -55,20 +55,6 @@ class Database(ABC):
     def keys(self) -> list[TaskTarget]:
         """Every (workload key, target) that has records."""
         raise NotImplementedError(f"{type(self).__name__} cannot list its workloads")
-
-    # A database shared by workers on several machines counts one budget for all of them: the driver claims each
-    # round's configs through `claim`, which only hands out what the budget has room for.
-
-    def claim(self, tasks: Sequence[Any], total: int, task: Any, configs: Sequence[Config]) \
-            -> tuple[list[Config], int, int]:
-        """Claim `configs` of `task` within the budget `total` of `tasks`: (claimed configs, records of `tasks`,
-        configs of `tasks` claimed and not yet recorded). Only for a `shared_budget` database."""
-        raise NotImplementedError(f"{type(self).__name__} does not share a budget")
-
-    @property
-    def shared_budget(self) -> bool:
-        """True when every worker's claims go through `claim`, so the budget is counted exactly."""
-        return False
 
 
 def top_k(records: Iterable[TuningRecord], k: int) -> list[TuningRecord]:
@@ -131,7 +117,7 @@ class CurrentSpaces(Database):
     A log written under another space (another version, or an operator whose compute changed) keeps its lines, but
     they neither count against a run's budget nor warm its search: the task is tuned anew. A task may say how it
     reads an old config (`current_config`). Records of workloads that are not among `tasks` pass
-    unchanged. Writes, events and budget claims go to `database`.
+    unchanged. Writes and events go to `database`.
     """
 
     def __init__(self, database: Database, tasks: Iterable[Any]) -> None:
@@ -163,14 +149,6 @@ class CurrentSpaces(Database):
 
     def keys(self) -> list[TaskTarget]:
         return self.inner.keys()
-
-    def claim(self, tasks: Sequence[Any], total: int, task: Any, configs: Sequence[Config]) \
-            -> tuple[list[Config], int, int]:
-        return self.inner.claim(tasks, total, task, configs)
-
-    @property
-    def shared_budget(self) -> bool:
-        return self.inner.shared_budget
 
 
 class JsonLinesDatabase(Database):

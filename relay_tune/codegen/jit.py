@@ -76,7 +76,7 @@ class KernelSignature:
     def from_primfunc(func: tir.PrimFunc) -> KernelSignature:
         written = _stored_buffers(func.body)
         params = tuple(ParamSpec(p.name, p.shape, p.dtype, p in written) for p in func.params)
-        align = int(dict(func.attrs).get("param_align", 0) or 0)
+        align = func.param_align
         return KernelSignature(func.name, params, align)
 
 

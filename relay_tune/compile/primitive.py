@@ -15,9 +15,8 @@ the outputs. `PackingInfo` says which logical tensor each kernel parameter is an
 runtime packs constant weights once with `PackingInfo.pack_input` and calls the kernel on the packed
 arrays, while `CompiledPrimitive.__call__` packs on every call (convenient for tests).
 
-Layer: this module is the one-kernel compiler. It sits above the rest of `relay_tune.kernel`, the templates
-(`search_space`), the code generator and the kernel runtime (it uses all four), and below the model compiler
-(`relay_tune.compiler`) and the tuner; the import contracts in pyproject.toml keep it there.
+This is the one-kernel compiler: it uses the kernel layer, the templates (`search_space`) and the code generator,
+and the model compiler (`relay_tune.compile`) and the tuner use it.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.codegen.jit import KernelSignature, load_object
 from relay_tune.codegen.llvm import compile_object
 from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.ir.expr import Call, Function, Op
@@ -40,7 +40,6 @@ from relay_tune.kernel.compute import PrimitiveCompute, primitive_compute
 from relay_tune.kernel.lower import lower
 from relay_tune.kernel.schedule import LayoutTransform, Schedule, Step
 from relay_tune.passes.extract_tasks import workload_key
-from relay_tune.runtime.kernel import KernelSignature, load_object
 from relay_tune.target import Target
 from search_space.defaults import default_steps
 

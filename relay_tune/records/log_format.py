@@ -31,8 +31,8 @@ from typing import IO, Any, TypeAlias
 import llvmlite.binding as llvm
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.records.measure import OK_NUMBER, ErrorKind, MeasureResult, error_from_name, error_name
 from relay_tune.resources import ResourceError
-from relay_tune.tuning.measure import OK_NUMBER, ErrorKind, MeasureResult, error_from_name, error_name
 from relay_tune.version import __version__
 from search_space import Config
 
@@ -419,7 +419,7 @@ def _lines_of(source: LogSource) -> tuple[str, Iterator[str | LogEntry]]:
         text = _read_locked(path).decode("utf-8", errors="replace")
         return str(path), iter(text.splitlines())
     if isinstance(source, io.IOBase) or hasattr(source, "read"):
-        content = source.read()  # type: ignore[union-attr]
+        content = source.read()
         if isinstance(content, bytes):
             content = content.decode("utf-8", errors="replace")
         return getattr(source, "name", "<stream>"), iter(content.splitlines())
@@ -487,7 +487,7 @@ def _as_sources(sources: LogSource | Sequence[LogSource]) -> list[LogSource]:
         return [sources]  # type: ignore[list-item]
     if isinstance(sources, str | os.PathLike):
         return list(expand_log_paths(sources))
-    items = list(sources)  # type: ignore[arg-type]
+    items: list[Any] = list(sources)
     if items and all(isinstance(item, TuningRecord | LogEvent)
                      or (isinstance(item, str) and (item.lstrip().startswith("{") or not item.strip()))
                      for item in items):

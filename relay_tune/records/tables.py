@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from relay_tune.tuning.database import top_k
-from relay_tune.tuning.records import (
+from relay_tune.records.database import top_k
+from relay_tune.records.log_format import (
     LogEvent,
     LogSource,
     TuningRecord,

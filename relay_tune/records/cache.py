@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay_tune.errors import RelayTuneError
-from relay_tune.tuning.database import top_k
-from relay_tune.tuning.records import LogWarning, TuningRecord, append_lines, host_cpu_name, iter_log
+from relay_tune.records.database import top_k
+from relay_tune.records.log_format import LogWarning, TuningRecord, append_lines, host_cpu_name, iter_log
 
 __all__ = [
     "CACHE_ENV",

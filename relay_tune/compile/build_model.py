@@ -1,0 +1,53 @@
+"""`relay_tune.build`: compile a whole model into a `CompiledModel`, optionally checking its tuned records in the
+graph."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from relay_tune.compile.check_tuned import check_tuned_records
+from relay_tune.compile.pipeline import compile_model
+from relay_tune.ir import Function, IRModule
+from relay_tune.runtime.model import CompiledModel
+from relay_tune.target import Target
+
+
+def build(
+    mod: IRModule | Function,
+    target: str | Target | None = "llvm",
+    params: Mapping[str, Any] | None = None,
+    logs: Any = None,
+    opt_level: int = 3,
+    *,
+    jobs: int | None = None,
+    require_tuned: bool = False,
+    threading_runtime: str = "auto",
+    check_tuned: bool = False,
+    layout_planning: bool | None = None,
+    winograd: str | None = None,
+) -> CompiledModel:
+    """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`).
+
+    target: "llvm" (this machine), a target string, or a `Target` (`resolve_target`).
+    params: values for entry-function inputs, bound as constants (weights).
+    logs: tuning log path(s) or a `ScheduleLookup`; tasks without a record use their default schedule.
+    jobs: compile processes (default: one per core, at most 4, for models of 8 kernels or more; 1 compiles in this
+        process).
+    require_tuned: raise instead of warning when a task has no tuning record.
+    check_tuned: also build the model with default schedules, time every task in both models where it runs (the
+        executor's in-graph profile), and keep a tuned record only where its kernel is faster in the graph than
+        the default's; the result is never slower end to end than the default build (CPU targets; see
+        `check_tuned_records`). Costs a second build and a few model runs.
+    layout_planning: plan channel-blocked activation layouts on CPU targets (`relay_tune.passes.PlanLayouts`);
+        None: the pipeline's default (`relay_tune.passes.LAYOUT_PLANNING_DEFAULT`). Tuning must have used the same
+        setting (`tune_model(..., layout_planning=...)`): the records are of the workloads it produces.
+    winograd: which blocked 3x3 stride-1 convolutions run in Winograd form ("off", "auto", "on", "f2", "f4"; see
+        `relay_tune.passes.winograd`); None: `relay_tune.passes.WINOGRAD_DEFAULT`. Like `layout_planning`, tuning
+        must have used the same setting.
+    """
+    options: dict[str, Any] = dict(jobs=jobs, require_tuned=require_tuned, threading_runtime=threading_runtime,
+                                   layout_planning=layout_planning, winograd=winograd)
+    if check_tuned and logs is not None:
+        return check_tuned_records(mod, target, params, logs, opt_level, **options)
+    return compile_model(mod, target, params, logs, opt_level, **options)
