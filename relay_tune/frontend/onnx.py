@@ -1,4 +1,4 @@
-"""Import ONNX models (default-domain opsets 6 to 21) into a Relay module.
+"""Import ONNX models (default-domain opsets 6 to the newest of the installed onnx package) into a Relay module.
 
     mod, params = from_onnx("model.onnx")                      # or an onnx.ModelProto
     mod, params = from_onnx(model, shape_overrides={"input": (1, 3, 224, 224)})
@@ -7,7 +7,9 @@ How the import works
 --------------------
 1. Every operator type of the graph is checked against the converter table first: a model using
    operators relay-tune cannot import fails at once with one `UnsupportedOperatorsError` listing each
-   of them with its count, before any tensor is read.
+   of them with its count, before any tensor is read. Then each node's operator version (the newest
+   definition at the model's opset) is checked against the newest version its converter was written
+   for: a newer definition fails with a message naming the node.
 2. Graph inputs become the parameters of `@main` (named as in the model; dimensions that are
    symbolic or unknown become `?` unless `shape_overrides` gives them). Initializers become
    `Constant` nodes, so the module is self-contained.
@@ -33,6 +35,7 @@ pooling (expressed with 2-D pooling on reshaped tensors).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -54,10 +57,17 @@ from relay_tune.op.registry import get_op
 from relay_tune.text import print_module
 from relay_tune.type_infer import infer_types
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "OnnxModelError", "UnsupportedOperatorsError", "from_onnx", "supported_ops"]
+__all__ = [
+    "BASE_OPSET", "MAX_OPSET", "MIN_OPSET", "REVIEWED_OPSET", "OnnxModelError", "UnsupportedOperatorsError",
+    "from_onnx", "supported_ops",
+]
 
 MIN_OPSET = 6
-MAX_OPSET = 21
+MAX_OPSET = onnx.defs.onnx_opset_version()
+# The opset whose operator definitions every converter handles unless it says otherwise.
+BASE_OPSET = 21
+# The newest opset whose operator definitions have been compared with the converters (`newest=` below).
+REVIEWED_OPSET = 28
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -287,15 +297,36 @@ def _prod(dims: Sequence[int]) -> int:
 
 Converter = Callable[[Importer, OnnxNode], "Expr | Sequence[Expr]"]
 _CONVERTERS: dict[str, Converter] = {}
+# Operator type -> the newest operator version (`since_version`) its converter handles.
+_NEWEST_VERSION: dict[str, int] = {}
 
 
-def _converts(*op_types: str) -> Callable[[Converter], Converter]:
+def _converts(*op_types: str, newest: int = BASE_OPSET) -> Callable[[Converter], Converter]:
+    """Registers a converter for `op_types`, handling their definitions up to operator version `newest`."""
+
     def register(fn: Converter) -> Converter:
         for name in op_types:
             _CONVERTERS[name] = fn
+            _NEWEST_VERSION[name] = newest
         return fn
 
     return register
+
+
+# Operators whose definitions after opset 21 only add element types (bfloat16 at 22, 4-bit floats at 23,
+# float8e8m0 at 24, 2-bit integers at 25, ...) that `relay_dtype` rejects by itself, or attributes that
+# only apply to such types (Cast's `round_mode`, float8 only): their converters handle the newest version.
+_TYPE_ONLY_REVISIONS = (
+    "AveragePool", "Cast", "Constant", "ConstantOfShape", "Conv", "ConvTranspose", "Dropout", "Elu", "Flatten",
+    "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "Identity", "InstanceNormalization", "MaxPool", "Pad",
+    "Reshape", "Round", "Selu", "Shape", "Size", "Softplus", "Softsign", "Squeeze", "Transpose", "Unsqueeze",
+)
+
+
+def _newest_version(op_type: str) -> int:
+    if op_type in _TYPE_ONLY_REVISIONS:
+        return REVIEWED_OPSET
+    return _NEWEST_VERSION.get(op_type, BASE_OPSET)
 
 
 def supported_ops() -> list[str]:
@@ -783,9 +814,11 @@ def _instance_norm(imp: Importer, node: OnnxNode) -> Expr:
 
 
 @_converts("LayerNormalization")
-def _layer_norm(imp: Importer, node: OnnxNode) -> Expr:
+def _layer_norm(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     if node.output_used(1) or node.output_used(2):
-        raise UnsupportedError("LayerNormalization's Mean / InvStdDev outputs")
+        from relay_tune.frontend.onnx_ops_math import layer_norm_statistics
+
+        return layer_norm_statistics(imp, node)
     x, scale, bias = node.required(0), node.required(1), node.input(2)
     shape = imp.shape(x)
     rank = len(shape)
@@ -1295,6 +1328,30 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
         raise UnsupportedOperatorsError(unsupported, first, opset)
 
 
+@functools.cache
+def _operator_version(op_type: str, opset: int) -> int | None:
+    """The `since_version` of `op_type`'s definition in effect at `opset` (None if onnx does not define it)."""
+    try:
+        return int(onnx.defs.get_schema(op_type, opset, "").since_version)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
+    """Rejects the first node whose operator definition at `opset` is newer than its converter handles."""
+    if opset <= BASE_OPSET:
+        return
+    for index, node in enumerate(graph.node):
+        version = _operator_version(node.op_type, opset)
+        newest = _newest_version(node.op_type)
+        if version is not None and version > newest:
+            raise UnsupportedError(
+                f"{_describe(node, index)}: {node.op_type}-{version} (the definition at opset {opset}) is newer "
+                f"than the versions relay-tune converts (up to {node.op_type}-{newest}); export the model at "
+                f"opset {version - 1} or lower"
+            )
+
+
 def _opset(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     opset = max(versions) if versions else MIN_OPSET
@@ -1340,6 +1397,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     _check_operators(graph, max(versions) if versions else None)  # before the opset check: name what is missing
     opset = _opset(model)
+    _check_operator_versions(graph, opset)
     overrides = dict(shape_overrides or {})
     initializer_names = {t.name for t in graph.initializer}
     inputs = [vi for vi in graph.input if vi.name not in initializer_names]
@@ -1409,3 +1467,7 @@ def from_onnx(
     constants: list[np.ndarray] = []
     print_module(mod, constants_out=constants)
     return mod, params_dict(constants)
+
+
+# Converters kept in their own modules register into the table above when they are imported.
+from relay_tune.frontend import onnx_ops_index, onnx_ops_math  # noqa: E402, F401

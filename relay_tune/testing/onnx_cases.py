@@ -212,6 +212,11 @@ def _bind_integer_inputs(model: onnx.ModelProto, names: Sequence[str], values: S
     return bound, sorted(integer)
 
 
+def _arrays(values: Sequence[Any]) -> list[np.ndarray]:
+    """Data-set values as numpy arrays (some cases store exotic element types as TensorProto)."""
+    return [onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v) for v in values]
+
+
 def _compare(outputs: Sequence[np.ndarray], expected: Sequence[Any], rtol: float, atol: float) -> str | None:
     if len(outputs) != len(expected):
         return f"{len(outputs)} outputs, expected {len(expected)}"
@@ -242,7 +247,8 @@ def run_case(case: Any, runner: Runner) -> CaseResult:
     names = [vi.name for vi in model.graph.input if vi.name not in initializers]
     atol = max(float(case.atol), MIN_ATOL)
     bound_names: list[str] = []
-    for inputs, expected in case.data_sets:
+    for raw_inputs, raw_expected in case.data_sets:
+        inputs, expected = _arrays(raw_inputs), _arrays(raw_expected)
         try:
             mod, _ = from_onnx(model)
             feed = dict(zip(names, inputs))
