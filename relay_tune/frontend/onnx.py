@@ -1470,4 +1470,4 @@ def from_onnx(
 
 
 # Converters kept in their own modules register into the table above when they are imported.
-from relay_tune.frontend import onnx_ops_index, onnx_ops_loss, onnx_ops_math  # noqa: E402, F401
+from relay_tune.frontend import onnx_ops_attention, onnx_ops_index, onnx_ops_loss, onnx_ops_math  # noqa: E402, F401
