@@ -998,7 +998,25 @@ def _reduce(imp: Importer, node: OnnxNode) -> Expr:
         if node.attrs.get("noop_with_empty_axes", 0):
             return x
         axes = list(range(rank))
-    return imp.call(_REDUCE[node.op_type], [x], axis=[_axis(a, rank) for a in axes], keepdims=keepdims)
+    axes = [_axis(a, rank) for a in axes]
+    shape = imp.shape(x)
+    if node.op_type in ("ReduceMax", "ReduceMin") and any(shape[a] == 0 for a in axes):
+        # The maximum of no elements is the identity of max: the lowest value of the type (-inf, False, ...).
+        return _empty_extreme(imp, x, axes, keepdims, lowest=node.op_type == "ReduceMax")
+    return imp.call(_REDUCE[node.op_type], [x], axis=axes, keepdims=keepdims)
+
+
+def _empty_extreme(imp: Importer, x: Expr, axes: list[int], keepdims: bool, lowest: bool) -> Expr:
+    shape = imp.static_shape(x, "the reduced tensor")
+    out_shape = [1 if i in axes else d for i, d in enumerate(shape) if keepdims or i not in axes]
+    dtype = np.dtype(imp.dtype(x))
+    if dtype.kind == "f":
+        value: Any = -np.inf if lowest else np.inf
+    elif dtype.kind == "b":
+        value = not lowest
+    else:
+        value = np.iinfo(dtype).min if lowest else np.iinfo(dtype).max
+    return imp.const(np.full(out_shape, value), imp.dtype(x))
 
 
 # --- shape manipulation -------------------------------------------------------------------------
@@ -1149,6 +1167,11 @@ def _split(imp: Importer, node: OnnxNode) -> list[Expr]:
         raise OnnxModelError(f"split sizes {sizes} do not add up to the axis extent {extent}")
     if len(sizes) == 1:
         return [x]
+    if 0 in sizes:
+        # `split` wants strictly increasing cut points; empty parts are empty slices.
+        starts = [0, *np.cumsum(sizes)[:-1]]
+        return [imp.call("strided_slice", [x], begin=[int(b)], end=[int(b) + size], axes=[axis])
+                for b, size in zip(starts, sizes)]
     indices = list(np.cumsum(sizes)[:-1])
     out = imp.call("split", [x], indices_or_sections=[int(i) for i in indices], axis=axis)
     return [imp.item(out, i) for i in range(len(sizes))]

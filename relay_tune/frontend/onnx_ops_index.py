@@ -284,7 +284,7 @@ def _parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
         if "..." in term:
             width = rank - (len(term) - 3)
             term = term.replace("...", ellipsis[len(ellipsis) - width:] if width else "")
-        if len(term) != rank or not term.isalpha():
+        if len(term) != rank or not all(c.isalpha() for c in term):
             raise OnnxModelError(f"einsum term {term!r} does not fit an operand of rank {rank}")
         expanded.append(term)
     if arrow:
