@@ -150,3 +150,47 @@ def _attention(imp: Importer, node: OnnxNode) -> list[Expr]:
     qk_output = {0: capped, 1: capped, 2: scores, 3: probs}[mode]
     return [y, present_key, present_value, qk_output]
 
+
+
+@_converts("RotaryEmbedding", newest=REVIEWED_OPSET)
+def _rotary_embedding(imp: Importer, node: OnnxNode) -> Expr:
+    x, cos, sin, position_ids = node.required(0), node.required(1), node.required(2), node.input(3)
+    in_shape = imp.static_shape(x, "the input")
+    if len(in_shape) == 4:  # (batch, heads, seq, size) -> (batch, seq, heads, size)
+        x = imp.call("transpose", [x], axes=[0, 2, 1, 3])
+    elif len(in_shape) == 3:
+        heads = int(node.attrs.get("num_heads", 0))
+        if not heads or in_shape[2] % heads:
+            raise OnnxModelError(f"a 3-D input of shape {in_shape} needs num_heads dividing its last axis")
+        x = imp.reshape(x, [in_shape[0], in_shape[1], heads, in_shape[2] // heads])
+    else:
+        raise OnnxModelError(f"the input must have rank 3 or 4, got shape {in_shape}")
+    size = imp.static_shape(x)[3]
+    rotated = int(node.attrs.get("rotary_embedding_dim", 0)) or size
+    if position_ids is not None:  # caches indexed by position: (positions, rotated / 2) -> (batch, seq, rotated / 2)
+        cos = imp.call("take", [cos, position_ids], axis=0, mode="clip")
+        sin = imp.call("take", [sin, position_ids], axis=0, mode="clip")
+    cos = imp.call("expand_dims", [cos], axis=2)
+    sin = imp.call("expand_dims", [sin], axis=2)
+    part = imp.call("strided_slice", [x], begin=[0], end=[rotated], axes=[3]) if rotated < size else x
+    interleaved = bool(node.attrs.get("interleaved", 0))
+    if interleaved:  # pairs (x[2i], x[2i + 1])
+        first = imp.call("strided_slice", [part], begin=[0], end=[rotated], strides=[2], axes=[3])
+        second = imp.call("strided_slice", [part], begin=[1], end=[rotated], strides=[2], axes=[3])
+    else:  # pairs (x[i], x[i + rotated / 2])
+        first = imp.call("strided_slice", [part], begin=[0], end=[rotated // 2], axes=[3])
+        second = imp.call("strided_slice", [part], begin=[rotated // 2], end=[rotated], axes=[3])
+    real = imp.call("subtract", [imp.call("multiply", [cos, first]), imp.call("multiply", [sin, second])])
+    imag = imp.call("add", [imp.call("multiply", [sin, first]), imp.call("multiply", [cos, second])])
+    if interleaved:
+        pairs = imp.call("concatenate", [Tuple((imp.call("expand_dims", [real], axis=4),
+                                                imp.call("expand_dims", [imag], axis=4)))], axis=4)
+        out = imp.reshape(pairs, imp.static_shape(part))
+    else:
+        out = imp.call("concatenate", [Tuple((real, imag))], axis=3)
+    if rotated < size:
+        rest = imp.call("strided_slice", [x], begin=[rotated], end=[size], axes=[3])
+        out = imp.call("concatenate", [Tuple((out, rest))], axis=3)
+    if len(in_shape) == 4:
+        return imp.call("transpose", [out], axes=[0, 2, 1, 3])
+    return imp.reshape(out, list(in_shape))

@@ -379,3 +379,33 @@ def _einsum(imp: Importer, node: OnnxNode) -> Expr:
     if any(not isinstance(d, int) for x in operands for d in imp.shape(x)):
         raise UnsupportedError("Einsum on dynamic shapes")
     return _broadcast_product(imp, reduced, output)
+
+
+# --- CenterCropPad --------------------------------------------------------------------------------
+
+
+@_converts("CenterCropPad", newest=REVIEWED_OPSET)
+def _center_crop_pad(imp: Importer, node: OnnxNode) -> Expr:
+    x = node.required(0)
+    shape = imp.static_shape(x, "the input")
+    rank = len(shape)
+    sizes = imp.static_ints(node.input(1), "the shape input")
+    axes = [_axis(int(a), rank) for a in node.attrs.get("axes", range(rank))]
+    if len(sizes) != len(axes):
+        raise OnnxModelError(f"shape {sizes} must give one size per axis of {axes}")
+    widths = [[0, 0] for _ in range(rank)]
+    begin, end, cropped = [], [], []
+    for axis, size in zip(axes, sizes):
+        extent = shape[axis]
+        if size < extent:  # the centre, the odd element left out at the end
+            start = (extent - size) // 2
+            begin.append(start)
+            end.append(start + size)
+            cropped.append(axis)
+        elif size > extent:  # zeros around, the odd one at the end
+            widths[axis] = [(size - extent) // 2, size - extent - (size - extent) // 2]
+    if cropped:
+        x = imp.call("strided_slice", [x], begin=begin, end=end, axes=cropped)
+    if any(b or a for b, a in widths):
+        x = imp.call("nn.pad", [x, imp.const(0, imp.dtype(x))], pad_width=widths)
+    return x

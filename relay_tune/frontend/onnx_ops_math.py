@@ -250,6 +250,12 @@ def _celu(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("add", [imp.call("maximum", [x, zero]), imp.call("minimum", [negative, zero])])
 
 
+@_converts("Swish", newest=REVIEWED_OPSET)
+def _swish(imp: Importer, node: OnnxNode) -> Expr:
+    x = node.required(0)
+    return imp.call("multiply", [x, imp.call("sigmoid", [imp.scalar_op("multiply", x, node.attr_float("alpha", 1.0))])])
+
+
 @_converts("ThresholdedRelu", newest=REVIEWED_OPSET)
 def _thresholded_relu(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
@@ -406,3 +412,36 @@ def layer_norm_statistics(imp: Importer, node: OnnxNode) -> list[Expr]:
     if bias is not None:
         y = imp.call("add", [y, imp.cast(bias, dtype)])
     return [y, mean, inv_std]
+
+
+# --- Lp pooling -----------------------------------------------------------------------------------
+
+
+def _lp_power(imp: Importer, node: OnnxNode) -> tuple[Expr, float]:
+    x = node.required(0)
+    p = float(node.attrs.get("p", 2))
+    if p <= 0:
+        raise OnnxModelError(f"p={p} must be positive")
+    return imp.scalar_op("power", imp.call("abs", [x]), p), p
+
+
+@_converts("LpPool", newest=REVIEWED_OPSET)
+def _lp_pool(imp: Importer, node: OnnxNode) -> Expr:
+    """(sum of |x|^p over each window)^(1/p): an average pool counting the padding, times the window size."""
+    from relay_tune.frontend.onnx import _CONVERTERS
+
+    powered, p = _lp_power(imp, node)
+    attrs = {k: v for k, v in node.attrs.items() if k != "p"}
+    attrs["count_include_pad"] = 1
+    average = OnnxNode("AveragePool", node.name, [powered], node.input_names[:1], node.outputs[:1], attrs)
+    pooled = _CONVERTERS["AveragePool"](imp, average)
+    assert isinstance(pooled, Expr)
+    window = _prod([int(k) for k in node.attrs["kernel_shape"]])
+    return imp.scalar_op("power", imp.scalar_op("multiply", pooled, float(window)), 1.0 / p)
+
+
+@_converts("GlobalLpPool", newest=REVIEWED_OPSET)
+def _global_lp_pool(imp: Importer, node: OnnxNode) -> Expr:
+    powered, p = _lp_power(imp, node)
+    total = _sum(imp, powered, list(range(2, imp.rank(powered))), True)
+    return imp.scalar_op("power", total, 1.0 / p)
