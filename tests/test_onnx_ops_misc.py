@@ -59,7 +59,8 @@ class Case:
     rtol: float = 1e-5
     atol: float = 1e-5
     # "onnxruntime" where onnx's reference evaluator departs from the operator's definition (LpNormalization
-    # p=1 without the absolute value, or axis 0 read as the default; Hardmax before opset 13 without coercion)
+    # p=1 without the absolute value, or axis 0 read as the default; Hardmax before opset 13 without coercion;
+    # no GlobalLpPool at all)
     oracle: str = "reference"
 
     def model(self) -> onnx.ModelProto:
@@ -200,7 +201,52 @@ EINSUM = [
     ]
 ]
 
-CASES = ELEMENTWISE + REDUCTIONS + INDEXING + EINSUM
+LABELS = np.array([[2, 0, 4], [1, -1, 3]], np.int64)  # -1: ignored below
+
+NN = [
+    C("swish-alpha", "Swish", {"x": rand(3, 5)}, attrs={"alpha": 0.6}, opset=24),
+    C("nll-loss-mean-weighted-ignore", "NegativeLogLikelihoodLoss", {"x": rand(2, 5, 3), "t": LABELS},
+      consts={"w": rand(5, low=0.1, high=1.0)}, attrs={"ignore_index": -1}, opset=13),
+    C("nll-loss-none", "NegativeLogLikelihoodLoss", {"x": rand(4, 3), "t": np.array([0, 2, 1, 2], np.int64)},
+      attrs={"reduction": "none"}, opset=13),
+    C("softmax-cross-entropy-sum-with-log-prob", "SoftmaxCrossEntropyLoss", {"x": rand(2, 5, 3), "t": LABELS},
+      attrs={"reduction": "sum", "ignore_index": -1}, outputs=2, opset=13, rtol=1e-4),
+    C("softmax-cross-entropy-mean", "SoftmaxCrossEntropyLoss", {"x": rand(3, 4), "t": np.array([3, 0, 1], np.int64)},
+      opset=13, rtol=1e-4),
+    C("lp-pool-p3-strided-padded", "LpPool", {"x": rand(1, 2, 6, 7)},
+      attrs={"kernel_shape": [3, 2], "p": 3, "strides": [2, 1], "pads": [1, 0, 1, 1]}, rtol=1e-4),
+    C("lp-pool-1d", "LpPool", {"x": rand(2, 3, 9)}, attrs={"kernel_shape": [4], "strides": [2]}, rtol=1e-4),
+    C("global-lp-pool", "GlobalLpPool", {"x": rand(2, 3, 4, 5)}, attrs={"p": 1}, rtol=1e-4, oracle="onnxruntime"),
+    C("center-crop-pad-mixed", "CenterCropPad", {"x": rand(5, 4, 3)}, consts={"s": i64(2, 7)},
+      attrs={"axes": [0, -1]}),
+    C("split-with-empty-part", "Split", {"x": rand(3, 4)}, consts={"s": i64(4, 0)}, attrs={"axis": 1}, outputs=2),
+    C("reduce-max-empty-axis", "ReduceMax", {"x": np.zeros((2, 0, 3), np.float32)}, consts={"a": i64(1)}),
+]
+
+ATTENTION = [
+    C("attention-4d-gqa-causal", "Attention", {"q": rand(2, 4, 3, 8), "k": rand(2, 2, 5, 8), "v": rand(2, 2, 5, 6)},
+      attrs={"is_causal": 1}, opset=23, rtol=1e-4, atol=1e-5),
+    C("attention-3d-bool-mask-softcap", "Attention",
+      {"q": rand(2, 3, 12), "k": rand(2, 4, 12), "v": rand(2, 4, 6), "m": boolean(3, 4) | np.eye(3, 4, dtype=bool)},
+      attrs={"q_num_heads": 3, "kv_num_heads": 3, "softcap": 2.0, "scale": 0.3}, opset=23, rtol=1e-4, atol=1e-5),
+    C("attention-past-present-float-mask-qk-bias", "Attention",
+      {"q": rand(1, 2, 3, 4), "k": rand(1, 2, 3, 4), "v": rand(1, 2, 3, 4), "m": rand(3, 5),
+       "pk": rand(1, 2, 2, 4), "pv": rand(1, 2, 2, 4)},
+      attrs={"qk_matmul_output_mode": 2}, outputs=4, opset=23, rtol=1e-4, atol=1e-5),
+    C("attention-window-fully-masked-row", "Attention", {"q": rand(1, 1, 4, 4), "k": rand(1, 1, 6, 4),
+                                                         "v": rand(1, 1, 6, 4), "m": np.array([False, True, True,
+                                                                                               True, True, True])},
+      attrs={"left_window_size": 1, "is_causal": 1, "qk_matmul_output_mode": 3}, outputs=4, opset=25,
+      rtol=1e-4, atol=1e-5),
+    C("rotary-embedding-4d-position-ids-partial", "RotaryEmbedding",
+      {"x": rand(2, 3, 4, 8), "cos": rand(10, 3), "sin": rand(10, 3),
+       "p": rand(2, 4, dtype="int64", low=0, high=10)}, attrs={"rotary_embedding_dim": 6}, opset=23),
+    C("rotary-embedding-3d-interleaved", "RotaryEmbedding",
+      {"x": rand(2, 5, 12), "cos": rand(2, 5, 3), "sin": rand(2, 5, 3)},
+      attrs={"interleaved": 1, "num_heads": 2}, opset=23),
+]
+
+CASES = ELEMENTWISE + REDUCTIONS + INDEXING + EINSUM + NN + ATTENTION
 
 
 def _reference(case: Case, model: onnx.ModelProto) -> list[np.ndarray]:

@@ -1168,10 +1168,15 @@ def _split(imp: Importer, node: OnnxNode) -> list[Expr]:
     if len(sizes) == 1:
         return [x]
     if 0 in sizes:
-        # `split` wants strictly increasing cut points; empty parts are empty slices.
+        # `split` wants strictly increasing cut points: slice each part; an empty part holds no data, so it is
+        # a constant (zero-size tensors are not compiled).
         starts = [0, *np.cumsum(sizes)[:-1]]
-        return [imp.call("strided_slice", [x], begin=[int(b)], end=[int(b) + size], axes=[axis])
-                for b, size in zip(starts, sizes)]
+        parts = []
+        for begin, size in zip(starts, sizes):
+            part = imp.call("strided_slice", [x], begin=[int(begin)], end=[int(begin) + size], axes=[axis])
+            empty = size == 0 and all(isinstance(d, int) for d in imp.shape(part))
+            parts.append(imp.const(np.zeros(imp.static_shape(part)), imp.dtype(x)) if empty else part)
+        return parts
     indices = list(np.cumsum(sizes)[:-1])
     out = imp.call("split", [x], indices_or_sections=[int(i) for i in indices], axis=axis)
     return [imp.item(out, i) for i in range(len(sizes))]
