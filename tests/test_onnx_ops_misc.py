@@ -329,3 +329,15 @@ def test_bad_nodes_get_one_clear_error(op: str, attrs: dict[str, Any], inputs: d
     model = Case("bad", op, inputs, attrs=attrs, consts=consts, outputs=2 if op == "TopK" else 1).model()
     with pytest.raises(OnnxModelError, match=message):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("op", ["Greater", "Less", "GreaterOrEqual", "LessOrEqual"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "uint32", "uint64", "int16"])
+def test_compiled_integer_comparisons_do_not_wrap(op: str, dtype: str) -> None:
+    info = np.iinfo(dtype)
+    a = np.array([info.max, info.min, 0, 1, info.max // 2 + 3, 5], dtype)
+    b = np.array([info.min, info.max, info.max, 0, 2, 5], dtype)  # differences that overflow the type
+    model = Case("cmp", op, {"a": a, "b": b}, opset=16).model()
+    mod, _ = from_onnx(model)
+    expected = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
+    np.testing.assert_array_equal(build(mod, "llvm").run(a=a, b=b), expected)

@@ -214,8 +214,11 @@ class Importer:
         full = opdef.make_attrs(attrs)
         assert opdef.type_relation is not None, op_name
         out_type = opdef.type_relation([self.type_of(a) for a in args], full)
-        if opdef.reference is not None and all(_is_constant(a) for a in args):
-            return self._fold(opdef.reference([_constant_value(a) for a in args], full), out_type, op_name)
+        if opdef.reference is not None and all(_is_constant(a) or _is_empty(self.type_of(a)) for a in args):
+            # An empty tensor has one possible value, so a call whose other arguments are constants is one too
+            # (and zero-size tensors are not compiled).
+            values = [_constant_value(a) if _is_constant(a) else _empty_value(self.type_of(a)) for a in args]
+            return self._fold(opdef.reference(values, full), out_type, op_name)
         node = Call(op(op_name), tuple(args), full)
         self._types[id(node)] = out_type
         self._keep.append(node)
@@ -268,6 +271,15 @@ class Importer:
 
 def _is_constant(expr: Expr) -> bool:
     return isinstance(expr, Constant) or (isinstance(expr, Tuple) and all(isinstance(f, Constant) for f in expr.fields))
+
+
+def _is_empty(ty: Type) -> bool:
+    return isinstance(ty, TensorType) and all(isinstance(d, int) for d in ty.shape) and 0 in ty.shape
+
+
+def _empty_value(ty: Type) -> np.ndarray:
+    assert isinstance(ty, TensorType)
+    return np.zeros([int(d) for d in ty.shape], dtype=ty.dtype)  # type: ignore[call-overload]
 
 
 def _constant_value(expr: Expr) -> Any:
