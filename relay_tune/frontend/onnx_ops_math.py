@@ -177,7 +177,15 @@ def _is_inf(imp: Importer, node: OnnxNode) -> Expr:
     return imp.cast(imp.call("zeros_like", [x]), "bool")
 
 
-# --- hyperbolic functions -------------------------------------------------------------------------
+# --- trigonometric and hyperbolic functions -------------------------------------------------------
+
+_TRIG = {"Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan"}
+
+
+@_converts(*_TRIG, newest=REVIEWED_OPSET)
+def _trig(imp: Importer, node: OnnxNode) -> Expr:
+    return imp.call(_TRIG[node.op_type], [node.required(0)])
+
 
 
 def _exp_pair(imp: Importer, x: Expr) -> tuple[Expr, Expr]:
