@@ -36,6 +36,7 @@ pooling (expressed with 2-D pooling on reshaped tensors).
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -341,8 +342,19 @@ def _newest_version(op_type: str) -> int:
     return _NEWEST_VERSION.get(op_type, BASE_OPSET)
 
 
+# Modules of `relay_tune.frontend` holding more converters; they import this one, so they are loaded on
+# first use of the table rather than at import time.
+CONVERTER_MODULES = ("onnx_ops_attention", "onnx_ops_index", "onnx_ops_loss", "onnx_ops_math")
+
+
+def _load_converter_modules() -> None:
+    for name in CONVERTER_MODULES:
+        importlib.import_module(f"relay_tune.frontend.{name}")
+
+
 def supported_ops() -> list[str]:
     """The ONNX operator types (default domain) the importer converts."""
+    _load_converter_modules()
     return sorted(_CONVERTERS)
 
 
@@ -828,9 +840,7 @@ def _instance_norm(imp: Importer, node: OnnxNode) -> Expr:
 @_converts("LayerNormalization")
 def _layer_norm(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     if node.output_used(1) or node.output_used(2):
-        from relay_tune.frontend.onnx_ops_math import layer_norm_statistics
-
-        return layer_norm_statistics(imp, node)
+        return _layer_norm_statistics(imp, node)
     x, scale, bias = node.required(0), node.required(1), node.input(2)
     shape = imp.shape(x)
     rank = len(shape)
@@ -857,6 +867,25 @@ def _layer_norm(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     flat = imp.call("reshape", [x], newshape=[*[0] * axis, -1])
     out = imp.call("nn.layer_norm", [flat, gamma, beta], axis=-1, epsilon=eps)
     return imp.call("reshape", [out], newshape=[*[0] * axis, *normalized])
+
+
+def _layer_norm_statistics(imp: Importer, node: OnnxNode) -> list[Expr]:
+    """LayerNormalization with its Mean and InvStdDev outputs (computed in `stash_type`, float32 by default)."""
+    x, scale, bias = node.required(0), node.required(1), node.input(2)
+    rank = imp.rank(x)
+    axes = list(range(_axis(int(node.attrs.get("axis", -1)), rank), rank))
+    dtype = imp.dtype(x)
+    stash = "float32" if int(node.attrs.get("stash_type", 1)) == 1 else dtype
+    wide = imp.cast(x, stash)
+    mean = imp.call("mean", [wide], axis=axes, keepdims=True)
+    centered = imp.call("subtract", [wide, mean])
+    var = imp.call("mean", [imp.call("multiply", [centered, centered])], axis=axes, keepdims=True)
+    inv_std = imp.call("divide", [imp.const(1, stash), imp.call("sqrt", [
+        imp.scalar_op("add", var, node.attr_float("epsilon", 1e-5))])])
+    y = imp.call("multiply", [imp.cast(imp.call("multiply", [centered, inv_std]), dtype), imp.cast(scale, dtype)])
+    if bias is not None:
+        y = imp.call("add", [y, imp.cast(bias, dtype)])
+    return [y, mean, inv_std]
 
 
 @_converts("LRN")
@@ -1353,6 +1382,7 @@ def _load(model_or_path: onnx.ModelProto | str | Path) -> onnx.ModelProto:
 
 
 def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
+    _load_converter_modules()
     unsupported: Counter[str] = Counter()
     first: dict[str, str] = {}
     for index, node in enumerate(graph.node):
@@ -1508,6 +1538,3 @@ def from_onnx(
     print_module(mod, constants_out=constants)
     return mod, params_dict(constants)
 
-
-# Converters kept in their own modules register into the table above when they are imported.
-from relay_tune.frontend import onnx_ops_attention, onnx_ops_index, onnx_ops_loss, onnx_ops_math  # noqa: E402, F401

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from relay_tune.frontend.onnx import (
+    _CONVERTERS,
     REVIEWED_OPSET,
     Importer,
     OnnxModelError,
@@ -402,26 +403,6 @@ def _rms_normalization(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("multiply", [normed, imp.cast(scale, dtype)])
 
 
-def layer_norm_statistics(imp: Importer, node: OnnxNode) -> list[Expr]:
-    """LayerNormalization with its Mean and InvStdDev outputs: [Y, Mean, InvStdDev]."""
-    x, scale, bias = node.required(0), node.required(1), node.input(2)
-    rank = imp.rank(x)
-    axes = list(range(_axis(int(node.attrs.get("axis", -1)), rank), rank))
-    dtype = imp.dtype(x)
-    stash = "float32" if int(node.attrs.get("stash_type", 1)) == 1 else dtype
-    wide = imp.cast(x, stash)
-    mean = imp.call("mean", [wide], axis=axes, keepdims=True)
-    centered = imp.call("subtract", [wide, mean])
-    var = imp.call("mean", [imp.call("multiply", [centered, centered])], axis=axes, keepdims=True)
-    inv_std = imp.call("divide", [imp.const(1, stash), imp.call("sqrt", [
-        imp.scalar_op("add", var, node.attr_float("epsilon", 1e-5))])])
-    y = imp.cast(imp.call("multiply", [centered, inv_std]), dtype)
-    y = imp.call("multiply", [y, imp.cast(scale, dtype)])
-    if bias is not None:
-        y = imp.call("add", [y, imp.cast(bias, dtype)])
-    return [y, mean, inv_std]
-
-
 # --- Lp pooling -----------------------------------------------------------------------------------
 
 
@@ -436,8 +417,6 @@ def _lp_power(imp: Importer, node: OnnxNode) -> tuple[Expr, float]:
 @_converts("LpPool", newest=REVIEWED_OPSET)
 def _lp_pool(imp: Importer, node: OnnxNode) -> Expr:
     """(sum of |x|^p over each window)^(1/p): an average pool counting the padding, times the window size."""
-    from relay_tune.frontend.onnx import _CONVERTERS
-
     powered, p = _lp_power(imp, node)
     attrs = {k: v for k, v in node.attrs.items() if k != "p"}
     attrs["count_include_pad"] = 1

@@ -32,6 +32,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx.backend.test.case.node import collect_testcases
+
+from relay_tune import build
+from relay_tune.frontend import from_onnx
+from relay_tune.frontend.onnx import UnsupportedOperatorsError
+from relay_tune.interpreter import evaluate
 
 MIN_ATOL = 1e-5
 STATUSES = ("passed", "unsupported", "failed", "excluded")
@@ -179,16 +185,12 @@ def exclusion_rule(model: onnx.ModelProto, name: str) -> str | None:
 
 def interpreter_runner(mod: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Runs `mod` with the numpy reference interpreter."""
-    from relay_tune.interpreter import evaluate
-
     result = evaluate(mod, inputs)
     return [np.asarray(r) for r in result] if isinstance(result, tuple) else [np.asarray(result)]
 
 
 def compiled_runner(mod: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Compiles `mod` for the host CPU with default schedules and runs it."""
-    from relay_tune import build
-
     result = build(mod, "llvm").run(**inputs)
     return [np.asarray(r) for r in result] if isinstance(result, tuple) else [np.asarray(result)]
 
@@ -235,9 +237,6 @@ def _compare(outputs: Sequence[np.ndarray], expected: Sequence[Any], rtol: float
 
 def run_case(case: Any, runner: Runner) -> CaseResult:
     """Imports, runs and classifies one `onnx.backend.test.case` TestCase."""
-    from relay_tune.frontend import from_onnx
-    from relay_tune.frontend.onnx import UnsupportedOperatorsError
-
     model: onnx.ModelProto = case.model
     op_types = tuple(dict.fromkeys(n.op_type for n in model.graph.node))
     rule = exclusion_rule(model, case.name)
@@ -278,8 +277,6 @@ def run_case(case: Any, runner: Runner) -> CaseResult:
 
 def collect_cases(match: str = "") -> list[Any]:
     """The node test cases of the installed onnx package whose name contains `match`."""
-    from onnx.backend.test.case.node import collect_testcases
-
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # the case generators overflow casts on purpose
         cases = collect_testcases()
