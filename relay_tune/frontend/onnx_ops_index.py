@@ -34,6 +34,7 @@ from relay_tune.frontend.onnx import (
     _flatten_2d,
     _prod,
     _restore_shape,
+    relay_dtype,
 )
 from relay_tune.frontend.onnx_ops_math import logical_and, logical_or
 from relay_tune.ir.expr import Expr
@@ -409,3 +410,12 @@ def _center_crop_pad(imp: Importer, node: OnnxNode) -> Expr:
     if any(b or a for b, a in widths):
         x = imp.call("nn.pad", [x, imp.const(0, imp.dtype(x))], pad_width=widths)
     return x
+
+
+@_converts("EyeLike", newest=REVIEWED_OPSET)
+def _eye_like(imp: Importer, node: OnnxNode) -> Expr:
+    """Ones on the `k`-th diagonal of a matrix shaped like the input: a constant (only the shape is read)."""
+    rows, cols = imp.static_shape(node.required(0), "the input of EyeLike")
+    dtype = relay_dtype(int(node.attrs["dtype"]), "EyeLike dtype") if "dtype" in node.attrs else imp.dtype(
+        node.required(0))
+    return imp.const(np.eye(rows, cols, k=int(node.attrs.get("k", 0))), dtype)

@@ -124,6 +124,17 @@ def _bit_shift(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("where", [in_range, floored, sign_fill])
 
 
+@_converts("BitwiseNot", newest=REVIEWED_OPSET)
+def _bitwise_not(imp: Importer, node: OnnxNode) -> Expr:
+    x = node.required(0)
+    dtype = imp.dtype(x)
+    if dtype not in _INT_BITS:
+        raise OnnxModelError(f"BitwiseNot needs integers, got {dtype}")
+    if dtype.startswith("uint"):  # ~x = max - x
+        return imp.call("subtract", [imp.const(np.iinfo(dtype).max, dtype), x])
+    return imp.call("subtract", [imp.call("negative", [x]), imp.const(1, dtype)])  # ~x = -x - 1 (two's complement)
+
+
 # --- logic ----------------------------------------------------------------------------------------
 
 
