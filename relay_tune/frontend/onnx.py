@@ -21,6 +21,11 @@ How the import works
    reference (constant folding). That is what makes the shape arithmetic exporters emit
    (`Shape -> Gather -> Concat -> Reshape`) static, and it pre-transposes weights for `Gemm`/`MatMul`.
 
+Operators beyond the core ones convert in their own modules, loaded on first use of the converter table
+(`CONVERTER_MODULES`): element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
+TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
+RotaryEmbedding (`onnx_ops_attention`). Most are compositions of existing Relay operators.
+
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
 `model.params.npz` (see `relay_tune.frontend.params`). The module itself already holds these values,
