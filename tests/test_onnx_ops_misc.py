@@ -229,6 +229,9 @@ NN = [
     C("center-crop-pad-mixed", "CenterCropPad", {"x": rand(5, 4, 3)}, consts={"s": i64(2, 7)},
       attrs={"axes": [0, -1]}),
     C("split-with-empty-part", "Split", {"x": rand(3, 4)}, consts={"s": i64(4, 0)}, attrs={"axis": 1}, outputs=2),
+    C("concat-with-empty-operand", "Concat", {"x": rand(2, 3), "e": np.zeros((2, 0), np.float32), "y": rand(2, 2)},
+      attrs={"axis": 1}),
+    C("slice-to-empty", "Slice", {"x": rand(4, 3)}, consts={"b": i64(5), "e": i64(9), "a": i64(0)}),
     C("reduce-max-empty-axis", "ReduceMax", {"x": np.zeros((2, 0, 3), np.float32)}, consts={"a": i64(1)}),
 ]
 

@@ -225,6 +225,8 @@ class Importer:
             # (and zero-size tensors are not compiled).
             values = [_constant_value(a) if _is_constant(a) else _empty_value(self.type_of(a)) for a in args]
             return self._fold(opdef.reference(values, full), out_type, op_name)
+        if _is_empty(out_type):  # an empty result holds no data: a constant whatever the arguments
+            return Constant(_empty_value(out_type))
         node = Call(op(op_name), tuple(args), full)
         self._types[id(node)] = out_type
         self._keep.append(node)
@@ -1182,9 +1184,17 @@ def _tile(imp: Importer, node: OnnxNode) -> Expr:
 @_converts("Concat")
 def _concat(imp: Importer, node: OnnxNode) -> Expr:
     operands = [x for x in node.inputs if x is not None]
+    if not operands:
+        raise OnnxModelError("Concat needs at least one input")
+    axis = _axis(int(node.attrs["axis"]), imp.rank(operands[0]))
+    if len(operands) > 1 and any(_is_empty(imp.type_of(x)) for x in operands):
+        # Empty operands add nothing (and zero-size tensors are not compiled): type-check them all, then drop them.
+        opdef = get_op("concatenate")
+        assert opdef.type_relation is not None
+        opdef.type_relation([TupleType(tuple(imp.type_of(x) for x in operands))], opdef.make_attrs({"axis": axis}))
+        operands = [x for x in operands if not _is_empty(imp.type_of(x))] or operands[:1]
     if len(operands) == 1:
         return operands[0]
-    axis = _axis(int(node.attrs["axis"]), imp.rank(operands[0]))
     return imp.call("concatenate", [Tuple(tuple(operands))], axis=axis)
 
 
