@@ -442,7 +442,7 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
     x = var("x", 2, 3, 8, 8)
     y = var("y", 2, 3, 8, 8)
     unary = {"abs", "ceil", "copy", "erf", "exp", "floor", "log", "negative", "round", "rsqrt", "sigmoid", "sqrt",
-             "tanh", "nn.relu", "ones_like", "zeros_like", "nn.batch_flatten"}
+             "tanh", "nn.relu", "ones_like", "zeros_like", "nn.batch_flatten", *CPU_ONLY_OPS}
     binary = {"add", "divide", "equal", "greater", "greater_equal", "less", "less_equal", "maximum", "minimum",
               "multiply", "not_equal", "subtract", "power"}
     if name in unary:
@@ -530,6 +530,8 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
 
 
 OP_NAMES = sorted(o.name for o in all_ops())
+# Operators whose math comes from the C library: NVPTX has none, and says so by name.
+CPU_ONLY_OPS = {"sin", "cos", "tan", "asin", "acos", "atan"}
 
 
 def test_the_operator_table_covers_every_registered_operator() -> None:
@@ -541,13 +543,17 @@ def test_the_operator_table_covers_every_registered_operator() -> None:
 def test_every_operator_runs_correctly_with_its_default_gpu_schedule(name: str) -> None:
     params, body = _op_case(name)
     func, mod = primitive(params, body)
+    if name in CPU_ONLY_OPS:
+        with pytest.raises(CompileError, match=f"{name} is not available on NVPTX"):
+            emulate(func, mod, re.sub(r"\W", "_", name))
+        return
     emulate(func, mod, re.sub(r"\W", "_", name))
 
 
 @needs_ptxas
 def test_ptxas_accepts_every_operator() -> None:
     funcs = []
-    for name in OP_NAMES:
+    for name in sorted(set(OP_NAMES) - CPU_ONLY_OPS):
         params, body = _op_case(name)
         func, _ = primitive(params, body)
         primfunc, _ = lower_gpu(func, re.sub(r"\W", "_", name))

@@ -62,6 +62,8 @@ def fill_array(shape: tuple[int, ...], dtype: str, how: str, rng: np.random.Gene
         x = np.sign(x) * (np.abs(x) + 0.5)
     elif how == "small_int":
         x = np.round(x * 3)
+    elif how == "unit":  # inside (-1, 1), the domain of asin and acos
+        x = np.tanh(x)
     return x.astype(dtype)
 
 
@@ -119,9 +121,9 @@ def broadcast_pair(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
 # element-wise and broadcast
 # ------------------------------------------------------------------------------------------------
 
-UNARY_FILL = {"log": "positive", "sqrt": "positive", "rsqrt": "positive"}
+UNARY_FILL = {"log": "positive", "sqrt": "positive", "rsqrt": "positive", "asin": "unit", "acos": "unit"}
 UNARY = ["negative", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "abs", "copy", "zeros_like",
-         "ones_like", "floor", "ceil", "round", "nn.relu"]
+         "ones_like", "floor", "ceil", "round", "nn.relu", "sin", "cos", "tan", "asin", "acos", "atan"]
 
 
 @pytest.mark.parametrize("name", UNARY)

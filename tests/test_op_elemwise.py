@@ -277,6 +277,8 @@ UNARY_SAMPLE = np.array([-3.5, -2.5, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.5, 2.5
 @pytest.mark.parametrize("name", (*elemwise.UNARY_OPS, "nn.relu"))
 def test_unary_type_and_dtype_preserved(name: str, dtype: str) -> None:
     x = np.abs(UNARY_SAMPLE).astype(dtype) + 0.5 if name in ("log", "sqrt", "rsqrt") else UNARY_SAMPLE.astype(dtype)
+    if name in ("asin", "acos"):  # defined on [-1, 1]
+        x = np.clip(x, -1, 1)
     x = x.reshape(1, 11)
     t = tensor_type(x)
     assert relation(name, [t]) == t

@@ -72,7 +72,8 @@ RESERVED_SYMBOLS = frozenset(
         "omp_get_thread_num", "omp_get_num_threads",
     }
     | {f"{name}{suffix}" for name in ("exp", "exp2", "log", "log2", "pow", "tanh", "erf", "sqrt", "floor", "ceil",
-                                      "round", "roundeven", "rint", "fma", "fabs", "fmod")
+                                      "round", "roundeven", "rint", "fma", "fabs", "fmod", "sin", "cos", "tan",
+                                      "asin", "acos", "atan")
        for suffix in ("", "f", "l")}
 )
 HEAP_ALIGNMENT = 64

@@ -102,6 +102,10 @@ def memory_type(dtype: str) -> ir.Type:
     return I8 if dtype == "bool" else scalar_type(dtype)
 
 
+# Intrinsics lowered to the C library's functions, one lane at a time (float16 through float32).
+LIBM_FUNCTIONS = frozenset({"sin", "cos", "tan", "asin", "acos", "atan"})
+
+
 def unify_dtypes(a: str, b: str) -> str:
     """The dtype both operands of a comparison are converted to when they differ."""
     if a == b:
@@ -1106,6 +1110,8 @@ class LLVMCodegenBase:
             return b.call(self.intrinsic("llvm.fma", x.type, 3), args)
         if name == "pow":
             return self._in_float32(dtype, args, lambda v: b.call(self.intrinsic("llvm.pow", v[0].type, 2), v))
+        if name in LIBM_FUNCTIONS:
+            return self._in_float32(dtype, args, lambda v: self._libm_per_lane(name, v[0]))
         if name in ("exp", "log", "tanh", "erf", "sigmoid"):
             if info.bits == 64:
                 return self._float64_math(name, x)
@@ -1131,7 +1137,14 @@ class LLVMCodegenBase:
             e = b.call(self.intrinsic("llvm.exp", x.type), [b.fneg(x)])
             return b.fdiv(one, b.fadd(one, e))
         # tanh and erf: the C library, one lane at a time (double precision is not the fast path).
-        libm = self.declare(name, ir.DoubleType(), [ir.DoubleType()])
+        return self._libm_per_lane(name, x)
+
+    def _libm_per_lane(self, name: str, x: ir.Value) -> ir.Value:
+        """The C library's `name` (`namef` on float32) applied to each lane of `x`."""
+        b = self.builder
+        scalar = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+        single = isinstance(scalar, ir.FloatType)
+        libm = self.declare(f"{name}f" if single else name, scalar, [scalar])
         if lanes_of(x) == 1:
             return b.call(libm, [x])
         result: ir.Value = ir.Constant(x.type, ir.Undefined)

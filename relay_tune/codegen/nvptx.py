@@ -56,6 +56,7 @@ from relay_tune.codegen.llvm_base import (
     I1,
     I32,
     I64,
+    LIBM_FUNCTIONS,
     CodegenOptions,
     LLVMCodegenBase,
     VectorLanes,
@@ -623,6 +624,8 @@ class NVPTXCodegen(LLVMCodegenBase):
         info = dtype_info(dtype)
         if not info.is_float:
             return None
+        if name in LIBM_FUNCTIONS:  # NVPTX has no C library to call
+            raise CompileError(f"{name} is not available on NVPTX targets (the CPU target computes it)")
         if name == "pow":
             wide = [self._to_f64(a, dtype) for a in args]
             return self._from_f64(Float64Math(self.builder, self.intrinsic).pow(*wide), dtype)

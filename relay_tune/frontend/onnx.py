@@ -1,4 +1,4 @@
-"""Import ONNX models (default-domain opsets 6 to 21) into a Relay module.
+"""Import ONNX models (default-domain opsets 6 to the newest of the installed onnx package) into a Relay module.
 
     mod, params = from_onnx("model.onnx")                      # or an onnx.ModelProto
     mod, params = from_onnx(model, shape_overrides={"input": (1, 3, 224, 224)})
@@ -7,7 +7,9 @@ How the import works
 --------------------
 1. Every operator type of the graph is checked against the converter table first: a model using
    operators relay-tune cannot import fails at once with one `UnsupportedOperatorsError` listing each
-   of them with its count, before any tensor is read.
+   of them with its count, before any tensor is read. Then each node's operator version (the newest
+   definition at the model's opset) is checked against the newest version its converter was written
+   for: a newer definition fails with a message naming the node.
 2. Graph inputs become the parameters of `@main` (named as in the model; dimensions that are
    symbolic or unknown become `?` unless `shape_overrides` gives them). Initializers become
    `Constant` nodes, so the module is self-contained.
@@ -18,6 +20,12 @@ How the import works
 4. A call whose arguments are all constants is evaluated on the spot with the operator's numpy
    reference (constant folding). That is what makes the shape arithmetic exporters emit
    (`Shape -> Gather -> Concat -> Reshape`) static, and it pre-transposes weights for `Gemm`/`MatMul`.
+
+Operators beyond the core ones convert in their own modules, each registering its converters in the table of
+`relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
+Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
+TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
+RotaryEmbedding (`onnx_ops_attention`). Most are compositions of existing Relay operators.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
@@ -33,9 +41,10 @@ pooling (expressed with 2-D pooling on reshaped tensors).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,25 +54,51 @@ import onnx
 from onnx import helper, numpy_helper
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
-from relay_tune.frontend.onnx_image import CONVERTERS as IMAGE_CONVERTERS
+
+# The converter modules register their converters in the table when imported.
+from relay_tune.frontend import (  # noqa: F401
+    onnx_image,
+    onnx_ops_attention,
+    onnx_ops_index,
+    onnx_ops_loss,
+    onnx_ops_math,
+)
 from relay_tune.frontend.onnx_importer import (
     Importer,
     OnnxModelError,
     OnnxNode,
-    _fmt,
+    batch_matmul,
+    flatten_2d,
+    format_shape,
+    is_empty,
+    legacy_broadcast,
+    normalize_axis,
+    relay_dtype,
+    restore_shape,
+)
+from relay_tune.frontend.onnx_registry import (
+    BASE_OPSET,
+    CONVERTERS,
+    MAX_OPSET,
+    MIN_OPSET,
+    REVIEWED_OPSET,
+    converts,
+    newest_version,
 )
 from relay_tune.frontend.params import params_dict
 from relay_tune.ir.expr import Constant, Expr, Function, Tuple, Var
 from relay_tune.ir.module import IRModule
-from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType
+from relay_tune.ir.types import ANY, Dim, TensorType, TupleType
 from relay_tune.op._shape import broadcast_shapes
+from relay_tune.op.registry import get_op
 from relay_tune.text import print_module
 from relay_tune.type_infer import infer_types
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "OnnxModelError", "UnsupportedOperatorsError", "from_onnx", "supported_ops"]
+__all__ = [
+    "BASE_OPSET", "MAX_OPSET", "MIN_OPSET", "REVIEWED_OPSET", "OnnxModelError", "UnsupportedOperatorsError",
+    "from_onnx", "supported_ops",
+]
 
-MIN_OPSET = 6
-MAX_OPSET = 21
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -85,70 +120,13 @@ class UnsupportedOperatorsError(UnsupportedError):
 
 
 # ================================================================================================
-# dtypes
-# ================================================================================================
-
-_ONNX_DTYPES: dict[int, str] = {
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.INT16: "int16",
-    onnx.TensorProto.INT32: "int32",
-    onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.UINT8: "uint8",
-    onnx.TensorProto.UINT16: "uint16",
-    onnx.TensorProto.UINT32: "uint32",
-    onnx.TensorProto.UINT64: "uint64",
-    onnx.TensorProto.BOOL: "bool",
-}
-
-
-def relay_dtype(elem_type: int, what: str) -> str:
-    """The Relay dtype of an ONNX element type; types without one (string, bfloat16, ...) are unsupported."""
-    try:
-        return _ONNX_DTYPES[elem_type]
-    except KeyError:
-        known = elem_type in onnx.TensorProto.DataType.values()
-        name = onnx.TensorProto.DataType.Name(elem_type) if known else str(elem_type)
-        raise UnsupportedError(f"{what}: ONNX element type {name} is not supported") from None
-
-
-# ================================================================================================
-# The importer state
-# ================================================================================================
-
-
-def _axis(axis: int, rank: int, what: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise OnnxModelError(f"{what} {axis} is out of range for a tensor of rank {rank}")
-    return axis % rank
-
-
-def _prod(dims: Sequence[int]) -> int:
-    return math.prod(dims)
-
-
-# ================================================================================================
 # Converters
 # ================================================================================================
-
-Converter = Callable[[Importer, OnnxNode], "Expr | Sequence[Expr]"]
-_CONVERTERS: dict[str, Converter] = dict(IMAGE_CONVERTERS)  # families kept in their own modules
-
-
-def _converts(*op_types: str) -> Callable[[Converter], Converter]:
-    def register(fn: Converter) -> Converter:
-        for name in op_types:
-            _CONVERTERS[name] = fn
-        return fn
-
-    return register
 
 
 def supported_ops() -> list[str]:
     """The ONNX operator types (default domain) the importer converts."""
-    return sorted(_CONVERTERS)
+    return sorted(CONVERTERS)
 
 
 # --- element-wise -------------------------------------------------------------------------------
@@ -159,7 +137,7 @@ _UNARY = {
 }
 
 
-@_converts(*_UNARY)
+@converts(*_UNARY)
 def _unary(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call(_UNARY[node.op_type], [node.required(0)])
 
@@ -171,30 +149,17 @@ _BINARY = {
 }
 
 
-def _legacy_broadcast(imp: Importer, node: OnnxNode, lhs: Expr, rhs: Expr) -> Expr:
-    """Before opset 7, `broadcast=1, axis=k` aligns the right operand's dims with the left's from axis k."""
-    if imp.opset >= 7 or not node.attrs.get("broadcast") or "axis" not in node.attrs:
-        return rhs
-    rank = imp.rank(lhs)
-    axis = _axis(int(node.attrs["axis"]), rank)
-    rhs_shape = imp.shape(rhs)
-    trailing = rank - axis - len(rhs_shape)
-    if trailing <= 0:
-        return rhs
-    return imp.call("reshape", [rhs], newshape=[*[0] * len(rhs_shape), *[1] * trailing])
-
-
-@_converts(*_BINARY)
+@converts(*_BINARY)
 def _binary(imp: Importer, node: OnnxNode) -> Expr:
     lhs, rhs = node.required(0), node.required(1)
-    rhs = _legacy_broadcast(imp, node, lhs, rhs)
+    rhs = legacy_broadcast(imp, node, lhs, rhs)
     if node.op_type == "Pow":
         # The exponent may have its own dtype (since opset 12); the result has the base's.
         rhs = imp.cast(rhs, imp.dtype(lhs))
     return imp.call(_BINARY[node.op_type], [lhs, rhs])
 
 
-@_converts("Max", "Min", "Sum", "Mean")
+@converts("Max", "Min", "Sum", "Mean")
 def _variadic(imp: Importer, node: OnnxNode) -> Expr:
     operands = [x for x in node.inputs if x is not None]
     if not operands:
@@ -208,13 +173,13 @@ def _variadic(imp: Importer, node: OnnxNode) -> Expr:
     return result
 
 
-@_converts("Reciprocal")
+@converts("Reciprocal")
 def _reciprocal(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     return imp.call("divide", [imp.const(1, imp.dtype(x)), x])
 
 
-@_converts("Sign")
+@converts("Sign")
 def _sign(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     dtype = imp.dtype(x)
@@ -224,17 +189,17 @@ def _sign(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("subtract", [positive, negative])
 
 
-@_converts("Where")
+@converts("Where")
 def _where(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("where", [node.required(0), node.required(1), node.required(2)])
 
 
-@_converts("Cast")
+@converts("Cast")
 def _cast(imp: Importer, node: OnnxNode) -> Expr:
     return imp.cast(node.required(0), relay_dtype(int(node.attrs["to"]), "Cast target"))
 
 
-@_converts("Identity", "Dropout")
+@converts("Identity", "Dropout")
 def _identity(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     x = node.required(0)
     training = node.input(2)
@@ -251,12 +216,12 @@ def _identity(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
 # --- activations expressed with element-wise operators ------------------------------------------
 
 
-@_converts("LeakyRelu")
+@converts("LeakyRelu")
 def _leaky_relu(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("nn.leaky_relu", [node.required(0)], alpha=node.attr_float("alpha", 0.01))
 
 
-@_converts("PRelu")
+@converts("PRelu")
 def _prelu(imp: Importer, node: OnnxNode) -> Expr:
     x, slope = node.required(0), node.required(1)
     slope = _legacy_unidirectional(imp, x, slope)
@@ -279,19 +244,19 @@ def _elu_core(imp: Importer, x: Expr, alpha: float) -> Expr:
     return imp.call("where", [imp.call("greater", [x, imp.const(0, dtype)]), x, negative_part])
 
 
-@_converts("Elu")
+@converts("Elu")
 def _elu(imp: Importer, node: OnnxNode) -> Expr:
     return _elu_core(imp, node.required(0), node.attr_float("alpha", 1.0))
 
 
-@_converts("Selu")
+@converts("Selu")
 def _selu(imp: Importer, node: OnnxNode) -> Expr:
     alpha = node.attr_float("alpha", 1.67326319217681884765625)
     gamma = node.attr_float("gamma", 1.05070102214813232421875)
     return imp.scalar_op("multiply", _elu_core(imp, node.required(0), alpha), gamma)
 
 
-@_converts("Softplus")
+@converts("Softplus")
 def _softplus(imp: Importer, node: OnnxNode) -> Expr:
     # log(1 + e^x) computed as max(x, 0) + log(1 + e^-|x|), which never overflows.
     x = node.required(0)
@@ -301,13 +266,13 @@ def _softplus(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("add", [relu, imp.call("log", [imp.scalar_op("add", tail, 1.0)])])
 
 
-@_converts("Softsign")
+@converts("Softsign")
 def _softsign(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     return imp.call("divide", [x, imp.scalar_op("add", imp.call("abs", [x]), 1.0)])
 
 
-@_converts("HardSigmoid")
+@converts("HardSigmoid")
 def _hard_sigmoid(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     alpha, beta = node.attr_float("alpha", 0.2), node.attr_float("beta", 0.5)
@@ -315,7 +280,7 @@ def _hard_sigmoid(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("clip", [linear], a_min=0.0, a_max=1.0)
 
 
-@_converts("Shrink")
+@converts("Shrink")
 def _shrink(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     lambd, bias = node.attr_float("lambd", 0.5), node.attr_float("bias", 0.0)
@@ -327,7 +292,7 @@ def _shrink(imp: Importer, node: OnnxNode) -> Expr:
                               imp.call("where", [above, imp.scalar_op("subtract", x, bias), zero])])
 
 
-@_converts("Gelu")
+@converts("Gelu")
 def _gelu(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     approximate = node.attr_str("approximate", "none")
@@ -345,7 +310,7 @@ def _gelu(imp: Importer, node: OnnxNode) -> Expr:
     return imp.scalar_op("multiply", imp.call("multiply", [x, gate]), 0.5)
 
 
-@_converts("Clip")
+@converts("Clip")
 def _clip(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     dtype = imp.dtype(x)
@@ -367,41 +332,20 @@ def _clip(imp: Importer, node: OnnxNode) -> Expr:
 # --- softmax ------------------------------------------------------------------------------------
 
 
-def _flatten_2d(imp: Importer, x: Expr, axis: int) -> Expr:
-    """`x` reshaped to `(prod(shape[:axis]), prod(shape[axis:]))`."""
-    shape = imp.shape(x)
-    tail = shape[axis:]
-    if all(isinstance(d, int) for d in shape):
-        return imp.reshape(x, [_prod(shape[:axis]), _prod(tail)])  # type: ignore[arg-type]
-    if all(isinstance(d, int) for d in tail):
-        return imp.call("reshape", [x], newshape=[-1, _prod(tail)])  # type: ignore[arg-type]
-    raise UnsupportedError(f"flattening a tensor of dynamic shape {_fmt(shape)} at axis {axis}")
-
-
-def _restore_shape(imp: Importer, x: Expr, shape: Sequence[Dim]) -> Expr:
-    if all(isinstance(d, int) for d in shape):
-        return imp.reshape(x, shape)  # type: ignore[arg-type]
-    # A single dynamic dimension (typically the batch) is inferred from the element count.
-    spec = [-1 if isinstance(d, AnyDim) else int(d) for d in shape]
-    if spec.count(-1) != 1:
-        raise UnsupportedError(f"restoring the dynamic shape {_fmt(shape)}")
-    return imp.call("reshape", [x], newshape=spec)
-
-
-@_converts("Softmax", "LogSoftmax")
+@converts("Softmax", "LogSoftmax")
 def _softmax(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     rank = imp.rank(x)
     op_name = "nn.softmax" if node.op_type == "Softmax" else "nn.log_softmax"
     if imp.opset >= 13:
-        return imp.call(op_name, [x], axis=_axis(int(node.attrs.get("axis", -1)), rank))
+        return imp.call(op_name, [x], axis=normalize_axis(int(node.attrs.get("axis", -1)), rank))
     # Before opset 13 the input is coerced to 2-D at `axis` and normalised over the whole second part.
-    axis = _axis(int(node.attrs.get("axis", 1)), rank)
+    axis = normalize_axis(int(node.attrs.get("axis", 1)), rank)
     if axis == rank - 1:
         return imp.call(op_name, [x], axis=axis)
     shape = imp.shape(x)
-    flat = imp.call(op_name, [_flatten_2d(imp, x, axis)], axis=1)
-    return _restore_shape(imp, flat, shape)
+    flat = imp.call(op_name, [flatten_2d(imp, x, axis)], axis=1)
+    return restore_shape(imp, flat, shape)
 
 
 # --- convolution --------------------------------------------------------------------------------
@@ -444,7 +388,7 @@ def _ints_attr(node: OnnxNode, name: str, count: int, default: int = 1) -> list[
 _CONV_OPS = {1: ("nn.conv1d", "NCW", "OIW"), 2: ("nn.conv2d", "NCHW", "OIHW"), 3: ("nn.conv3d", "NCDHW", "OIDHW")}
 
 
-@_converts("Conv")
+@converts("Conv")
 def _conv(imp: Importer, node: OnnxNode) -> Expr:
     x, w, bias = node.required(0), node.required(1), node.input(2)
     w_shape = imp.static_shape(w, "the weight")
@@ -469,7 +413,7 @@ def _conv(imp: Importer, node: OnnxNode) -> Expr:
 _CONV_TRANSPOSE_OPS = {1: ("nn.conv1d_transpose", "NCW", "IOW"), 2: ("nn.conv2d_transpose", "NCHW", "IOHW")}
 
 
-@_converts("ConvTranspose")
+@converts("ConvTranspose")
 def _conv_transpose(imp: Importer, node: OnnxNode) -> Expr:
     x, w, bias = node.required(0), node.required(1), node.input(2)
     w_shape = imp.static_shape(w, "the weight")
@@ -526,17 +470,17 @@ def _dense(imp: Importer, a: Expr, weight: Expr) -> Expr:
     if len(shape) <= 2 or not all(isinstance(d, int) for d in shape[:-1]):
         return imp.call("nn.dense", [a, weight])
     lead = [int(d) for d in shape[:-1]]  # type: ignore[call-overload]
-    flat = imp.reshape(a, [_prod(lead), int(shape[-1])])  # type: ignore[call-overload]
+    flat = imp.reshape(a, [math.prod(lead), int(shape[-1])])  # type: ignore[call-overload]
     out = imp.call("nn.dense", [flat, weight])
     return imp.reshape(out, [*lead, int(imp.shape(weight)[0])])  # type: ignore[call-overload]
 
 
-@_converts("Gemm")
+@converts("Gemm")
 def _gemm(imp: Importer, node: OnnxNode) -> Expr:
     a, b, c = node.required(0), node.required(1), node.input(2)
     alpha, beta = node.attr_float("alpha", 1.0), node.attr_float("beta", 1.0)
     if imp.rank(a) != 2 or imp.rank(b) != 2:
-        raise OnnxModelError(f"A and B must be 2-D, got {_fmt(imp.shape(a))} and {_fmt(imp.shape(b))}")
+        raise OnnxModelError(f"A and B must be 2-D, got {format_shape(imp.shape(a))} and {format_shape(imp.shape(b))}")
     if node.attrs.get("transA", 0):
         a = imp.call("transpose", [a], axes=[1, 0])
     # nn.dense wants the weight as (N, K): that is B itself when transB=1.
@@ -554,7 +498,7 @@ def _gemm(imp: Importer, node: OnnxNode) -> Expr:
     return out
 
 
-@_converts("MatMul")
+@converts("MatMul")
 def _matmul(imp: Importer, node: OnnxNode) -> Expr:
     a, b = node.required(0), node.required(1)
     if imp.rank(a) == 0 or imp.rank(b) == 0:
@@ -567,7 +511,7 @@ def _matmul(imp: Importer, node: OnnxNode) -> Expr:
     if imp.rank(b) == 2:
         out = _dense(imp, a, imp.call("transpose", [b], axes=[1, 0]))
     else:
-        out = _batch_matmul(imp, a, b)
+        out = batch_matmul(imp, a, b)
     if a_vector:
         out = imp.call("squeeze", [out], axis=[imp.rank(out) - 2])
     if b_vector:
@@ -575,30 +519,9 @@ def _matmul(imp: Importer, node: OnnxNode) -> Expr:
     return out
 
 
-def _batch_matmul(imp: Importer, a: Expr, b: Expr) -> Expr:
-    """numpy matmul of `a (..., M, K)` and `b (..., K, N)` with broadcast batch dims, via nn.batch_matmul."""
-    a_shape = imp.static_shape(a, "the first MatMul operand")
-    b_shape = imp.static_shape(b, "the second MatMul operand")
-    batch = tuple(int(d) for d in broadcast_shapes(a_shape[:-2], b_shape[:-2], op_name="MatMul"))  # type: ignore[call-overload]
-    count = _prod(batch)
-
-    def as_3d(x: Expr, shape: tuple[int, ...]) -> Expr:
-        own = shape[:-2]
-        if _prod(own) == 1:
-            return imp.reshape(x, [1, *shape[-2:]])  # batch_matmul broadcasts a batch of 1
-        padded = (1,) * (len(batch) - len(own)) + own
-        if padded != batch:
-            x = imp.call("broadcast_to", [x], shape=[*batch, *shape[-2:]])
-        return imp.reshape(x, [count, *shape[-2:]])
-
-    out = imp.call("nn.batch_matmul", [as_3d(a, a_shape), as_3d(b, b_shape)])
-    return imp.reshape(out, [*batch, a_shape[-2], b_shape[-1]])
 
 
-# --- normalisation ------------------------------------------------------------------------------
-
-
-@_converts("BatchNormalization")
+@converts("BatchNormalization")
 def _batch_norm(imp: Importer, node: OnnxNode) -> Expr:
     if any(node.output_used(i) for i in range(1, 5)) or node.attrs.get("training_mode", 0):
         raise UnsupportedError("training-mode BatchNormalization (running statistics outputs)")
@@ -616,7 +539,7 @@ def _channel_vector(imp: Importer, vec: Expr, rank: int) -> Expr:
     return imp.reshape(vec, [-1, *[1] * (rank - 2)])
 
 
-@_converts("InstanceNormalization")
+@converts("InstanceNormalization")
 def _instance_norm(imp: Importer, node: OnnxNode) -> Expr:
     x, scale, bias = node.required(0), node.required(1), node.required(2)
     rank = imp.rank(x)
@@ -630,18 +553,18 @@ def _instance_norm(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("add", [scaled, _channel_vector(imp, bias, rank)])
 
 
-@_converts("LayerNormalization")
-def _layer_norm(imp: Importer, node: OnnxNode) -> Expr:
+@converts("LayerNormalization")
+def _layer_norm(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     if node.output_used(1) or node.output_used(2):
-        raise UnsupportedError("LayerNormalization's Mean / InvStdDev outputs")
+        return _layer_norm_statistics(imp, node)
     x, scale, bias = node.required(0), node.required(1), node.input(2)
     shape = imp.shape(x)
     rank = len(shape)
-    axis = _axis(int(node.attrs.get("axis", -1)), rank)
+    axis = normalize_axis(int(node.attrs.get("axis", -1)), rank)
     normalized = shape[axis:]
     if not all(isinstance(d, int) for d in normalized):
-        raise UnsupportedError(f"LayerNormalization over the dynamic dimensions {_fmt(normalized)}")
-    size = _prod(normalized)  # type: ignore[arg-type]
+        raise UnsupportedError(f"LayerNormalization over the dynamic dimensions {format_shape(normalized)}")
+    size = math.prod(normalized)  # type: ignore[arg-type]
     dtype = imp.dtype(x)
 
     def as_vector(param: Expr | None, fill: float) -> Expr:
@@ -662,7 +585,26 @@ def _layer_norm(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("reshape", [out], newshape=[*[0] * axis, *normalized])
 
 
-@_converts("LRN")
+def _layer_norm_statistics(imp: Importer, node: OnnxNode) -> list[Expr]:
+    """LayerNormalization with its Mean and InvStdDev outputs (computed in `stash_type`, float32 by default)."""
+    x, scale, bias = node.required(0), node.required(1), node.input(2)
+    rank = imp.rank(x)
+    axes = list(range(normalize_axis(int(node.attrs.get("axis", -1)), rank), rank))
+    dtype = imp.dtype(x)
+    stash = "float32" if int(node.attrs.get("stash_type", 1)) == 1 else dtype
+    wide = imp.cast(x, stash)
+    mean = imp.call("mean", [wide], axis=axes, keepdims=True)
+    centered = imp.call("subtract", [wide, mean])
+    var = imp.call("mean", [imp.call("multiply", [centered, centered])], axis=axes, keepdims=True)
+    inv_std = imp.call("divide", [imp.const(1, stash), imp.call("sqrt", [
+        imp.scalar_op("add", var, node.attr_float("epsilon", 1e-5))])])
+    y = imp.call("multiply", [imp.cast(imp.call("multiply", [centered, inv_std]), dtype), imp.cast(scale, dtype)])
+    if bias is not None:
+        y = imp.call("add", [y, imp.cast(bias, dtype)])
+    return [y, mean, inv_std]
+
+
+@converts("LRN")
 def _lrn(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     size = int(node.attrs["size"])
@@ -753,7 +695,7 @@ def _sub_spec(p: _PoolSpec, axes: Sequence[int]) -> _PoolSpec:
                      p.ceil_mode, p.count_include_pad)
 
 
-@_converts("MaxPool", "AveragePool")
+@converts("MaxPool", "AveragePool")
 def _pool(imp: Importer, node: OnnxNode) -> Expr:
     if node.op_type == "MaxPool" and node.output_used(1):
         raise UnsupportedError("MaxPool's Indices output")
@@ -762,7 +704,7 @@ def _pool(imp: Importer, node: OnnxNode) -> Expr:
     p = _pool_spec(imp, node, "max" if node.op_type == "MaxPool" else "avg", shape[2:])
     nsp = len(p.kernel)
     if nsp != len(shape) - 2:
-        raise OnnxModelError(f"kernel_shape {p.kernel} does not fit an input of shape {_fmt(shape)}")
+        raise OnnxModelError(f"kernel_shape {p.kernel} does not fit an input of shape {format_shape(shape)}")
     n, c = shape[:2]
     if nsp == 2:
         return _pool2d(imp, x, p, (2, 3))
@@ -785,7 +727,7 @@ def _pool(imp: Importer, node: OnnxNode) -> Expr:
     raise UnsupportedError(f"{nsp}-D pooling (1-D, 2-D and 3-D are supported)")
 
 
-@_converts("GlobalAveragePool", "GlobalMaxPool")
+@converts("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     rank = imp.rank(x)
@@ -800,7 +742,7 @@ def _global_pool(imp: Importer, node: OnnxNode) -> Expr:
 _REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod"}
 
 
-@_converts(*_REDUCE)
+@converts(*_REDUCE)
 def _reduce(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     rank = imp.rank(x)
@@ -813,13 +755,31 @@ def _reduce(imp: Importer, node: OnnxNode) -> Expr:
         if node.attrs.get("noop_with_empty_axes", 0):
             return x
         axes = list(range(rank))
-    return imp.call(_REDUCE[node.op_type], [x], axis=[_axis(a, rank) for a in axes], keepdims=keepdims)
+    axes = [normalize_axis(a, rank) for a in axes]
+    shape = imp.shape(x)
+    if node.op_type in ("ReduceMax", "ReduceMin") and any(shape[a] == 0 for a in axes):
+        # The maximum of no elements is the identity of max: the lowest value of the type (-inf, False, ...).
+        return _empty_extreme(imp, x, axes, keepdims, lowest=node.op_type == "ReduceMax")
+    return imp.call(_REDUCE[node.op_type], [x], axis=axes, keepdims=keepdims)
+
+
+def _empty_extreme(imp: Importer, x: Expr, axes: list[int], keepdims: bool, lowest: bool) -> Expr:
+    shape = imp.static_shape(x, "the reduced tensor")
+    out_shape = [1 if i in axes else d for i, d in enumerate(shape) if keepdims or i not in axes]
+    dtype = np.dtype(imp.dtype(x))
+    if dtype.kind == "f":
+        value: Any = -np.inf if lowest else np.inf
+    elif dtype.kind == "b":
+        value = not lowest
+    else:
+        value = np.iinfo(dtype).min if lowest else np.iinfo(dtype).max
+    return imp.const(np.full(out_shape, value), imp.dtype(x))
 
 
 # --- shape manipulation -------------------------------------------------------------------------
 
 
-@_converts("Reshape")
+@converts("Reshape")
 def _reshape(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     if "shape" in node.attrs:  # opset < 5
@@ -835,19 +795,19 @@ def _reshape(imp: Importer, node: OnnxNode) -> Expr:
     if out.count(-1) > 1:
         raise OnnxModelError(f"shape {spec} has more than one -1")
     if -1 in out:
-        known = _prod([d for d in out if d != -1])
-        total = _prod(shape)  # type: ignore[arg-type]
+        known = math.prod([d for d in out if d != -1])
+        total = math.prod(shape)  # type: ignore[arg-type]
         if known == 0 or total % known:
-            raise OnnxModelError(f"cannot reshape {_fmt(shape)} to {spec}")
+            raise OnnxModelError(f"cannot reshape {format_shape(shape)} to {spec}")
         out[out.index(-1)] = total // known
-    if _prod(out) != _prod(shape):  # type: ignore[arg-type]
-        raise OnnxModelError(f"cannot reshape {_fmt(shape)} ({_prod(shape)} elements) to {spec}")  # type: ignore[arg-type]
+    if math.prod(out) != math.prod(shape):  # type: ignore[arg-type]
+        raise OnnxModelError(f"cannot reshape {format_shape(shape)} ({math.prod(shape)} elements) to {spec}")  # type: ignore[arg-type]
     if 0 in out:  # a literal zero-sized dimension (Relay's reshape would read 0 as "copy")
         return imp.call("reshape", [x], newshape=out, allowzero=1)
     return imp.reshape(x, out)
 
 
-@_converts("Flatten")
+@converts("Flatten")
 def _flatten(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     rank = imp.rank(x)
@@ -855,10 +815,10 @@ def _flatten(imp: Importer, node: OnnxNode) -> Expr:
     axis = axis + rank if axis < 0 else axis
     if not 0 <= axis <= rank:
         raise OnnxModelError(f"axis {axis} is out of range for rank {rank}")
-    return _flatten_2d(imp, x, axis)
+    return flatten_2d(imp, x, axis)
 
 
-@_converts("Transpose")
+@converts("Transpose")
 def _transpose(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     perm = [int(a) for a in node.attrs.get("perm", reversed(range(imp.rank(x))))]
@@ -876,21 +836,21 @@ def _axes_arg(imp: Importer, node: OnnxNode, what: str) -> list[int] | None:
     return None
 
 
-@_converts("Squeeze")
+@converts("Squeeze")
 def _squeeze(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     shape = imp.shape(x)
     axes = _axes_arg(imp, node, "axes")
     if axes is None:
         if not all(isinstance(d, int) for d in shape):
-            raise UnsupportedError(f"Squeeze without axes on the dynamic shape {_fmt(shape)}")
+            raise UnsupportedError(f"Squeeze without axes on the dynamic shape {format_shape(shape)}")
         axes = [i for i, d in enumerate(shape) if d == 1]
     if not axes:
         return x
-    return imp.call("squeeze", [x], axis=sorted(_axis(a, len(shape)) for a in axes))
+    return imp.call("squeeze", [x], axis=sorted(normalize_axis(a, len(shape)) for a in axes))
 
 
-@_converts("Unsqueeze")
+@converts("Unsqueeze")
 def _unsqueeze(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     axes = _axes_arg(imp, node, "axes")
@@ -898,12 +858,12 @@ def _unsqueeze(imp: Importer, node: OnnxNode) -> Expr:
         raise OnnxModelError("Unsqueeze needs axes")
     out_rank = imp.rank(x) + len(axes)
     # Axes are positions in the output; inserting them in increasing order keeps each position right.
-    for axis in sorted(_axis(a, out_rank) for a in axes):
+    for axis in sorted(normalize_axis(a, out_rank) for a in axes):
         x = imp.call("expand_dims", [x], axis=axis)
     return x
 
 
-@_converts("Expand")
+@converts("Expand")
 def _expand(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     target = imp.static_ints(node.input(1), "the shape input")
@@ -914,13 +874,13 @@ def _expand(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("broadcast_to", [x], shape=list(out))
 
 
-@_converts("Tile")
+@converts("Tile")
 def _tile(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     repeats = imp.static_ints(node.input(1), "the repeats input")
     shape = imp.static_shape(x)
     if len(repeats) != len(shape):
-        raise OnnxModelError(f"repeats {repeats} must have one entry per axis of {_fmt(shape)}")
+        raise OnnxModelError(f"repeats {repeats} must have one entry per axis of {format_shape(shape)}")
     if all(r == 1 for r in repeats):
         return x
     # Tiling is broadcasting along a new axis in front of each axis, then merging each pair.
@@ -930,20 +890,28 @@ def _tile(imp: Importer, node: OnnxNode) -> Expr:
     return imp.reshape(tiled, [r * d for r, d in zip(repeats, shape)])
 
 
-@_converts("Concat")
+@converts("Concat")
 def _concat(imp: Importer, node: OnnxNode) -> Expr:
     operands = [x for x in node.inputs if x is not None]
+    if not operands:
+        raise OnnxModelError("Concat needs at least one input")
+    axis = normalize_axis(int(node.attrs["axis"]), imp.rank(operands[0]))
+    if len(operands) > 1 and any(is_empty(imp.type_of(x)) for x in operands):
+        # Empty operands add nothing (and zero-size tensors are not compiled): type-check them all, then drop them.
+        opdef = get_op("concatenate")
+        assert opdef.type_relation is not None
+        opdef.type_relation([TupleType(tuple(imp.type_of(x) for x in operands))], opdef.make_attrs({"axis": axis}))
+        operands = [x for x in operands if not is_empty(imp.type_of(x))] or operands[:1]
     if len(operands) == 1:
         return operands[0]
-    axis = _axis(int(node.attrs["axis"]), imp.rank(operands[0]))
     return imp.call("concatenate", [Tuple(tuple(operands))], axis=axis)
 
 
-@_converts("Split")
+@converts("Split")
 def _split(imp: Importer, node: OnnxNode) -> list[Expr]:
     x = node.required(0)
     shape = imp.shape(x)
-    axis = _axis(int(node.attrs.get("axis", 0)), len(shape))
+    axis = normalize_axis(int(node.attrs.get("axis", 0)), len(shape))
     count = len(node.outputs)
     if node.input(1) is not None:
         sizes: list[int] | None = imp.static_ints(node.input(1), "the split input")
@@ -964,6 +932,16 @@ def _split(imp: Importer, node: OnnxNode) -> list[Expr]:
         raise OnnxModelError(f"split sizes {sizes} do not add up to the axis extent {extent}")
     if len(sizes) == 1:
         return [x]
+    if 0 in sizes:
+        # `split` wants strictly increasing cut points: slice each part; an empty part holds no data, so it is
+        # a constant (zero-size tensors are not compiled).
+        starts = [0, *np.cumsum(sizes)[:-1]]
+        parts = []
+        for begin, size in zip(starts, sizes):
+            part = imp.call("strided_slice", [x], begin=[int(begin)], end=[int(begin) + size], axes=[axis])
+            empty = size == 0 and all(isinstance(d, int) for d in imp.shape(part))
+            parts.append(imp.const(np.zeros(imp.static_shape(part)), imp.dtype(x)) if empty else part)
+        return parts
     indices = list(np.cumsum(sizes)[:-1])
     out = imp.call("split", [x], indices_or_sections=[int(i) for i in indices], axis=axis)
     return [imp.item(out, i) for i in range(len(sizes))]
@@ -980,7 +958,7 @@ def _slice_bound(value: int, extent: int, step: int, is_end: bool) -> int:
     return -extent - 1 if is_end and clamped == -1 else clamped
 
 
-@_converts("Slice")
+@converts("Slice")
 def _slice(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     shape = imp.shape(x)
@@ -999,7 +977,7 @@ def _slice(imp: Importer, node: OnnxNode) -> Expr:
         raise OnnxModelError(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length")
     if any(s == 0 for s in steps):
         raise OnnxModelError("a slice step of 0")
-    axes = [_axis(a, len(shape)) for a in axes]
+    axes = [normalize_axis(a, len(shape)) for a in axes]
     begin, end = [], []
     for axis, s, e, step in zip(axes, starts, ends, steps):
         extent = shape[axis]
@@ -1010,10 +988,10 @@ def _slice(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("strided_slice", [x], begin=begin, end=end, strides=steps, axes=axes)
 
 
-@_converts("Gather")
+@converts("Gather")
 def _gather(imp: Importer, node: OnnxNode) -> Expr:
     data, indices = node.required(0), node.required(1)
-    axis = _axis(int(node.attrs.get("axis", 0)), imp.rank(data))
+    axis = normalize_axis(int(node.attrs.get("axis", 0)), imp.rank(data))
     extent = imp.shape(data)[axis]
     if isinstance(indices, Constant) and isinstance(extent, int):
         # Negative indices count from the end in ONNX; resolve them now.
@@ -1024,7 +1002,7 @@ def _gather(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("take", [data, indices], axis=axis, mode="wrap")
 
 
-@_converts("Pad")
+@converts("Pad")
 def _pad(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     shape = imp.shape(x)
@@ -1041,7 +1019,7 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
         pads = imp.static_ints(node.input(1), "the pads input")
         if node.input(2) is not None:
             value = imp.reshape(imp.cast(node.required(2), imp.dtype(x)), [])
-        axes = [_axis(a, rank) for a in imp.static_ints(node.input(3), "the axes input")] if node.input(
+        axes = [normalize_axis(a, rank) for a in imp.static_ints(node.input(3), "the axes input")] if node.input(
             3) is not None else list(range(rank))
     if len(pads) != 2 * len(axes):
         raise OnnxModelError(f"pads {pads} must have {2 * len(axes)} values")
@@ -1065,7 +1043,7 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
 # --- constants and shapes -----------------------------------------------------------------------
 
 
-@_converts("Constant")
+@converts("Constant")
 def _constant(imp: Importer, node: OnnxNode) -> Expr:
     attrs = node.attrs
     if "value" in attrs:
@@ -1083,7 +1061,7 @@ def _constant(imp: Importer, node: OnnxNode) -> Expr:
     raise UnsupportedError(f"Constant with attribute(s) {', '.join(attrs)}")
 
 
-@_converts("ConstantOfShape")
+@converts("ConstantOfShape")
 def _constant_of_shape(imp: Importer, node: OnnxNode) -> Expr:
     shape = imp.static_ints(node.input(0), "the shape input")
     if "value" in node.attrs:
@@ -1094,7 +1072,7 @@ def _constant_of_shape(imp: Importer, node: OnnxNode) -> Expr:
     return Constant(np.full(shape, fill[0], dtype=fill.dtype))
 
 
-@_converts("Shape")
+@converts("Shape")
 def _shape(imp: Importer, node: OnnxNode) -> Expr:
     shape = imp.static_shape(node.required(0), "the input of Shape")
     rank = len(shape)
@@ -1105,9 +1083,9 @@ def _shape(imp: Importer, node: OnnxNode) -> Expr:
     return imp.const(list(shape[start:end]), "int64")
 
 
-@_converts("Size")
+@converts("Size")
 def _size(imp: Importer, node: OnnxNode) -> Expr:
-    return imp.const(_prod(imp.static_shape(node.required(0), "the input of Size")), "int64")
+    return imp.const(math.prod(imp.static_shape(node.required(0), "the input of Size")), "int64")
 
 
 # ================================================================================================
@@ -1134,7 +1112,7 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
     for index, node in enumerate(graph.node):
         if node.domain not in _DEFAULT_DOMAINS:
             name = f"{node.domain}.{node.op_type}"
-        elif node.op_type not in _CONVERTERS:
+        elif node.op_type not in CONVERTERS:
             name = node.op_type
         else:
             continue
@@ -1142,6 +1120,30 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
         first.setdefault(name, f"node #{index}" + (f" {node.name!r}" if node.name else ""))
     if unsupported:
         raise UnsupportedOperatorsError(unsupported, first, opset)
+
+
+@functools.cache
+def _operator_version(op_type: str, opset: int) -> int | None:
+    """The `since_version` of `op_type`'s definition in effect at `opset` (None if onnx does not define it)."""
+    try:
+        return int(onnx.defs.get_schema(op_type, opset, "").since_version)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
+    """Rejects the first node whose operator definition at `opset` is newer than its converter handles."""
+    if opset <= BASE_OPSET:
+        return
+    for index, node in enumerate(graph.node):
+        version = _operator_version(node.op_type, opset)
+        newest = newest_version(node.op_type)
+        if version is not None and version > newest:
+            raise UnsupportedError(
+                f"{_describe(node, index)}: {node.op_type}-{version} (the definition at opset {opset}) is newer "
+                f"than the versions relay-tune converts (up to {node.op_type}-{newest}); export the model at "
+                f"opset {version - 1} or lower"
+            )
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -1189,6 +1191,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     _check_operators(graph, max(versions) if versions else None)  # before the opset check: name what is missing
     opset = _opset(model)
+    _check_operator_versions(graph, opset)
     overrides = dict(shape_overrides or {})
     initializer_names = {t.name for t in graph.initializer}
     inputs = [vi for vi in graph.input if vi.name not in initializer_names]
@@ -1224,7 +1227,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
                 inputs=[values[n] if n else None for n in proto.input], input_names=list(proto.input),
                 outputs=list(proto.output), attrs=_node_attrs(proto),
             )
-            result = _CONVERTERS[proto.op_type](imp, node)
+            result = CONVERTERS[proto.op_type](imp, node)
         except UnsupportedError as err:
             raise UnsupportedError(f"{where}: {err}") from None
         except RelayTuneError as err:
@@ -1258,3 +1261,4 @@ def from_onnx(
     constants: list[np.ndarray] = []
     print_module(mod, constants_out=constants)
     return mod, params_dict(constants)
+

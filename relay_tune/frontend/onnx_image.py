@@ -1,9 +1,11 @@
 """ONNX converters for image and index-generating operators: Resize (opsets 10 to 19), Upsample (7, 9),
 GridSample (16, 20), DepthToSpace, SpaceToDepth, Range, Trilu, CumSum, OneHot.
 
-`CONVERTERS` maps each operator type to its converter; the importer (`relay_tune.frontend.onnx`) adds them to its
-table. This module does not import the importer (that would be an import cycle): converters receive the importer
-and the node, and raise `RelayTuneError`, which the importer reports as an `OnnxModelError` naming the node.
+The converters register in the table of `relay_tune.frontend.onnx_registry`, each with the newest operator version
+(`since_version`) it follows: SpaceToDepth-28's `mode`, OneHot-28's all-off rows for out-of-range indices,
+Range-27's `stash_type` (float16 ranges are computed wider, in float64), GridSample-22 and DepthToSpace-28 (new
+element types only). Converters receive the importer and the node, and raise `RelayTuneError`, which the importer
+(`relay_tune.frontend.onnx`) reports as an `OnnxModelError` naming the node.
 Inputs that only decide shapes (Resize's roi/scales/sizes, Range's start/limit/delta, OneHot's
 depth) must be constants once shapes are known; the importer's constant folding makes them so in exported graphs.
 """
@@ -11,33 +13,15 @@ depth) must be constants once shapes are known; the importer's constant folding 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
 from relay_tune.frontend.onnx_importer import Importer, OnnxNode
+from relay_tune.frontend.onnx_registry import converts
 from relay_tune.ir.expr import Expr
 from relay_tune.op.image import RESIZE_OPS
-
-Converter = Callable[["Importer", "OnnxNode"], Expr]
-CONVERTERS: dict[str, Converter] = {}
-NEWEST_VERSION = {
-    "Resize": 19, "Upsample": 10, "GridSample": 22, "DepthToSpace": 28, "SpaceToDepth": 28, "Range": 27,
-    "Trilu": 14, "CumSum": 14, "OneHot": 28,
-}
-"""The newest definition (`since_version`) of each operator these converters follow: SpaceToDepth-28's `mode`,
-OneHot-28's all-off rows for out-of-range indices, Range-27's `stash_type` (float16 ranges are computed wider, in
-float64), GridSample-22 and DepthToSpace-28 (new element types only)."""
-
-
-def _converts(*op_types: str) -> Callable[[Converter], Converter]:
-    def register(fn: Converter) -> Converter:
-        for name in op_types:
-            CONVERTERS[name] = fn
-        return fn
-
-    return register
 
 # ------------------------------------------------------------------------------------------------
 # Resize and Upsample
@@ -170,7 +154,7 @@ def _method(node: OnnxNode) -> str:
     return _METHODS[mode]
 
 
-@_converts("Upsample")
+@converts("Upsample", newest=10)
 def _upsample(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     if "scales" in node.attrs:  # opset 7
@@ -180,7 +164,7 @@ def _upsample(imp: Importer, node: OnnxNode) -> Expr:
     return _legacy_resize(imp, node, x, scales)
 
 
-@_converts("Resize")
+@converts("Resize", newest=19)
 def _resize(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     if imp.opset < 11:
@@ -224,7 +208,7 @@ def _resize(imp: Importer, node: OnnxNode) -> Expr:
 # ------------------------------------------------------------------------------------------------
 
 
-@_converts("DepthToSpace", "SpaceToDepth")
+@converts("DepthToSpace", "SpaceToDepth", newest=28)
 def _depth_space(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     if imp.rank(x) != 4:
@@ -246,7 +230,7 @@ def _scalar(imp: Importer, node: OnnxNode, index: int, what: str) -> np.ndarray:
     return value.reshape(())
 
 
-@_converts("Range")
+@converts("Range", newest=27)
 def _range(imp: Importer, node: OnnxNode) -> Expr:
     start, limit, delta = (_scalar(imp, node, i, w) for i, w in enumerate(("start", "limit", "delta")))
     dtype = imp.dtype(node.required(0))
@@ -256,13 +240,13 @@ def _range(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("arange", [], start=as_number(start), stop=as_number(limit), step=as_number(delta), dtype=dtype)
 
 
-@_converts("Trilu")
+@converts("Trilu", newest=14)
 def _trilu(imp: Importer, node: OnnxNode) -> Expr:
     k = int(_scalar(imp, node, 1, "k")) if node.input(1) is not None else 0
     return imp.call("trilu", [node.required(0)], k=k, upper=bool(node.attrs.get("upper", 1)))
 
 
-@_converts("CumSum")
+@converts("CumSum", newest=14)
 def _cumsum(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     axis = int(_scalar(imp, node, 1, "axis"))
@@ -273,7 +257,7 @@ def _cumsum(imp: Importer, node: OnnxNode) -> Expr:
                     reverse=bool(node.attrs.get("reverse", 0)))
 
 
-@_converts("OneHot")
+@converts("OneHot", newest=28)
 def _one_hot(imp: Importer, node: OnnxNode) -> Expr:
     indices = node.required(0)
     depth = int(_scalar(imp, node, 1, "depth"))
@@ -294,7 +278,7 @@ _GRID_METHODS = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "neare
                  "cubic": "bicubic"}
 
 
-@_converts("GridSample")
+@converts("GridSample", newest=22)
 def _grid_sample(imp: Importer, node: OnnxNode) -> Expr:
     """Opset 16 (4-D; bilinear, nearest, bicubic) and 20 (N-D; linear, nearest, cubic)."""
     x, grid = node.required(0), node.required(1)

@@ -1,18 +1,22 @@
-"""What every ONNX converter works with: `OnnxNode` (one node, inputs resolved to Relay expressions) and
-`Importer` (builds Relay expressions and tracks their types), shared by the importer (`relay_tune.frontend.onnx`)
-and the converter tables beside it (`relay_tune.frontend.onnx_image`)."""
+"""What every ONNX converter works with: `OnnxNode` (one node, inputs resolved to Relay expressions), `Importer`
+(builds Relay expressions and tracks their types), and the helpers the converter modules share (element types,
+axes, flattening, batched matmul), used by the importer (`relay_tune.frontend.onnx`) and every converter module
+beside it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
 from relay_tune.ir.expr import Call, Constant, Expr, Tuple, TupleGetItem, Var, op
 from relay_tune.ir.types import AnyDim, Dim, TensorType, TupleType, Type
+from relay_tune.op._shape import broadcast_shapes
 from relay_tune.op.registry import get_op
 
 
@@ -95,7 +99,7 @@ class Importer:
         shape = self.shape(expr)
         if not all(isinstance(d, int) for d in shape):
             raise UnsupportedError(
-                f"{what} has the dynamic shape {_fmt(shape)}; this conversion needs static dimensions "
+                f"{what} has the dynamic shape {format_shape(shape)}; this conversion needs static dimensions "
                 "(give the model's input shapes with shape_overrides / --shape)"
             )
         return tuple(int(d) for d in shape)  # type: ignore[arg-type]
@@ -107,8 +111,13 @@ class Importer:
         full = opdef.make_attrs(attrs)
         assert opdef.type_relation is not None, op_name
         out_type = opdef.type_relation([self.type_of(a) for a in args], full)
-        if opdef.reference is not None and all(_is_constant(a) for a in args):
-            return self._fold(opdef.reference([_constant_value(a) for a in args], full), out_type, op_name)
+        if opdef.reference is not None and all(_is_constant(a) or is_empty(self.type_of(a)) for a in args):
+            # An empty tensor has one possible value, so a call whose other arguments are constants is one too
+            # (and zero-size tensors are not compiled).
+            values = [_constant_value(a) if _is_constant(a) else _empty_value(self.type_of(a)) for a in args]
+            return self._fold(opdef.reference(values, full), out_type, op_name)
+        if is_empty(out_type):  # an empty result holds no data: a constant whatever the arguments
+            return Constant(_empty_value(out_type))
         node = Call(op(op_name), tuple(args), full)
         self._types[id(node)] = out_type
         self._keep.append(node)
@@ -163,6 +172,16 @@ def _is_constant(expr: Expr) -> bool:
     return isinstance(expr, Constant) or (isinstance(expr, Tuple) and all(isinstance(f, Constant) for f in expr.fields))
 
 
+def is_empty(ty: Type) -> bool:
+    """Whether `ty` is a tensor type of static shape with no elements."""
+    return isinstance(ty, TensorType) and all(isinstance(d, int) for d in ty.shape) and 0 in ty.shape
+
+
+def _empty_value(ty: Type) -> np.ndarray:
+    assert isinstance(ty, TensorType)
+    return np.zeros([int(d) for d in ty.shape], dtype=ty.dtype)  # type: ignore[call-overload]
+
+
 def _constant_value(expr: Expr) -> Any:
     if isinstance(expr, Tuple):
         return [f.data for f in expr.fields]  # type: ignore[attr-defined]
@@ -170,5 +189,96 @@ def _constant_value(expr: Expr) -> Any:
     return expr.data
 
 
-def _fmt(shape: Sequence[Dim]) -> str:
+def format_shape(shape: Sequence[Dim]) -> str:
     return "(" + ", ".join("?" if isinstance(d, AnyDim) else str(d) for d in shape) + ")"
+
+
+_ONNX_DTYPES: dict[int, str] = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.UINT16: "uint16",
+    onnx.TensorProto.UINT32: "uint32",
+    onnx.TensorProto.UINT64: "uint64",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def relay_dtype(elem_type: int, what: str) -> str:
+    """The Relay dtype of an ONNX element type; types without one (string, bfloat16, ...) are unsupported."""
+    try:
+        return _ONNX_DTYPES[elem_type]
+    except KeyError:
+        known = elem_type in onnx.TensorProto.DataType.values()
+        name = onnx.TensorProto.DataType.Name(elem_type) if known else str(elem_type)
+        raise UnsupportedError(f"{what}: ONNX element type {name} is not supported") from None
+
+
+def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """`axis` in `[0, rank)`, counting a negative axis from the end."""
+    if not -rank <= axis < rank:
+        raise OnnxModelError(f"{what} {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank
+
+
+def legacy_broadcast(imp: Importer, node: OnnxNode, lhs: Expr, rhs: Expr) -> Expr:
+    """Before opset 7, `broadcast=1, axis=k` aligns the right operand's dims with the left's from axis k."""
+    if imp.opset >= 7 or not node.attrs.get("broadcast") or "axis" not in node.attrs:
+        return rhs
+    rank = imp.rank(lhs)
+    axis = normalize_axis(int(node.attrs["axis"]), rank)
+    rhs_shape = imp.shape(rhs)
+    trailing = rank - axis - len(rhs_shape)
+    if trailing <= 0:
+        return rhs
+    return imp.call("reshape", [rhs], newshape=[*[0] * len(rhs_shape), *[1] * trailing])
+
+
+def flatten_2d(imp: Importer, x: Expr, axis: int) -> Expr:
+    """`x` reshaped to `(prod(shape[:axis]), prod(shape[axis:]))`."""
+    shape = imp.shape(x)
+    tail = shape[axis:]
+    if all(isinstance(d, int) for d in shape):
+        return imp.reshape(x, [math.prod(shape[:axis]), math.prod(tail)])  # type: ignore[arg-type]
+    if all(isinstance(d, int) for d in tail):
+        return imp.call("reshape", [x], newshape=[-1, math.prod(tail)])  # type: ignore[arg-type]
+    raise UnsupportedError(f"flattening a tensor of dynamic shape {format_shape(shape)} at axis {axis}")
+
+
+def restore_shape(imp: Importer, x: Expr, shape: Sequence[Dim]) -> Expr:
+    """`x` reshaped to `shape`, whose one dynamic dimension (if any) is inferred from the element count."""
+    if all(isinstance(d, int) for d in shape):
+        return imp.reshape(x, shape)  # type: ignore[arg-type]
+    # A single dynamic dimension (typically the batch) is inferred from the element count.
+    spec = [-1 if isinstance(d, AnyDim) else int(d) for d in shape]
+    if spec.count(-1) != 1:
+        raise UnsupportedError(f"restoring the dynamic shape {format_shape(shape)}")
+    return imp.call("reshape", [x], newshape=spec)
+
+
+def batch_matmul(imp: Importer, a: Expr, b: Expr) -> Expr:
+    """numpy matmul of `a (..., M, K)` and `b (..., K, N)` with broadcast batch dims, via nn.batch_matmul."""
+    a_shape = imp.static_shape(a, "the first MatMul operand")
+    b_shape = imp.static_shape(b, "the second MatMul operand")
+    batch = tuple(int(d) for d in broadcast_shapes(a_shape[:-2], b_shape[:-2], op_name="MatMul"))  # type: ignore[call-overload]
+    count = math.prod(batch)
+
+    def as_3d(x: Expr, shape: tuple[int, ...]) -> Expr:
+        own = shape[:-2]
+        if math.prod(own) == 1:
+            return imp.reshape(x, [1, *shape[-2:]])  # batch_matmul broadcasts a batch of 1
+        padded = (1,) * (len(batch) - len(own)) + own
+        if padded != batch:
+            x = imp.call("broadcast_to", [x], shape=[*batch, *shape[-2:]])
+        return imp.reshape(x, [count, *shape[-2:]])
+
+    out = imp.call("nn.batch_matmul", [as_3d(a, a_shape), as_3d(b, b_shape)])
+    return imp.reshape(out, [*batch, a_shape[-2], b_shape[-1]])
+
+
+# --- normalisation ------------------------------------------------------------------------------

@@ -196,6 +196,11 @@ def _product_extent(values: list[int]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+# Integer types whose arithmetic is treated as exact (index arithmetic). Narrow and unsigned types wrap within
+# reach of ordinary data, where rewriting `a > b` as `a - b > 0` would be wrong (200 > 100 in uint8, say).
+_LINEAR_DTYPES = frozenset({"int32", "int64"})
+
+
 class Lin:
     """`const + sum(coeff * atom)` over integers. Atoms are loop variables or opaque sub-expressions,
     keyed by structural equality (so `i // 8` met twice is one atom); insertion order is kept so that
@@ -405,7 +410,7 @@ class Simplifier:
 
     def _binary(self, node: tir.BinaryOp, a: Lin | PrimExpr, b: Lin | PrimExpr) -> Lin | PrimExpr:
         op = node.op
-        if isinstance(a, Lin) and isinstance(b, Lin) and a.dtype == b.dtype:
+        if isinstance(a, Lin) and isinstance(b, Lin) and a.dtype == b.dtype and a.dtype in _LINEAR_DTYPES:
             result = self._int_binary(op, a, b, node.dtype)
             if result is not None:
                 return result

@@ -391,6 +391,12 @@ rsqrt = _unary("rsqrt")
 tanh = _unary("tanh")
 sigmoid = _unary("sigmoid")
 erf = _unary("erf")
+sin = _unary("sin")
+cos = _unary("cos")
+tan = _unary("tan")
+asin = _unary("asin")
+acos = _unary("acos")
+atan = _unary("atan")
 fabs = _unary("fabs")
 floor = _unary("floor")
 ceil = _unary("ceil")
@@ -512,9 +518,10 @@ def post_order_tensors(outputs: Sequence[Tensor]) -> list[Tensor]:
 
 
 __all__ = [
-    "COMBINERS", "REDUCE", "SPATIAL", "ComputeOp", "IterVar", "PlaceholderOp", "Reduce", "Tensor", "TensorRead",
-    "abs", "all_of", "any_of", "cast", "ceil", "compute", "const", "equal", "erf", "exp", "expr_children", "fabs",
-    "floor", "fma", "if_then_else", "input_tensors", "iter_exprs", "log", "max", "max_value", "maximum", "min",
-    "min_value", "minimum", "not_equal", "placeholder", "post_order_tensors", "power", "prod", "reduce_axis", "round",
-    "rsqrt", "sigmoid", "sqrt", "sum", "tanh", "tensors_read",
+    "COMBINERS", "ComputeOp", "IterVar", "PlaceholderOp", "REDUCE", "Reduce", "SPATIAL", "Tensor", "TensorRead",
+    "abs", "acos", "all_of", "any_of", "asin", "atan", "cast", "ceil", "compute", "const", "cos", "equal", "erf",
+    "exp", "expr_children", "fabs", "floor", "fma", "if_then_else", "input_tensors", "iter_exprs", "log", "max",
+    "max_value", "maximum", "min", "min_value", "minimum", "not_equal", "placeholder", "post_order_tensors",
+    "power", "prod", "reduce_axis", "round", "rsqrt", "sigmoid", "sin", "sqrt", "sum", "tan", "tanh",
+    "tensors_read",
 ]

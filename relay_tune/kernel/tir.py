@@ -154,7 +154,7 @@ class Cast(PrimExpr):
 
 INTRINSICS = frozenset(
     {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "fabs", "pow", "floor", "ceil", "round",
-     "fma"}
+     "fma", "sin", "cos", "tan", "asin", "acos", "atan"}
 )
 
 

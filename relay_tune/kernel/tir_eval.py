@@ -147,6 +147,12 @@ _INTRINSICS: dict[str, Callable[..., Any]] = {
     "floor": lambda x: float(math.floor(x)) if math.isfinite(x) else x,
     "ceil": lambda x: float(math.ceil(x)) if math.isfinite(x) else x,
     "round": _round, "fma": lambda a, b, c: a * b + c,
+    "sin": lambda x: math.sin(x) if math.isfinite(x) else math.nan,
+    "cos": lambda x: math.cos(x) if math.isfinite(x) else math.nan,
+    "tan": lambda x: math.tan(x) if math.isfinite(x) else math.nan,
+    "asin": lambda x: math.asin(x) if -1.0 <= x <= 1.0 else math.nan,
+    "acos": lambda x: math.acos(x) if -1.0 <= x <= 1.0 else math.nan,
+    "atan": lambda x: math.atan(x) if x == x else math.nan,
 }
 
 _PY_OPS = {

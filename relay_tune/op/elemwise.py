@@ -3,8 +3,8 @@
 Semantics (type relations follow TVM; numpy references are the correctness oracle):
 
 * Unary ops keep the input type. The transcendental ones (exp, log, sqrt, rsqrt, tanh, sigmoid,
-  erf) require a floating-point input: on integers TVM type-checks them but cannot generate
-  sensible code, so we reject them where the user can still see which call is at fault.
+  erf, sin, cos, tan, asin, acos, atan) require a floating-point input: on integers TVM type-checks
+  them but cannot generate sensible code, so we reject them where the user can still see which call is at fault.
 * Binary ops broadcast numpy-style from the trailing dimension and require both operands to have
   the same dtype (Relay never promotes). Comparisons return `bool`.
 * `divide` on integers truncates toward zero (C semantics, as TVM's `div`); integer division by
@@ -38,9 +38,10 @@ from relay_tune.op.registry import OpPattern, reference, register_op, type_relat
 
 E, B = OpPattern.ELEMWISE, OpPattern.BROADCAST
 
+TRIG_OPS = ("sin", "cos", "tan", "asin", "acos", "atan")
 UNARY_OPS = (
     "negative", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "abs", "copy",
-    "zeros_like", "ones_like", "floor", "ceil", "round",
+    "zeros_like", "ones_like", "floor", "ceil", "round", *TRIG_OPS,
 )
 for _name in UNARY_OPS:
     register_op(_name, 1, E)
@@ -57,7 +58,7 @@ for _name in ARITH_OPS + COMPARE_OPS:
 
 register_op("where", 3, B)
 
-FLOAT_ONLY_OPS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
+FLOAT_ONLY_OPS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", *TRIG_OPS})
 
 Array = np.ndarray
 Relation = Callable[[Sequence[Type], Attrs], Type]
@@ -160,6 +161,7 @@ _FLOAT_UNARY: dict[str, Callable[[Array], Array]] = {
     "tanh": np.tanh,
     "sigmoid": _sigmoid,
     "erf": _erf,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
 }
 for _name, _fn in _FLOAT_UNARY.items():
     reference(_name)(_in_float64(_fn))
@@ -311,7 +313,7 @@ from relay_tune.op.registry import compute  # noqa: E402
 
 _TE_FLOAT_UNARY: dict[str, Callable[[tir.PrimExpr], tir.PrimExpr]] = {
     "exp": te.exp, "log": te.log, "sqrt": te.sqrt, "rsqrt": te.rsqrt, "tanh": te.tanh, "sigmoid": te.sigmoid,
-    "erf": te.erf,
+    "erf": te.erf, "sin": te.sin, "cos": te.cos, "tan": te.tan, "asin": te.asin, "acos": te.acos, "atan": te.atan,
 }
 
 

@@ -336,7 +336,7 @@ def flat_loops(sch: Any, stage: Any, target: Any, mode: str = "inner", vector: i
         # instead lets one vector span two channels, and a kernel that moves channels (concatenation, channel
         # shuffle, split) then gathers lane by lane; here a vector reads one channel, contiguously.
         count = trailing_axes(extents, width)
-        rows = sch.fuse(name, *spatial[-count:])
+        rows = spatial[-1] if count == 1 else sch.fuse(name, *spatial[-count:])  # one axis wide enough: no fuse
         _, ii = sch.split(name, rows, factor=width)
         lead = spatial[:-count]
         outer = lead[0] if len(lead) == 1 else sch.fuse(name, *lead)
