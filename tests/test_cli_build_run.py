@@ -105,7 +105,7 @@ def test_build_with_a_log_reports_tuned_and_untuned_tasks(
     # and the check would then drop it
     assert main(["build", str(model_file), "-o", str(out), "--log", str(log), "--no-check-tuned"]) == 0
     text = capsys.readouterr().out
-    assert "tuned" in text and "1 tuned" in text
+    assert "(1 tuned" in text
     assert "warning: 1 of 2 tasks have no tuning record" in text
     assert main(["build", str(model_file), "-o", str(out), "--log", str(log), "--require-tuned"]) == 1
     assert "no tuning record" in capsys.readouterr().err
