@@ -101,9 +101,11 @@ def test_build_with_a_log_reports_tuned_and_untuned_tasks(
     record = TuningRecord(dense.key, str(resolve_target("llvm")), Config({"steps": "[]"}), (1e-4,))
     log.write_text(record.to_json() + "\n")
     out = tmp_path / "tuned.rtmod"
-    assert main(["build", str(model_file), "-o", str(out), "--log", str(log)]) == 0
+    # no in-graph timing check: the record's kernel (an unscheduled loop nest) may be slower than the default one,
+    # and the check would then drop it
+    assert main(["build", str(model_file), "-o", str(out), "--log", str(log), "--no-check-tuned"]) == 0
     text = capsys.readouterr().out
-    assert "tuned" in text and "1 tuned" in text
+    assert "(1 tuned" in text
     assert "warning: 1 of 2 tasks have no tuning record" in text
     assert main(["build", str(model_file), "-o", str(out), "--log", str(log), "--require-tuned"]) == 1
     assert "no tuning record" in capsys.readouterr().err

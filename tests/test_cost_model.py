@@ -41,11 +41,14 @@ from relay_tune.tuning.operator_tasks import conv2d, dense, dense_1024, mobilene
 from relay_tune.tuning.relay_task import RelayTuneTask
 from search_space import Config
 
+AVX512 = "llvm -mcpu=skylake-avx512 -num-cores=1"
+"""The target of tasks whose tiles assume 16 float lanes and 32 registers (nothing here runs, so any host lowers
+for it)."""
 SMALL_DENSE = dense(64, 48, 40)
 SMALL_CONV = conv2d(1, 8, 14, 14, 16, 3, pad=1, layout_planning=False)  # the NCHW template
 # NCHW16c on AVX-512. One block of output channels: with two, the `order` knob swaps the two outer loops that the
 # template fuses into one, which the loop-nest features do not tell apart.
-SMALL_BLOCKED = conv2d(1, 32, 14, 14, 16, 3, pad=1, layout_planning=True)
+SMALL_BLOCKED = conv2d(1, 32, 14, 14, 16, 3, pad=1, layout_planning=True, target=AVX512)
 SMALL_DW = conv2d(1, 16, 14, 14, 16, 3, pad=1, groups=16)
 NAMES = loop_nest_feature_names()
 
@@ -117,16 +120,18 @@ def test_dense_features_mean_what_they_say() -> None:
 
 
 def test_parallel_and_guard_features() -> None:
-    task = dense(64, 48, 40, target="llvm -num-cores=2")
+    # 8 rows by 16 columns: 8 accumulators of 16 lanes
+    task = dense(64, 48, 40, target="llvm -mcpu=skylake-avx512 -num-cores=2")
     config = task.default_config().replace(tile_m=(4, 2, 8), tile_n=(3, 1, 16), order="mn", parallel=1)
     vector = loop_nest_features(task.lower(config))
     assert feature(vector, "all.outer_parallel") == pytest.approx(np.log2(1 + 4))
     assert feature(vector, "s0.parallel_extent") == pytest.approx(np.log2(1 + 4))
     assert feature(loop_nest_features(SMALL_DENSE.lower(SMALL_DENSE.default_config())), "all.outer_parallel") == 0
     # tiles that do not divide 37 and 53 leave tails: lowering peels them into extra copies of the stores
-    odd = dense(37, 53, 29)
+    odd = dense(37, 53, 29, target=AVX512)
     tails = loop_nest_features(odd.lower(odd.default_config().replace(tile_m=(5, 2, 4), tile_n=(4, 1, 16))))
-    even = loop_nest_features(SMALL_DENSE.lower(SMALL_DENSE.default_config().replace(tile_m=(4, 2, 8))))
+    small = dense(64, 48, 40, target=AVX512)
+    even = loop_nest_features(small.lower(small.default_config().replace(tile_m=(4, 2, 8))))
     assert feature(tails, "all.stores") > feature(even, "all.stores")
 
 

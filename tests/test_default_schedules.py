@@ -44,6 +44,7 @@ from tests.conftest import CORPUS_DIR, REPO_ROOT
 
 # A 4-core target whatever this machine has: parallel decisions do not depend on where the tests run.
 CPU = resolve_target("llvm -num-cores=4")
+AVX512 = resolve_target("llvm -mcpu=skylake-avx512 -num-cores=4")  # for loop nests inspected, never run
 CUDA = Target.parse("cuda -arch=sm_90")
 
 _FAMILIES_SOURCE = """#[version = "0.0.5"]
@@ -214,9 +215,14 @@ def @main(%x: Tensor[(12, 128, 64), float32]) {
   reshape(transpose(reshape(%x, newshape=[1, 12, 128, 64]), axes=[0, 2, 1, 3]), newshape=[128, 768])
 }""")
     (spec,) = extract_tasks(optimize(infer_types(mod)))
-    config = RelayTuneTask(spec, CPU).default_config()
-    assert config["mode"] == "split" and 64 % int(config["vector"]) == 0  # type: ignore[call-overload]
-    text = analysis.format_func(_built_default(spec, CPU))
+    for target in (CPU, AVX512):
+        config = RelayTuneTask(spec, target).default_config()
+        lanes = target.vector_lanes()
+        vector = int(config["vector"])  # type: ignore[call-overload]
+        assert config["mode"] == "split" and 64 % vector == 0 and vector >= lanes, dict(config)
+    # four vectors of 16 lanes are the whole run: every index is affine (with 8 lanes the run is two vectors
+    # of 32, and the head's index divides the outer loop)
+    text = analysis.format_func(_built_default(spec, AVX512))
     assert "vectorized" in text and "//" not in text and "%" not in text, text  # affine, contiguous indices
 
 

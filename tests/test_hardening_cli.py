@@ -116,14 +116,16 @@ def test_build_skips_foreign_and_broken_log_lines_with_one_warning_each(tmp_path
     lines += ["garbage that is not JSON", '{"v": 99, "workload_key": "from the future"}', "[" * 100_000]
     torn = mine.to_json()
     log.write_text("\n".join(lines) + "\n" + torn[: len(torn) // 2])  # killed during a write
-    result = relay_tune_cli("build", model, "-o", tmp_path / "m.rtmod", "--log", log, cwd=tmp_path)
+    # the in-graph timing check is skipped: on a loaded machine it may drop the record (its kernel, an unscheduled
+    # loop nest, is slower than the default one), and the record's use is what is tested here
+    result = relay_tune_cli("build", model, "-o", tmp_path / "m.rtmod", "--log", log, "--no-check-tuned", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     out = result.stdout + result.stderr
     assert out.count("skipped 3 of other targets (cuda -arch=sm_80) and 2 measured on other CPUs (some-other-cpu)") \
         == 1
     assert out.count("skipped 4 unreadable log lines (1 newer schema, 3 not JSON)") == 1
-    assert "1 tuned" in result.stdout  # the one usable record was used
+    assert "(1 tuned" in result.stdout  # the one usable record was used
 
 
 def test_logs_summary_gives_one_warning_per_log(tmp_path: Path) -> None:

@@ -173,16 +173,21 @@ def test_random_configs_compute_the_right_result(name: str) -> None:
 
 def test_tails_of_non_dividing_tiles_are_correct() -> None:
     task = task_of("dense")  # 37 x 45 output, K = 70: none of the factors below divides
-    config = Config({**task.default_config(), "tile_m": (2, 2, 11), "tile_n": (3, 1, 16), "tile_k": (10, 7),
-                     "order": "mn", "parallel": 1, "pack_b": True})
+    lanes = task.workload.lanes  # one vector of columns per row: 11 rows fit the registers of AVX2 and AVX-512
+    config = Config({**task.default_config(), "tile_m": (2, 2, 11), "tile_n": (-(-45 // lanes), 1, lanes),
+                     "tile_k": (10, 7), "order": "mn", "parallel": 1, "pack_b": True})
     task.space.validate(config)
     check_config(task, config)
-    conv = task_of("conv2d_nchw")  # 12 channels, 20 rows, 21 columns
-    config = Config({**conv.default_config(), "tile_c": (3, 5), "tile_h": (7, 3), "tile_w": (2, 16),
-                     "order": "ch", "parallel": 1, "reduce_order": "hw_c", "unroll_kw": True, "pad": "inline",
-                     "pack_w": True})
-    conv.space.validate(config)
-    check_config(conv, config)
+    conv = task_of("conv2d_nchw")  # 12 channels, 20 rows, 21 columns: one vector of columns leaves a tail
+    # 5 channels by 3 rows leave a tail on every axis; 15 accumulators spill 16 registers (AVX2), where the channel
+    # and row tails are checked in kernels of their own
+    tiles = [(5, 3)] if 5 * 3 <= conv.workload.accumulator_budget else [(5, 2), (2, 3)]
+    for channels, rows in tiles:
+        config = Config({**conv.default_config(), "tile_c": (-(-12 // channels), channels),
+                         "tile_h": (-(-20 // rows), rows), "tile_w": (-(-21 // lanes), lanes), "order": "ch",
+                         "parallel": 1, "reduce_order": "hw_c", "unroll_kw": True, "pad": "inline", "pack_w": True})
+        conv.space.validate(config)
+        check_config(conv, config)
 
 
 def test_every_knob_value_is_exercised_on_dense_and_conv() -> None:
@@ -217,10 +222,12 @@ def test_duplicate_schedules_are_not_part_of_the_space() -> None:
     conv = task_of("conv2d_nchw")
     with pytest.raises(InvalidConfigError, match="channel block"):
         conv.space.validate(conv.default_config().replace(tile_c=(12, 1), pack_w=True))
-    dense = task_of("dense_3d")  # 18 rows
+    dense = task_of("dense_3d")  # 18 rows, 20 columns
+    lanes = dense.workload.lanes  # one vector of columns: 9 rows fit the registers of AVX2 and AVX-512
+    narrow = dense.default_config().replace(tile_n=(-(-20 // lanes), 1, lanes))
     with pytest.raises(InvalidConfigError, match="row blocks"):
-        dense.space.validate(dense.default_config().replace(tile_m=(1, 2, 9)))
-    dense.space.validate(dense.default_config().replace(tile_m=(2, 1, 9)))
+        dense.space.validate(narrow.replace(tile_m=(1, 2, 9)))
+    dense.space.validate(narrow.replace(tile_m=(2, 1, 9)))
     pointwise = task_of("conv2d_pointwise")
     assert "row_vector" in pointwise.space.names
     with pytest.raises(InvalidConfigError, match="whole rows"):
@@ -445,9 +452,10 @@ def test_pooling_reads_its_padding_either_way() -> None:
         pad="inline"))
     old = {k: v for k, v in task.default_config().to_dict().items() if k != "pad"}
     assert config_to_steps(task.func, old, HOST) == task.steps(task.default_config().replace(pad="root"))
-    (narrow,) = tasks_from_module(module_of("""
-def @main(%x: Tensor[(1, 20, 14, 14), float32]) {
+    width = HOST.vector_lanes() - 2  # rows narrower than one vector: 14 columns on AVX-512, 6 on AVX2
+    (narrow,) = tasks_from_module(module_of(f"""
+def @main(%x: Tensor[(1, 20, {width}, {width}), float32]) {{
   nn.max_pool2d(%x, pool_size=[3, 3], padding=[1, 1, 1, 1])
-}""", {}), HOST)
+}}""", {}), HOST)
     assert "vector" not in narrow.space.names and narrow.default_config()["pad"] == "inline"
     check_config(narrow, narrow.default_config())

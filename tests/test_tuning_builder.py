@@ -135,3 +135,27 @@ def test_soft_timeout_interrupts_python_level_builds() -> None:
     assert fast.error_kind is None
     assert slow.error_kind is ErrorKind.BUILD_TIMEOUT
     assert task.finished == [0]  # the slow build was stopped mid-sleep, not waited out
+
+
+@dataclass
+class _SlowToLoadTask(_SlowPythonTask):
+    """Takes `load_seconds` to arrive in a worker, as a fresh worker's start-up and imports of the task's modules do
+    (the arguments of a build are unpickled in the worker before the build starts)."""
+
+    load_seconds: float = 0.0
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        time.sleep(float(state["load_seconds"]))  # type: ignore[arg-type]
+        self.__dict__.update(state)
+
+
+def test_build_timeouts_count_from_the_start_of_the_build_not_of_the_worker() -> None:
+    """A build's clock starts when a worker starts it: a worker that takes longer to start than the timeout (a busy
+    machine starting Python and importing the compiler) neither kills the build nor its pool."""
+    task = _SlowToLoadTask(load_seconds=1.5)
+    with LocalBuilder(n_parallel=2, timeout=0.5, kill_grace=0.2) as builder:
+        results = builder.build(task, [Config({"seconds": 0}), Config({"seconds": 0})])  # type: ignore[arg-type]
+        assert [r.error_kind for r in results] == [None, None], [r.error_msg for r in results]
+        # a build that overruns once started is still stopped
+        (slow,) = builder.build(_SlowToLoadTask(), [Config({"seconds": 5})])  # type: ignore[arg-type]
+        assert slow.error_kind is ErrorKind.BUILD_TIMEOUT

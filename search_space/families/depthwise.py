@@ -23,7 +23,6 @@ from search_space.families.common import (
     balanced,
     closest_factor,
     default_parallel,
-    dividing_factor,
     inner_factor,
     parallel_choices,
     row_sizes,
@@ -87,11 +86,12 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     vx = closest_factor(_tile_w(workload), min(dims["w"], 2 * workload.lanes))
     fit = workload.accumulator_budget // vector_registers(vx, workload.lanes)
     # Row tiles that divide the map: a tail tile is guarded inside the parallel loop at every tap (the 14-row
-    # maps of MobileNet v2 in tiles of 4). Small maps (two tiles of at most 8 rows) take the taller tile: each
-    # tile re-reads two rows of input, and the best configs of 1,000 trials there have 6-8 rows.
+    # maps of MobileNet v2 in tiles of 4: 2.3-2.9x the best config). Small maps (two tiles of at most 8 rows) take
+    # the taller tile: each tile re-reads two rows of input, and the best configs of 1,000 trials there have 6-8
+    # rows. Where no tall tile divides the map (7 rows on 16 registers hold 4), the tile is the largest that does.
     rows = max(1, min(dims["h"], MAX_CONV_ROWS if dims["h"] <= 2 * MAX_CONV_ROWS else 4, fit))
     rows = dims["h"] if dims["h"] <= MAX_CONV_ROWS and dims["h"] <= fit else \
-        dividing_factor(_tile_h(workload), rows)
+        max(c for c in _tile_h(workload).candidates if c <= rows and dims["h"] % c == 0)
     # Channels in parallel, each core's channels whole (`parallel` 1): the best config of every MobileNet v2
     # depthwise layer after 1,000 trials on 2 cores (the fused channel-row loop split maps between cores).
     # Padding read in place (masked vector loads at the borders) beats a padded copy on every MobileNet v2
