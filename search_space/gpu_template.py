@@ -1,7 +1,7 @@
 """GPU schedule templates: how each operator family runs on an NVIDIA GPU, as replayable schedule steps.
 
-The GPU counterpart of the CPU family templates in `search_space/families/`, and like them the only code that schedules its
-families: `search_space.gpu` is its space (knobs, launch-limit constraints, default config) and
+The GPU counterpart of the CPU family templates in `search_space/families/`, and like them the only code that
+schedules its families: `search_space.gpu` is its space (knobs, launch-limit constraints, default config) and
 `search_space.defaults` applies it for untuned builds.
 
 `gpu_schedule(prim, params)` is the one template per family: it schedules the tensor expressions of a fused

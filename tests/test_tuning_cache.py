@@ -11,10 +11,10 @@ import pytest
 
 from relay_tune.cli import load_model, main
 from relay_tune.logs import load
-from relay_tune.tuning import LocalRunner, read_records
 from relay_tune.records.cache import TuningCache, default_cache_dir, records_since
-from relay_tune.records.measure import ErrorKind
 from relay_tune.records.log_format import LogWarning, TuningRecord, host_cpu_name
+from relay_tune.records.measure import ErrorKind
+from relay_tune.tuning import LocalRunner, read_records
 from relay_tune.tuning.tune_model import BuildOptions, MeasureOptions, SearchOptions, tune_model
 from search_space import Config
 

@@ -6,11 +6,7 @@ appended to the JSON-lines log (`Database`) -> `TaskScheduler` picks the next ta
 `apply_best` reads the best config per workload back for the build.
 """
 
-from relay_tune.tuning.builder import Builder, InlineBuilder, LocalBuilder, build_one
 from relay_tune.records.database import Database, JsonLinesDatabase, MemoryDatabase, apply_best, top_k
-from relay_tune.tuning.driver import default_storage_path, tune
-from relay_tune.records.measure import BuildResult, ErrorKind, MeasureInput, MeasureResult, RunResult
-from relay_tune.tuning.progress import PrintProgress, ProgressCallback, RecordingProgress, TrialEvent, TunePlan
 from relay_tune.records.log_format import (
     SCHEMA_VERSION,
     LogEvent,
@@ -23,6 +19,10 @@ from relay_tune.records.log_format import (
     read_events,
     read_records,
 )
+from relay_tune.records.measure import BuildResult, ErrorKind, MeasureInput, MeasureResult, RunResult
+from relay_tune.tuning.builder import Builder, InlineBuilder, LocalBuilder, build_one
+from relay_tune.tuning.driver import default_storage_path, tune
+from relay_tune.tuning.progress import PrintProgress, ProgressCallback, RecordingProgress, TrialEvent, TunePlan
 from relay_tune.tuning.runner import LocalRunner, Runner, TimingOptions, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import (

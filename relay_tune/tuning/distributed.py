@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from relay_tune.errors import RelayTuneError
-from relay_tune.tuning.budget import BudgetFactory, Grant, Next, Proposer, TrialBudget
 from relay_tune.records.database import Database, MemoryDatabase, TaskTarget
-from relay_tune.tuning.progress import PhaseTimer
 from relay_tune.records.log_format import LogEntry, LogEvent, LogFormatError, LogWriter, TuningRecord, parse_line
+from relay_tune.tuning.budget import BudgetFactory, Grant, Next, Proposer, TrialBudget
+from relay_tune.tuning.progress import PhaseTimer
 from relay_tune.tuning.workers import worker_identity
 
 __all__ = [

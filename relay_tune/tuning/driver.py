@@ -31,10 +31,11 @@ import llvmlite
 import numpy
 
 from relay_tune.errors import raised_by_interrupt
+from relay_tune.records.database import CurrentSpaces, Database, JsonLinesDatabase
+from relay_tune.records.log_format import LogEvent, TuningRecord, host_cpu_name
+from relay_tune.records.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.budget import BudgetFactory, LocalBudget, Next
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.records.database import CurrentSpaces, Database, JsonLinesDatabase
-from relay_tune.records.measure import MeasureInput, MeasureResult
 from relay_tune.tuning.progress import (
     Callbacks,
     PhaseTimer,
@@ -44,7 +45,6 @@ from relay_tune.tuning.progress import (
     TrialEvent,
     TunePlan,
 )
-from relay_tune.records.log_format import LogEvent, TuningRecord, host_cpu_name
 from relay_tune.tuning.runner import LocalRunner, Runner
 from relay_tune.tuning.scheduler import GradientScheduler, TaskProgress, TaskScheduler
 from relay_tune.tuning.search import SearchStrategy, StrategyFactory, optuna_search

@@ -34,23 +34,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from relay_tune.compile import BuildWarning, check_tuned_records, resolve_target
-from relay_tune.compile.lookup import LOOKUP_CANDIDATES
-from relay_tune.runtime.benchmark import interleaved_latency
 from relay_tune.compile import build as compile_model
+from relay_tune.compile.lookup import LOOKUP_CANDIDATES
 from relay_tune.errors import RelayTuneError
+from relay_tune.records.cache import TuningCache, records_since
+from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
+from relay_tune.records.log_format import LogEvent, LogWriter, read_records
+from relay_tune.runtime.benchmark import interleaved_latency
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
 from relay_tune.tuning import distributed
 from relay_tune.tuning.builder import Builder, LocalBuilder
-from relay_tune.records.cache import TuningCache, records_since
 from relay_tune.tuning.cuda_runner import CudaRunner
-from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.tuning.distributed import is_database_url
 from relay_tune.tuning.driver import DEFAULT_STORAGE, tune
 from relay_tune.tuning.gpu_task import gpu_tasks
 from relay_tune.tuning.hostlock import HostLockedRunner, measurement_lock
 from relay_tune.tuning.progress import ProgressCallback, TaskInfo, TrialEvent, TunePlan
-from relay_tune.records.log_format import LogEvent, LogWriter, read_records
 from relay_tune.tuning.relay_task import ReferenceWarning, tasks_from_module
 from relay_tune.tuning.runner import LocalRunner, Runner, random_inputs
 from relay_tune.tuning.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress, TaskScheduler

@@ -190,8 +190,9 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     if dims["w"] < 2 * lanes and positions > 4 * lanes and -(-positions // (3 * lanes)) <= MAX_FLAT_TILES:
         # Narrow maps (13x13 to 27x27): the flat matrix product. 8 channels by two vectors of positions (three
         # when two would need more tiles than unrolling allows): 1.2-1.7x the row and column modes on the
-        # 13x13 and 27x27 layers of SqueezeNet, 1.06-1.16x on 14x14 (experiments/README.md, "Flat pointwise convolutions"). Maps of
-        # at most four vectors (7x7) stay in row mode, which covers them in one tile already (flat: 0.95-1.03x).
+        # 13x13 and 27x27 layers of SqueezeNet, 1.06-1.16x on 14x14 (experiments/README.md, "Flat pointwise
+        # convolutions"). Maps of at most four vectors (7x7) stay in row mode, which covers them in one tile already
+        # (flat: 0.95-1.03x).
         vp = min(positions, 2 * lanes if -(-positions // (2 * lanes)) <= MAX_FLAT_TILES else 3 * lanes)
         fit = workload.accumulator_budget // vector_registers(vp, lanes)
         # channel blocks are the parallel loop: at least one per core
