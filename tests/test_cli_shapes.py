@@ -189,3 +189,17 @@ def test_an_onnx_input_without_a_shape_takes_any_given_shape(tmp_path: Path,
     assert "x (no shape)" in err and "e.g. --shape x=D0,D1,..." in err
     assert main(["tasks", str(path), "--shape", "x=2,3,5"]) == 0
     assert "relu 2x3x5" in capsys.readouterr().out
+
+
+def test_a_negative_onnx_size_is_an_open_dimension(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Some exporters (Paddle's) write an open size as -1: it is listed as unknown and takes a given size."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "minus_one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    path = tmp_path / "minus_one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["tasks", str(path)]) == 2
+    assert "x [?, 3, 4]" in capsys.readouterr().err
+    assert main(["tasks", str(path), "--shape", "x=2,3,4"]) == 0
+    assert "relu 2x3x4" in capsys.readouterr().out

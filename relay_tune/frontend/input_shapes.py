@@ -33,7 +33,7 @@ def format_dims(dims: Sequence[Dim]) -> str:
 
 def onnx_input_dims(model: Any) -> InputDims:
     """The dims of an `onnx.ModelProto`'s graph inputs (initializers left out): each a known size, else its
-    symbolic name, else `?`; None for an input declared without a shape."""
+    symbolic name, else `?` (some exporters write an open size as -1); None for an input declared without a shape."""
     initializers = {t.name for t in model.graph.initializer}
     dims: InputDims = {}
     for value_info in model.graph.input:
@@ -44,7 +44,8 @@ def onnx_input_dims(model: Any) -> InputDims:
             dims[value_info.name] = None
             continue
         dims[value_info.name] = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim
+            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
+            for d in tensor_type.shape.dim
         )
     return dims
 

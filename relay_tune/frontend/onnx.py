@@ -1165,7 +1165,9 @@ def _input_var(value_info: onnx.ValueInfoProto, overrides: Mapping[str, Sequence
     elif not tensor_type.HasField("shape"):
         raise UnsupportedError(f"graph input {name!r} has no shape; give it with shape_overrides")
     else:
-        shape = tuple(d.dim_value if d.HasField("dim_value") else ANY for d in tensor_type.shape.dim)
+        # an open size is a dim_param, no value, or (as some exporters write it) a negative value
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else ANY
+                      for d in tensor_type.shape.dim)
     return Var(name, TensorType(shape, dtype))
 
 
