@@ -15,11 +15,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from relay_tune.records.log_format import SCHEMA_VERSION, LogEvent, LogWarning, append_lines, host_cpu_name, read_events
+from relay_tune.records.log_format import (
+    SCHEMA_VERSION,
+    LogEvent,
+    LogWarning,
+    append_lines,
+    host_cpu_name,
+    read_events,
+    read_records,
+)
 from relay_tune.tuning import LogWriter, TuningRecord
 from search_space import Config
 
@@ -68,15 +77,40 @@ def write(path: Path, text: str) -> Path:
 # 3. a model the reference interpreter cannot check
 # ---------------------------------------------------------------------------------------------------------------
 
-UNCHECKABLE = "def @main(%x: Tensor[(16, 16), float32]) {\n  log(%x)\n}\n"  # random inputs include negatives
+UNCHECKABLE = "def @main(%x: Tensor[(16, 16), float32]) {\n  log(negative(abs(%x)))\n}\n"  # NaN on any input
+# A logarithm and a square root of inputs: not finite on signed inputs, checked on non-negative ones (their domain).
+DOMAIN = "def @main(%x: Tensor[(16, 16), float32], %v: Tensor[(16, 16), float32]) {\n" \
+         "  add(log(%x), divide(%x, sqrt(add(%v, 1e-05f))))\n}\n"
 
 
 def test_tuning_a_model_the_reference_cannot_check_stops_before_tuning(tmp_path: Path) -> None:
     model = write(tmp_path / "logm.relay", UNCHECKABLE)
     log = tmp_path / "logm.jsonl"
     result = relay_tune_cli(model, "--trials", "2", "--log", log, cwd=tmp_path)
-    assert_clean_failure(result, "task log 16x16", "not finite", "--no-check")
+    assert_clean_failure(result, "task abs+negative+log 16x16", "not finite", "--no-check")
     assert not log.exists() or not log.read_text().strip()  # nothing was measured
+
+
+def test_a_task_whose_inputs_have_a_domain_is_checked_on_inputs_in_it(tmp_path: Path) -> None:
+    model = write(tmp_path / "norm.relay", DOMAIN)
+    log = tmp_path / "norm.jsonl"
+    result = relay_tune_cli(model, "--trials", "3", "--log", log, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = read_records(log)
+    assert records and all(r.ok for r in records), [r.error_msg for r in records]
+    assert not [e for e in read_events(log) if e.event == "numerical_check_disabled"]
+
+
+def test_nonnegative_specs_keep_the_draws_of_the_others() -> None:
+    from relay_tune.tuning.runner import random_inputs
+    from relay_tune.tuning.task import TensorSpec
+
+    signed = random_inputs([TensorSpec((64,), "float32"), TensorSpec((8,), "int32")], seed=3)
+    positive = random_inputs([TensorSpec((64,), "float32", True), TensorSpec((8,), "int32", True)], seed=3)
+    assert (signed[0] < 0).any() and (signed[1] < 0).any()
+    assert (positive[0] > 0).all() and (positive[1] > 0).all()
+    np.testing.assert_array_equal(np.abs(signed[0]), positive[0])
+    np.testing.assert_array_equal(np.abs(signed[1]), positive[1])
 
 
 def test_no_check_tunes_without_the_check_and_says_so_in_the_log(tmp_path: Path) -> None:

@@ -132,7 +132,8 @@ MAX_WEIGHT_COPIES = 4096  # small weights: the copies' count, not their bytes, b
 
 
 def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
-    """Seeded inputs with irregular values: floats in [-1, 1) away from 0, small non-zero integers, random bools."""
+    """Seeded inputs with irregular values: floats in [-1, 1) away from 0, small non-zero integers, random bools.
+    A spec marked `nonnegative` gets the magnitudes alone (the same draws, so other inputs keep their values)."""
     rng = np.random.default_rng(seed)
     arrays: list[np.ndarray] = []
     for spec in specs:
@@ -140,14 +141,15 @@ def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
         if dtype.kind == "f":
             magnitude = rng.uniform(0.05, 1.0, size=spec.shape)
             sign = rng.choice(np.array([-1.0, 1.0]), size=spec.shape)
-            arrays.append((magnitude * sign).astype(dtype))
+            arrays.append((magnitude if spec.nonnegative else magnitude * sign).astype(dtype))
         elif dtype.kind == "b":
             arrays.append(rng.integers(0, 2, size=spec.shape).astype(dtype))
         elif dtype.kind == "u":
             arrays.append(rng.integers(1, 8, size=spec.shape).astype(dtype))
         elif dtype.kind == "i":
-            values = rng.integers(1, 8, size=spec.shape) * rng.choice(np.array([-1, 1]), size=spec.shape)
-            arrays.append(values.astype(dtype))
+            values = rng.integers(1, 8, size=spec.shape)
+            sign = rng.choice(np.array([-1, 1]), size=spec.shape)
+            arrays.append((values if spec.nonnegative else values * sign).astype(dtype))
         else:
             raise ValueError(f"cannot generate inputs of dtype {spec.dtype}")
     return arrays

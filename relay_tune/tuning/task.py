@@ -39,6 +39,8 @@ CodeFormat = Literal["elf-object", "shared-library"]
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
+    # Test inputs of this tensor must be non-negative (the domain of a variance under a square root, say).
+    nonnegative: bool = False
 
     @property
     def nbytes(self) -> int:

@@ -293,23 +293,41 @@ class ReferenceUnavailableError(RelayTuneError):
 
 def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
     """Run each task's reference on the runner's random inputs before any tuning: a task whose outputs could not
-    be checked is an error naming the task and the reason (tune with `check=False` / `--no-check` to go on)."""
+    be checked is an error naming the task and the reason (tune with `check=False` / `--no-check` to go on).
+
+    A CPU task whose reference is not finite on signed inputs (a square root or logarithm of an input: the variance
+    of a normalisation) is checked on non-negative inputs instead, which lie in that domain, and measured on them."""
     for task in tasks:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ReferenceWarning)
+        try:
+            _check_reference(task, seed)
+        except ReferenceUnavailableError:
+            if not hasattr(task, "nonnegative_inputs") or task.nonnegative_inputs:
+                raise
+            task.nonnegative_inputs = True
             try:
-                expected = task.reference(random_inputs(task.input_specs(), seed))
-            except Exception as err:  # a GPU task's reference raises instead of warning
-                raise ReferenceUnavailableError(
-                    f"the reference interpreter cannot run task {task.description} ({type(err).__name__}: {err}), "
-                    "so tuned kernels could not be checked; tune with --no-check to measure without the numerical "
-                    "check") from None
-        reasons = [str(w.message) for w in caught if issubclass(w.category, ReferenceWarning)]
-        if expected is None or reasons:
-            reason = reasons[0] if reasons else f"task {task.description}: no reference outputs"
-            raise ReferenceUnavailableError(f"{reason.replace('; outputs are not checked', '')}: tuned kernels "
-                                            "could not be checked; tune with --no-check to measure without the "
-                                            "numerical check")
+                _check_reference(task, seed)
+            except ReferenceUnavailableError:
+                task.nonnegative_inputs = False
+                raise
+
+
+def _check_reference(task: Any, seed: int) -> None:
+    """Raise `ReferenceUnavailableError` unless the task's reference gives finite outputs on the runner's inputs."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReferenceWarning)
+        try:
+            expected = task.reference(random_inputs(task.input_specs(), seed))
+        except Exception as err:  # a GPU task's reference raises instead of warning
+            raise ReferenceUnavailableError(
+                f"the reference interpreter cannot run task {task.description} ({type(err).__name__}: {err}), "
+                "so tuned kernels could not be checked; tune with --no-check to measure without the numerical "
+                "check") from None
+    reasons = [str(w.message) for w in caught if issubclass(w.category, ReferenceWarning)]
+    if expected is None or reasons:
+        reason = reasons[0] if reasons else f"task {task.description}: no reference outputs"
+        raise ReferenceUnavailableError(f"{reason.replace('; outputs are not checked', '')}: tuned kernels "
+                                        "could not be checked; tune with --no-check to measure without the "
+                                        "numerical check")
 
 
 @dataclass(frozen=True)
