@@ -35,6 +35,7 @@ import numpy as np
 
 from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.kernel import tir
+from relay_tune.kernel.analysis import iter_stmts
 
 REPEAT_SUFFIX = "__repeat"
 THREADING_RUNTIMES = ("auto", "openmp", "python")
@@ -81,21 +82,7 @@ class KernelSignature:
 
 
 def _stored_buffers(stmt: tir.Stmt) -> set[tir.Buffer]:
-    found: set[tir.Buffer] = set()
-    stack: list[tir.Stmt] = [stmt]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, tir.Store):
-            found.add(node.buffer)
-        elif isinstance(node, tir.Seq):
-            stack.extend(node.stmts)
-        elif isinstance(node, tir.For | tir.Allocate):
-            stack.append(node.body)
-        elif isinstance(node, tir.IfThenElse):
-            stack.append(node.then_body)
-            if node.else_body is not None:
-                stack.append(node.else_body)
-    return found
+    return {node.buffer for node in iter_stmts(stmt) if isinstance(node, tir.Store)}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from relay_tune.codegen.llvm import compile_object
 from relay_tune.errors import CompileError
 from relay_tune.kernel import tir
+from relay_tune.kernel.analysis import iter_stmts
 from relay_tune.target import Target
 
 PARALLEL_COMPILE_MIN_KERNELS = 8
@@ -53,17 +54,4 @@ def compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int) -> lis
 
 def stmt_count(stmt: tir.Stmt) -> int:
     """Statements in a loop nest: the size estimate that balances the chunks."""
-    count = 0
-    stack: list[tir.Stmt] = [stmt]
-    while stack:
-        node = stack.pop()
-        count += 1
-        if isinstance(node, tir.Seq):
-            stack.extend(node.stmts)
-        elif isinstance(node, tir.For | tir.Allocate):
-            stack.append(node.body)
-        elif isinstance(node, tir.IfThenElse):
-            stack.append(node.then_body)
-            if node.else_body is not None:
-                stack.append(node.else_body)
-    return count
+    return len(iter_stmts(stmt))

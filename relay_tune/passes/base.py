@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from relay_tune.ir import Expr, Function, IRModule, TensorType
-from relay_tune.ir.expr import Call
+from relay_tune.ir.expr import Call, op
+from relay_tune.op.registry import get_op
 from relay_tune.type_infer import infer_types
 
 WINOGRAD_MODES = ("off", "auto", "on", "f2", "f4")
@@ -254,3 +255,8 @@ def use_counts(root: Expr) -> dict[int, int]:
         for child in node.children():
             counts[id(child)] = counts.get(id(child), 0) + 1
     return counts
+
+
+def call_op(name: str, *args: Expr, **attrs: object) -> Call:
+    """A call of operator `name` with its attrs completed by their defaults, as the parser builds calls."""
+    return Call(op(name), args, get_op(name).make_attrs(attrs))

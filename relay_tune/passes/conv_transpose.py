@@ -18,22 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from relay_tune.ir import Call, Expr, Function, IRModule, op
-from relay_tune.op.registry import get_op
+from relay_tune.ir import Call, Expr, Function, IRModule
 from relay_tune.passes.base import (
     Pass,
     PassConfig,
+    call_op,
     map_functions,
     register_pass,
     retype,
     rewrite_dataflow,
     tensor_type_of,
 )
-
-
-def _call(name: str, *args: Expr, **attrs: object) -> Call:
-    """A call of operator `name` with its attrs completed by their defaults, as the parser builds calls."""
-    return Call(op(name), args, get_op(name).make_attrs(attrs))
 
 
 def _pair(value: object) -> tuple[int, ...]:
@@ -68,12 +63,12 @@ def as_conv_and_shuffle(call: Call, data: Expr, weight: Expr, kernel: tuple[int,
     in_channels, out_channels = (int(d) for d in weight_type.shape[:2])
     kh, kw = kernel
     taps = out_channels * kh * kw
-    weight_1x1 = _call("reshape", _call("transpose", weight, axes=[1, 2, 3, 0]), newshape=[taps, in_channels, 1, 1])
-    conv = _call("nn.conv2d", data, weight_1x1, channels=taps, kernel_size=[1, 1],
+    weight_1x1 = call_op("reshape", call_op("transpose", weight, axes=[1, 2, 3, 0]), newshape=[taps, in_channels, 1, 1])
+    conv = call_op("nn.conv2d", data, weight_1x1, channels=taps, kernel_size=[1, 1],
                  out_dtype=str(call.attrs["out_dtype"] or ""))
-    blocks = _call("reshape", conv, newshape=[n, out_channels, kh, kw, h, w])
-    shuffled = _call("transpose", blocks, axes=[0, 1, 4, 2, 5, 3])
-    return _call("reshape", shuffled, newshape=[n, out_channels, h * kh, w * kw])
+    blocks = call_op("reshape", conv, newshape=[n, out_channels, kh, kw, h, w])
+    shuffled = call_op("transpose", blocks, axes=[0, 1, 4, 2, 5, 3])
+    return call_op("reshape", shuffled, newshape=[n, out_channels, h * kh, w * kw])
 
 
 def _rewrite_node(orig: Expr, new: Expr) -> Expr:

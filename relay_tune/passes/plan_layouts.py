@@ -66,6 +66,7 @@ from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
     Pass,
     PassConfig,
+    call_op,
     dataflow_post_order,
     is_opaque_function,
     map_functions,
@@ -290,7 +291,7 @@ class _Planner:
             bias = self._per_channel(call.args[1], channels, block)
             if bias is None:
                 return None
-            return _op_call("add", (self.get(call.args[0], block), bias)), block
+            return call_op("add", *(self.get(call.args[0], block), bias)), block
         args: list[Expr] = []
         for arg in call.args:
             fitted = self._operand(arg, channels, block)
@@ -325,12 +326,9 @@ class _Planner:
         if ty.shape[axis] != channels or any(d != 1 for i, d in enumerate(ty.shape) if i != axis):
             return None
         shape = [channels // block, 1, 1, block] if ty.ndim in (1, 3) else [1, channels // block, 1, 1, block]
-        return _op_call("reshape", (self.get(arg),), newshape=tuple(shape))
+        return call_op("reshape", *(self.get(arg),), newshape=tuple(shape))
 
 
-def _op_call(name: str, args: tuple[Expr, ...], **attrs: object) -> Call:
-    """A call of operator `name` with its attrs completed by their defaults, as the parser builds calls."""
-    return Call(op(name), args, get_op(name).make_attrs(attrs))
 
 
 def _transform(value: Expr, src: str, dst: str) -> Expr:
@@ -343,7 +341,7 @@ def _transform(value: Expr, src: str, dst: str) -> Expr:
             return value.args[0]
         if first.startswith(PLAIN) and dst.startswith(PLAIN):
             src, value = first, value.args[0]
-    return _op_call("layout_transform", (value,), src_layout=src, dst_layout=dst)
+    return call_op("layout_transform", *(value,), src_layout=src, dst_layout=dst)
 
 
 def _plannable(func: Function, planner: _Planner) -> bool:

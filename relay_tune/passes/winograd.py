@@ -29,14 +29,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Var, op, post_order
+from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Var, post_order
 from relay_tune.op.nn import _padding
-from relay_tune.op.registry import get_op
 from relay_tune.op.winograd import weight_transform
 from relay_tune.passes.base import (
     WINOGRAD_MODES,
     Pass,
     PassConfig,
+    call_op,
     map_functions,
     register_pass,
     retype,
@@ -119,15 +119,12 @@ def _rewrite(call: Call, args: tuple[Expr, ...], mode: str) -> Expr | None:
     # four numbers whatever form the convolution had, so equal convolutions give one workload
     (top, left), (bottom, right) = _padding(attrs.get("padding", (0, 0)), 2, call.op_name)
     padding = (top, left, bottom, right)
-    v = _call("nn.winograd_input_transform", (args[0],), tile_size=m, padding=padding, data_layout=data_layout)
+    v = call_op("nn.winograd_input_transform", *(args[0],), tile_size=m, padding=padding, data_layout=data_layout)
     u = Constant(weight_transform(weight, m))
-    product = _call("nn.batch_matmul", (v, u))
-    return _call("nn.winograd_output_transform", (product,), tile_size=m, out_height=out_h, out_width=out_w,
+    product = call_op("nn.batch_matmul", *(v, u))
+    return call_op("nn.winograd_output_transform", *(product,), tile_size=m, out_height=out_h, out_width=out_w,
                  out_layout=out_layout)
 
-
-def _call(name: str, args: tuple[Expr, ...], **attrs: object) -> Call:
-    return Call(op(name), args, get_op(name).make_attrs(attrs))
 
 
 def winograd_function(func: Function, mode: str) -> Function:
