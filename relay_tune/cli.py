@@ -587,10 +587,15 @@ def _print_tune_result(console: Any, result: Any) -> None:
     rate = f", {done / seconds * 60:.0f} trials/min" if done and seconds > 0 else ""
     console.print(f"{done} trials this run ({summary.trials_done} of {summary.total_trials} in the log) in "
                   f"{seconds:.1f} s{rate}" + (" (stopped by --timeout)" if result.timed_out else ""))
-    if result.latency_before is not None or result.latency_after is not None:
-        speedup = f" ({result.speedup:.2f}x)" if result.speedup is not None else ""
-        console.print(f"end-to-end latency: {_duration(result.latency_before)} with default schedules, "
-                      f"{_duration(result.latency_after)} tuned{speedup}")
+    if result.latency is not None:  # medians of interleaved, warmed rounds; a ratio only where the rounds agree
+        timed = result.latency
+        if result.latency_after == timed.candidate_s:
+            console.print(f"end-to-end latency: {_duration(timed.baseline_s)} with default schedules, "
+                          f"{_duration(timed.candidate_s)} tuned ({timed.describe()})", soft_wrap=True)
+        else:
+            console.print(f"end-to-end latency: {_duration(timed.baseline_s)} with default schedules, "
+                          f"{_duration(timed.candidate_s)} with the records ({timed.describe()}): the model is "
+                          "built with default schedules", soft_wrap=True)
     console.print(f"log: {result.log_path}")
     if result.cache_path is not None:
         skipped = (f"{result.cached_tasks} task(s) tuned before on this CPU were not tuned again (--retune tunes "

@@ -11,6 +11,7 @@ import relay_tune
 from relay_tune.cli import main
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
+from relay_tune.runtime.benchmark import LatencyComparison
 from relay_tune.runtime.model import PACKING_TASK, load
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import tasks_from_module
@@ -115,11 +116,12 @@ def test_a_record_slower_in_the_graph_than_the_default_is_not_used(monkeypatch: 
         return [{t.key: 2e-3 if "dense" in t.description else 1e-3 for t in tuned.plan.tasks},  # type: ignore[attr-defined]
                 {t.key: 1e-3 for t in default.plan.tasks}]  # type: ignore[attr-defined]
 
-    def end_to_end_samples(models: tuple[object, object], _inputs: object, rounds: int) -> list[list[float]]:
-        return [[1e-3] * rounds, [2e-3] * rounds]  # the checked build is the faster one end to end
+    def end_to_end(default: object, tuned: object, _inputs: object, rounds: int) -> LatencyComparison:
+        # the checked build is the faster one end to end
+        return LatencyComparison(((2e-3,),) * rounds, ((1e-3,),) * rounds)
 
     monkeypatch.setattr(check_tuned, "interleaved_task_seconds", in_graph_seconds)
-    monkeypatch.setattr(check_tuned, "interleaved_samples", end_to_end_samples)
+    monkeypatch.setattr(check_tuned, "compare_latency", end_to_end)
     naive = relay_tune.build(mod, ONE_CORE, params={"w": w}, logs=lookup)
     assert all(t.tuned for t in naive.plan.tasks if t.kernel)
     checked = relay_tune.build(mod, ONE_CORE, params={"w": w}, logs=lookup, check_tuned=True)

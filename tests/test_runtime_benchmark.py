@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 import relay_tune
-from relay_tune.runtime.benchmark import interleaved_latency, interleaved_samples, interleaved_task_seconds
+from relay_tune.runtime.benchmark import (
+    LatencyComparison,
+    compare_latency,
+    interleaved_latency,
+    interleaved_samples,
+    interleaved_task_seconds,
+)
 from relay_tune.runtime.model import CompiledModel
 from relay_tune.text import parse_module
 
@@ -38,3 +44,26 @@ def test_task_seconds_cover_the_tasks_that_run_kernels(model: CompiledModel) -> 
     kernels = {t.key for t in model.plan.tasks if t.kernel}
     assert kernels and set(seconds) == kernels
     assert all(s >= 0 for s in seconds.values())
+
+
+def test_compare_latency_times_both_models_in_every_round(model: CompiledModel) -> None:
+    timed = compare_latency(model, model, rounds=4, repeat=3, warmup_s=0.0)
+    assert len(timed.baseline) == len(timed.candidate) == 4
+    assert all(len(r) == 3 and all(s > 0 for s in r) for r in timed.baseline + timed.candidate)
+    assert timed.ratio == pytest.approx(timed.baseline_s / timed.candidate_s)
+    assert len(timed.round_ratios) == 4
+
+
+def test_a_ratio_is_given_only_where_the_rounds_agree() -> None:
+    steady = LatencyComparison(((2.0e-3,), (2.1e-3,), (2.0e-3,), (2.05e-3,)),
+                               ((1.0e-3,), (1.05e-3,), (1.0e-3,), (1.0e-3,)))
+    assert steady.supports_ratio() and steady.ratio == pytest.approx(2.025 / 1.0, rel=0.02)
+    assert steady.describe() == f"{steady.ratio:.2f}x faster"
+    slower = LatencyComparison(((1e-3,),) * 3, ((1.25e-3,),) * 3)
+    assert slower.describe() == "1.25x slower" and slower.spread == 0.0
+    # One cold round among few is what printed a 46x "speedup": the rounds disagree, so no ratio is printed.
+    noisy = LatencyComparison(((2e-3,), (0.06e-3,), (0.055e-3,), (1e-3,)), ((0.045e-3,),) * 4)
+    assert not noisy.supports_ratio()
+    assert noisy.describe().startswith("timings too noisy for a ratio")
+    # Two rounds cannot show agreement.
+    assert not LatencyComparison(((1e-3,),) * 2, ((1e-3,),) * 2).supports_ratio()

@@ -3,7 +3,6 @@ default schedule's (`relay_tune.build(..., check_tuned=True)`)."""
 
 from __future__ import annotations
 
-import statistics
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,7 +11,7 @@ from relay_tune.compile.lookup import BuildWarning, SpecLookup, task_lookup
 from relay_tune.compile.pipeline import compile_model
 from relay_tune.compile.target import resolve_target
 from relay_tune.ir import Function, IRModule
-from relay_tune.runtime.benchmark import interleaved_samples, interleaved_task_seconds
+from relay_tune.runtime.benchmark import compare_latency, interleaved_task_seconds
 from relay_tune.runtime.model import CompiledModel
 from relay_tune.target import Target
 
@@ -61,10 +60,10 @@ def check_tuned_records(
     }
     result = _without_records(mod, target, params, logs, opt_level, slower, relaxed) if slower else tuned
     # End to end: tuned <= default, measured here rather than assumed from the per-task sums.
-    samples = interleaved_samples((result, default), inputs, rounds)
-    mine, theirs = (statistics.median(x) for x in samples)
-    kept_default = min(samples[0]) > min(samples[1])
-    check.update(tuned_e2e_s=mine, default_e2e_s=theirs, kept_default=kept_default)
+    timed = compare_latency(default, result, inputs, rounds=max(rounds, 9))
+    kept_default = (min(s for r in timed.candidate for s in r) > min(s for r in timed.baseline for s in r))
+    check.update(tuned_e2e_s=timed.candidate_s, default_e2e_s=timed.baseline_s, kept_default=kept_default,
+                 e2e_rounds={"default": [list(r) for r in timed.baseline], "tuned": [list(r) for r in timed.candidate]})
     chosen = default if kept_default else result
     chosen.build_info["tuned_check"] = check
     return chosen

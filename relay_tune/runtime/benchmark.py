@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from relay_tune.runtime.model import CompiledModel
@@ -24,9 +26,86 @@ def interleaved_samples(models: Sequence[Any], inputs: Mapping[str, Any] | None 
     costs: dict[int, list[float]] = {key: [] for key in distinct}
     for _ in range(rounds):
         for key, model in distinct.items():
-            stats = model.benchmark(repeat=repeat, inputs=inputs)
-            costs[key].extend(stats.costs if hasattr(stats, "costs") else stats)
+            costs[key].extend(_timed_calls(model, repeat, inputs))
     return [costs[id(model)] for model in models]
+
+
+# A ratio is printed only when the middle half of the per-round ratios lies within this fraction of it.
+RATIO_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class LatencyComparison:
+    """Two models timed in the same interleaved rounds: seconds per inference of every timed call, by round.
+
+    Every round times the baseline and then the candidate, so both see the same machine state; the ratio of the
+    medians is what a reader wants, and the per-round ratios say whether the timings support it."""
+
+    baseline: tuple[tuple[float, ...], ...]  # per round, the baseline's timed calls (seconds)
+    candidate: tuple[tuple[float, ...], ...]
+
+    @property
+    def baseline_s(self) -> float:
+        """Median seconds per inference of the baseline over every round."""
+        return statistics.median(s for r in self.baseline for s in r)
+
+    @property
+    def candidate_s(self) -> float:
+        return statistics.median(s for r in self.candidate for s in r)
+
+    @property
+    def ratio(self) -> float:
+        """Baseline over candidate median: above 1, the candidate is faster."""
+        return self.baseline_s / self.candidate_s
+
+    @property
+    def round_ratios(self) -> tuple[float, ...]:
+        return tuple(statistics.median(b) / statistics.median(c) for b, c in zip(self.baseline, self.candidate))
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range of the per-round ratios over their median (0 for fewer than three rounds is not
+        claimed: it is infinite then)."""
+        ratios = self.round_ratios
+        if len(ratios) < 3:
+            return float("inf")
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return (q3 - q1) / statistics.median(ratios)
+
+    def supports_ratio(self, tolerance: float = RATIO_TOLERANCE) -> bool:
+        """Whether the rounds agree on the ratio: the middle half of the per-round ratios spans at most
+        `tolerance` of it."""
+        return self.spread <= tolerance
+
+    def describe(self) -> str:
+        """'1.17x faster' or '1.04x slower' (the candidate against the baseline), or why no ratio is given."""
+        if not self.supports_ratio():
+            return (f"timings too noisy for a ratio: rounds disagree by {self.spread:.0%}, per-round ratios "
+                    f"{min(self.round_ratios):.2f}-{max(self.round_ratios):.2f}x")
+        return f"{self.ratio:.2f}x faster" if self.ratio >= 1 else f"{1 / self.ratio:.2f}x slower"
+
+
+def compare_latency(baseline: Any, candidate: Any, inputs: Mapping[str, Any] | None = None, rounds: int = 9,
+                    repeat: int = 5, warmup_s: float = 0.05) -> LatencyComparison:
+    """Time two models in `rounds` interleaved rounds of `repeat` calls each, after running each for at least
+    `warmup_s` seconds (cold caches, lazily mapped pages and a clock still ramping up made one cold timing
+    decide a 40x "speedup" that a rerun measured at 1.2x)."""
+    for model in (baseline, candidate):
+        deadline = time.perf_counter() + warmup_s
+        while time.perf_counter() < deadline:
+            _timed_calls(model, 1, inputs)
+    base_rounds: list[tuple[float, ...]] = []
+    cand_rounds: list[tuple[float, ...]] = []
+    for _ in range(rounds):
+        base_rounds.append(_timed_calls(baseline, repeat, inputs))
+        cand_rounds.append(_timed_calls(candidate, repeat, inputs))
+    return LatencyComparison(tuple(base_rounds), tuple(cand_rounds))
+
+
+def _timed_calls(model: Any, repeat: int, inputs: Mapping[str, Any] | None) -> tuple[float, ...]:
+    """Seconds of `repeat` timed inferences (GPU models' `benchmark` returns the list itself)."""
+    stats = model.benchmark(repeat=repeat, inputs=inputs)
+    return tuple(stats.costs if hasattr(stats, "costs") else stats)
 
 
 def interleaved_task_seconds(

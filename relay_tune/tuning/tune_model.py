@@ -40,7 +40,7 @@ from relay_tune.errors import RelayTuneError
 from relay_tune.records.cache import TuningCache, records_since
 from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.records.log_format import LogEvent, LogWriter, read_records
-from relay_tune.runtime.benchmark import interleaved_latency
+from relay_tune.runtime.benchmark import LatencyComparison, compare_latency
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
 from relay_tune.tuning import distributed
@@ -207,6 +207,7 @@ class TuneModelResult:
     search: str
     latency_before: float | None = None
     latency_after: float | None = None
+    latency: LatencyComparison | None = None  # the interleaved timing both latencies come from
     model: Any = None  # the model built from the log (None when interrupted or not built)
     model_path: Path | None = None
     timed_out: bool = False
@@ -222,9 +223,11 @@ class TuneModelResult:
 
     @property
     def speedup(self) -> float | None:
-        if self.latency_before is None or self.latency_after is None or self.latency_after <= 0:
+        """Default over tuned latency; None when not measured or when the timing rounds disagree too much to
+        support a ratio (`latency.describe()` says by how much)."""
+        if self.latency is None or not self.latency.supports_ratio():
             return None
-        return self.latency_before / self.latency_after
+        return self.latency_before / self.latency_after if self.latency_before and self.latency_after else None
 
 
 def _tasks_for(mod: Any, target: Any, opt_level: int,
@@ -555,10 +558,12 @@ def _build_and_time(mod: Any, plan: _Plan, result: TuneModelResult, database: An
         # The model built before tuning is the default side of that check (not built a second time).
         model = (check_tuned_records(mod, plan.target, None, lookup, default=untuned, **compile_options)
                  if lookup is not None else untuned or compile_model(mod, target=plan.target, **compile_options))
-    before, after = _latencies(model, untuned) if build.measure_latency else (None, None)
+    timed = _latencies(model, untuned) if build.measure_latency else None
+    before = timed.baseline_s if timed is not None else None
+    after = (before if _kept_default(model) else timed.candidate_s) if timed is not None else None
     saved = model.save(build.output) if build.output is not None and hasattr(model, "save") else None
-    return dataclasses.replace(result, latency_before=before, latency_after=after, model=model, model_path=saved,
-                               configs=configs)
+    return dataclasses.replace(result, latency_before=before, latency_after=after, latency=timed, model=model,
+                               model_path=saved, configs=configs)
 
 
 def _lookup(plan: _Plan, database: Any, cache: TuningCache | None) -> tuple[Any, dict[str, str]]:
@@ -574,17 +579,22 @@ def _lookup(plan: _Plan, database: Any, cache: TuningCache | None) -> tuple[Any,
     return (best_steps_lookup(tasks, [log_path]) if log_path.is_file() else None), {}
 
 
-def _latencies(model: Any, untuned: Any) -> tuple[float | None, float | None]:
-    """Seconds per inference with default and with tuned schedules."""
+def _kept_default(model: Any) -> bool:
+    """Whether the tuned-records check found the default build faster end to end and returned it."""
     check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
-    if "default_e2e_s" in check:  # the tuned-records check timed both builds, interleaved: the faster one was kept
-        before = check["default_e2e_s"]
-        return before, before if check["kept_default"] else check["tuned_e2e_s"]
+    return bool(check.get("kept_default"))
+
+
+def _latencies(model: Any, untuned: Any) -> LatencyComparison:
+    """The default build against the one built from the records, timed in interleaved, warmed rounds."""
+    check = model.build_info.get("tuned_check", {}) if hasattr(model, "build_info") else {}
+    rounds = check.get("e2e_rounds")
+    if rounds is not None:  # the tuned-records check timed both builds that way already
+        return LatencyComparison(tuple(map(tuple, rounds["default"])), tuple(map(tuple, rounds["tuned"])))
     # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs 140 us, the
     # tuned build "slower" than the default it had just been checked against).
     with measurement_lock():
-        before, after = interleaved_latency([untuned, model])
-    return before, after
+        return compare_latency(untuned, model)
 
 
 def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str]] = (), *,
