@@ -26,6 +26,7 @@ def build(
     check_tuned: bool = False,
     layout_planning: bool | None = None,
     winograd: str | None = None,
+    kernel_cache: bool = True,
 ) -> CompiledModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`).
 
@@ -45,9 +46,11 @@ def build(
     winograd: which blocked 3x3 stride-1 convolutions run in Winograd form ("off", "auto", "on", "f2", "f4"; see
         `relay_tune.passes.winograd`); None: `relay_tune.passes.WINOGRAD_DEFAULT`. Like `layout_planning`, tuning
         must have used the same setting.
+    kernel_cache: take object code compiled before on this machine from the per-user kernel cache, and store what
+        is compiled there (`relay_tune.compile.kernel_cache`; `RELAY_TUNE_KERNEL_CACHE=0` turns it off everywhere).
     """
     options: dict[str, Any] = dict(jobs=jobs, require_tuned=require_tuned, threading_runtime=threading_runtime,
-                                   layout_planning=layout_planning, winograd=winograd)
+                                   layout_planning=layout_planning, winograd=winograd, kernel_cache=kernel_cache)
     if check_tuned and logs is not None:
         return check_tuned_records(mod, target, params, logs, opt_level, **options)
     return compile_model(mod, target, params, logs, opt_level, **options)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from relay_tune.codegen.llvm import compile_object
+from relay_tune.compile.kernel_cache import KernelObjectCache
 from relay_tune.errors import CompileError
 from relay_tune.kernel import tir
 from relay_tune.kernel.analysis import iter_stmts
@@ -30,24 +31,45 @@ def compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes,
     return obj, timings
 
 
-def compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int) -> list[tuple[bytes, list[tir.PrimFunc]]]:
-    """Object code for `funcs`: one module, or `jobs` modules of about equal size compiled in worker processes."""
-    jobs = max(1, min(jobs, len(funcs)))
-    if multiprocessing.current_process().daemon:
-        jobs = 1  # daemonic processes (e.g. pool workers) may not start children
+def compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int,
+                cache: KernelObjectCache | None = None) -> list[tuple[bytes, list[tir.PrimFunc]]]:
+    """Object code for `funcs`: one module, or `jobs` modules of about equal size compiled in worker processes.
+    Modules found in `cache` are not compiled again; the ones compiled are stored there."""
+    chunks = _chunks(funcs, max(1, min(jobs, len(funcs))))
+    keys = [cache.key(chunk, target) for chunk in chunks] if cache is not None else [None] * len(chunks)
+    objects: list[bytes | None] = [cache.load(k) if cache is not None and k else None for k in keys]
+    missing = [i for i, obj in enumerate(objects) if obj is None]
+    for i, obj in zip(missing, _compile_chunks([chunks[i] for i in missing], target)):
+        objects[i] = obj
+        if cache is not None and keys[i]:
+            cache.store(keys[i], obj)
+    if cache is not None and missing:
+        cache.prune()
+    return [(obj, chunk) for obj, chunk in zip(objects, chunks) if obj is not None]
+
+
+def _chunks(funcs: Sequence[tir.PrimFunc], jobs: int) -> list[list[tir.PrimFunc]]:
+    """`funcs` in `jobs` modules: dealt round-robin by estimated size, so each takes about as long to optimise."""
     if jobs == 1:
-        return [(compile_chunk(funcs, target)[0], list(funcs))]
-    # Kernels dealt round-robin by estimated size, so each chunk takes about as long to optimise.
+        return [list(funcs)]
     order = sorted(funcs, key=lambda f: -stmt_count(f.body))
     chunks: list[list[tir.PrimFunc]] = [[] for _ in range(jobs)]
     for i, func in enumerate(order):
         chunks[i % jobs].append(func)
+    return chunks
+
+
+def _compile_chunks(chunks: Sequence[Sequence[tir.PrimFunc]], target: Target) -> list[bytes]:
+    """One object per chunk: in this process for one chunk (or inside a daemonic process, which may not start
+    children), else in worker processes."""
+    if len(chunks) <= 1 or multiprocessing.current_process().daemon:
+        return [compile_chunk(chunk, target)[0] for chunk in chunks]
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # "fork": workers start at once, with everything imported; they only run LLVM on their own modules.
     try:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=len(chunks), mp_context=context) as pool:
             futures = [pool.submit(compile_chunk, chunk, target) for chunk in chunks]
-            return [(future.result()[0], chunk) for future, chunk in zip(futures, chunks)]
+            return [future.result()[0] for future in futures]
     except concurrent.futures.process.BrokenProcessPool as err:
         raise CompileError(f"a compile worker process died ({err}); retry with jobs=1 to see why") from None
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from relay_tune.codegen.jit import KernelSignature, load_object
+from relay_tune.compile.kernel_cache import KernelObjectCache
 from relay_tune.compile.lookup import BuildWarning, TaskLookup, task_lookup
 from relay_tune.compile.parallel import PARALLEL_COMPILE_MIN_KERNELS, compile_all, default_jobs
 from relay_tune.compile.params import bind_params
@@ -45,6 +46,7 @@ def compile_model(
     threading_runtime: str = "auto",
     layout_planning: bool | None = None,
     winograd: str | None = None,
+    kernel_cache: bool = True,
 ) -> CompiledModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (the arguments are `relay_tune.build`'s)."""
     timings: dict[str, float] = {}
@@ -77,7 +79,8 @@ def compile_model(
     if jobs is None:
         # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
         jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
-    chunks = compile_all(funcs, resolved, jobs) if funcs else []
+    cache = KernelObjectCache.default() if kernel_cache else None
+    chunks = compile_all(funcs, resolved, jobs, cache) if funcs else []
     t_compile = time.perf_counter()
     timings["llvm_s"] = t_compile - start - sum(timings.values())
 
