@@ -83,9 +83,9 @@ from relay_tune.frontend.onnx_importer import (
 from relay_tune.frontend.onnx_registry import (
     BASE_OPSET,
     CONVERTERS,
+    DEFAULT_DOMAINS,
     MAX_OPSET,
     MIN_OPSET,
-    DEFAULT_DOMAINS,
     REVIEWED_OPSET,
     converter_key,
     converts,
