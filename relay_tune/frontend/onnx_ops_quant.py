@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -205,11 +205,13 @@ def _as_int32(imp: Importer, x: Expr, zero_point: Expr | None) -> Expr:
     return imp.call("subtract", [value, imp.cast(zero_point, "int32")])
 
 
-def _row_param(imp: Importer, value: Expr | None, a: Expr, what: str) -> Expr | None:
+def _optional(value: Expr | None, convert: Callable[[Expr], Expr]) -> Expr | None:
+    return None if value is None else convert(value)
+
+
+def _row_param(imp: Importer, value: Expr, a: Expr, what: str) -> Expr:
     """A per-tensor or per-row parameter of the left operand `a (..., M, K)`, broadcast against it: a vector
     of M values becomes `(M, 1)`; a tensor of a's rank is used as it is."""
-    if value is None:
-        return None
     shape = imp.static_shape(value, what)
     if math.prod(shape) == 1 and len(shape) <= 1:
         return imp.reshape(value, [])
@@ -221,10 +223,8 @@ def _row_param(imp: Importer, value: Expr | None, a: Expr, what: str) -> Expr | 
     return value
 
 
-def _column_param(imp: Importer, value: Expr | None, b: Expr, what: str) -> Expr | None:
+def _column_param(imp: Importer, value: Expr, b: Expr, what: str) -> Expr:
     """A per-tensor or per-column parameter of the right operand `b (..., K, N)`, broadcast against it."""
-    if value is None:
-        return None
     shape = imp.static_shape(value, what)
     if math.prod(shape) == 1 and len(shape) <= 1:
         return imp.reshape(value, [])
@@ -243,18 +243,16 @@ def integer_matmul(imp: Importer, node: OnnxNode, a: Expr, b: Expr, a_zero: Expr
                    b_zero: Expr | None) -> Expr:
     """`(a - a_zero) @ (b - b_zero)` in int32, numpy matmul broadcasting; per-row `a_zero`, per-column
     `b_zero`."""
-    a32 = _as_int32(imp, a, _row_param(imp, a_zero, a, "the zero point of A"))
-    b32 = _as_int32(imp, b, _column_param(imp, b_zero, b, "the zero point of B"))
+    a32 = _as_int32(imp, a, _optional(a_zero, lambda v: _row_param(imp, v, a, "the zero point of A")))
+    b32 = _as_int32(imp, b, _optional(b_zero, lambda v: _column_param(imp, v, b, "the zero point of B")))
     out = CONVERTERS["MatMul"](imp, _sub_node(node, "MatMul", [a32, b32]))
     assert isinstance(out, Expr)
     return out
 
 
-def _conv_weight_param(imp: Importer, value: Expr | None, w: Expr, what: str) -> Expr | None:
+def _conv_weight_param(imp: Importer, value: Expr, w: Expr, what: str) -> Expr:
     """A per-tensor or per-output-channel parameter of a convolution weight `(M, C/group, k...)`, broadcast
     against it."""
-    if value is None:
-        return None
     shape = imp.static_shape(value, what)
     if math.prod(shape) == 1 and len(shape) <= 1:
         return imp.reshape(value, [])
@@ -265,9 +263,7 @@ def _conv_weight_param(imp: Importer, value: Expr | None, w: Expr, what: str) ->
     return imp.reshape(value, [w_shape[0], *[1] * (len(w_shape) - 1)])
 
 
-def _scalar_param(imp: Importer, value: Expr | None, what: str) -> Expr | None:
-    if value is None:
-        return None
+def _scalar_param(imp: Importer, value: Expr, what: str) -> Expr:
     shape = imp.static_shape(value, what)
     if math.prod(shape) != 1:
         raise OnnxModelError(f"{what} must be a single value, got shape {shape}")
@@ -281,8 +277,8 @@ def integer_conv(imp: Importer, node: OnnxNode, x: Expr, w: Expr, x_zero: Expr |
                  w_zero: Expr | None) -> Expr:
     """The convolution of `x - x_zero` with `w - w_zero` in int32 (padding with `x_zero`, as ONNX says); a
     per-output-channel `w_zero` is allowed."""
-    x32 = _as_int32(imp, x, _scalar_param(imp, x_zero, "the zero point of x"))
-    w32 = _as_int32(imp, w, _conv_weight_param(imp, w_zero, w, "the zero point of w"))
+    x32 = _as_int32(imp, x, _optional(x_zero, lambda v: _scalar_param(imp, v, "the zero point of x")))
+    w32 = _as_int32(imp, w, _optional(w_zero, lambda v: _conv_weight_param(imp, v, w, "the zero point of w")))
     attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
     out = CONVERTERS["Conv"](imp, _sub_node(node, "Conv", [x32, w32], **attrs))
     assert isinstance(out, Expr)
@@ -328,10 +324,10 @@ def _qlinear_matmul(imp: Importer, node: OnnxNode) -> Expr:
     y_zero = node.input(7)
     acc = integer_matmul(imp, node, a, b, a_zero, b_zero)
     multiplier = imp.call("divide", [
-        _product(imp, _row_param(imp, a_scale, a, "the scale of A"),  # type: ignore[arg-type]
-                 _column_param(imp, b_scale, b, "the scale of B")),  # type: ignore[arg-type]
-        imp.cast(_scalar_param(imp, y_scale, "the output scale"), "float32")])  # type: ignore[arg-type]
-    return requantize(imp, acc, multiplier, _scalar_param(imp, y_zero, "the output zero point"),
+        _product(imp, _row_param(imp, a_scale, a, "the scale of A"),
+                 _column_param(imp, b_scale, b, "the scale of B")),
+        imp.cast(_scalar_param(imp, y_scale, "the output scale"), "float32")])
+    return requantize(imp, acc, multiplier, _optional(y_zero, lambda v: _scalar_param(imp, v, "the output zero point")),
                       _output_dtype(imp, y_zero, a))
 
 
@@ -352,10 +348,10 @@ def _qlinear_conv(imp: Importer, node: OnnxNode) -> Expr:
         acc = imp.call("add", [acc, _channel_vector(imp, imp.cast(bias, "int32"), x)])
     _conv_weight_param(imp, w_scale, w, "the scale of w")  # checks its shape
     multiplier = imp.call("divide", [
-        _product(imp, _scalar_param(imp, x_scale, "the scale of x"),  # type: ignore[arg-type]
+        _product(imp, _scalar_param(imp, x_scale, "the scale of x"),
                  _channel_vector(imp, w_scale, x)),
-        imp.cast(_scalar_param(imp, y_scale, "the output scale"), "float32")])  # type: ignore[arg-type]
-    return requantize(imp, acc, multiplier, _scalar_param(imp, y_zero, "the output zero point"),
+        imp.cast(_scalar_param(imp, y_scale, "the output scale"), "float32")])
+    return requantize(imp, acc, multiplier, _optional(y_zero, lambda v: _scalar_param(imp, v, "the output zero point")),
                       _output_dtype(imp, y_zero, x))
 
 
@@ -368,8 +364,7 @@ def _dequantized(imp: Importer, node: OnnxNode, index: int) -> Expr:
     if not _is_integer(imp.dtype(x)):
         raise OnnxModelError(f"input {index} must be an integer tensor, got {imp.dtype(x)}")
     scale = _scalar_param(imp, node.required(index + 1), f"the scale of input {index}")
-    zero = _scalar_param(imp, node.input(index + 2), f"the zero point of input {index}")
-    assert scale is not None
+    zero = _optional(node.input(index + 2), lambda v: _scalar_param(imp, v, f"the zero point of input {index}"))
     return dequantize(imp, x, scale, zero)
 
 
@@ -377,8 +372,7 @@ def _quantized(imp: Importer, node: OnnxNode, value: Expr, index: int, like: Exp
     """`value` quantized with the scale and zero point at inputs `index`, `index + 1` (a missing zero point:
     0 of `like`'s type)."""
     scale = _scalar_param(imp, node.required(index), "the output scale")
-    zero = _scalar_param(imp, node.input(index + 1), "the output zero point")
-    assert scale is not None
+    zero = _optional(node.input(index + 1), lambda v: _scalar_param(imp, v, "the output zero point"))
     return quantize(imp, value, scale, zero, _output_dtype(imp, zero, like))
 
 
@@ -436,8 +430,8 @@ def _matmul_integer_to_float(imp: Importer, node: OnnxNode) -> Expr:
     """Inputs: A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias; a float32 result."""
     a, b = node.required(0), node.required(1)
     acc = integer_matmul(imp, node, a, b, node.input(4), node.input(5))
-    scale = _product(imp, _row_param(imp, node.required(2), a, "the scale of A"),  # type: ignore[arg-type]
-                     _column_param(imp, node.required(3), b, "the scale of B"))  # type: ignore[arg-type]
+    scale = _product(imp, _row_param(imp, node.required(2), a, "the scale of A"),
+                     _column_param(imp, node.required(3), b, "the scale of B"))
     return _float_matmul_result(imp, acc, scale, node.input(6))
 
 
@@ -448,7 +442,7 @@ def _dynamic_quantize_matmul(imp: Importer, node: OnnxNode) -> Expr:
     a, b = node.required(0), node.required(1)
     qa, a_scale, a_zero = dynamic_quantize(imp, a)
     acc = integer_matmul(imp, node, qa, b, a_zero, node.input(3))
-    scale = _product(imp, a_scale, _column_param(imp, node.required(2), b, "the scale of B"))  # type: ignore[arg-type]
+    scale = _product(imp, a_scale, _column_param(imp, node.required(2), b, "the scale of B"))
     return _float_matmul_result(imp, acc, scale, node.input(4))
 
 
@@ -467,14 +461,14 @@ def _qgemm(imp: Importer, node: OnnxNode) -> Expr:
     acc = integer_matmul(imp, node, a, b, _scalar_param(imp, a_zero, "the zero point of A"), b_zero)
     if bias is not None:
         acc = imp.call("add", [acc, imp.cast(bias, "int32")])
-    scale = _product(imp, _scalar_param(imp, a_scale, "the scale of A"),  # type: ignore[arg-type]
-                     _column_param(imp, b_scale, b, "the scale of B"),  # type: ignore[arg-type]
+    scale = _product(imp, _scalar_param(imp, a_scale, "the scale of A"),
+                     _column_param(imp, b_scale, b, "the scale of B"),
                      imp.const(node.attr_float("alpha", 1.0), "float32"))
     if y_scale is None:
         return imp.call("multiply", [imp.cast(acc, "float32"), scale])
-    multiplier = imp.call("divide", [scale, imp.cast(_scalar_param(imp, y_scale, "the output scale"),  # type: ignore[arg-type]
+    multiplier = imp.call("divide", [scale, imp.cast(_scalar_param(imp, y_scale, "the output scale"),
                                                      "float32")])
-    return requantize(imp, acc, multiplier, _scalar_param(imp, y_zero, "the output zero point"),
+    return requantize(imp, acc, multiplier, _optional(y_zero, lambda v: _scalar_param(imp, v, "the output zero point")),
                       _output_dtype(imp, y_zero, a))
 
 
