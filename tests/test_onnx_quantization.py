@@ -131,6 +131,11 @@ QUANTIZE = [
       consts={"s": arr(0.05, "float32")}, attrs={"output_dtype": TensorProto.INT8}, opset=23),
     C("quantize-float16-scale", "QuantizeLinear", ["x", "s", "z"], {"x": floats(6, 5).astype(np.float16)},
       consts={"s": arr(0.0625, "float16"), "z": arr(7, "uint8")}),
+    C("quantize-int32-input", "QuantizeLinear", ["x", "s", "z"], {"x": ints(4, 5, dtype="int32", low=-900, high=900)},
+      consts={"s": arr(3.7, "float32"), "z": arr(-20, "int8")}, opset=13),
+    C("quantize-precision-float16-uint16", "QuantizeLinear", ["x", "s", "z"], {"x": floats(3, 8, low=-30, high=300)},
+      consts={"s": arr(0.0123, "float32"), "z": arr(60000, "uint16")}, attrs={"precision": TensorProto.FLOAT16},
+      opset=23),
     C("quantize-opset25", "QuantizeLinear", ["x", "s", "z"], {"x": floats(3, 4)},
       consts={"s": scales(4), "z": ints(4, dtype="int8")}, attrs={"axis": 1}, opset=25),
 ]

@@ -98,6 +98,9 @@ def quantize(imp: Importer, x: Expr, scale: Expr, zero_point: Expr | None, qdtyp
     `zero_point` already broadcast against `x`."""
     lo, hi = integer_range(qdtype)
     q = imp.call("round", [imp.call("divide", [imp.cast(x, compute_dtype), imp.cast(scale, compute_dtype)])])
+    # float16 holds neither every 16-bit zero point nor the uint16 range: add and saturate in float32
+    q = imp.cast(q, "float64" if compute_dtype == "float64" else "float32")
+    compute_dtype = imp.dtype(q)
     if zero_point is not None:
         q = imp.call("add", [q, imp.cast(zero_point, compute_dtype)])
     return imp.cast(imp.call("clip", [q], a_min=float(lo), a_max=float(hi)), qdtype)
