@@ -25,7 +25,10 @@ Operators beyond the core ones convert in their own modules, each registering it
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
 Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
 TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
-RotaryEmbedding (`onnx_ops_attention`). Most are compositions of existing Relay operators.
+RotaryEmbedding (`onnx_ops_attention`), linear quantization: QuantizeLinear, DequantizeLinear, the QLinear and
+Integer operators and the com.microsoft ones onnxruntime's quantizer emits (`onnx_ops_quant`). Most are compositions
+of existing Relay operators. Nodes of another domain than the default one convert when a converter is registered
+as `DOMAIN.OpType`.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
@@ -62,6 +65,7 @@ from relay_tune.frontend import (  # noqa: F401
     onnx_ops_index,
     onnx_ops_loss,
     onnx_ops_math,
+    onnx_ops_quant,
 )
 from relay_tune.frontend.onnx_importer import (
     Importer,
@@ -79,9 +83,11 @@ from relay_tune.frontend.onnx_importer import (
 from relay_tune.frontend.onnx_registry import (
     BASE_OPSET,
     CONVERTERS,
+    DEFAULT_DOMAINS,
     MAX_OPSET,
     MIN_OPSET,
     REVIEWED_OPSET,
+    converter_key,
     converts,
     newest_version,
 )
@@ -99,7 +105,7 @@ __all__ = [
     "from_onnx", "supported_ops",
 ]
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
+_DEFAULT_DOMAINS = DEFAULT_DOMAINS
 
 
 class UnsupportedOperatorsError(UnsupportedError):
@@ -125,7 +131,7 @@ class UnsupportedOperatorsError(UnsupportedError):
 
 
 def supported_ops() -> list[str]:
-    """The ONNX operator types (default domain) the importer converts."""
+    """The ONNX operator types the importer converts: default-domain ones by name, others as `DOMAIN.OpType`."""
     return sorted(CONVERTERS)
 
 
@@ -1110,11 +1116,8 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
     unsupported: Counter[str] = Counter()
     first: dict[str, str] = {}
     for index, node in enumerate(graph.node):
-        if node.domain not in _DEFAULT_DOMAINS:
-            name = f"{node.domain}.{node.op_type}"
-        elif node.op_type not in CONVERTERS:
-            name = node.op_type
-        else:
+        name = converter_key(node.domain, node.op_type)
+        if name in CONVERTERS:
             continue
         unsupported[name] += 1
         first.setdefault(name, f"node #{index}" + (f" {node.name!r}" if node.name else ""))
@@ -1136,6 +1139,8 @@ def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
     if opset <= BASE_OPSET:
         return
     for index, node in enumerate(graph.node):
+        if node.domain not in _DEFAULT_DOMAINS:  # the opset versions the default domain only
+            continue
         version = _operator_version(node.op_type, opset)
         newest = newest_version(node.op_type)
         if version is not None and version > newest:
@@ -1229,7 +1234,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
                 inputs=[values[n] if n else None for n in proto.input], input_names=list(proto.input),
                 outputs=list(proto.output), attrs=_node_attrs(proto),
             )
-            result = CONVERTERS[proto.op_type](imp, node)
+            result = CONVERTERS[converter_key(proto.domain, proto.op_type)](imp, node)
         except UnsupportedError as err:
             raise UnsupportedError(f"{where}: {err}") from None
         except RelayTuneError as err:

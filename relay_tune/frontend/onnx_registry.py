@@ -1,8 +1,9 @@
 """The ONNX converter table: each operator type's converter (`CONVERTERS`) and the newest operator version
 (`since_version`) that converter handles (`NEWEST_VERSION`), filled by the `converts` decorator in every converter
 module (`relay_tune.frontend.onnx`, `onnx_image`, `onnx_ops_math`, `onnx_ops_index`, `onnx_ops_loss`,
-`onnx_ops_attention`). The importer (`relay_tune.frontend.onnx`) imports every converter module, so the table is
-complete once it is imported."""
+`onnx_ops_attention`, `onnx_ops_quant`). Operators of other domains than the default one are keyed
+`DOMAIN.OpType` (`com.microsoft.QLinearAdd`, see `converter_key`). The importer (`relay_tune.frontend.onnx`)
+imports every converter module, so the table is complete once it is imported."""
 
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def converts(*op_types: str, newest: int = BASE_OPSET) -> Callable[[Converter], 
         return fn
 
     return register
+
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def converter_key(domain: str, op_type: str) -> str:
+    """The key of a node's converter in `CONVERTERS`: the operator type in the default domain, else
+    `DOMAIN.OpType`."""
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}.{op_type}"
 
 
 def newest_version(op_type: str) -> int:
