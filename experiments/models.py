@@ -4,10 +4,14 @@
     python -m experiments models --models resnet50,mobilenet_v2 --rounds 11 --log logs/resnet50.jsonl \
         --csv experiments/results/onnx_e2e.csv
     python -m experiments models --models resnet50 --log a.jsonl --log b.jsonl   # two logs of one model
+    python -m experiments models --models light          # the nine public CNN graphs the onnx package ships
 
 The networks are `relay_tune.testing.onnx_zoo`'s (built with onnx.helper, random weights at a trained network's
 scale): resnet50, mobilenet_v2, squeezenet1_1, shufflenet_v2, densenet121, vgg16, inception, bert_layer; also
-resnet18, mobilenet_v1 and the small small_cnn and mlp. For each network:
+resnet18, mobilenet_v1 and the small small_cnn and mlp; and the nine public graphs of the ONNX model zoo that the
+onnx package ships as "light" models, with seeded random weights (`relay_tune.testing.onnx_light`):
+light_bvlc_alexnet, light_zfnet512, light_squeezenet, light_shufflenet, light_inception_v1, light_inception_v2,
+light_densenet121, light_resnet50, light_vgg19 (`--models light` for all nine). For each network:
 
 1. onnxruntime runs it (`intra_op_num_threads=--threads`, sequential execution, all graph optimisations);
 2. relay-tune imports it and builds it with default schedules and, per `--log`, from that tuning log's best
@@ -15,18 +19,21 @@ resnet18, mobilenet_v1 and the small small_cnn and mlp. For each network:
    `--no-check-tuned` keeps them all);
 3. with `openvino` installed (`--openvino auto`, the default; `on` requires it), OpenVINO's CPU plugin runs it
    with `INFERENCE_PRECISION_HINT` f32 (no bf16 on CPUs that have it), `INFERENCE_NUM_THREADS=--threads`, one
-   stream, latency hint;
+   stream, latency hint; where the CPU plugin's default precision is not f32 (bf16 on CPUs with AVX512_BF16 or
+   AMX), a second column ("openvino_bf16") runs it at that default;
 4. every engine's output is checked against onnxruntime's (relative to the output's scale, `--rtol`);
 5. all engines are timed in the same interleaved rounds (`experiments.timing`: warmed, `--repeat` inferences per
    engine and round, after waiting up to `--settle` seconds for the previous engine's spinning threads).
 
 The table reports each engine's median latency, the spread (± half the interquartile range) and its ratio to
-onnxruntime (below 1: faster). `--csv` writes one row per network. Exit status 1 when an output disagrees.
+onnxruntime (below 1: faster), then the geometric mean of every engine's ratios to onnxruntime and of relay-tune's
+ratios to OpenVINO f32. `--csv` writes one row per network. Exit status 1 when an output disagrees.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import tempfile
 import time
@@ -45,7 +52,7 @@ EIGHT = ("resnet50", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2", "densenet
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=",".join(EIGHT), help="comma-separated network names (default: the "
-                        "eight above)")
+                        "eight above; `light`: the nine light models)")
     parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--repeat", type=int, default=3, help="timed inferences per engine and round (default 3)")
@@ -63,10 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from relay_tune.testing.onnx_light import LIGHT, light_model
     from relay_tune.testing.onnx_zoo import RELATIVES, SMALL, ZOO
 
-    names = [m for m in args.models.split(",") if m]
-    known = {**ZOO, **RELATIVES, **SMALL}
+    light = {f"light_{name}": functools.partial(light_model, name) for name in LIGHT}
+    names = [n for m in args.models.split(",") if m for n in (light if m == "light" else [m])]
+    known = {**ZOO, **RELATIVES, **SMALL, **light}
     unknown = [m for m in names if m not in known]
     if unknown or not names:
         raise UsageError(f"unknown network(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
@@ -100,9 +109,10 @@ def bench_network(name: str, onnx_model: Any, args: argparse.Namespace) -> tuple
         row[f"{label}_kernel_calls"] = build.num_kernel_calls
         row[f"{label}_tuned_tasks"] = sum(1 for task in build.plan.tasks if task.tuned)
     if args.openvino != "off" and openvino_core() is not None:
-        infer = openvino_engine(onnx_model, args.threads)
-        engines["openvino"] = lambda: infer(inputs)
-        outputs["openvino"] = first_output(infer(inputs))
+        for label, precision in openvino_precisions():
+            infer = openvino_engine(onnx_model, args.threads, precision)
+            engines[label] = functools.partial(infer, inputs)
+            outputs[label] = first_output(infer(inputs))
     matched = True
     for label, got in outputs.items():
         good, error = matches(got, want, args.rtol)
@@ -166,8 +176,15 @@ def openvino_core() -> Any:
     return openvino.Core()
 
 
-def openvino_engine(onnx_model: Any, threads: int) -> Callable[[dict[str, np.ndarray]], Any]:
-    """One inference through OpenVINO's CPU plugin in f32 on `threads` threads (a callable of the inputs)."""
+def openvino_precisions() -> list[tuple[str, str]]:
+    """(engine label, inference precision): f32 pinned, and the CPU plugin's default where that is another."""
+    default = openvino_core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()  # "f32", "bf16"
+    return [("openvino", "f32")] + ([(f"openvino_{default}", default)] if default != "f32" else [])
+
+
+def openvino_engine(onnx_model: Any, threads: int, precision: str = "f32") -> Callable[[dict[str, np.ndarray]], Any]:
+    """One inference through OpenVINO's CPU plugin at `precision` on `threads` threads (a callable of the
+    inputs)."""
     import onnx
 
     core = openvino_core()
@@ -175,7 +192,7 @@ def openvino_engine(onnx_model: Any, threads: int) -> Callable[[dict[str, np.nda
         path = Path(folder) / "model.onnx"
         onnx.save(onnx_model, str(path))
         model = core.read_model(str(path))
-    config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
+    config = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
               "PERFORMANCE_HINT": "LATENCY"}
     compiled = core.compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
@@ -209,3 +226,15 @@ def print_table(results: list[tuple[dict[str, Any], dict[str, Samples]]]) -> Non
         cells = [f"{label} {s.describe()}" + ("" if label == "onnxruntime" else f" ({s.median / base:.2f}x)")
                  for label, s in timed.items()]
         print(f"{row['model']:14s} {'; '.join(cells)}{'' if row['matches'] else '  OUTPUT MISMATCH'}")
+    labels = [label for label in results[0][1] if label != "onnxruntime"] if results else []
+    for label in labels:
+        ratios = [timed[label].median / timed["onnxruntime"].median for _, timed in results if label in timed]
+        print(f"geometric mean {label} / onnxruntime over {len(ratios)} networks: {geomean(ratios):.3f}")
+    for label in (lb for lb in labels if not lb.startswith("openvino")):
+        ratios = [timed[label].median / timed["openvino"].median for _, timed in results if "openvino" in timed]
+        if ratios:
+            print(f"geometric mean {label} / openvino (f32) over {len(ratios)} networks: {geomean(ratios):.3f}")
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
