@@ -390,3 +390,19 @@ def test_model_without_main(tmp_path: Path) -> None:
     model = write(tmp_path / "no_main.relay", "def @aux(%x: Tensor[(4), float32]) {\n  nn.relu(%x)\n}\n")
     for command in (["build", model, "-o", tmp_path / "m.rtmod"], [model, "--trials", "1", "--log", tmp_path / "l"]):
         assert_clean_failure(relay_tune_cli(*command, cwd=tmp_path), "no @main function", "@aux")
+
+
+def test_only_the_inputs_whose_domain_needs_it_are_drawn_non_negative() -> None:
+    from relay_tune.text import parse_module
+    from relay_tune.tuning.relay_task import tasks_from_module
+    from relay_tune.tuning.tune_model import check_references
+
+    # x is any real number; v is a variance (its square root is taken).
+    mod = parse_module(HEADER + "def @main(%x: Tensor[(16, 16), float32], %v: Tensor[(16, 16), float32]) {\n"
+                       "  divide(%x, sqrt(add(%v, 1e-05f)))\n}\n")
+    (task,) = tasks_from_module(mod, "llvm")
+    x_index, v_index = 0, 1
+    check_references([task])
+    assert task.nonnegative_inputs == frozenset({v_index})
+    specs = task.input_specs()
+    assert specs[v_index].nonnegative and not specs[x_index].nonnegative

@@ -153,12 +153,13 @@ class RelayTuneTask:
     def default_config(self) -> Config:
         return self._default
 
-    # Test inputs of every tensor are non-negative: set by `check_references` for a function whose reference is not
-    # finite on signed inputs (a normalisation whose input is a variance); such inputs still lie in its domain.
-    nonnegative_inputs: bool = False
+    # The inputs (by position) whose test values are non-negative: set by `check_references` for a function whose
+    # reference is not finite on signed inputs (a normalisation whose input is a variance): their domain.
+    nonnegative_inputs: frozenset[int] = frozenset()
 
     def input_specs(self) -> list[TensorSpec]:
-        return [TensorSpec(tuple(t.shape), str(t.dtype), self.nonnegative_inputs) for t in self._prim.inputs]
+        return [TensorSpec(tuple(t.shape), str(t.dtype), i in self.nonnegative_inputs)
+                for i, t in enumerate(self._prim.inputs)]
 
     def reference(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """The interpreter's outputs of the primitive function (flattened), or None when they cannot serve as a

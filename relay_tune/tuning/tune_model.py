@@ -299,19 +299,28 @@ def check_references(tasks: Sequence[Any], seed: int = 0) -> None:
     be checked is an error naming the task and the reason (tune with `check=False` / `--no-check` to go on).
 
     A CPU task whose reference is not finite on signed inputs (a square root or logarithm of an input: the variance
-    of a normalisation) is checked on non-negative inputs instead, which lie in that domain, and measured on them."""
+    of a normalisation) has its inputs' domains found: every input is drawn non-negative, then each in turn is
+    given signed values again wherever the reference stays finite. Checked and measured on those inputs, only the
+    inputs that need it (the variance) are non-negative; the others keep the signed values they have in a model."""
     for task in tasks:
         try:
             _check_reference(task, seed)
         except ReferenceUnavailableError:
             if not hasattr(task, "nonnegative_inputs") or task.nonnegative_inputs:
                 raise
-            task.nonnegative_inputs = True
+            task.nonnegative_inputs = frozenset(range(len(task.input_specs())))
             try:
                 _check_reference(task, seed)
             except ReferenceUnavailableError:
-                task.nonnegative_inputs = False
+                task.nonnegative_inputs = frozenset()
                 raise
+            for index in sorted(task.nonnegative_inputs):
+                needed = task.nonnegative_inputs
+                task.nonnegative_inputs = needed - {index}
+                try:
+                    _check_reference(task, seed)
+                except ReferenceUnavailableError:
+                    task.nonnegative_inputs = needed
 
 
 def _check_reference(task: Any, seed: int) -> None:
