@@ -62,6 +62,7 @@ from relay_tune.frontend import (  # noqa: F401
     onnx_ops_index,
     onnx_ops_loss,
     onnx_ops_math,
+    onnx_ops_recurrent,
 )
 from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, describe, initializer_values
 from relay_tune.frontend.onnx_importer import (
