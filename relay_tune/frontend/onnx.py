@@ -57,6 +57,7 @@ from relay_tune.errors import RelayTuneError, UnsupportedError
 
 # The converter modules register their converters in the table when imported.
 from relay_tune.frontend import (  # noqa: F401
+    onnx_control_flow,
     onnx_image,
     onnx_ops_attention,
     onnx_ops_index,
