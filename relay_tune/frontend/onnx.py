@@ -25,7 +25,10 @@ Operators beyond the core ones convert in their own modules, each registering it
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
 Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
 TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
-RotaryEmbedding (`onnx_ops_attention`). Most are compositions of existing Relay operators.
+RotaryEmbedding (`onnx_ops_attention`), RNN, GRU and LSTM unrolled over the sequence (`onnx_ops_recurrent`), If,
+Loop and Scan resolved at import time (`onnx_control_flow`). Most are compositions of existing Relay operators.
+The node walk itself (`onnx_graph`) also converts the subgraphs of control-flow nodes, which see the names of
+their enclosing graphs.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
