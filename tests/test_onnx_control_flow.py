@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from relay_tune import build
 from relay_tune.errors import UnsupportedError
 from relay_tune.frontend import from_onnx
+from relay_tune.frontend.onnx import OnnxModelError
 from relay_tune.interpreter import evaluate
 from relay_tune.text import print_module
 
@@ -241,3 +242,21 @@ def test_scan8_runs_the_body_per_batch_item() -> None:
     model = model_of([node], [vi("s0", F, [2, 5]), vi("a", F, [2, 3, 5]), vi("b", F, [2, 3, 5])],
                      ["s", "s_scan", "diffs"], opset=8)
     check_all(model, {"s0": rand(2, 5), "a": rand(2, 3, 5), "b": rand(2, 3, 5)}, reference=False)
+
+
+def test_unsupported_operator_inside_a_subgraph_is_listed_with_its_place() -> None:
+    then_graph = helper.make_graph([helper.make_node("DFT", ["x"], ["t"])], "then", [], [vi("t")])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e")])
+    node = helper.make_node("If", ["c"], ["out"], then_branch=then_graph, else_branch=else_graph, name="branch")
+    model = model_of([node], [vi("c", TensorProto.BOOL, []), vi("x", F, [2])], ["out"])
+    with pytest.raises(UnsupportedError, match=r"DFT \(x1\) first at node #0 in then_branch of node #0 'branch'"):
+        from_onnx(model)
+
+
+def test_error_inside_a_subgraph_names_the_node_and_the_subgraph() -> None:
+    then_graph = helper.make_graph([helper.make_node("Add", ["x", "missing"], ["t"])], "then", [], [vi("t")])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e")])
+    node = helper.make_node("If", ["c"], ["out"], then_branch=then_graph, else_branch=else_graph)
+    model = model_of([const("c", np.array(True)), node], [vi("x", F, [2])], ["out"])
+    with pytest.raises(OnnxModelError, match=r"\(If\): in subgraph 'then': ONNX node #0 \(Add\): input\(s\) 'missing'"):
+        from_onnx(model)

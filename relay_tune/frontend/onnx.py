@@ -68,7 +68,7 @@ from relay_tune.frontend import (  # noqa: F401
     onnx_ops_math,
     onnx_ops_recurrent,
 )
-from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, describe, initializer_values
+from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, initializer_values
 from relay_tune.frontend.onnx_importer import (
     Importer,
     OnnxModelError,
@@ -1115,7 +1115,7 @@ def read_model(model_or_path: onnx.ModelProto | str | Path) -> onnx.ModelProto:
 def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
     unsupported: Counter[str] = Counter()
     first: dict[str, str] = {}
-    for index, node in enumerate(all_nodes(graph)):
+    for place, node in all_nodes(graph):
         if node.domain not in _DEFAULT_DOMAINS:
             name = f"{node.domain}.{node.op_type}"
         elif node.op_type not in CONVERTERS:
@@ -1123,7 +1123,7 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
         else:
             continue
         unsupported[name] += 1
-        first.setdefault(name, f"node #{index}" + (f" {node.name!r}" if node.name else ""))
+        first.setdefault(name, place)
     if unsupported:
         raise UnsupportedOperatorsError(unsupported, first, opset)
 
@@ -1141,12 +1141,12 @@ def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
     """Rejects the first node whose operator definition at `opset` is newer than its converter handles."""
     if opset <= BASE_OPSET:
         return
-    for index, node in enumerate(all_nodes(graph)):
+    for place, node in all_nodes(graph):
         version = _operator_version(node.op_type, opset)
         newest = newest_version(node.op_type)
         if version is not None and version > newest:
             raise UnsupportedError(
-                f"{describe(node, index)}: {node.op_type}-{version} (the definition at opset {opset}) is newer "
+                f"ONNX {place} ({node.op_type}): {node.op_type}-{version} (the definition at opset {opset}) is newer "
                 f"than the versions relay-tune converts (up to {node.op_type}-{newest}); export the model at "
                 f"opset {version - 1} or lower"
             )

@@ -32,16 +32,17 @@ def describe(node: onnx.NodeProto, index: int) -> str:
     return f"ONNX node #{index}{name} ({node.op_type})"
 
 
-def all_nodes(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
-    """The nodes of `graph` and of every subgraph nested in them (If branches, Loop and Scan bodies)."""
-    for node in graph.node:
-        yield node
+def all_nodes(graph: onnx.GraphProto, within: str = "") -> Iterable[tuple[str, onnx.NodeProto]]:
+    """The nodes of `graph` and of every subgraph nested in them (If branches, Loop and Scan bodies), each with
+    where it is (`node #3 'name'`, `node #0 in else_branch of node #3`)."""
+    for index, node in enumerate(graph.node):
+        place = f"node #{index}" + (f" {node.name!r}" if node.name else "") + within
+        yield place, node
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from all_nodes(sub)
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
+                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
+            for sub in subgraphs:
+                yield from all_nodes(sub, f" in {attr.name} of {place}")
 
 
 def initializer_values(graph: onnx.GraphProto) -> dict[str, Expr]:
