@@ -251,11 +251,12 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
         proj = imp.reshape(proj, [seq, batch, gates * hidden])
         h = _state(imp, initial_h, d, layer)
         c = _state(imp, initial_c, d, layer) if kind == "LSTM" else None
-        peep = None
-        if peepholes is not None:
+        peep: tuple[Expr, Expr, Expr] | None = None
+        if peepholes is not None:  # P holds the input, output and forget gates' weights
             p_d = _pick(imp, peepholes, d)
-            peep = tuple(imp.call("strided_slice", [p_d], begin=[k * hidden], end=[(k + 1) * hidden], axes=[0])
-                         for k in range(3))
+            p_i, p_o, p_f = (imp.call("strided_slice", [p_d], begin=[k * hidden], end=[(k + 1) * hidden], axes=[0])
+                             for k in range(3))
+            peep = (p_i, p_o, p_f)
         reverse = direction == "reverse" or d == 1
         outputs: list[Expr | None] = [None] * seq
         for t in (reversed(range(seq)) if reverse else range(seq)):
@@ -267,12 +268,12 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
                 new_h = _gru_step(imp, layer, xt, h, r_d, rb_h)
             else:
                 assert c is not None
-                new_h, new_c = _lstm_step(imp, layer, xt, h, c, r_d, peep)  # type: ignore[arg-type]
+                new_h, new_c = _lstm_step(imp, layer, xt, h, c, r_d, peep)
             if masks is None:
                 h, c, outputs[t] = new_h, new_c, new_h
             else:
                 h = imp.call("where", [masks[t], new_h, h])
-                if new_c is not None:
+                if new_c is not None and c is not None:
                     c = imp.call("where", [masks[t], new_c, c])
                 outputs[t] = imp.call("where", [masks[t], new_h, imp.const(0, dtype)])
         ys.append(imp.call("stack", [Tuple(tuple(o for o in outputs if o is not None))], axis=0))  # (seq, batch, H)
