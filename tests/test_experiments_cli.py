@@ -56,6 +56,7 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     (["search", "--strategies", "guess"], "unknown strategy 'guess'"),
     (["curve", "--models", "alexnet"], "unknown model(s) alexnet"),
     (["fuzz", "--kinds", "pictures"], "unknown kinds pictures"),
+    (["recurrent", "--seq", "0"], "must be at least 1"),
     (["fidelity", "--relay", "missing.relay", "--log", "missing.jsonl"], "no such file: missing.relay"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
@@ -357,6 +358,15 @@ def test_distributed_with_one_worker(tmp_path: Path, capsys: pytest.CaptureFixtu
     (row,) = json.loads(out.read_text())
     assert row["workers"] == 1 and row["recorded"] == 3 and row["duplicates"] == 0
     assert "| 1 | 3 (3) |" in capsys.readouterr().out
+
+
+def test_recurrent_builds_and_times_a_small_lstm_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["recurrent", "--layers", "2", "--hidden", "7", "--seq", "3", "--input", "5", "--batch", "2",
+            "--rounds", "1", "--repeat", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 bidirectional LSTM layer(s), hidden 7, seq 3, batch 2: import" in out
+    assert "relay-tune:" in out and "onnxruntime:" in out and "ratio relay-tune / onnxruntime" in out
 
 
 def _documented_commands() -> list[list[str]]:

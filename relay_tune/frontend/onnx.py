@@ -26,9 +26,11 @@ Operators beyond the core ones convert in their own modules, each registering it
 Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
 TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
 RotaryEmbedding (`onnx_ops_attention`), linear quantization: QuantizeLinear, DequantizeLinear, the QLinear and
-Integer operators and the com.microsoft ones onnxruntime's quantizer emits (`onnx_ops_quant`). Most are compositions
-of existing Relay operators. Nodes of another domain than the default one convert when a converter is registered
-as `DOMAIN.OpType`.
+Integer operators and the com.microsoft ones onnxruntime's quantizer emits (`onnx_ops_quant`), RNN, GRU and LSTM
+unrolled over the sequence (`onnx_ops_recurrent`), If, Loop and Scan resolved at import time (`onnx_control_flow`).
+Most are compositions of existing Relay operators. Nodes of another domain than the default one convert when a
+converter is registered as `DOMAIN.OpType`. The node walk itself (`onnx_graph`) also converts the subgraphs of
+control-flow nodes, which see the names of their enclosing graphs.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
@@ -54,19 +56,22 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from relay_tune.errors import RelayTuneError, UnsupportedError
 
 # The converter modules register their converters in the table when imported.
 from relay_tune.frontend import (  # noqa: F401
+    onnx_control_flow,
     onnx_image,
     onnx_ops_attention,
     onnx_ops_index,
     onnx_ops_loss,
     onnx_ops_math,
     onnx_ops_quant,
+    onnx_ops_recurrent,
 )
+from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, initializer_values
 from relay_tune.frontend.onnx_importer import (
     Importer,
     OnnxModelError,
@@ -1115,12 +1120,12 @@ def read_model(model_or_path: onnx.ModelProto | str | Path) -> onnx.ModelProto:
 def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
     unsupported: Counter[str] = Counter()
     first: dict[str, str] = {}
-    for index, node in enumerate(graph.node):
+    for place, node in all_nodes(graph):
         name = converter_key(node.domain, node.op_type)
         if name in CONVERTERS:
             continue
         unsupported[name] += 1
-        first.setdefault(name, f"node #{index}" + (f" {node.name!r}" if node.name else ""))
+        first.setdefault(name, place)
     if unsupported:
         raise UnsupportedOperatorsError(unsupported, first, opset)
 
@@ -1138,14 +1143,14 @@ def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
     """Rejects the first node whose operator definition at `opset` is newer than its converter handles."""
     if opset <= BASE_OPSET:
         return
-    for index, node in enumerate(graph.node):
+    for place, node in all_nodes(graph):
         if node.domain not in _DEFAULT_DOMAINS:  # the opset versions the default domain only
             continue
         version = _operator_version(node.op_type, opset)
         newest = newest_version(node.op_type)
         if version is not None and version > newest:
             raise UnsupportedError(
-                f"{_describe(node, index)}: {node.op_type}-{version} (the definition at opset {opset}) is newer "
+                f"ONNX {place} ({node.op_type}): {node.op_type}-{version} (the definition at opset {opset}) is newer "
                 f"than the versions relay-tune converts (up to {node.op_type}-{newest}); export the model at "
                 f"opset {version - 1} or lower"
             )
@@ -1176,20 +1181,6 @@ def _input_var(value_info: onnx.ValueInfoProto, overrides: Mapping[str, Sequence
     return Var(name, TensorType(shape, dtype))
 
 
-def _node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    attrs = {}
-    for attr in node.attribute:
-        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            raise UnsupportedError(f"attribute {attr.name!r} holds a subgraph")
-        attrs[attr.name] = helper.get_attribute_value(attr)
-    return attrs
-
-
-def _describe(node: onnx.NodeProto, index: int) -> str:
-    name = f" {node.name!r}" if node.name else ""
-    return f"ONNX node #{index}{name} ({node.op_type})"
-
-
 def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence[int]] | None = None) -> Function:
     """The Relay function computing `model`'s graph (see the module docstring)."""
     graph = model.graph
@@ -1206,45 +1197,13 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
     if unknown:
         names = ", ".join(vi.name for vi in inputs)
         raise RelayTuneError(f"shape_overrides names unknown input(s) {', '.join(unknown)} (inputs: {names})")
-    if graph.sparse_initializer:
-        raise UnsupportedError("sparse initializers")
 
     imp = Importer(opset)
     values: dict[str, Expr] = {}
     params = [_input_var(vi, overrides) for vi in inputs]
     values.update((p.name_hint, p) for p in params)
-    for tensor in graph.initializer:
-        relay_dtype(tensor.data_type, f"initializer {tensor.name!r}")
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            raise UnsupportedError(f"initializer {tensor.name!r} keeps its data in an external file; load the model "
-                                   "with onnx.load(path) and pass the ModelProto")
-        try:
-            values[tensor.name] = Constant(numpy_helper.to_array(tensor))
-        except (ValueError, TypeError, AttributeError, KeyError) as err:  # data that does not fit its dims
-            raise OnnxModelError(f"initializer {tensor.name!r} is damaged ({type(err).__name__}: {err})") from None
-
-    for index, proto in enumerate(graph.node):
-        where = _describe(proto, index)
-        try:
-            missing = [n for n in proto.input if n and n not in values]
-            if missing:
-                raise OnnxModelError(f"input(s) {', '.join(map(repr, missing))} are not produced before this node")
-            node = OnnxNode(
-                op_type=proto.op_type, name=proto.name,
-                inputs=[values[n] if n else None for n in proto.input], input_names=list(proto.input),
-                outputs=list(proto.output), attrs=_node_attrs(proto),
-            )
-            result = CONVERTERS[converter_key(proto.domain, proto.op_type)](imp, node)
-        except UnsupportedError as err:
-            raise UnsupportedError(f"{where}: {err}") from None
-        except RelayTuneError as err:
-            raise OnnxModelError(f"{where}: {err}") from None
-        except (KeyError, IndexError, ValueError, TypeError) as err:
-            raise OnnxModelError(f"{where}: malformed node ({type(err).__name__}: {err})") from None
-        outputs = [result] if isinstance(result, Expr) else list(result)
-        for name, value in zip(proto.output, outputs):
-            if name:
-                values[name] = value
+    values.update(initializer_values(graph))
+    convert_nodes(imp, graph.node, values)
 
     missing_outputs = [o.name for o in graph.output if o.name not in values]
     if missing_outputs:

@@ -34,6 +34,9 @@ class OnnxNode:
     input_names: list[str]
     outputs: list[str]
     attrs: dict[str, Any] = field(default_factory=dict)
+    # The values visible by name where the node is (its graph's and the enclosing graphs'): what the subgraphs
+    # of a control-flow node see.
+    scope: dict[str, Expr] = field(default_factory=dict, repr=False)
 
     def input(self, index: int) -> Expr | None:
         return self.inputs[index] if index < len(self.inputs) else None
