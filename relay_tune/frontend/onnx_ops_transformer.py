@@ -1,0 +1,242 @@
+"""ONNX converters for the transformer building blocks of the newer opsets: SwiGLU (opset 28), TensorScatter
+(opset 24), CausalConvWithState and LinearAttention (opset 27), as compositions of existing Relay operators.
+
+- SwiGLU is `A * sigmoid(alpha * A) * B`.
+- TensorScatter writes `update` into the cache at each batch row's write index. It is a gather seen from the
+  cache side: cache position `p` of batch row `b` takes update position `p - w[b]` (modulo the cache length in
+  circular mode) where that lies in `[0, sequence_length)`, and keeps its old value elsewhere.
+- CausalConvWithState is a depthwise `nn.conv1d` over the past state (zeros when absent) concatenated in front
+  of the input; the present state is the last `k - 1` positions of that concatenation.
+- LinearAttention runs its recurrence token by token in float32 (the state is an outer-product accumulator), the
+  reads and the delta rule's retrievals as batch matmuls, one task shared by every step. The `linear` rule has
+  no state-dependent update, so its prefill is the parallel form instead: `scale * (tril(Q K^T) V + Q S0)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, batch_matmul, normalize_axis
+from relay_tune.frontend.onnx_registry import REVIEWED_OPSET, converts
+from relay_tune.ir.expr import Expr, Tuple
+
+# --- SwiGLU ---------------------------------------------------------------------------------------
+
+
+@converts("SwiGLU", newest=REVIEWED_OPSET)
+def _swiglu(imp: Importer, node: OnnxNode) -> Expr:
+    gate, value = node.required(0), node.required(1)
+    if imp.shape(gate) != imp.shape(value) or imp.dtype(gate) != imp.dtype(value):
+        raise OnnxModelError(f"A {imp.tensor(gate)} and B {imp.tensor(value)} must have the same shape and type "
+                             "(SwiGLU does not broadcast)")
+    alpha = node.attr_float("alpha", 1.0)
+    scaled = gate if alpha == 1.0 else imp.scalar_op("multiply", gate, alpha)
+    swish = imp.call("multiply", [gate, imp.call("sigmoid", [scaled])])
+    return imp.call("multiply", [swish, value])
+
+
+# --- TensorScatter --------------------------------------------------------------------------------
+
+
+@converts("TensorScatter", newest=REVIEWED_OPSET)
+def _tensor_scatter(imp: Importer, node: OnnxNode) -> Expr:
+    past, update, write_indices = node.required(0), node.required(1), node.input(2)
+    shape = imp.static_shape(past, "past_cache")
+    update_shape = imp.static_shape(update, "update")
+    rank = len(shape)
+    axis = normalize_axis(int(node.attrs.get("axis", -2)), rank)
+    if axis == 0:
+        raise OnnxModelError("axis must not be the batch axis 0")
+    mode = node.attr_str("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise OnnxModelError(f"mode {mode!r} (expected 'linear' or 'circular')")
+    if len(update_shape) != rank or any(u != s for d, (u, s) in enumerate(zip(update_shape, shape)) if d != axis) \
+            or update_shape[axis] > shape[axis]:
+        raise OnnxModelError(f"update of shape {update_shape} does not fit past_cache of shape {shape} "
+                             f"(only axis {axis} may be shorter)")
+    batch, length, steps = shape[0], shape[axis], update_shape[axis]
+    inner, outer = math.prod(shape[1:axis]), math.prod(shape[axis + 1:])
+    if steps == 0:
+        return past
+    positions = imp.const(np.arange(length, dtype=np.int64).reshape(1, length), "int64")
+    if write_indices is None:
+        source = imp.call("broadcast_to", [positions], shape=[batch, length])
+    else:
+        start = imp.reshape(imp.cast(write_indices, "int64"), [batch, 1])
+        source = imp.call("subtract", [positions, start])  # (batch, length): the update position to read
+    if mode == "circular":
+        # Python's modulo by `length`: integer `divide` truncates, so shift a negative remainder up.
+        cycle = imp.const(length, "int64")
+        rem = imp.call("subtract", [source, imp.call("multiply", [imp.call("divide", [source, cycle]), cycle])])
+        source = imp.call("where", [imp.call("less", [rem, imp.const(0, "int64")]),
+                                    imp.call("add", [rem, cycle]), rem])
+    clipped = imp.call("minimum", [imp.call("maximum", [source, imp.const(0, "int64")]),
+                                   imp.const(steps - 1, "int64")])
+    written = imp.call("equal", [clipped, source])  # the source position lies in [0, steps)
+    # Row (b, i, s) of the update seen as (batch * inner * steps, outer) rows, for every (b, i, cache position).
+    base = np.arange(batch * inner, dtype=np.int64).reshape(batch, inner, 1) * steps
+    rows = imp.call("add", [imp.const(base, "int64"), imp.reshape(clipped, [batch, 1, length])])
+    gathered = imp.call("take", [imp.reshape(update, [batch * inner * steps, outer]), rows], axis=0, mode="clip")
+    keep = imp.reshape(written, [batch, 1, length, 1])
+    out = imp.call("where", [keep, gathered, imp.reshape(past, [batch, inner, length, outer])])
+    return imp.reshape(out, list(shape))
+
+
+# --- CausalConvWithState --------------------------------------------------------------------------
+
+
+def _silu_f32(imp: Importer, x: Expr) -> Expr:
+    """`x * sigmoid(x)` computed in float32 for narrower floats (as the ONNX reference does)."""
+    dtype = imp.dtype(x)
+    wide = imp.cast(x, "float32") if dtype == "float16" else x
+    return imp.cast(imp.call("multiply", [wide, imp.call("sigmoid", [wide])]), dtype)
+
+
+@converts("CausalConvWithState", newest=REVIEWED_OPSET)
+def _causal_conv_with_state(imp: Importer, node: OnnxNode) -> list[Expr]:
+    x, weight, bias, past = node.required(0), node.required(1), node.input(2), node.input(3)
+    shape = imp.static_shape(x, "the input")
+    w_shape = imp.static_shape(weight, "the weight")
+    if len(shape) != 3 or len(w_shape) != 3 or w_shape[0] != shape[1] or w_shape[1] != 1:
+        raise OnnxModelError(f"input {shape} and weight {w_shape} must be (batch, channels, length) and "
+                             "(channels, 1, k)")
+    batch, channels, _ = shape
+    taps = w_shape[2]
+    activation = node.attr_str("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        raise OnnxModelError(f"activation {activation!r} (expected 'none', 'silu' or 'swish')")
+    dtype = imp.dtype(x)
+    if past is None:
+        past = imp.const(np.zeros((batch, channels, taps - 1)), dtype)
+    elif imp.static_shape(past, "past_state") != (batch, channels, taps - 1):
+        raise OnnxModelError(f"past_state of shape {imp.static_shape(past)} (expected {(batch, channels, taps - 1)})")
+    padded = imp.call("concatenate", [Tuple((past, x))], axis=2) if taps > 1 else x
+    out = imp.call("nn.conv1d", [padded, weight], strides=[1], padding=[0, 0], dilation=[1], groups=channels,
+                   channels=channels, kernel_size=[taps], data_layout="NCW", kernel_layout="OIW")
+    if bias is not None:
+        out = imp.call("nn.bias_add", [out, bias], axis=1)
+    if activation != "none":
+        out = _silu_f32(imp, out)
+    total = imp.static_shape(padded)[2]
+    present = imp.call("strided_slice", [padded], begin=[total - (taps - 1)], end=[total], axes=[2])
+    return [out, present]
+
+
+# --- LinearAttention ------------------------------------------------------------------------------
+
+_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _step(imp: Importer, x: Expr, t: int, heads: int, width: int) -> Expr:
+    """Token `t` of a packed `(B, T, heads * width)` tensor as `(B * heads, width)` rows."""
+    batch = imp.static_shape(x)[0]
+    token = imp.call("strided_slice", [x], begin=[t], end=[t + 1], axes=[1])
+    return imp.reshape(token, [batch * heads, width])
+
+
+def _linear_prefill(imp: Importer, q: Expr, k: Expr, v: Expr, state: Expr, dims: tuple[int, ...],
+                    scale: float) -> tuple[Expr, Expr]:
+    """The `linear` rule in parallel form: outputs `(B, Hq, T, dv)` and the final state."""
+    batch, steps, q_heads, kv_heads, d_k, d_v = dims
+    group = q_heads // kv_heads
+
+    def heads_first(x: Expr, heads: int, width: int) -> Expr:  # (B, T, H*D) -> (B, H, T, D)
+        return imp.call("transpose", [imp.reshape(x, [batch, steps, heads, width])], axes=[0, 2, 1, 3])
+
+    q4 = imp.reshape(heads_first(q, q_heads, d_k), [batch * kv_heads, group * steps, d_k])
+    k4 = imp.reshape(heads_first(k, kv_heads, d_k), [batch * kv_heads, steps, d_k])
+    v4 = imp.reshape(heads_first(v, kv_heads, d_v), [batch * kv_heads, steps, d_v])
+    k_t = imp.call("transpose", [k4], axes=[0, 2, 1])
+    scores = imp.reshape(batch_matmul(imp, q4, k_t), [batch * kv_heads, group, steps, steps])
+    causal = np.tril(np.ones((steps, steps), bool))
+    scores = imp.call("where", [imp.const(causal, "bool"), scores, imp.const(0, "float32")])
+    s0 = imp.reshape(state, [batch * kv_heads, d_k, d_v])
+    out = imp.call("add", [batch_matmul(imp, imp.reshape(scores, [batch * kv_heads, group * steps, steps]), v4),
+                           batch_matmul(imp, q4, s0)])
+    out = imp.scalar_op("multiply", imp.reshape(out, [batch, q_heads, steps, d_v]), scale)
+    final = imp.call("add", [s0, batch_matmul(imp, k_t, v4)])
+    return out, imp.reshape(final, [batch, kv_heads, d_k, d_v])
+
+
+@converts("LinearAttention", newest=REVIEWED_OPSET)
+def _linear_attention(imp: Importer, node: OnnxNode) -> list[Expr]:
+    query, key, value, past, decay, beta = (node.input(i) for i in range(6))
+    if query is None or key is None or value is None:
+        raise OnnxModelError("query, key and value are required")
+    rule = node.attr_str("update_rule", "gated_delta")
+    if rule not in _UPDATE_RULES:
+        raise OnnxModelError(f"update_rule {rule!r} (expected one of {', '.join(_UPDATE_RULES)})")
+    q_heads, kv_heads = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
+    if q_heads <= 0 or kv_heads <= 0 or q_heads % kv_heads:
+        raise OnnxModelError(f"q_num_heads ({q_heads}) must be a positive multiple of kv_num_heads ({kv_heads})")
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gated != (decay is not None):
+        raise OnnxModelError(f"update_rule {rule!r} {'requires' if gated else 'forbids'} the decay input")
+    if delta != (beta is not None):
+        raise OnnxModelError(f"update_rule {rule!r} {'requires' if delta else 'forbids'} the beta input")
+    shapes = [imp.static_shape(x, name) for x, name in ((query, "query"), (key, "key"), (value, "value"))]
+    if any(len(s) != 3 for s in shapes):
+        raise OnnxModelError(f"query, key and value must be rank 3 (B, T, H*D), got {shapes}")
+    batch, steps, q_width = shapes[0]
+    if q_width % q_heads or shapes[2][2] % kv_heads or shapes[1] != (batch, steps, kv_heads * (q_width // q_heads)):
+        raise OnnxModelError(f"query {shapes[0]}, key {shapes[1]} and value {shapes[2]} do not split into "
+                             f"{q_heads} query and {kv_heads} key/value heads")
+    d_k, d_v = q_width // q_heads, shapes[2][2] // kv_heads
+    group = q_heads // kv_heads
+    out_dtype = imp.dtype(query)
+    state_dtype = imp.dtype(past) if past is not None else out_dtype
+    scale = node.attr_float("scale", 0.0) or 1.0 / math.sqrt(d_k)
+    q, k, v = (imp.cast(x, "float32") for x in (query, key, value))
+    rows = batch * kv_heads
+    if past is None:
+        state = imp.const(np.zeros((rows, d_k, d_v)), "float32")
+    else:
+        if imp.static_shape(past, "past_state") != (batch, kv_heads, d_k, d_v):
+            raise OnnxModelError(f"past_state of shape {imp.static_shape(past)} (expected "
+                                 f"{(batch, kv_heads, d_k, d_v)})")
+        state = imp.reshape(imp.cast(past, "float32"), [rows, d_k, d_v])
+
+    if rule == "linear" and steps > 1:
+        outputs, final = _linear_prefill(imp, q, k, v, state, (batch, steps, q_heads, kv_heads, d_k, d_v), scale)
+        output = imp.reshape(imp.call("transpose", [outputs], axes=[0, 2, 1, 3]), [batch, steps, q_heads * d_v])
+        return [imp.cast(output, out_dtype), imp.cast(final, state_dtype)]
+
+    decay_width = 0
+    if decay is not None:
+        decay_shape = imp.static_shape(decay, "decay")
+        if len(decay_shape) != 3 or decay_shape[:2] != (batch, steps) or decay_shape[2] not in (kv_heads,
+                                                                                                  kv_heads * d_k):
+            raise OnnxModelError(f"decay of shape {decay_shape} (expected ({batch}, {steps}, {kv_heads}) or "
+                                 f"({batch}, {steps}, {kv_heads * d_k}))")
+        decay_width = decay_shape[2] // kv_heads
+        decay = imp.cast(decay, "float32")
+    beta_heads = 0
+    if beta is not None:
+        beta_shape = imp.static_shape(beta, "beta")
+        if len(beta_shape) != 3 or beta_shape[:2] != (batch, steps) or beta_shape[2] not in (kv_heads, 1):
+            raise OnnxModelError(f"beta of shape {beta_shape} (expected ({batch}, {steps}, {kv_heads}) or "
+                                 f"({batch}, {steps}, 1))")
+        beta_heads = beta_shape[2]
+        beta = imp.cast(beta, "float32")
+
+    outputs = []
+    for t in range(steps):
+        k_t = _step(imp, k, t, kv_heads, d_k)  # (rows, d_k)
+        v_t = _step(imp, v, t, kv_heads, d_v)  # (rows, d_v)
+        if decay is not None:
+            factor = imp.call("exp", [_step(imp, decay, t, kv_heads, decay_width)])  # (rows, d_k or 1)
+            state = imp.call("multiply", [state, imp.reshape(factor, [rows, decay_width, 1])])
+        if beta is not None:
+            retrieved = imp.reshape(batch_matmul(imp, imp.reshape(k_t, [rows, 1, d_k]), state), [rows, d_v])
+            rate = imp.reshape(_step(imp, beta, t, beta_heads, 1), [batch, beta_heads, 1])
+            v_t = imp.reshape(imp.call("multiply", [imp.reshape(imp.call("subtract", [v_t, retrieved]),
+                                                                [batch, kv_heads, d_v]), rate]), [rows, d_v])
+        outer = imp.call("multiply", [imp.reshape(k_t, [rows, d_k, 1]), imp.reshape(v_t, [rows, 1, d_v])])
+        state = imp.call("add", [state, outer])
+        q_t = imp.reshape(_step(imp, q, t, q_heads, d_k), [rows, group, d_k])  # query head h reads kv head h // group
+        outputs.append(imp.reshape(batch_matmul(imp, q_t, state), [batch, 1, q_heads * d_v]))
+    output = outputs[0] if steps == 1 else imp.call("concatenate", [Tuple(tuple(outputs))], axis=1)
+    output = imp.scalar_op("multiply", output, scale)
+    return [imp.cast(output, out_dtype), imp.cast(imp.reshape(state, [batch, kv_heads, d_k, d_v]), state_dtype)]
