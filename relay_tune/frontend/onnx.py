@@ -75,6 +75,7 @@ from relay_tune.frontend.onnx_importer import (
     is_empty,
     legacy_broadcast,
     normalize_axis,
+    onnx_softmax,
     relay_dtype,
     restore_shape,
 )
@@ -102,6 +103,9 @@ __all__ = [
 ]
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+# Operators of the preview domain that convert (their names do not clash with the default domain's).
+_PREVIEW_DOMAIN = "ai.onnx.preview"
+_PREVIEW_OPS = frozenset({"FlexAttention"})
 
 
 class UnsupportedOperatorsError(UnsupportedError):
@@ -340,7 +344,10 @@ def _softmax(imp: Importer, node: OnnxNode) -> Expr:
     rank = imp.rank(x)
     op_name = "nn.softmax" if node.op_type == "Softmax" else "nn.log_softmax"
     if imp.opset >= 13:
-        return imp.call(op_name, [x], axis=normalize_axis(int(node.attrs.get("axis", -1)), rank))
+        axis = normalize_axis(int(node.attrs.get("axis", -1)), rank)
+        if node.op_type == "Softmax":
+            return onnx_softmax(imp, x, axis)
+        return imp.call(op_name, [x], axis=axis)
     # Before opset 13 the input is coerced to 2-D at `axis` and normalised over the whole second part.
     axis = normalize_axis(int(node.attrs.get("axis", 1)), rank)
     if axis == rank - 1:
@@ -1112,6 +1119,8 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
     unsupported: Counter[str] = Counter()
     first: dict[str, str] = {}
     for index, node in enumerate(graph.node):
+        if node.domain == _PREVIEW_DOMAIN and node.op_type in _PREVIEW_OPS:
+            continue
         if node.domain not in _DEFAULT_DOMAINS:
             name = f"{node.domain}.{node.op_type}"
         elif node.op_type not in CONVERTERS:
@@ -1176,8 +1185,9 @@ def _input_var(value_info: onnx.ValueInfoProto, overrides: Mapping[str, Sequence
 def _node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
     attrs = {}
     for attr in node.attribute:
-        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            raise UnsupportedError(f"attribute {attr.name!r} holds a subgraph")
+        if attr.type == onnx.AttributeProto.GRAPHS:
+            raise UnsupportedError(f"attribute {attr.name!r} holds a list of subgraphs")
+        # a GRAPH attribute stays a GraphProto: the converter that takes one inlines it (Importer.inline_graph)
         attrs[attr.name] = helper.get_attribute_value(attr)
     return attrs
 
@@ -1185,6 +1195,51 @@ def _node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
 def _describe(node: onnx.NodeProto, index: int) -> str:
     name = f" {node.name!r}" if node.name else ""
     return f"ONNX node #{index}{name} ({node.op_type})"
+
+
+def _convert_nodes(imp: Importer, graph: onnx.GraphProto, values: dict[str, Expr]) -> None:
+    """Converts the nodes of `graph` in order, adding each output to `values` by name."""
+    for index, proto in enumerate(graph.node):
+        where = _describe(proto, index)
+        try:
+            missing = [n for n in proto.input if n and n not in values]
+            if missing:
+                raise OnnxModelError(f"input(s) {', '.join(map(repr, missing))} are not produced before this node")
+            node = OnnxNode(
+                op_type=proto.op_type, name=proto.name,
+                inputs=[values[n] if n else None for n in proto.input], input_names=list(proto.input),
+                outputs=list(proto.output), attrs=_node_attrs(proto),
+            )
+            result = CONVERTERS[proto.op_type](imp, node)
+        except UnsupportedError as err:
+            raise UnsupportedError(f"{where}: {err}") from None
+        except RelayTuneError as err:
+            raise OnnxModelError(f"{where}: {err}") from None
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise OnnxModelError(f"{where}: malformed node ({type(err).__name__}: {err})") from None
+        outputs = [result] if isinstance(result, Expr) else list(result)
+        for name, value in zip(proto.output, outputs):
+            if name:
+                values[name] = value
+
+
+def _inline_graph(imp: Importer, outer: Mapping[str, Expr], graph: onnx.GraphProto,
+                  inputs: Sequence[Expr]) -> list[Expr]:
+    """The outputs of subgraph `graph` applied to `inputs`, its nodes converted in place; names it does not
+    define itself resolve in the enclosing graph's `outer` values."""
+    if len(inputs) != len(graph.input):
+        raise OnnxModelError(f"subgraph {graph.name!r} takes {len(graph.input)} input(s), given {len(inputs)}")
+    _check_operators(graph, imp.opset)
+    values: dict[str, Expr] = dict(outer)
+    values.update((vi.name, x) for vi, x in zip(graph.input, inputs))
+    for tensor in graph.initializer:
+        relay_dtype(tensor.data_type, f"subgraph initializer {tensor.name!r}")
+        values[tensor.name] = Constant(numpy_helper.to_array(tensor))
+    _convert_nodes(imp, graph, values)
+    missing = [o.name for o in graph.output if o.name not in values]
+    if missing:
+        raise OnnxModelError(f"subgraph output(s) {', '.join(map(repr, missing))} are never computed")
+    return [values[o.name] for o in graph.output]
 
 
 def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence[int]] | None = None) -> Function:
@@ -1220,28 +1275,8 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
         except (ValueError, TypeError, AttributeError, KeyError) as err:  # data that does not fit its dims
             raise OnnxModelError(f"initializer {tensor.name!r} is damaged ({type(err).__name__}: {err})") from None
 
-    for index, proto in enumerate(graph.node):
-        where = _describe(proto, index)
-        try:
-            missing = [n for n in proto.input if n and n not in values]
-            if missing:
-                raise OnnxModelError(f"input(s) {', '.join(map(repr, missing))} are not produced before this node")
-            node = OnnxNode(
-                op_type=proto.op_type, name=proto.name,
-                inputs=[values[n] if n else None for n in proto.input], input_names=list(proto.input),
-                outputs=list(proto.output), attrs=_node_attrs(proto),
-            )
-            result = CONVERTERS[proto.op_type](imp, node)
-        except UnsupportedError as err:
-            raise UnsupportedError(f"{where}: {err}") from None
-        except RelayTuneError as err:
-            raise OnnxModelError(f"{where}: {err}") from None
-        except (KeyError, IndexError, ValueError, TypeError) as err:
-            raise OnnxModelError(f"{where}: malformed node ({type(err).__name__}: {err})") from None
-        outputs = [result] if isinstance(result, Expr) else list(result)
-        for name, value in zip(proto.output, outputs):
-            if name:
-                values[name] = value
+    imp.graph_inliner = functools.partial(_inline_graph, imp, values)
+    _convert_nodes(imp, graph, values)
 
     missing_outputs = [o.name for o in graph.output if o.name not in values]
     if missing_outputs:
