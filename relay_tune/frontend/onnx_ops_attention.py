@@ -218,7 +218,7 @@ def _flex_attention(imp: Importer, node: OnnxNode) -> Expr:
     shapes = [imp.static_shape(x, name) for x, name in ((q, "Q"), (k, "K"), (v, "V"))]
     if any(len(s) != 4 for s in shapes):
         raise OnnxModelError(f"Q, K and V must have rank 4, got shapes {shapes}")
-    (batch, q_heads, _, head_size), (_, kv_heads, keys, k_size), (_, v_heads, v_keys, _) = shapes
+    (_, q_heads, _, head_size), (_, kv_heads, keys, k_size), (_, v_heads, v_keys, _) = shapes
     if k_size != head_size or v_heads != kv_heads or v_keys != keys or kv_heads <= 0 or q_heads % kv_heads:
         raise OnnxModelError(f"Q {shapes[0]}, K {shapes[1]} and V {shapes[2]} do not fit (query heads must be a "
                              "multiple of the key/value heads, K and V must agree)")

@@ -1,8 +1,8 @@
 """The ONNX converter table: each operator type's converter (`CONVERTERS`) and the newest operator version
 (`since_version`) that converter handles (`NEWEST_VERSION`), filled by the `converts` decorator in every converter
 module (`relay_tune.frontend.onnx`, `onnx_image`, `onnx_ops_math`, `onnx_ops_index`, `onnx_ops_loss`,
-`onnx_ops_attention`, `onnx_ops_transformer`). The importer (`relay_tune.frontend.onnx`) imports every converter module, so the table is
-complete once it is imported."""
+`onnx_ops_attention`, `onnx_ops_transformer`). The importer (`relay_tune.frontend.onnx`) imports every converter
+module, so the table is complete once it is imported."""
 
 from __future__ import annotations
 
