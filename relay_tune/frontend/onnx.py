@@ -342,19 +342,20 @@ def _clip(imp: Importer, node: OnnxNode) -> Expr:
 def _softmax(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     rank = imp.rank(x)
-    op_name = "nn.softmax" if node.op_type == "Softmax" else "nn.log_softmax"
-    if imp.opset >= 13:
-        axis = normalize_axis(int(node.attrs.get("axis", -1)), rank)
+
+    def normalise(data: Expr, axis: int) -> Expr:
         if node.op_type == "Softmax":
-            return onnx_softmax(imp, x, axis)
-        return imp.call(op_name, [x], axis=axis)
+            return onnx_softmax(imp, data, axis)
+        return imp.call("nn.log_softmax", [data], axis=axis)
+
+    if imp.opset >= 13:
+        return normalise(x, normalize_axis(int(node.attrs.get("axis", -1)), rank))
     # Before opset 13 the input is coerced to 2-D at `axis` and normalised over the whole second part.
     axis = normalize_axis(int(node.attrs.get("axis", 1)), rank)
     if axis == rank - 1:
-        return imp.call(op_name, [x], axis=axis)
+        return normalise(x, axis)
     shape = imp.shape(x)
-    flat = imp.call(op_name, [flatten_2d(imp, x, axis)], axis=1)
-    return restore_shape(imp, flat, shape)
+    return restore_shape(imp, normalise(flatten_2d(imp, x, axis), 1), shape)
 
 
 # --- convolution --------------------------------------------------------------------------------
