@@ -23,6 +23,7 @@ from relay_tune import build
 from relay_tune.errors import RelayTuneError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
+from relay_tune.text import print_module
 
 RNG = np.random.default_rng(7)
 PREVIEW = "ai.onnx.preview"
@@ -170,6 +171,9 @@ LINEAR_ATTENTION = [
     P("linear-decode", linear("linear", 2, 1, 2, 1, 5, 3)),
     P("gated-per-key", linear("gated", 2, 4, 2, 2, 3, 5, decay_per_key=True)),
     P("gated-per-head-gqa", linear("gated", 1, 3, 6, 2, 4, 3)),
+    P("linear-chunks-padded", linear("linear", 2, 7, 2, 1, 3, 4, chunk_size=3)),
+    P("gated-per-key-chunks-padded", linear("gated", 1, 11, 4, 2, 5, 3, decay_per_key=True, chunk_size=4)),
+    P("gated-per-head-chunks", linear("gated", 2, 8, 3, 3, 4, 2, chunk_size=2, past=False)),
     P("delta", linear("delta", 2, 4, 2, 2, 4, 3)),
     P("gated-delta-mqa-beta1", linear("gated_delta", 1, 5, 3, 1, 4, 5, beta_heads=1, past=False)),
     P("gated-delta-fp16", linear("gated_delta", 2, 3, 2, 2, 4, 4, dtype="float16")),
@@ -253,12 +257,14 @@ def test_float16_attention_rounds_like_the_reference() -> None:
     np.testing.assert_array_equal(np.asarray(evaluate(mod, case.feeds)), want)
 
 
-def test_linear_attention_prefill_is_batched() -> None:
-    """The `linear` rule's prefill is the parallel form: a fixed number of batch matmuls, not one per token."""
-    case = linear("linear", 1, 9, 2, 2, 3, 3)
-    mod, _ = from_onnx(case.model())
-    text = str(mod)
-    assert text.count("nn.batch_matmul") <= 4, text.count("nn.batch_matmul")
+@pytest.mark.parametrize("rule", ["linear", "gated"])
+def test_linear_attention_prefill_is_chunked(rule: str) -> None:
+    """The linear and gated rules run chunk-parallel: the batch matmuls grow with the chunks, not the tokens."""
+    counts = []
+    for steps in (16, 64):
+        mod, _ = from_onnx(linear(rule, 1, steps, 2, 2, 3, 3, chunk_size=16).model())
+        counts.append(print_module(mod).count("nn.batch_matmul("))
+    assert counts[1] - counts[0] == 3, counts  # three more chunks, one state read each
 
 
 BAD = [

@@ -7,9 +7,10 @@
   circular mode) where that lies in `[0, sequence_length)`, and keeps its old value elsewhere.
 - CausalConvWithState is a depthwise `nn.conv1d` over the past state (zeros when absent) concatenated in front
   of the input; the present state is the last `k - 1` positions of that concatenation.
-- LinearAttention runs its recurrence token by token in float32 (the state is an outer-product accumulator), the
-  reads and the delta rule's retrievals as batch matmuls, one task shared by every step. The `linear` rule has
-  no state-dependent update, so its prefill is the parallel form instead: `scale * (tril(Q K^T) V + Q S0)`.
+- LinearAttention computes in float32. The `linear` and `gated` rules run chunk-parallel (`chunk_size` tokens a
+  chunk): the products inside every chunk are batch matmuls over all chunks at once, and only the state is
+  handed from chunk to chunk. The delta rules' update depends on the state it updates, so they run token by
+  token, the reads and retrievals as batch matmuls that share one task across steps.
 """
 
 from __future__ import annotations
@@ -136,28 +137,89 @@ def _step(imp: Importer, x: Expr, t: int, heads: int, width: int) -> Expr:
     return imp.reshape(token, [batch * heads, width])
 
 
-def _linear_prefill(imp: Importer, q: Expr, k: Expr, v: Expr, state: Expr, dims: tuple[int, ...],
-                    scale: float) -> tuple[Expr, Expr]:
-    """The `linear` rule in parallel form: outputs `(B, Hq, T, dv)` and the final state."""
+def _chunks(imp: Importer, x: Expr, dims: tuple[int, int, int, int], heads: int, width: int) -> Expr:
+    """A packed `(B, T, heads * width)` tensor as `(B * heads, N, C, width)` chunks of C tokens, the tail padded
+    with zeros to `N * C` tokens (`dims` is `(B, T, N, C)`)."""
+    batch, steps, count, size = dims
+    if count * size > steps:
+        x = imp.call("nn.pad", [x, imp.const(0, imp.dtype(x))], pad_width=[[0, 0], [0, count * size - steps], [0, 0]])
+    split = imp.reshape(x, [batch, count, size, heads, width])
+    return imp.reshape(imp.call("transpose", [split], axes=[0, 3, 1, 2, 4]), [batch * heads, count, size, width])
+
+
+def _chunk(imp: Importer, x: Expr, index: int) -> Expr:
+    """Chunk `index` of a `(rows, N, ...)` tensor, as `(rows, ...)`."""
+    shape = imp.static_shape(x)
+    part = imp.call("strided_slice", [x], begin=[index], end=[index + 1], axes=[1])
+    return imp.reshape(part, [shape[0], *shape[2:]])
+
+
+def _chunked_gated(imp: Importer, q: Expr, k: Expr, v: Expr, decay: Expr | None, state: Expr,
+                   dims: tuple[int, ...], scale: float, chunk_size: int) -> tuple[Expr, Expr]:
+    """The `linear` (no decay) and `gated` rules in chunk-parallel form: outputs `(B, T, Hq * dv)` and the final
+    state `(B * Hkv, dk, dv)`.
+
+    With G the cumulative log decay inside a chunk (per key dimension or per head), token t of a chunk reads
+    `q_t * exp(G_t)` from the state entering the chunk plus `sum_{s <= t} (q_t . k_s exp(G_t - G_s)) v_s`, and
+    the chunk leaves the state `exp(G_last) S + sum_s (k_s exp(G_last - G_s)) v_s^T`. Every exponent a
+    product of decays from s to t (never a ratio with a later token) keeps this finite. The matmuls of all
+    chunks run at once; only the state hand-over is sequential, one step per chunk."""
     batch, steps, q_heads, kv_heads, d_k, d_v = dims
-    group = q_heads // kv_heads
-
-    def heads_first(x: Expr, heads: int, width: int) -> Expr:  # (B, T, H*D) -> (B, H, T, D)
-        return imp.call("transpose", [imp.reshape(x, [batch, steps, heads, width])], axes=[0, 2, 1, 3])
-
-    q4 = imp.reshape(heads_first(q, q_heads, d_k), [batch * kv_heads, group * steps, d_k])
-    k4 = imp.reshape(heads_first(k, kv_heads, d_k), [batch * kv_heads, steps, d_k])
-    v4 = imp.reshape(heads_first(v, kv_heads, d_v), [batch * kv_heads, steps, d_v])
-    k_t = imp.call("transpose", [k4], axes=[0, 2, 1])
-    scores = imp.reshape(batch_matmul(imp, q4, k_t), [batch * kv_heads, group, steps, steps])
-    causal = np.tril(np.ones((steps, steps), bool))
-    scores = imp.call("where", [imp.const(causal, "bool"), scores, imp.const(0, "float32")])
-    s0 = imp.reshape(state, [batch * kv_heads, d_k, d_v])
-    out = imp.call("add", [batch_matmul(imp, imp.reshape(scores, [batch * kv_heads, group * steps, steps]), v4),
-                           batch_matmul(imp, q4, s0)])
-    out = imp.scalar_op("multiply", imp.reshape(out, [batch, q_heads, steps, d_v]), scale)
-    final = imp.call("add", [s0, batch_matmul(imp, k_t, v4)])
-    return out, imp.reshape(final, [batch, kv_heads, d_k, d_v])
+    group, rows = q_heads // kv_heads, batch * kv_heads
+    size = max(1, min(chunk_size, steps))
+    count = -(-steps // size)
+    shape = (batch, steps, count, size)
+    qc = imp.reshape(_chunks(imp, q, shape, q_heads, d_k), [rows, group, count, size, d_k])
+    qc = imp.call("transpose", [qc], axes=[0, 2, 1, 3, 4])  # (rows, N, group, C, dk)
+    kc, vc = _chunks(imp, k, shape, kv_heads, d_k), _chunks(imp, v, shape, kv_heads, d_v)  # (rows, N, C, d)
+    flat = rows * count
+    scores = batch_matmul(imp, imp.reshape(qc, [flat, group * size, d_k]),
+                          imp.call("transpose", [imp.reshape(kc, [flat, size, d_k])], axes=[0, 2, 1]))
+    scores = imp.reshape(scores, [rows, count, group, size, size])
+    causal = imp.const(np.tril(np.ones((size, size), bool)), "bool")  # key s <= query t
+    if decay is None:
+        scores = imp.call("where", [causal, scores, imp.const(0, "float32")])
+        q_read, k_write = qc, kc
+    else:
+        width = imp.static_shape(decay)[2] // kv_heads
+        cumulative = imp.call("cumsum", [_chunks(imp, decay, shape, kv_heads, width)], axis=2)  # (rows, N, C, w)
+        last = imp.call("strided_slice", [cumulative], begin=[size - 1], end=[size], axes=[2])  # (rows, N, 1, w)
+        neg_inf = imp.const(-np.inf, "float32")
+        if width == 1:
+            g = imp.reshape(cumulative, [rows, count, 1, size])
+            gap = imp.call("subtract", [imp.reshape(g, [rows, count, 1, size, 1]),
+                                        imp.reshape(g, [rows, count, 1, 1, size])])  # G_t - G_s
+            scores = imp.call("multiply", [scores, imp.call("exp", [imp.call("where", [causal, gap, neg_inf])])])
+        else:  # per key dimension: the decay sits inside the dot product
+            g = imp.reshape(cumulative, [rows, count, 1, size, d_k])
+            gap = imp.call("subtract", [imp.reshape(g, [rows, count, 1, size, 1, d_k]),
+                                        imp.reshape(g, [rows, count, 1, 1, size, d_k])])
+            gap = imp.call("where", [imp.reshape(causal, [size, size, 1]), gap, neg_inf])
+            terms = imp.call("multiply", [imp.reshape(qc, [rows, count, group, size, 1, d_k]),
+                                          imp.reshape(kc, [rows, count, 1, 1, size, d_k])])
+            scores = imp.call("sum", [imp.call("multiply", [terms, imp.call("exp", [gap])])], axis=[5])
+        q_read = imp.call("multiply", [qc, imp.call("exp", [imp.reshape(cumulative, [rows, count, 1, size, width])])])
+        k_write = imp.call("multiply", [kc, imp.call("exp", [imp.call("subtract", [last, cumulative])])])
+        carry = imp.reshape(imp.call("exp", [last]), [rows, count, width, 1])  # the state's decay over a chunk
+    local = batch_matmul(imp, imp.reshape(scores, [flat, group * size, size]), imp.reshape(vc, [flat, size, d_v]))
+    local = imp.reshape(local, [rows, count, group * size, d_v])
+    writes = batch_matmul(imp, imp.call("transpose", [imp.reshape(k_write, [flat, size, d_k])], axes=[0, 2, 1]),
+                          imp.reshape(vc, [flat, size, d_v]))
+    writes = imp.reshape(writes, [rows, count, d_k, d_v])
+    q_read = imp.reshape(q_read, [rows, count, group * size, d_k])
+    reads = []
+    for n in range(count):
+        reads.append(imp.reshape(batch_matmul(imp, _chunk(imp, q_read, n), state), [rows, 1, group * size, d_v]))
+        if decay is not None:
+            state = imp.call("multiply", [state, _chunk(imp, carry, n)])
+        state = imp.call("add", [state, _chunk(imp, writes, n)])
+    read = reads[0] if count == 1 else imp.call("concatenate", [Tuple(tuple(reads))], axis=1)
+    out = imp.scalar_op("multiply", imp.call("add", [local, read]), scale)  # (rows, N, group * C, dv)
+    out = imp.reshape(out, [batch, kv_heads, count, group, size, d_v])
+    out = imp.reshape(imp.call("transpose", [out], axes=[0, 2, 4, 1, 3, 5]), [batch, count * size, q_heads * d_v])
+    if count * size > steps:
+        out = imp.call("strided_slice", [out], begin=[0], end=[steps], axes=[1])
+    return out, state
 
 
 @converts("LinearAttention", newest=REVIEWED_OPSET)
@@ -198,11 +260,6 @@ def _linear_attention(imp: Importer, node: OnnxNode) -> list[Expr]:
                                  f"{(batch, kv_heads, d_k, d_v)})")
         state = imp.reshape(imp.cast(past, "float32"), [rows, d_k, d_v])
 
-    if rule == "linear" and steps > 1:
-        outputs, final = _linear_prefill(imp, q, k, v, state, (batch, steps, q_heads, kv_heads, d_k, d_v), scale)
-        output = imp.reshape(imp.call("transpose", [outputs], axes=[0, 2, 1, 3]), [batch, steps, q_heads * d_v])
-        return [imp.cast(output, out_dtype), imp.cast(final, state_dtype)]
-
     decay_width = 0
     if decay is not None:
         decay_shape = imp.static_shape(decay, "decay")
@@ -220,6 +277,11 @@ def _linear_attention(imp: Importer, node: OnnxNode) -> list[Expr]:
                                  f"({batch}, {steps}, 1))")
         beta_heads = beta_shape[2]
         beta = imp.cast(beta, "float32")
+    if not delta:
+        chunk_size = int(node.attrs.get("chunk_size", 64))
+        output, state = _chunked_gated(imp, q, k, v, decay, state, (batch, steps, q_heads, kv_heads, d_k, d_v),
+                                       scale, chunk_size)
+        return [imp.cast(output, out_dtype), imp.cast(imp.reshape(state, [batch, kv_heads, d_k, d_v]), state_dtype)]
 
     outputs = []
     for t in range(steps):
