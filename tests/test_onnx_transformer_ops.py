@@ -286,6 +286,9 @@ BAD = [
                                    {"update_rule": "gated", "q_num_heads": 1, "kv_num_heads": 1}, outputs=2)),
     P("flex-rank", Case("FlexAttention", [("Q", rand(2, 3, 4)), ("K", rand(2, 3, 4)), ("V", rand(2, 3, 4))],
                         opset=26, domain=PREVIEW)),
+    P("flex-unsupported-score-mod", Case("FlexAttention", [("Q", rand(1, 1, 2, 4)), ("K", rand(1, 1, 2, 4)),
+                                                           ("V", rand(1, 1, 2, 4))], {"score_mod": _mod_graph(
+        "dft", [helper.make_node("DFT", ["s"], ["out"])])}, opset=26, domain=PREVIEW)),
     P("flex-heads", Case("FlexAttention", [("Q", rand(1, 3, 2, 4)), ("K", rand(1, 2, 2, 4)), ("V", rand(1, 2, 2, 4))],
                          opset=26, domain=PREVIEW)),
 ]
