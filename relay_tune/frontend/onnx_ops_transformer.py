@@ -260,6 +260,9 @@ def _linear_attention(imp: Importer, node: OnnxNode) -> list[Expr]:
                                  f"{(batch, kv_heads, d_k, d_v)})")
         state = imp.reshape(imp.cast(past, "float32"), [rows, d_k, d_v])
 
+    if steps == 0:  # no token: nothing to read, the state passes through
+        empty = imp.const(np.zeros((batch, 0, q_heads * d_v)), out_dtype)
+        return [empty, imp.cast(imp.reshape(state, [batch, kv_heads, d_k, d_v]), state_dtype)]
     decay_width = 0
     if decay is not None:
         decay_shape = imp.static_shape(decay, "decay")
