@@ -22,6 +22,7 @@ from onnx.reference import ReferenceEvaluator
 from relay_tune import build
 from relay_tune.errors import RelayTuneError
 from relay_tune.frontend import from_onnx
+from relay_tune.frontend.onnx import supported_ops
 from relay_tune.interpreter import evaluate
 from relay_tune.text import print_module
 
@@ -291,9 +292,17 @@ BAD = [
     P("flex-unsupported-score-mod", Case("FlexAttention", [("Q", rand(1, 1, 2, 4)), ("K", rand(1, 1, 2, 4)),
                                                            ("V", rand(1, 1, 2, 4))], {"score_mod": _mod_graph(
         "dft", [helper.make_node("DFT", ["s"], ["out"])])}, opset=26, domain=PREVIEW)),
+    P("flex-default-domain", Case("FlexAttention", [("Q", rand(1, 1, 2, 4)), ("K", rand(1, 1, 2, 4)),
+                                                    ("V", rand(1, 1, 2, 4))], opset=26)),
     P("flex-heads", Case("FlexAttention", [("Q", rand(1, 3, 2, 4)), ("K", rand(1, 2, 2, 4)), ("V", rand(1, 2, 2, 4))],
                          opset=26, domain=PREVIEW)),
 ]
+
+
+def test_preview_operators_are_listed_with_their_domain() -> None:
+    ops = supported_ops()
+    assert "ai.onnx.preview.FlexAttention" in ops and "FlexAttention" not in ops
+    assert {"SwiGLU", "TensorScatter", "CausalConvWithState", "LinearAttention", "Attention"} <= set(ops)
 
 
 @pytest.mark.parametrize("case", BAD)

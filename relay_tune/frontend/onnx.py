@@ -131,8 +131,9 @@ class UnsupportedOperatorsError(UnsupportedError):
 
 
 def supported_ops() -> list[str]:
-    """The ONNX operator types (default domain) the importer converts."""
-    return sorted(CONVERTERS)
+    """The ONNX operator types the importer converts: the default domain's by name, the preview domain's
+    prefixed with it (`ai.onnx.preview.FlexAttention`)."""
+    return sorted(name if name not in _PREVIEW_OPS else f"{_PREVIEW_DOMAIN}.{name}" for name in CONVERTERS)
 
 
 # --- element-wise -------------------------------------------------------------------------------
@@ -1124,7 +1125,7 @@ def _check_operators(graph: onnx.GraphProto, opset: int | None = None) -> None:
             continue
         if node.domain not in _DEFAULT_DOMAINS:
             name = f"{node.domain}.{node.op_type}"
-        elif node.op_type not in CONVERTERS:
+        elif node.op_type not in CONVERTERS or node.op_type in _PREVIEW_OPS:
             name = node.op_type
         else:
             continue
