@@ -236,8 +236,9 @@ ATTENTION_FP16 = [
                                              ("K", rand(1, 6, 6, dtype="float16")),
                                              ("V", rand(1, 6, 6, dtype="float16"))],
                                {"q_num_heads": 4, "kv_num_heads": 2}, opset=24, rtol=1e-3, atol=1e-4)),
+    # over a middle axis numpy sums float16 step by step in float16: one or two ulps (2 ** -10 each) apart
     P("softmax-axis1", Case("Softmax", [("x", rand(3, 9, 5, dtype="float16", low=-3, high=3))], {"axis": 1},
-                            opset=13, rtol=1e-3, atol=1e-4)),
+                            opset=13, rtol=2.5e-3, atol=1e-4)),
     P("softmax-opset11-coerced", Case("Softmax", [("x", rand(2, 3, 4, dtype="float16", low=-3, high=3))],
                                       {"axis": 1}, opset=11, onnxruntime=True, reference=False, rtol=1e-3,
                                       atol=1e-4)),

@@ -274,7 +274,9 @@ def onnx_softmax(imp: Importer, x: Expr, axis: int) -> Expr:
 
     float32 and float64 use `nn.softmax` (one fused, tuned kernel). A float16 softmax is spelled out as max,
     subtract, exp, sum and divide in float16, because the reference rounds the shifted scores and each
-    exponential to float16 before summing; `nn.softmax` keeps them in float32, one float16 ulp away."""
+    exponential to float16 before summing; `nn.softmax` keeps them in float32, one float16 ulp away. The sum
+    accumulates in float32 as numpy does over a last axis (the attention case: the results agree exactly); over
+    another axis numpy adds in float16 step by step, which is not imitated (an ulp or two apart)."""
     if imp.dtype(x) != "float16":
         return imp.call("nn.softmax", [x], axis=axis)
     shifted = imp.call("subtract", [x, imp.call("max", [x], axis=[axis], keepdims=True)])
