@@ -179,6 +179,11 @@ LINEAR_ATTENTION = [
     P("gated-per-head-chunks", linear("gated", 2, 8, 3, 3, 4, 2, chunk_size=2, past=False)),
     P("delta", linear("delta", 2, 4, 2, 2, 4, 3)),
     P("gated-delta-mqa-beta1", linear("gated_delta", 1, 5, 3, 1, 4, 5, beta_heads=1, past=False)),
+    P("delta-chunks-padded", linear("delta", 2, 9, 2, 2, 4, 3, chunk_size=4)),
+    P("gated-delta-chunks-gqa", linear("gated_delta", 1, 13, 4, 2, 4, 5, chunk_size=5)),
+    P("gated-delta-per-key-decay-chunks", linear("gated_delta", 2, 7, 2, 1, 3, 4, decay_per_key=True, chunk_size=3,
+                                                 beta_heads=1)),
+    P("gated-delta-long", linear("gated_delta", 1, 40, 2, 2, 8, 8, chunk_size=16, past=False)),
     P("gated-delta-fp16", linear("gated_delta", 2, 3, 2, 2, 4, 4, dtype="float16")),
 ]
 
@@ -261,14 +266,16 @@ def test_float16_attention_rounds_like_the_reference() -> None:
     np.testing.assert_array_equal(np.asarray(evaluate(mod, case.feeds)), want)
 
 
-@pytest.mark.parametrize("rule", ["linear", "gated"])
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
 def test_linear_attention_prefill_is_chunked(rule: str) -> None:
-    """The linear and gated rules run chunk-parallel: the batch matmuls grow with the chunks, not the tokens."""
+    """Every rule runs chunk-parallel: the batch matmuls grow with the chunks (a few a chunk), not the tokens."""
     counts = []
-    for steps in (16, 64):
+    for steps in (16, 64, 112):
         mod, _ = from_onnx(linear(rule, 1, steps, 2, 2, 3, 3, chunk_size=16).model())
         counts.append(print_module(mod).count("nn.batch_matmul("))
-    assert counts[1] - counts[0] == 3, counts  # three more chunks, one state read each
+    per_chunk = (counts[1] - counts[0]) // 3
+    assert counts[1] - counts[0] == counts[2] - counts[1] == 3 * per_chunk, counts
+    assert per_chunk == (4 if "delta" in rule else 1), counts
 
 
 BAD = [

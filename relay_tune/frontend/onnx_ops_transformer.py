@@ -130,13 +130,6 @@ def _causal_conv_with_state(imp: Importer, node: OnnxNode) -> list[Expr]:
 _UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 
 
-def _step(imp: Importer, x: Expr, t: int, heads: int, width: int) -> Expr:
-    """Token `t` of a packed `(B, T, heads * width)` tensor as `(B * heads, width)` rows."""
-    batch = imp.static_shape(x)[0]
-    token = imp.call("strided_slice", [x], begin=[t], end=[t + 1], axes=[1])
-    return imp.reshape(token, [batch * heads, width])
-
-
 def _chunks(imp: Importer, x: Expr, dims: tuple[int, int, int, int], heads: int, width: int) -> Expr:
     """A packed `(B, T, heads * width)` tensor as `(B * heads, N, C, width)` chunks of C tokens, the tail padded
     with zeros to `N * C` tokens (`dims` is `(B, T, N, C)`)."""
@@ -154,67 +147,124 @@ def _chunk(imp: Importer, x: Expr, index: int) -> Expr:
     return imp.reshape(part, [shape[0], *shape[2:]])
 
 
-def _chunked_gated(imp: Importer, q: Expr, k: Expr, v: Expr, decay: Expr | None, state: Expr,
-                   dims: tuple[int, ...], scale: float, chunk_size: int) -> tuple[Expr, Expr]:
-    """The `linear` (no decay) and `gated` rules in chunk-parallel form: outputs `(B, T, Hq * dv)` and the final
-    state `(B * Hkv, dk, dv)`.
+def _decayed_products(imp: Importer, x: Expr, y: Expr, cumulative: Expr | None, mask: np.ndarray) -> Expr:
+    """`P[t, s] = sum_d x_t[d] y_s[d] exp(G_t[d] - G_s[d])` where `mask[t, s]`, else 0, for every chunk.
 
-    With G the cumulative log decay inside a chunk (per key dimension or per head), token t of a chunk reads
-    `q_t * exp(G_t)` from the state entering the chunk plus `sum_{s <= t} (q_t . k_s exp(G_t - G_s)) v_s`, and
-    the chunk leaves the state `exp(G_last) S + sum_s (k_s exp(G_last - G_s)) v_s^T`. Every exponent a
-    product of decays from s to t (never a ratio with a later token) keeps this finite. The matmuls of all
-    chunks run at once; only the state hand-over is sequential, one step per chunk."""
+    `x` is `(rows, N, A, C, dk)`, `y` `(rows, N, C, dk)`, `cumulative` (G) `(rows, N, C, w)` with w 1 (one decay
+    per head: a batch matmul scaled afterwards) or dk (the decay sits inside the dot product); None is no decay.
+    The masked exponents are -inf before `exp`, so a pair the mask drops never overflows. Result `(rows, N, A, C,
+    C)`."""
+    rows, count, lead, size, d_k = imp.static_shape(x)
+    allowed = imp.const(mask, "bool")
+    if cumulative is not None and imp.static_shape(cumulative)[3] == d_k:
+        g = imp.reshape(cumulative, [rows, count, 1, size, d_k])
+        gap = imp.call("subtract", [imp.reshape(g, [rows, count, 1, size, 1, d_k]),
+                                    imp.reshape(g, [rows, count, 1, 1, size, d_k])])
+        gap = imp.call("where", [imp.reshape(allowed, [size, size, 1]), gap, imp.const(-np.inf, "float32")])
+        terms = imp.call("multiply", [imp.reshape(x, [rows, count, lead, size, 1, d_k]),
+                                      imp.reshape(y, [rows, count, 1, 1, size, d_k])])
+        return imp.call("sum", [imp.call("multiply", [terms, imp.call("exp", [gap])])], axis=[5])
+    flat = rows * count
+    products = batch_matmul(imp, imp.reshape(x, [flat, lead * size, d_k]),
+                            imp.call("transpose", [imp.reshape(y, [flat, size, d_k])], axes=[0, 2, 1]))
+    products = imp.reshape(products, [rows, count, lead, size, size])
+    if cumulative is None:
+        return imp.call("where", [allowed, products, imp.const(0, "float32")])
+    g = imp.reshape(cumulative, [rows, count, 1, size])
+    gap = imp.call("subtract", [imp.reshape(g, [rows, count, 1, size, 1]), imp.reshape(g, [rows, count, 1, 1, size])])
+    return imp.call("multiply", [products, imp.call("exp", [imp.call("where", [allowed, gap,
+                                                                               imp.const(-np.inf, "float32")])])])
+
+
+def _unit_lower_inverse(imp: Importer, strict: Expr) -> Expr:
+    """`(I + M)^-1` of strictly lower triangular `M (batch, C, C)`, by forward substitution: row t of the inverse
+    is `e_t - M[t, :] @ inverse`, which reads only the rows above it."""
+    batch, size, _ = imp.static_shape(strict)
+    inverse: Expr = imp.const(np.broadcast_to(np.eye(size), (batch, size, size)), "float32")
+    for t in range(1, size):
+        row = imp.call("strided_slice", [strict], begin=[t], end=[t + 1], axes=[1])  # (batch, 1, C)
+        unit = imp.const(np.eye(size)[t].reshape(1, 1, size), "float32")
+        solved = imp.call("subtract", [unit, batch_matmul(imp, row, inverse)])
+        picked = imp.const((np.arange(size) == t).reshape(1, size, 1), "bool")
+        inverse = imp.call("where", [picked, solved, inverse])
+    return inverse
+
+
+def _chunked(imp: Importer, inputs: tuple[Expr, Expr, Expr, Expr | None, Expr | None], state: Expr,
+             dims: tuple[int, ...], scale: float, chunk_size: int) -> tuple[Expr, Expr]:
+    """Every update rule in chunk-parallel form: outputs `(B, T, Hq * dv)` and the final state `(B * Hkv, dk, dv)`.
+
+    Inside a chunk G is the cumulative log decay (per key dimension or per head; 0 without decay), and the
+    state the chunk starts from is S. Each token writes `k_t d_t^T` to the state, where d_t is v_t for the
+    linear and gated rules; the delta rules' `d_t = beta_t (v_t - retrieved)` solve the unit lower triangular
+    system `(I + diag(beta) L) D = diag(beta) (V - exp(G) K S)`, `L[t, s] = k_t . k_s exp(G_t - G_s)` for
+    s < t (the WY form), so `D = U - W S` with U and W computed for all chunks at once. Token t reads
+    `q_t exp(G_t)` from S plus `sum_{s <= t} (q_t . k_s exp(G_t - G_s)) d_s`, and the chunk leaves the state
+    `exp(G_last) S + sum_s (k_s exp(G_last - G_s)) d_s^T`. Every exponent is a decay from an earlier token to a
+    later one, so nothing overflows. Only the hand-over of S is sequential: a few batch matmuls a chunk."""
+    q, k, v, decay, beta = inputs
     batch, steps, q_heads, kv_heads, d_k, d_v = dims
     group, rows = q_heads // kv_heads, batch * kv_heads
     size = max(1, min(chunk_size, steps))
     count = -(-steps // size)
     shape = (batch, steps, count, size)
+    flat = rows * count
     qc = imp.reshape(_chunks(imp, q, shape, q_heads, d_k), [rows, group, count, size, d_k])
     qc = imp.call("transpose", [qc], axes=[0, 2, 1, 3, 4])  # (rows, N, group, C, dk)
     kc, vc = _chunks(imp, k, shape, kv_heads, d_k), _chunks(imp, v, shape, kv_heads, d_v)  # (rows, N, C, d)
-    flat = rows * count
-    scores = batch_matmul(imp, imp.reshape(qc, [flat, group * size, d_k]),
-                          imp.call("transpose", [imp.reshape(kc, [flat, size, d_k])], axes=[0, 2, 1]))
-    scores = imp.reshape(scores, [rows, count, group, size, size])
-    causal = imp.const(np.tril(np.ones((size, size), bool)), "bool")  # key s <= query t
-    if decay is None:
-        scores = imp.call("where", [causal, scores, imp.const(0, "float32")])
-        q_read, k_write = qc, kc
-    else:
+    inclusive = np.tril(np.ones((size, size), bool))
+    cumulative: Expr | None = None
+    q_read, k_write, w_source = qc, kc, kc
+    if decay is not None:
         width = imp.static_shape(decay)[2] // kv_heads
         cumulative = imp.call("cumsum", [_chunks(imp, decay, shape, kv_heads, width)], axis=2)  # (rows, N, C, w)
         last = imp.call("strided_slice", [cumulative], begin=[size - 1], end=[size], axes=[2])  # (rows, N, 1, w)
-        neg_inf = imp.const(-np.inf, "float32")
-        if width == 1:
-            g = imp.reshape(cumulative, [rows, count, 1, size])
-            gap = imp.call("subtract", [imp.reshape(g, [rows, count, 1, size, 1]),
-                                        imp.reshape(g, [rows, count, 1, 1, size])])  # G_t - G_s
-            scores = imp.call("multiply", [scores, imp.call("exp", [imp.call("where", [causal, gap, neg_inf])])])
-        else:  # per key dimension: the decay sits inside the dot product
-            g = imp.reshape(cumulative, [rows, count, 1, size, d_k])
-            gap = imp.call("subtract", [imp.reshape(g, [rows, count, 1, size, 1, d_k]),
-                                        imp.reshape(g, [rows, count, 1, 1, size, d_k])])
-            gap = imp.call("where", [imp.reshape(causal, [size, size, 1]), gap, neg_inf])
-            terms = imp.call("multiply", [imp.reshape(qc, [rows, count, group, size, 1, d_k]),
-                                          imp.reshape(kc, [rows, count, 1, 1, size, d_k])])
-            scores = imp.call("sum", [imp.call("multiply", [terms, imp.call("exp", [gap])])], axis=[5])
-        q_read = imp.call("multiply", [qc, imp.call("exp", [imp.reshape(cumulative, [rows, count, 1, size, width])])])
+        growth = imp.call("exp", [cumulative])
+        q_read = imp.call("multiply", [qc, imp.reshape(growth, [rows, count, 1, size, width])])
         k_write = imp.call("multiply", [kc, imp.call("exp", [imp.call("subtract", [last, cumulative])])])
+        w_source = imp.call("multiply", [kc, growth])
         carry = imp.reshape(imp.call("exp", [last]), [rows, count, width, 1])  # the state's decay over a chunk
-    local = batch_matmul(imp, imp.reshape(scores, [flat, group * size, size]), imp.reshape(vc, [flat, size, d_v]))
-    local = imp.reshape(local, [rows, count, group * size, d_v])
-    writes = batch_matmul(imp, imp.call("transpose", [imp.reshape(k_write, [flat, size, d_k])], axes=[0, 2, 1]),
-                          imp.reshape(vc, [flat, size, d_v]))
-    writes = imp.reshape(writes, [rows, count, d_k, d_v])
+    reads = _decayed_products(imp, qc, kc, cumulative, inclusive)  # (rows, N, group, C, C)
+    reads = imp.reshape(reads, [rows, count, group * size, size])
     q_read = imp.reshape(q_read, [rows, count, group * size, d_k])
-    reads = []
+    k_write_t = imp.call("transpose", [k_write], axes=[0, 1, 3, 2])  # (rows, N, dk, C)
+
+    if beta is None:  # d = v: the chunks' own contributions do not depend on the state
+        local = imp.reshape(batch_matmul(imp, imp.reshape(reads, [flat, group * size, size]),
+                                         imp.reshape(vc, [flat, size, d_v])), [rows, count, group * size, d_v])
+        writes = imp.reshape(batch_matmul(imp, imp.reshape(k_write_t, [flat, d_k, size]),
+                                          imp.reshape(vc, [flat, size, d_v])), [rows, count, d_k, d_v])
+    else:
+        heads = imp.static_shape(beta)[2]
+        rates = _chunks(imp, beta, shape, heads, 1)  # (B * heads, N, C, 1)
+        if heads != kv_heads:  # one rate for every head
+            rates = imp.reshape(imp.call("broadcast_to", [imp.reshape(rates, [batch, 1, count, size, 1])],
+                                         shape=[batch, kv_heads, count, size, 1]), [rows, count, size, 1])
+        strict = _decayed_products(imp, imp.reshape(kc, [rows, count, 1, size, d_k]), kc, cumulative,
+                                   np.tril(np.ones((size, size), bool), -1))
+        system = imp.call("multiply", [imp.reshape(strict, [rows, count, size, size]), rates])
+        inverse = _unit_lower_inverse(imp, imp.reshape(system, [flat, size, size]))
+        u = imp.reshape(batch_matmul(imp, inverse, imp.reshape(imp.call("multiply", [vc, rates]), [flat, size, d_v])),
+                        [rows, count, size, d_v])
+        w = imp.reshape(batch_matmul(imp, inverse, imp.reshape(imp.call("multiply", [w_source, rates]),
+                                                               [flat, size, d_k])), [rows, count, size, d_k])
+
+    outputs = []
     for n in range(count):
-        reads.append(imp.reshape(batch_matmul(imp, _chunk(imp, q_read, n), state), [rows, 1, group * size, d_v]))
+        read = batch_matmul(imp, _chunk(imp, q_read, n), state)  # (rows, group * C, dv)
+        if beta is None:
+            read = imp.call("add", [read, _chunk(imp, local, n)])
+            written = _chunk(imp, writes, n)
+        else:
+            d = imp.call("subtract", [_chunk(imp, u, n), batch_matmul(imp, _chunk(imp, w, n), state)])
+            read = imp.call("add", [read, batch_matmul(imp, _chunk(imp, reads, n), d)])
+            written = batch_matmul(imp, _chunk(imp, k_write_t, n), d)
+        outputs.append(imp.reshape(read, [rows, 1, group * size, d_v]))
         if decay is not None:
             state = imp.call("multiply", [state, _chunk(imp, carry, n)])
-        state = imp.call("add", [state, _chunk(imp, writes, n)])
-    read = reads[0] if count == 1 else imp.call("concatenate", [Tuple(tuple(reads))], axis=1)
-    out = imp.scalar_op("multiply", imp.call("add", [local, read]), scale)  # (rows, N, group * C, dv)
+        state = imp.call("add", [state, written])
+    out = outputs[0] if count == 1 else imp.call("concatenate", [Tuple(tuple(outputs))], axis=1)
+    out = imp.scalar_op("multiply", out, scale)  # (rows, N, group * C, dv)
     out = imp.reshape(out, [batch, kv_heads, count, group, size, d_v])
     out = imp.reshape(imp.call("transpose", [out], axes=[0, 2, 4, 1, 3, 5]), [batch, count * size, q_heads * d_v])
     if count * size > steps:
@@ -246,7 +296,6 @@ def _linear_attention(imp: Importer, node: OnnxNode) -> list[Expr]:
         raise OnnxModelError(f"query {shapes[0]}, key {shapes[1]} and value {shapes[2]} do not split into "
                              f"{q_heads} query and {kv_heads} key/value heads")
     d_k, d_v = q_width // q_heads, shapes[2][2] // kv_heads
-    group = q_heads // kv_heads
     out_dtype = imp.dtype(query)
     state_dtype = imp.dtype(past) if past is not None else out_dtype
     scale = node.attr_float("scale", 0.0) or 1.0 / math.sqrt(d_k)
@@ -263,45 +312,20 @@ def _linear_attention(imp: Importer, node: OnnxNode) -> list[Expr]:
     if steps == 0:  # no token: nothing to read, the state passes through
         empty = imp.const(np.zeros((batch, 0, q_heads * d_v)), out_dtype)
         return [empty, imp.cast(imp.reshape(state, [batch, kv_heads, d_k, d_v]), state_dtype)]
-    decay_width = 0
     if decay is not None:
         decay_shape = imp.static_shape(decay, "decay")
         if len(decay_shape) != 3 or decay_shape[:2] != (batch, steps) or decay_shape[2] not in (kv_heads,
                                                                                                   kv_heads * d_k):
             raise OnnxModelError(f"decay of shape {decay_shape} (expected ({batch}, {steps}, {kv_heads}) or "
                                  f"({batch}, {steps}, {kv_heads * d_k}))")
-        decay_width = decay_shape[2] // kv_heads
         decay = imp.cast(decay, "float32")
-    beta_heads = 0
     if beta is not None:
         beta_shape = imp.static_shape(beta, "beta")
         if len(beta_shape) != 3 or beta_shape[:2] != (batch, steps) or beta_shape[2] not in (kv_heads, 1):
             raise OnnxModelError(f"beta of shape {beta_shape} (expected ({batch}, {steps}, {kv_heads}) or "
                                  f"({batch}, {steps}, 1))")
-        beta_heads = beta_shape[2]
         beta = imp.cast(beta, "float32")
-    if not delta:
-        chunk_size = int(node.attrs.get("chunk_size", 64))
-        output, state = _chunked_gated(imp, q, k, v, decay, state, (batch, steps, q_heads, kv_heads, d_k, d_v),
-                                       scale, chunk_size)
-        return [imp.cast(output, out_dtype), imp.cast(imp.reshape(state, [batch, kv_heads, d_k, d_v]), state_dtype)]
-
-    outputs = []
-    for t in range(steps):
-        k_t = _step(imp, k, t, kv_heads, d_k)  # (rows, d_k)
-        v_t = _step(imp, v, t, kv_heads, d_v)  # (rows, d_v)
-        if decay is not None:
-            factor = imp.call("exp", [_step(imp, decay, t, kv_heads, decay_width)])  # (rows, d_k or 1)
-            state = imp.call("multiply", [state, imp.reshape(factor, [rows, decay_width, 1])])
-        if beta is not None:
-            retrieved = imp.reshape(batch_matmul(imp, imp.reshape(k_t, [rows, 1, d_k]), state), [rows, d_v])
-            rate = imp.reshape(_step(imp, beta, t, beta_heads, 1), [batch, beta_heads, 1])
-            v_t = imp.reshape(imp.call("multiply", [imp.reshape(imp.call("subtract", [v_t, retrieved]),
-                                                                [batch, kv_heads, d_v]), rate]), [rows, d_v])
-        outer = imp.call("multiply", [imp.reshape(k_t, [rows, d_k, 1]), imp.reshape(v_t, [rows, 1, d_v])])
-        state = imp.call("add", [state, outer])
-        q_t = imp.reshape(_step(imp, q, t, q_heads, d_k), [rows, group, d_k])  # query head h reads kv head h // group
-        outputs.append(imp.reshape(batch_matmul(imp, q_t, state), [batch, 1, q_heads * d_v]))
-    output = outputs[0] if steps == 1 else imp.call("concatenate", [Tuple(tuple(outputs))], axis=1)
-    output = imp.scalar_op("multiply", output, scale)
+    chunk_size = int(node.attrs.get("chunk_size", 64))
+    output, state = _chunked(imp, (q, k, v, decay, beta), state, (batch, steps, q_heads, kv_heads, d_k, d_v), scale,
+                             chunk_size)
     return [imp.cast(output, out_dtype), imp.cast(imp.reshape(state, [batch, kv_heads, d_k, d_v]), state_dtype)]
