@@ -7,10 +7,9 @@
   circular mode) where that lies in `[0, sequence_length)`, and keeps its old value elsewhere.
 - CausalConvWithState is a depthwise `nn.conv1d` over the past state (zeros when absent) concatenated in front
   of the input; the present state is the last `k - 1` positions of that concatenation.
-- LinearAttention computes in float32. The `linear` and `gated` rules run chunk-parallel (`chunk_size` tokens a
-  chunk): the products inside every chunk are batch matmuls over all chunks at once, and only the state is
-  handed from chunk to chunk. The delta rules' update depends on the state it updates, so they run token by
-  token, the reads and retrievals as batch matmuls that share one task across steps.
+- LinearAttention computes in float32, chunk-parallel (`chunk_size` tokens a chunk) for every update rule: the
+  products inside the chunks are batch matmuls over all chunks at once (the delta rules' corrections through the
+  WY form, one small triangular solve a chunk), and only the state is handed from chunk to chunk.
 """
 
 from __future__ import annotations
