@@ -249,6 +249,26 @@ ATTENTION_FP16 = [
                                       atol=1e-4)),
 ]
 
+# --- RotaryEmbedding and RMSNormalization at every opset that defines them ----------------------------
+
+POSITIONS = np.array([[0, 5, 2, 7, 1], [3, 3, 6, 0, 4]], np.int64)
+LATER_OPSETS = [
+    *[P(f"rotary-4d-positions-opset{opset}", Case("RotaryEmbedding", [
+        ("x", rand(2, 3, 5, 8)), ("cos", rand(8, 4)), ("sin", rand(8, 4)), ("pos", POSITIONS)], opset=opset))
+      for opset in (23, 28)],
+    *[P(f"rotary-3d-interleaved-partial-opset{opset}", Case("RotaryEmbedding", [
+        ("x", rand(2, 5, 12)), ("cos", rand(2, 5, 2)), ("sin", rand(2, 5, 2))],
+        {"interleaved": 1, "num_heads": 2, "rotary_embedding_dim": 4}, opset=opset)) for opset in (23, 26)],
+    *[P(f"rms-norm-opset{opset}", Case("RMSNormalization", [("x", rand(3, 5, 7)), ("scale", rand(5, 7))],
+                                       {"axis": -2, "epsilon": 1e-3}, opset=opset, rtol=1e-4))
+      for opset in (23, 25, 28)],
+]
+
+
+@pytest.mark.parametrize("case", LATER_OPSETS)
+def test_rotary_and_rms_norm_at_later_opsets(case: Case) -> None:
+    check(case)
+
 
 @pytest.mark.parametrize("case", SWIGLU + TENSOR_SCATTER + CAUSAL_CONV + LINEAR_ATTENTION + FLEX_ATTENTION
                          + ATTENTION_FP16)
