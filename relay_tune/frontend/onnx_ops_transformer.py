@@ -142,7 +142,7 @@ def _chunks(imp: Importer, x: Expr, dims: tuple[int, int, int, int], heads: int,
 def _chunk(imp: Importer, x: Expr, index: int) -> Expr:
     """Chunk `index` of a `(rows, N, ...)` tensor, as `(rows, ...)`."""
     shape = imp.static_shape(x)
-    part = imp.call("strided_slice", [x], begin=[index], end=[index + 1], axes=[1])
+    part = imp.call("take", [x, imp.const([index], "int64")], axis=1, mode="clip")  # one workload for every chunk
     return imp.reshape(part, [shape[0], *shape[2:]])
 
 
@@ -181,7 +181,9 @@ def _unit_lower_inverse(imp: Importer, strict: Expr) -> Expr:
     batch, size, _ = imp.static_shape(strict)
     inverse: Expr = imp.const(np.broadcast_to(np.eye(size), (batch, size, size)), "float32")
     for t in range(1, size):
-        row = imp.call("strided_slice", [strict], begin=[t], end=[t + 1], axes=[1])  # (batch, 1, C)
+        # `take` with the row index as a tensor constant: every step is the same workload (one task to tune),
+        # where a strided_slice would differ in its attributes
+        row = imp.call("take", [strict, imp.const([t], "int64")], axis=1, mode="clip")  # (batch, 1, C)
         unit = imp.const(np.eye(size)[t].reshape(1, 1, size), "float32")
         solved = imp.call("subtract", [unit, batch_matmul(imp, row, inverse)])
         picked = imp.const((np.arange(size) == t).reshape(1, size, 1), "bool")
