@@ -24,13 +24,14 @@ How the import works
 Operators beyond the core ones convert in their own modules, each registering its converters in the table of
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
 Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
-TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
-RotaryEmbedding (`onnx_ops_attention`), linear quantization: QuantizeLinear, DequantizeLinear, the QLinear and
-Integer operators and the com.microsoft ones onnxruntime's quantizer emits (`onnx_ops_quant`), RNN, GRU and LSTM
-unrolled over the sequence (`onnx_ops_recurrent`), If, Loop and Scan resolved at import time (`onnx_control_flow`).
-Most are compositions of existing Relay operators. Nodes of another domain than the default one convert when a
-converter is registered as `DOMAIN.OpType`. The node walk itself (`onnx_graph`) also converts the subgraphs of
-control-flow nodes, which see the names of their enclosing graphs.
+TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention, FlexAttention and
+RotaryEmbedding (`onnx_ops_attention`), SwiGLU, TensorScatter, CausalConvWithState and LinearAttention
+(`onnx_ops_transformer`), linear quantization: QuantizeLinear, DequantizeLinear, the QLinear and Integer operators
+and the com.microsoft ones onnxruntime's quantizer emits (`onnx_ops_quant`), RNN, GRU and LSTM unrolled over the
+sequence (`onnx_ops_recurrent`), If, Loop and Scan resolved at import time (`onnx_control_flow`). Most are
+compositions of existing Relay operators. Nodes of another domain than the default one convert when a converter is
+registered as `DOMAIN.OpType`. The node walk itself (`onnx_graph`) also converts the subgraphs of control-flow
+nodes, which see the names of their enclosing graphs, and those that FlexAttention inlines.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
@@ -70,8 +71,9 @@ from relay_tune.frontend import (  # noqa: F401
     onnx_ops_math,
     onnx_ops_quant,
     onnx_ops_recurrent,
+    onnx_ops_transformer,
 )
-from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, initializer_values
+from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, convert_subgraph, initializer_values
 from relay_tune.frontend.onnx_importer import (
     Importer,
     OnnxModelError,
@@ -82,6 +84,7 @@ from relay_tune.frontend.onnx_importer import (
     is_empty,
     legacy_broadcast,
     normalize_axis,
+    onnx_softmax,
     relay_dtype,
     restore_shape,
 )
@@ -347,16 +350,20 @@ def _clip(imp: Importer, node: OnnxNode) -> Expr:
 def _softmax(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     rank = imp.rank(x)
-    op_name = "nn.softmax" if node.op_type == "Softmax" else "nn.log_softmax"
+
+    def normalise(data: Expr, axis: int) -> Expr:
+        if node.op_type == "Softmax":
+            return onnx_softmax(imp, data, axis)
+        return imp.call("nn.log_softmax", [data], axis=axis)
+
     if imp.opset >= 13:
-        return imp.call(op_name, [x], axis=normalize_axis(int(node.attrs.get("axis", -1)), rank))
+        return normalise(x, normalize_axis(int(node.attrs.get("axis", -1)), rank))
     # Before opset 13 the input is coerced to 2-D at `axis` and normalised over the whole second part.
     axis = normalize_axis(int(node.attrs.get("axis", 1)), rank)
     if axis == rank - 1:
-        return imp.call(op_name, [x], axis=axis)
+        return normalise(x, axis)
     shape = imp.shape(x)
-    flat = imp.call(op_name, [flatten_2d(imp, x, axis)], axis=1)
-    return restore_shape(imp, flat, shape)
+    return restore_shape(imp, normalise(flatten_2d(imp, x, axis), 1), shape)
 
 
 # --- convolution --------------------------------------------------------------------------------
@@ -1181,6 +1188,13 @@ def _input_var(value_info: onnx.ValueInfoProto, overrides: Mapping[str, Sequence
     return Var(name, TensorType(shape, dtype))
 
 
+def _inline_graph(imp: Importer, outer: Mapping[str, Expr], graph: onnx.GraphProto,
+                  inputs: Sequence[Expr]) -> list[Expr]:
+    """The outputs of subgraph `graph` (a GRAPH attribute, e.g. FlexAttention's score_mod) applied to `inputs`,
+    names it does not define itself resolving in the enclosing graph's `outer` values."""
+    return convert_subgraph(imp, graph, outer, inputs)
+
+
 def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence[int]] | None = None) -> Function:
     """The Relay function computing `model`'s graph (see the module docstring)."""
     graph = model.graph
@@ -1203,6 +1217,7 @@ def convert_graph(model: onnx.ModelProto, shape_overrides: Mapping[str, Sequence
     params = [_input_var(vi, overrides) for vi in inputs]
     values.update((p.name_hint, p) for p in params)
     values.update(initializer_values(graph))
+    imp.graph_inliner = functools.partial(_inline_graph, imp, values)
     convert_nodes(imp, graph.node, values)
 
     missing_outputs = [o.name for o in graph.output if o.name not in values]

@@ -6,7 +6,7 @@ beside it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,14 @@ class Importer:
         self.opset = opset
         self._types: dict[int, Type] = {}
         self._keep: list[Expr] = []  # keeps typed nodes alive so `id()` keys stay unique
+        # Converts a subgraph attribute's nodes in the enclosing graph's scope; set by the graph walk.
+        self.graph_inliner: Callable[[onnx.GraphProto, Sequence[Expr]], list[Expr]] | None = None
+
+    def inline_graph(self, graph: onnx.GraphProto, inputs: Sequence[Expr]) -> list[Expr]:
+        """The outputs of subgraph `graph` (a GRAPH attribute) applied to `inputs`."""
+        if self.graph_inliner is None:
+            raise UnsupportedError("subgraphs are only converted inside an ONNX graph walk")
+        return self.graph_inliner(graph, inputs)
 
     # --- types ------------------------------------------------------------------------------
     def type_of(self, expr: Expr) -> Type:
@@ -262,6 +270,21 @@ def restore_shape(imp: Importer, x: Expr, shape: Sequence[Dim]) -> Expr:
     if spec.count(-1) != 1:
         raise UnsupportedError(f"restoring the dynamic shape {format_shape(shape)}")
     return imp.call("reshape", [x], newshape=spec)
+
+
+def onnx_softmax(imp: Importer, x: Expr, axis: int) -> Expr:
+    """Softmax over `axis` as the ONNX reference computes it in `x`'s own type.
+
+    float32 and float64 use `nn.softmax` (one fused, tuned kernel). A float16 softmax is spelled out as max,
+    subtract, exp, sum and divide in float16, because the reference rounds the shifted scores and each
+    exponential to float16 before summing; `nn.softmax` keeps them in float32, one float16 ulp away. The sum
+    accumulates in float32 as numpy does over a last axis (the attention case: the results agree exactly); over
+    another axis numpy adds in float16 step by step, which is not imitated (an ulp or two apart)."""
+    if imp.dtype(x) != "float16":
+        return imp.call("nn.softmax", [x], axis=axis)
+    shifted = imp.call("subtract", [x, imp.call("max", [x], axis=[axis], keepdims=True)])
+    exps = imp.call("exp", [shifted])
+    return imp.call("divide", [exps, imp.call("sum", [exps], axis=[axis], keepdims=True)])
 
 
 def batch_matmul(imp: Importer, a: Expr, b: Expr) -> Expr:

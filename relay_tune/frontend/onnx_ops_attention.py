@@ -17,7 +17,14 @@ import math
 
 import numpy as np
 
-from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, batch_matmul, relay_dtype
+from relay_tune.frontend.onnx_importer import (
+    Importer,
+    OnnxModelError,
+    OnnxNode,
+    batch_matmul,
+    onnx_softmax,
+    relay_dtype,
+)
 from relay_tune.frontend.onnx_registry import REVIEWED_OPSET, converts
 from relay_tune.ir.expr import Expr, Tuple
 
@@ -126,7 +133,7 @@ def _attention(imp: Importer, node: OnnxNode) -> list[Expr]:
 
     precision = node.attrs.get("softmax_precision")
     soft_dtype = relay_dtype(int(precision), "softmax_precision") if precision is not None else dtype
-    probs = imp.call("nn.softmax", [imp.cast(scores, soft_dtype)], axis=3)
+    probs = onnx_softmax(imp, imp.cast(scores, soft_dtype), 3)
     if bias is not None:
         # A row with no allowed key gets zeros (softmax of all -inf would be NaN).
         row_peak = imp.call("max", [bias], axis=[-1], keepdims=True)
@@ -187,3 +194,49 @@ def _rotary_embedding(imp: Importer, node: OnnxNode) -> Expr:
     if len(in_shape) == 4:
         return imp.call("transpose", [out], axes=[0, 2, 1, 3])
     return imp.reshape(out, list(in_shape))
+
+
+# ONNX TensorProto element types that FlexAttention's softmax_precision may name.
+_SOFTMAX_PRECISIONS = {1: "float32", 10: "float16", 11: "float64"}
+
+
+def _modifier(imp: Importer, node: OnnxNode, name: str, x: Expr) -> Expr:
+    """`x` through the subgraph attribute `name` (score_mod or prob_mod), or unchanged when it is absent."""
+    graph = node.attrs.get(name)
+    if graph is None:
+        return x
+    outputs = imp.inline_graph(graph, [x])
+    if len(outputs) != 1 or imp.shape(outputs[0]) != imp.shape(x):
+        raise OnnxModelError(f"{name} must give one tensor of the shape it takes {imp.shape(x)}")
+    return imp.cast(outputs[0], imp.dtype(x))
+
+
+@converts("ai.onnx.preview.FlexAttention", newest=1)
+def _flex_attention(imp: Importer, node: OnnxNode) -> Expr:
+    """ai.onnx.preview FlexAttention: scaled dot-product attention with score_mod / prob_mod subgraphs inlined."""
+    q, k, v = node.required(0), node.required(1), node.required(2)
+    shapes = [imp.static_shape(x, name) for x, name in ((q, "Q"), (k, "K"), (v, "V"))]
+    if any(len(s) != 4 for s in shapes):
+        raise OnnxModelError(f"Q, K and V must have rank 4, got shapes {shapes}")
+    (_, q_heads, _, head_size), (_, kv_heads, keys, k_size), (_, v_heads, v_keys, _) = shapes
+    if k_size != head_size or v_heads != kv_heads or v_keys != keys or kv_heads <= 0 or q_heads % kv_heads:
+        raise OnnxModelError(f"Q {shapes[0]}, K {shapes[1]} and V {shapes[2]} do not fit (query heads must be a "
+                             "multiple of the key/value heads, K and V must agree)")
+    dtype = imp.dtype(q)
+    precision = node.attrs.get("softmax_precision")
+    if precision is not None:
+        if int(precision) not in _SOFTMAX_PRECISIONS:
+            raise OnnxModelError(f"softmax_precision {precision} (expected FLOAT, FLOAT16 or DOUBLE)")
+        soft_dtype = _SOFTMAX_PRECISIONS[int(precision)]
+    else:
+        soft_dtype = "float32" if dtype == "float16" else dtype
+    scale = node.attr_float("scale", 1.0 / math.sqrt(head_size))
+    # Q and K are each scaled by sqrt(scale), the root taken in float32 and rounded to the input type.
+    root = float(np.asarray(np.sqrt(np.float32(scale)), dtype=dtype))
+    k = _repeat_heads(imp, k, q_heads // kv_heads)
+    v = _repeat_heads(imp, v, q_heads // kv_heads)
+    scores = batch_matmul(imp, imp.scalar_op("multiply", q, root),
+                          imp.call("transpose", [imp.scalar_op("multiply", k, root)], axes=[0, 1, 3, 2]))
+    scores = _modifier(imp, node, "score_mod", imp.cast(scores, soft_dtype))
+    probs = _modifier(imp, node, "prob_mod", onnx_softmax(imp, scores, 3))
+    return imp.cast(batch_matmul(imp, probs, imp.cast(v, soft_dtype)), imp.dtype(v))

@@ -1,9 +1,10 @@
 """The ONNX converter table: each operator type's converter (`CONVERTERS`) and the newest operator version
 (`since_version`) that converter handles (`NEWEST_VERSION`), filled by the `converts` decorator in every converter
 module (`relay_tune.frontend.onnx`, `onnx_image`, `onnx_ops_math`, `onnx_ops_index`, `onnx_ops_loss`,
-`onnx_ops_attention`, `onnx_ops_quant`, `onnx_ops_recurrent`, `onnx_control_flow`). Operators of other domains
-than the default one are keyed `DOMAIN.OpType` (`com.microsoft.QLinearAdd`, see `converter_key`). The importer
-(`relay_tune.frontend.onnx`) imports every converter module, so the table is complete once it is imported."""
+`onnx_ops_attention`, `onnx_ops_transformer`, `onnx_ops_quant`, `onnx_ops_recurrent`, `onnx_control_flow`).
+Operators of other domains than the default one are keyed `DOMAIN.OpType` (`com.microsoft.QLinearAdd`,
+`ai.onnx.preview.FlexAttention`; see `converter_key`). The importer (`relay_tune.frontend.onnx`) imports every
+converter module, so the table is complete once it is imported."""
 
 from __future__ import annotations
 
