@@ -13,6 +13,7 @@ from relay_tune.compile.target import resolve_target
 from relay_tune.ir import Function, IRModule
 from relay_tune.runtime.benchmark import compare_latency, interleaved_task_seconds
 from relay_tune.runtime.model import CompiledModel
+from relay_tune.runtime.vm import VMModel
 from relay_tune.target import Target
 
 
@@ -25,8 +26,10 @@ def check_tuned_records(
     rounds: int = 5,
     default: CompiledModel | None = None,
     **options: Any,
-) -> CompiledModel:
+) -> CompiledModel | VMModel:
     """`build(..., check_tuned=True)`: the tuned build, less the records that are slower in the graph.
+
+    A program with control flow (a `VMModel`) has no in-graph profile: it is returned as tuned, unchecked.
 
     A record is measured alone by the tuner; in the model its kernel runs between others, with other data in cache
     and the thread team in another state. So the tuned and the default model are both built and profiled in
@@ -38,6 +41,8 @@ def check_tuned_records(
     from timing the model before tuning), used instead of building it again.
     """
     tuned = compile_model(mod, target, params, logs, opt_level, **options)
+    if isinstance(tuned, VMModel):
+        return tuned
     if resolve_target(target).kind != "llvm" or not any(t.tuned for t in tuned.plan.tasks):
         return tuned  # GPU models have no in-graph profile to compare with
     # The default build has no records by design, and the rebuild below none for the rejected tasks.
