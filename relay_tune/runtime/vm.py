@@ -66,6 +66,7 @@ from relay_tune.runtime.model import (
     signature_from_json,
     signature_to_json,
 )
+from relay_tune.runtime.vm_loops import NativeLoop, find_loop
 from relay_tune.target import Target
 from relay_tune.version import __version__
 
@@ -234,6 +235,20 @@ def _wrap(array: np.ndarray, align: int) -> Tensor:
     return Tensor(array, array.ctypes.data)
 
 
+def _take(spec: tuple[tuple[int, ...], np.dtype[Any], int, list[Tensor]], held: list[Tensor]) -> int:
+    """A free buffer of `spec`'s pool (made when none is), appended to `held`; its address."""
+    shape, dtype, align, pool = spec
+    for buf in pool:
+        if sys.getrefcount(buf) == _FREE:
+            break
+    else:
+        array = aligned_empty(shape, dtype, align)
+        buf = Tensor(array, array.ctypes.data)
+        pool.append(buf)
+    held.append(buf)
+    return buf.addr
+
+
 def _free_count() -> int:
     """The reference count of a pooled buffer that nothing else holds, counted exactly as the executor does."""
     pool = [Tensor(np.empty(1), 0)]
@@ -262,8 +277,12 @@ class VMModel:
         build_info: Mapping[str, Any] | None = None,
         threading_runtime: str = "auto",
         libraries: Sequence[KernelLibrary] | None = None,
+        native_loops: bool = True,
     ) -> None:
+        """`native_loops`: run the functions that are plain loops as generated code (`relay_tune.runtime.vm_loops`);
+        False runs every function instruction by instruction (same results, for comparison)."""
         self.program = program
+        self.native_loops = native_loops
         self.target = target
         self.build_info: dict[str, Any] = dict(build_info or {})
         self._objects = [(bytes(o), list(s)) for o, s in objects]
@@ -318,6 +337,59 @@ class VMModel:
                 code.append((op, ins.dst, ins.args, ins.index, payload))
             functions.append((tuple(code), template, func.params))
         self._functions = functions
+        self._loops = self._native_loops(kernels, constants, pools)
+
+    def _native_loops(self, kernels: Mapping[str, Any], constants: Sequence[Tensor],
+                      pools: dict[tuple[tuple[int, ...], str, int], list[Tensor]]) -> list[Any]:
+        """Per function: how to run it as a native loop (`relay_tune.runtime.vm_loops`), or None."""
+        calls = self.program.kernels
+        single_output = {k: len(c.outputs) == 1 and not c.tuple_result for k, c in enumerate(calls)}
+        addresses = {name: kernel.address for name, kernel in kernels.items()}
+        loops: list[Any] = []
+        for number, func in enumerate(self.program.functions):
+            if not self.native_loops:
+                loops.append(None)
+                continue
+            constant_regs = [r for r, _c in func.constants]
+            shape = find_loop(number, func.params, func.code, constant_regs, single_output)
+            if shape is None:
+                loops.append(None)
+                continue
+            native = NativeLoop(shape, func.code, func.params, func.num_regs, calls, addresses)
+            outputs: dict[int, Any] = {}
+            for ins in func.code:
+                if ins.op in ("kernel", "pack"):
+                    out_shape, dtype = calls[ins.index].outputs[0]
+                    align = max(DEFAULT_ALIGNMENT, kernels[calls[ins.index].kernel].signature.align)
+                    outputs[ins.dst] = (out_shape, dtype, align, pools.setdefault((out_shape, dtype, align), []))
+            fixed = [(r, constants[c]) for r, c in func.constants]
+            loops.append((native, func.params, fixed, [(r, outputs[r], native.alternate[r]) for r in shape.double],
+                          [(r, outputs[r]) for r in shape.single], shape.result))
+        return loops
+
+    def _run_loop(self, loop: Any, values: Sequence[Any]) -> Tensor | None:
+        """Run a native loop on parameter values `values`; None when one is not a tensor (the caller then runs
+        the function instruction by instruction)."""
+        native, params, fixed, double, single, result = loop
+        slots = native.slots
+        by_address: dict[int, Tensor] = {}
+        for register, value in zip(params, values):
+            if not isinstance(value, Tensor):
+                return None
+            slots[register] = value.addr
+            by_address[value.addr] = value
+        for register, constant in fixed:
+            slots[register] = constant.addr
+        held: list[Tensor] = []  # the buffers this run uses: referenced, so no pool hands them out twice
+        for register, spec, alternate in double:
+            slots[register] = _take(spec, held)
+            slots[alternate] = _take(spec, held)
+        for register, spec in single:
+            slots[register] = _take(spec, held)
+        for buf in held:
+            by_address[buf.addr] = buf
+        native.run()
+        return by_address[slots[result]]
 
     # -- running --------------------------------------------------------------------------------------------------
     def input_names(self) -> list[str]:
@@ -375,6 +447,8 @@ class VMModel:
         functions = self._functions
         getrefcount = sys.getrefcount
         free = _FREE
+        loops = self._loops
+        run_loop = self._run_loop
         code, template, params = functions[self.program.entry]
         regs = template.copy()
         for register, value in zip(params, inputs):
@@ -417,6 +491,14 @@ class VMModel:
             elif op == _MOVE:
                 regs[dst] = regs[args[0]]
             elif op == _TAIL or op == _TAILC:
+                if op == _TAIL and loops[index] is not None:
+                    value = run_loop(loops[index], [regs[a] for a in args])
+                    if value is not None:
+                        if not frames:
+                            return value
+                        code, regs, pc, dst = frames.pop()
+                        regs[dst] = value
+                        continue
                 if op == _TAILC:
                     closure = regs[args[0]]
                     code, template, params = functions[closure.func]
@@ -435,6 +517,11 @@ class VMModel:
                 code, regs, pc, dst = frames.pop()
                 regs[dst] = value
             elif op == _INVOKE or op == _CALLC:
+                if op == _INVOKE and loops[index] is not None:
+                    value = run_loop(loops[index], [regs[a] for a in args])
+                    if value is not None:
+                        regs[dst] = value
+                        continue
                 frames.append((code, regs, pc, dst))
                 if op == _CALLC:
                     closure = regs[args[0]]
@@ -551,7 +638,8 @@ def _hand_out(value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def load_vm(path: str | os.PathLike[str], threading_runtime: str = "auto", check_target: bool = True) -> VMModel:
+def load_vm(path: str | os.PathLike[str], threading_runtime: str = "auto", check_target: bool = True,
+            native_loops: bool = True) -> VMModel:
     """Load a model written by `VMModel.save` (JIT-links its object code, no recompilation)."""
     path = Path(path)
     start = time.perf_counter()
@@ -575,7 +663,8 @@ def load_vm(path: str | os.PathLike[str], threading_runtime: str = "auto", check
                     constants.append(_read_npy(stream))
     except (KeyError, TypeError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise ModelFormatError(f"{path}: damaged model file ({type(err).__name__}: {err})") from None
-    model = VMModel(program, objects, constants, target, manifest.get("build_info"), threading_runtime)
+    model = VMModel(program, objects, constants, target, manifest.get("build_info"), threading_runtime,
+                    native_loops=native_loops)
     model.build_info["load_seconds"] = time.perf_counter() - start
     return model
 

@@ -43,8 +43,8 @@ def rnn_unrolled(steps: int = 64, hidden: int = 32, batch: int = 1, features: in
     lines = [HEADER, f"def @main({_rnn_signature(steps, batch, hidden, features)}) {{\n"]
     state = "%h0"
     for step in range(steps):
-        lines.append(f"  %s{step} = {_cell(state, str(step))};\n")
-        state = f"%s{step}"
+        lines.append(f"  %{step} = {_cell(state, str(step))};\n")
+        state = f"%{step}"
     lines.append(f"  {state}\n}}\n")
     return "".join(lines)
 
