@@ -582,6 +582,11 @@ class VMModel:
             costs.append((clock() - start) / number)
         return LatencyStats(tuple(costs), number)
 
+    def profile(self, repeat: int = 5, inputs: Mapping[str, Any] | None = None) -> list[Any]:
+        """Per-kernel profiles come from the static graph executor; a program with control flow has none."""
+        raise VMError("per-kernel profiles are available for static graphs only, not for programs with control "
+                      "flow (time the whole program with benchmark)")
+
     def memory_report(self) -> str:
         """The kernel output buffers pooled so far (they grow to the most values alive at once)."""
         buffers = sum(len(p) for p in self._pools.values())

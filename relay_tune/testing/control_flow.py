@@ -112,3 +112,12 @@ RECURSIVE_CLOSURE = HEADER + """def @main(%x: Tensor[(5), float32], %k: int32) {
 }
 """
 """A recursive let-bound closure (it calls itself through its own variable) capturing %x."""
+
+FIBONACCI = HEADER + """def @fib(%i: int32, %a: Tensor[(3), float32],
+         %b: Tensor[(3), float32]) -> Tensor[(3), float32] {
+  if (less(%i, 6)) { @fib(add(%i, 1), %b, add(%a, %b)) } else { %a }
+}
+def @main(%a: Tensor[(3), float32], %b: Tensor[(3), float32]) { @fib(0, %a, %b) }
+"""
+"""A tail-recursive loop that passes one parameter's value on to another (%b becomes %a): a value that lives two
+iterations, which the native loop does not take (the VM runs it instruction by instruction)."""
