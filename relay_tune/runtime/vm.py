@@ -292,6 +292,11 @@ class VMModel:
         self._lock = threading.Lock()
         self._decode()
 
+    def with_native_loops(self, enabled: bool) -> VMModel:
+        """The same program and kernels (shared, not reloaded), its plain loops run natively or not."""
+        return VMModel(self.program, self._objects, self._constants, self.target, self.build_info,
+                       libraries=self._libraries, native_loops=enabled)
+
     # -- decoding -------------------------------------------------------------------------------------------------
     def _decode(self) -> None:
         """Instruction tuples the executor reads without attribute lookups: (op, dst, args, index, payload)."""
