@@ -200,3 +200,45 @@ def test_cli_build_and_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     expected = Interpreter(typed(cf.LOOP)).run(inputs)
     with np.load(result) as archive:
         np.testing.assert_allclose(archive["output_0"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_list_adt_built_by_recursion_and_summed_with_match(tmp_path: Path) -> None:
+    mod = typed(cf.LIST_SUM)
+    built = relay_tune.build(mod)
+    assert isinstance(built, VMModel) and {"construct", "if_tag", "fail"} <= set(ops(built))
+    model = load_model(built.save(tmp_path / "list.rtmod"))  # constructor tags survive the file
+    assert isinstance(model, VMModel)
+    for n in (0, 1, 2, 5):
+        inputs = random_inputs(model, n)
+        inputs["n"] = np.array(n, "int32")
+        assert_matches(mod, model, inputs)
+    x = random_inputs(model, 9)["x"]
+    total, head = model.run(x=x, n=np.array(3, "int32"))
+    np.testing.assert_allclose(total, np.tanh(3 * x) + np.tanh(2 * x) + np.tanh(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(head, 3 * x, rtol=1e-6)
+
+
+def test_list_adt_prints_and_parses_back() -> None:
+    from relay_tune.text import print_module
+
+    mod = typed(cf.LIST_SUM)
+    text = print_module(mod)
+    assert text.index("type List[A] {") < text.index("def @build") and "Cons(%first, Cons(_, _))" in text
+    assert typed(text) == mod
+
+
+def test_adt_errors_are_clear() -> None:
+    with pytest.raises(RelayTuneError, match="different types"):
+        typed(cf.HEADER + "type T { A, B(float32) }\ndef @main(%t: T) { match (%t) { A => 1f, B(%v) => 1 } }")
+    with pytest.raises(RelayTuneError, match="has 1 field"):
+        typed(cf.HEADER + "type T { A, B(float32) }\ndef @main(%t: T) { match (%t) { B => 1f } }")
+    no_clause = typed(cf.HEADER + "type T { A, B }\ndef @main(%x: float32) {\n"
+                                  "  %0 = if (greater(%x, 0f)) { A } else { B };\n"
+                                  "  match (%0) { A => %x }\n}")
+    model = relay_tune.build(no_clause)
+    np.testing.assert_array_equal(model.run(x=np.float32(2)), np.float32(2))
+    with pytest.raises(VMError, match="no clause"):
+        model.run(x=np.float32(-2))
+    returns_list = typed(cf.HEADER + "type T { A(float32) }\ndef @main(%x: float32) { A(%x) }")
+    with pytest.raises(VMError, match="algebraic data type"):
+        relay_tune.build(returns_list).run(x=np.float32(1))

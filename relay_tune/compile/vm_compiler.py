@@ -1,15 +1,15 @@
 """The virtual-machine compiler: a fused module with control flow as a `VMProgram` over compiled kernels.
 
 A fused module (`relay_tune.passes.optimize`) whose entry function branches (`if`), calls other global functions
-(recursion: the Relay way to loop) or makes closures cannot be a static graph plan. Here every global function
+(recursion: the Relay way to loop), makes closures or uses algebraic data types cannot be a static graph plan. Here every global function
 and every function literal that is not primitive becomes a `VMFunction` of instructions; every call of a
 `Primitive=1` function becomes a `kernel` instruction that calls that task's compiled kernel, exactly the kernel a
 static build compiles (same tasks, same tuning records). See `relay_tune.runtime.vm` for the instructions.
 
 Code generation walks each function body once, recursively: an expression's value lands in a register (a value
 shared by several users is computed once per scope), `if` compiles to a conditional jump around its two branches
-(which write one result register), and in tail position a call replaces the frame (`tail`), so a recursive loop
-runs in constant stack.
+(which write one result register), `match` to tag tests per clause that jump to the next clause, and in tail
+position a call replaces the frame (`tail`), so a recursive loop runs in constant stack.
 """
 
 from __future__ import annotations
@@ -31,13 +31,20 @@ from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.ir import (
     Call,
     Constant,
+    Constructor,
     Expr,
     Function,
     GlobalVar,
     If,
     IRModule,
     Let,
+    Match,
     Op,
+    Pattern,
+    PatternConstructor,
+    PatternTuple,
+    PatternVar,
+    PatternWildcard,
     TensorType,
     Tuple,
     TupleGetItem,
@@ -61,7 +68,7 @@ def needs_vm(fused: IRModule) -> bool:
     """Whether fused module `fused`'s entry function has control flow a static graph plan cannot hold: `if`, a
     use of another global function, or a function value (closure)."""
     for node in dataflow_post_order(fused["main"].body):
-        if isinstance(node, If | GlobalVar):
+        if isinstance(node, If | GlobalVar | Match | Constructor):
             return True
         if isinstance(node, Function) and not node.is_primitive:
             return True
@@ -181,11 +188,14 @@ class VMCompiler:
             out.code[branch] = Instr("if", -1, (cond,), len(out.code))
             self._tail(expr.false_branch, out, dict(scope))
             return
+        if isinstance(expr, Match):
+            self._match(expr, out, scope, tail=True)
+            return
         if isinstance(expr, Call) and isinstance(expr.op, GlobalVar):
             args = tuple(self._value(a, out, scope) for a in expr.args)
             out.emit(Instr("tail", -1, args, self._global(expr.op)))
             return
-        if isinstance(expr, Call) and not isinstance(expr.op, Op) and not _is_primitive(expr.op):
+        if isinstance(expr, Call) and not isinstance(expr.op, Op | Constructor) and not _is_primitive(expr.op):
             closure = self._value(expr.op, out, scope)
             args = tuple(self._value(a, out, scope) for a in expr.args)
             out.emit(Instr("tail_closure", -1, (closure, *args)))
@@ -241,6 +251,10 @@ class VMCompiler:
             out.emit(Instr("move", dst, (else_value,)))
             out.code[jump] = Instr("jump", -1, (), len(out.code))
             return dst
+        if isinstance(expr, Match):
+            return self._match(expr, out, scope, tail=False)
+        if isinstance(expr, Constructor):
+            raise UnsupportedError(f"constructor {expr.name} used as a function value (call it instead)")
         if isinstance(expr, GlobalVar):  # a global function as a value: a closure over nothing
             dst = out.reg()
             out.emit(Instr("closure", dst, (), self._global(expr)))
@@ -260,12 +274,54 @@ class VMCompiler:
             return self._kernel(call, out, scope)
         args = tuple(self._value(a, out, scope) for a in call.args)
         dst = out.reg()
+        if isinstance(call.op, Constructor):
+            out.emit(Instr("construct", dst, args, tag=call.op.tag))
+            return dst
         if isinstance(call.op, GlobalVar):
             out.emit(Instr("invoke", dst, args, self._global(call.op)))
         else:
             closure = self._value(call.op, out, scope)
             out.emit(Instr("call_closure", dst, (closure, *args)))
         return dst
+
+    def _match(self, node: Match, out: _FunctionCode, scope: Scope, tail: bool) -> int:
+        """Code for `match`: per clause, tests that jump to the next clause when its pattern does not apply, the
+        pattern's variables bound to registers, its body (returned in tail position, else moved to the result
+        register); `fail` when no clause applies. The result register (-1 in tail position)."""
+        data = self._value(node.data, out, scope)
+        dst = -1 if tail else out.reg()
+        to_end: list[int] = []
+        for pattern, body in node.clauses:
+            inner = dict(scope)
+            to_next: list[int] = []
+            self._pattern(pattern, data, out, inner, to_next)
+            if tail:
+                self._tail(body, out, inner)
+            else:
+                out.emit(Instr("move", dst, (self._value(body, out, inner),)))
+                to_end.append(out.emit(Instr("jump", -1, (), -1)))
+            for position in to_next:
+                out.code[position] = replace(out.code[position], index=len(out.code))
+        out.emit(Instr("fail"))
+        for position in to_end:
+            out.code[position] = Instr("jump", -1, (), len(out.code))
+        return dst
+
+    def _pattern(self, pattern: Pattern, register: int, out: _FunctionCode, scope: Scope, to_next: list[int]) -> None:
+        """Tests of `pattern` against the value in `register` (their jump positions appended to `to_next`, to be
+        pointed at the next clause) and its variables bound in `scope`."""
+        if isinstance(pattern, PatternVar):
+            scope[id(pattern.var)] = register
+            return
+        if isinstance(pattern, PatternConstructor):
+            to_next.append(out.emit(Instr("if_tag", -1, (register,), -1, tag=pattern.constructor.tag)))
+        if isinstance(pattern, PatternConstructor | PatternTuple):
+            for position, sub in enumerate(pattern.patterns):
+                if isinstance(sub, PatternWildcard):
+                    continue
+                item = out.reg()
+                out.emit(Instr("field", item, (register,), position))
+                self._pattern(sub, item, out, scope, to_next)
 
     def _global(self, var: GlobalVar) -> int:
         index = self._globals.get(var.name)

@@ -29,6 +29,9 @@ Instructions (`Instr.op`; `dst` is the register written, `args` the registers re
 - `closure`: dst = closure of function `index` over the captured values args (`self_slot`: the capture that is
   the closure itself, for a recursive let-bound function). `call_closure` / `tail_closure`: call closure args[0]
   with args[1:].
+- `construct`: dst = the value of constructor `tag` of an algebraic data type over fields args (`VMData`).
+  `if_tag`: when args[0] was not made by constructor `tag`, jump to `index` (a `match` clause that does not
+  apply). `field` also reads the fields of such a value. `fail`: no clause of a `match` applied.
 
 Execution is one Python loop over pre-decoded instruction tuples with an explicit frame stack (deep recursion
 never touches Python's stack). Kernel outputs come from per-shape pools: a buffer is reused once nothing but its
@@ -71,17 +74,17 @@ from relay_tune.target import Target
 from relay_tune.version import __version__
 
 __all__ = [
-    "VM_FORMAT_NAME", "VM_FORMAT_VERSION", "Instr", "KernelCall", "Tensor", "VMClosure", "VMFunction",
+    "VM_FORMAT_NAME", "VM_FORMAT_VERSION", "Instr", "KernelCall", "Tensor", "VMClosure", "VMData", "VMFunction",
     "VMModel", "VMProgram", "load_model", "load_vm",
 ]
 
 VM_FORMAT_NAME = "relay-tune-vm-model"
 VM_FORMAT_VERSION = 1
 OPS = ("kernel", "view", "move", "if", "jump", "invoke", "tail", "ret", "tuple", "field", "closure",
-       "call_closure", "tail_closure", "pack")
+       "call_closure", "tail_closure", "pack", "construct", "if_tag", "fail")
 _OP = {name: number for number, name in enumerate(OPS)}
 (_KERNEL, _VIEW, _MOVE, _IF, _JUMP, _INVOKE, _TAIL, _RET, _TUPLE, _FIELD, _CLOSURE, _CALLC, _TAILC,
- _PACK) = range(len(OPS))
+ _PACK, _CONSTRUCT, _IF_TAG, _FAIL) = range(len(OPS))
 
 
 class VMError(RelayTuneError):
@@ -103,6 +106,7 @@ class Instr:
     index: int = -1
     shape: tuple[int, ...] = ()  # `view` only
     self_slot: int = -1  # `closure` only
+    tag: int = -1  # `construct` and `if_tag` only
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"op": self.op}
@@ -116,13 +120,15 @@ class Instr:
             data["shape"] = list(self.shape)
         if self.self_slot >= 0:
             data["self_slot"] = self.self_slot
+        if self.tag >= 0:
+            data["tag"] = self.tag
         return data
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Instr:
         return Instr(str(data["op"]), int(data.get("dst", -1)), tuple(int(a) for a in data.get("args", ())),
                      int(data.get("index", -1)), tuple(int(d) for d in data.get("shape", ())),
-                     int(data.get("self_slot", -1)))
+                     int(data.get("self_slot", -1)), int(data.get("tag", -1)))
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,17 @@ class Tensor:
         self.array = array
         self.addr = addr
         self.owner = owner
+
+
+class VMData(tuple):
+    """A value of an algebraic data type: its fields, and `tag`, the number of the constructor that made it."""
+
+    tag: int
+
+    def __new__(cls, tag: int, fields: list[Any]) -> VMData:
+        value = super().__new__(cls, fields)
+        value.tag = tag
+        return value
 
 
 class VMClosure:
@@ -339,6 +356,8 @@ class VMModel:
                     payload = ins.shape
                 elif op == _CLOSURE:
                     payload = ins.self_slot
+                elif op in (_CONSTRUCT, _IF_TAG):
+                    payload = ins.tag
                 code.append((op, ins.dst, ins.args, ins.index, payload))
             functions.append((tuple(code), template, func.params))
         self._functions = functions
@@ -546,6 +565,13 @@ class VMModel:
             elif op == _VIEW:
                 source = regs[args[0]]
                 regs[dst] = Tensor(source.array.reshape(payload), source.addr, source)
+            elif op == _CONSTRUCT:
+                regs[dst] = VMData(payload, [regs[a] for a in args])
+            elif op == _IF_TAG:
+                if regs[args[0]].tag != payload:
+                    pc = index
+            elif op == _FAIL:
+                raise VMError("no clause of a match applies to the value")
             elif op == _CLOSURE:
                 closure = VMClosure(index, [regs[a] for a in args])
                 if payload >= 0:
@@ -638,6 +664,9 @@ def _hand_out(value: Any) -> Any:
     """A result for the caller: tensors copied out of the pools (and constants), tuples as tuples."""
     if isinstance(value, Tensor):
         return value.array.copy()
+    if isinstance(value, VMData):
+        raise VMError("the program returned a value of an algebraic data type; compiled programs return tensors "
+                      "or tuples")
     if isinstance(value, tuple):
         return tuple(_hand_out(v) for v in value)
     raise VMError(f"the program returned a {type(value).__name__}; compiled programs return tensors or tuples")

@@ -121,3 +121,32 @@ def @main(%a: Tensor[(3), float32], %b: Tensor[(3), float32]) { @fib(0, %a, %b) 
 """
 """A tail-recursive loop that passes one parameter's value on to another (%b becomes %a): a value that lives two
 iterations, which the native loop does not take (the VM runs it instruction by instruction)."""
+
+LIST_SUM = HEADER + """type List[A] {
+  Cons(A, List[A]),
+  Nil,
+}
+def @build(%n: int32, %x: Tensor[(2, 3), float32]) -> List[Tensor[(2, 3), float32]] {
+  if (greater(%n, 0)) {
+    Cons(multiply(%x, cast(%n, dtype="float32")), @build(subtract(%n, 1), %x))
+  } else {
+    Nil
+  }
+}
+def @sum(%l: List[Tensor[(2, 3), float32]], %acc: Tensor[(2, 3), float32]) -> Tensor[(2, 3), float32] {
+  match (%l) {
+    Cons(%h, %t) => @sum(%t, add(%acc, tanh(%h))),
+    Nil => %acc,
+  }
+}
+def @main(%x: Tensor[(2, 3), float32], %n: int32) {
+  %0 = @build(%n, %x);
+  %1 = match (%0) {
+    Cons(%first, Cons(_, _)) => %first,
+    _ => negative(%x),
+  };
+  (@sum(%0, zeros_like(%x)), %1)
+}
+"""
+"""An algebraic data type: a list of n tensors built by recursion (x * n, x * (n - 1), ..., x), summed through
+tanh by a recursive `match`, and its head taken when it has at least two elements (nested constructor patterns)."""

@@ -285,7 +285,7 @@ class Parser:
                 tok,
             )
         if tok.kind == KEYWORD and tok.value == "extern":
-            self.unsupported(tok, "external type definitions (`extern type`)")
+            self.unsupported(tok, "algebraic data types defined elsewhere (`extern type`)")
         if tok.kind == KEYWORD and tok.value == "type":
             self.fail("algebraic data types are defined at the top level of a module", tok)
         if tok.kind == VERSION:
