@@ -297,6 +297,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
     from relay_tune.compile import BuildWarning, build, resolve_target
     from relay_tune.resources import check_model_memory, check_writable_file
+    from relay_tune.runtime.vm import VMModel
 
     console = _console()
     resolve_target(args.target)  # before anything else: a bad target is a usage error
@@ -336,7 +337,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
                          ("MFLOPs", "right"), ("schedule", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for i, task in enumerate(model.tasks if hasattr(model, "program") else model.plan.tasks):
+    for i, task in enumerate(model.program.tasks if isinstance(model, VMModel) else model.plan.tasks):
         schedule = "alias (no kernel)" if not task.kernel else ("tuned" if task.tuned else "default")
         table.add_row(str(i), task.key[:12], task.description, str(task.occurrences), f"{task.flops / 1e6:.1f}",
                       schedule)
@@ -360,7 +361,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                       "default schedule were not used"
                       + ("; the default build was faster end to end and is the one saved" if check["kept_default"]
                          else ""))
-    if hasattr(model, "program"):  # a program with control flow: kernels under the virtual machine
+    if isinstance(model, VMModel):  # a program with control flow: kernels under the virtual machine
         console.print(f"control flow: {len(model.program.functions)} functions run by the virtual machine")
     else:
         console.print(f"memory: {model.memory_report()}")
@@ -373,6 +374,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
+    from relay_tune.runtime.model import CompiledModel
     from relay_tune.runtime.vm import load_model as load
 
     console = _console()
@@ -384,6 +386,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     model = load(args.model)
     load_s = time.perf_counter() - start
+    if args.profile and not isinstance(model, CompiledModel):
+        raise RelayTuneError(f"{args.model} is a program with control flow (virtual machine): --profile times the "
+                             "kernels of static graphs only; time it whole with --repeat")
     if args.inputs:
         try:
             with np.load(args.inputs, allow_pickle=False) as archive:
@@ -417,6 +422,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
         from relay_tune.runtime.profile import compare_with_logs
 
+        assert isinstance(model, CompiledModel)  # a VM model with --profile was refused above
         console.print("  in model  per call   logged  ratio  (per call: in the model; logged: best record)")
         for entry in compare_with_logs(model, args.log, max(1, min(args.repeat, 20)), inputs)[:args.profile]:
             row = entry.profile

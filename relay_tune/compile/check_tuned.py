@@ -42,7 +42,7 @@ def check_tuned_records(
     """
     tuned = compile_model(mod, target, params, logs, opt_level, **options)
     if isinstance(tuned, VMModel):
-        return tuned
+        return tuned  # control flow: no in-graph profile to compare with
     if resolve_target(target).kind != "llvm" or not any(t.tuned for t in tuned.plan.tasks):
         return tuned  # GPU models have no in-graph profile to compare with
     # The default build has no records by design, and the rebuild below none for the rejected tasks.
@@ -50,7 +50,7 @@ def check_tuned_records(
     if default is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", BuildWarning)
-            default = compile_model(mod, target, params, None, opt_level, **relaxed)
+            default = _graph(compile_model(mod, target, params, None, opt_level, **relaxed))
     inputs = tuned.random_inputs(seed=0)
     # Decisions compare the fastest of the interleaved samples: interference only ever adds time, and on a shared
     # 2-core machine one slow burst moved a median by 10-60% (two identical builds, or a tuned build "1.67x
@@ -87,4 +87,10 @@ def _without_records(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)
-        return compile_model(mod, target, params, SpecLookup(without_rejected), opt_level, **options)
+        return _graph(compile_model(mod, target, params, SpecLookup(without_rejected), opt_level, **options))
+
+
+def _graph(model: CompiledModel | VMModel) -> CompiledModel:
+    """A build of the module whose tuned build is a static graph: a static graph too."""
+    assert isinstance(model, CompiledModel), "the same module built twice compiles to the same kind of model"
+    return model

@@ -1,10 +1,11 @@
 """The virtual-machine compiler: a fused module with control flow as a `VMProgram` over compiled kernels.
 
 A fused module (`relay_tune.passes.optimize`) whose entry function branches (`if`), calls other global functions
-(recursion: the Relay way to loop), makes closures or uses algebraic data types cannot be a static graph plan. Here every global function
-and every function literal that is not primitive becomes a `VMFunction` of instructions; every call of a
-`Primitive=1` function becomes a `kernel` instruction that calls that task's compiled kernel, exactly the kernel a
-static build compiles (same tasks, same tuning records). See `relay_tune.runtime.vm` for the instructions.
+(recursion: the Relay way to loop), makes closures or uses algebraic data types cannot be a static graph plan.
+Here every global function and every function literal that is not primitive becomes a `VMFunction` of
+instructions; every call of a `Primitive=1` function becomes a `kernel` instruction that calls that task's
+compiled kernel, exactly the kernel a static build compiles (same tasks, same tuning records). See
+`relay_tune.runtime.vm` for the instructions.
 
 Code generation walks each function body once, recursively: an expression's value lands in a register (a value
 shared by several users is computed once per scope), `if` compiles to a conditional jump around its two branches

@@ -360,12 +360,12 @@ class Printer:
             return [f"if ({cond}) {{\n", then_block, f"\n{block.indent}}} else {{\n", else_block, f"\n{block.indent}}}"]
         if isinstance(node, Match):
             data = yield self.g_expr(node.data, block, False)
-            parts: list[Text] = [f"match ({data}) {{\n"]
+            pieces: list[Text] = [f"match ({data}) {{\n"]
             for pattern, body in node.clauses:
                 clause = yield self.g_scope(body, block.indent + INDENT + INDENT)
-                parts += [f"{block.indent}{INDENT}{_format_pattern(pattern, self.binder_text)} => {{\n", clause,
-                          f"\n{block.indent}{INDENT}}},\n"]
-            return [*parts, f"{block.indent}}}"]
+                pieces += [f"{block.indent}{INDENT}{_format_pattern(pattern, self.binder_text)} => {{\n", clause,
+                           f"\n{block.indent}{INDENT}}},\n"]
+            return [*pieces, f"{block.indent}}}"]
         if isinstance(node, Let):
             # A let used as an operand: its own scope, in parentheses.
             inner = yield self.g_scope(node, block.indent + INDENT, expand_let=True)
