@@ -242,3 +242,18 @@ def test_adt_errors_are_clear() -> None:
     returns_list = typed(cf.HEADER + "type T { A(float32) }\ndef @main(%x: float32) { A(%x) }")
     with pytest.raises(VMError, match="algebraic data type"):
         relay_tune.build(returns_list).run(x=np.float32(1))
+
+
+def test_convolution_loop_and_tuple_kernels_in_branches() -> None:
+    conv = typed(cf.CONV_LOOP)
+    model = relay_tune.build(conv)
+    assert any(loop is not None for loop in model._loops)  # type: ignore[union-attr]
+    for seed in range(2):
+        assert_matches(conv, model, random_inputs(model, seed, scale=0.3))
+    split = typed(cf.SPLIT_BRANCHES)
+    model = relay_tune.build(split)
+    assert isinstance(model, VMModel)
+    for seed in range(4):
+        inputs = random_inputs(model, seed)
+        inputs["x"] = inputs["x"] * (2.0 if seed % 2 else 0.4)  # both sides of both conditions
+        assert_matches(split, model, inputs)

@@ -150,3 +150,28 @@ def @main(%x: Tensor[(2, 3), float32], %n: int32) {
 """
 """An algebraic data type: a list of n tensors built by recursion (x * n, x * (n - 1), ..., x), summed through
 tanh by a recursive `match`, and its head taken when it has at least two elements (nested constructor patterns)."""
+
+CONV_LOOP = HEADER + """def @loop(%i: int32, %x: Tensor[(1, 8, 9, 9), float32],
+          %w: Tensor[(8, 8, 3, 3), float32]) -> Tensor[(1, 8, 9, 9), float32] {
+  if (less(%i, 3)) {
+    @loop(add(%i, 1), nn.relu(nn.conv2d(%x, %w, padding=[1, 1, 1, 1], channels=8, kernel_size=[3, 3])), %w)
+  } else {
+    %x
+  }
+}
+def @main(%x: Tensor[(1, 8, 9, 9), float32], %w: Tensor[(8, 8, 3, 3), float32]) { @loop(0, %x, %w) }
+"""
+"""A convolution in a loop body: the layout-planned, packed-weight kernels of a CNN inside a native loop."""
+
+SPLIT_BRANCHES = HEADER + """def @main(%x: Tensor[(4, 6), float32]) {
+  %0 = split(%x, indices_or_sections=2, axis=1);
+  %1 = if (greater(max(%x), 0.5f)) {
+    concatenate((add(%0.0, %0.1), %0.1), axis=1)
+  } else {
+    concatenate((%0.1, %0.0), axis=1)
+  };
+  %2 = reshape(%1, newshape=[-1]);
+  if (less(min(%x), -0.5f)) { (%2, %0.0) } else { (negative(%2), %0.1) }
+}
+"""
+"""Kernels with tuple results (split), concatenations and a reshape (a view) around two data-dependent branches."""
