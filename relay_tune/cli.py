@@ -232,7 +232,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     block = layout_block(target, args.layout_planning)  # the workloads tuning and builds see
     # the tasks whose kernels the build calls: no aliases, no concatenations written in place
     fused = optimize(loaded, opt_level=args.opt_level, layout_block=block, winograd=args.winograd)
-    tasks = model_tasks(fused["main"], target).kernels
+    tasks = model_tasks(fused, target).kernels  # the whole module: kernels in branches and other functions too
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -297,6 +297,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
     from relay_tune.compile import BuildWarning, build, resolve_target
     from relay_tune.resources import check_model_memory, check_writable_file
+    from relay_tune.runtime.vm import VMModel
 
     console = _console()
     resolve_target(args.target)  # before anything else: a bad target is a usage error
@@ -336,7 +337,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
                          ("MFLOPs", "right"), ("schedule", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for i, task in enumerate(model.plan.tasks):
+    for i, task in enumerate(model.program.tasks if isinstance(model, VMModel) else model.plan.tasks):
         schedule = "alias (no kernel)" if not task.kernel else ("tuned" if task.tuned else "default")
         table.add_row(str(i), task.key[:12], task.description, str(task.occurrences), f"{task.flops / 1e6:.1f}",
                       schedule)
@@ -360,7 +361,10 @@ def cmd_build(args: argparse.Namespace) -> int:
                       "default schedule were not used"
                       + ("; the default build was faster end to end and is the one saved" if check["kept_default"]
                          else ""))
-    console.print(f"memory: {model.memory_report()}")
+    if isinstance(model, VMModel):  # a program with control flow: kernels under the virtual machine
+        console.print(f"control flow: {len(model.program.functions)} functions run by the virtual machine")
+    else:
+        console.print(f"memory: {model.memory_report()}")
     console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for target {model.target.mcpu or 'llvm'} "
                   f"({model.target.num_cores} cores)")
     return 0
@@ -370,7 +374,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
-    from relay_tune.runtime.model import load
+    from relay_tune.runtime.model import CompiledModel
+    from relay_tune.runtime.vm import load_model as load
 
     console = _console()
     # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
@@ -381,6 +386,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     model = load(args.model)
     load_s = time.perf_counter() - start
+    if args.profile and not isinstance(model, CompiledModel):
+        raise RelayTuneError(f"{args.model} is a program with control flow (virtual machine): --profile times the "
+                             "kernels of static graphs only; time it whole with --repeat")
     if args.inputs:
         try:
             with np.load(args.inputs, allow_pickle=False) as archive:
@@ -414,6 +422,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
         from relay_tune.runtime.profile import compare_with_logs
 
+        assert isinstance(model, CompiledModel)  # a VM model with --profile was refused above
         console.print("  in model  per call   logged  ratio  (per call: in the model; logged: best record)")
         for entry in compare_with_logs(model, args.log, max(1, min(args.repeat, 20)), inputs)[:args.profile]:
             row = entry.profile

@@ -39,12 +39,18 @@ from relay_tune.ir.attrs import Attrs
 from relay_tune.ir.expr import (
     Call,
     Constant,
+    Constructor,
     Expr,
     Function,
     GlobalVar,
     If,
     Let,
+    Match,
     Op,
+    Pattern,
+    PatternConstructor,
+    PatternTuple,
+    PatternVar,
     Tuple,
     TupleGetItem,
     Var,
@@ -55,7 +61,7 @@ from relay_tune.ir.types import ANY, FuncType, TensorType, TupleType, Type, Type
 from relay_tune.op.registry import get_op
 from relay_tune.type_infer import infer_types
 
-__all__ = ["Closure", "InputError", "Interpreter", "ReferenceMismatchError", "Value", "evaluate"]
+__all__ = ["ADTValue", "Closure", "InputError", "Interpreter", "ReferenceMismatchError", "Value", "evaluate"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +76,22 @@ class Closure:
         return f"Closure(fn ({params}))"
 
 
-Value = Union[np.ndarray, tuple, Closure]  # noqa: UP007 (a runtime alias, kept readable)
+@dataclass(frozen=True, eq=False)
+class ADTValue:
+    """A value of an algebraic data type: the constructor that made it and its fields."""
+
+    constructor: Constructor
+    fields: tuple[Any, ...]
+
+    @property
+    def tag(self) -> int:
+        return self.constructor.tag
+
+    def __repr__(self) -> str:
+        return f"{self.constructor.name}({', '.join(map(repr, self.fields))})"
+
+
+Value = Union[np.ndarray, tuple, Closure, ADTValue]  # noqa: UP007 (a runtime alias, kept readable)
 
 
 class InputError(RelayTypeError):
@@ -115,6 +136,9 @@ def _step_uses(kind: int, node: Expr, fv_cache: dict[int, list[Var]]) -> list[Ex
         # The branch runs in its own plan but reads this scope's variables.
         branches = (node.true_branch, node.false_branch)
         return [node.cond, *(v for b in branches for v in _free_vars_cached(b, fv_cache))]
+    if isinstance(node, Match):
+        # Each clause runs in its own plan, like a branch of `if`.
+        return [node.data, *(v for _p, body in node.clauses for v in _free_vars_cached(body, fv_cache))]
     if isinstance(node, Function):
         return list(_free_vars_cached(node, fv_cache))
     return []
@@ -142,6 +166,8 @@ def _compile_plan(root: Expr, fv_cache: dict[int, list[Var]]) -> _Plan:
                 stack += [(node, _LET + 10), (node.body, 0), (node, _BIND + 10), (node.value, 0)]
             elif isinstance(node, If):
                 stack += [(node, _EVAL + 10), (node.cond, 0)]
+            elif isinstance(node, Match):
+                stack += [(node, _EVAL + 10), (node.data, 0)]
             elif isinstance(node, Function):
                 steps.append((_EVAL, node))
             else:
@@ -250,6 +276,8 @@ class Interpreter:
             if isinstance(node.op, Op):
                 return self._apply_op(node, node.op.name, args)
             callee = get(node.op)
+            if isinstance(callee, Constructor):
+                return ADTValue(callee, tuple(args))
             if not isinstance(callee, Closure):
                 raise UnsupportedError(f"cannot call a value of type {type(callee).__name__}")
             return self.call(callee, args)
@@ -264,6 +292,15 @@ class Interpreter:
             return Closure(node, {v: env[v] for v in fvs if v in env})
         if isinstance(node, GlobalVar):
             return self.global_closure(node.name)
+        if isinstance(node, Constructor):
+            return node  # a constructor is a function value: calling it builds an `ADTValue`
+        if isinstance(node, Match):
+            value = get(node.data)
+            for pattern, body in node.clauses:
+                bound: dict[Var, Value] = {}
+                if _matches(pattern, value, bound):
+                    return self._run(body, ChainMap(bound, env))
+            raise RelayTuneError(f"no clause of the match{_at(node)} applies to {value!r}")
         if isinstance(node, If):
             cond = np.asarray(get(node.cond))
             branch = node.true_branch if bool(cond.reshape(())) else node.false_branch
@@ -319,6 +356,24 @@ class Interpreter:
         return [
             _coerce_input(value, p.checked_type, f"@{entry}: input %{p.name_hint}") for p, value in zip(params, values)
         ]
+
+
+def _matches(pattern: Pattern, value: Value, bound: dict[Var, Value]) -> bool:
+    """Whether `value` matches `pattern`; the variables it binds go into `bound`."""
+    if isinstance(pattern, PatternVar):
+        bound[pattern.var] = value
+        return True
+    if isinstance(pattern, PatternConstructor):
+        return (isinstance(value, ADTValue) and value.tag == pattern.constructor.tag
+                and all(_matches(p, v, bound) for p, v in zip(pattern.patterns, value.fields)))
+    if isinstance(pattern, PatternTuple):
+        return all(_matches(p, v, bound) for p, v in zip(pattern.patterns, value))  # type: ignore[arg-type]
+    return True  # wildcard
+
+
+def _at(node: Expr) -> str:
+    span = getattr(node, "span", None)
+    return f" at {span}" if span is not None else ""
 
 
 def _coerce_input(value: Any, ty: Type | None, what: str) -> Value:

@@ -37,12 +37,18 @@ from relay_tune.ir.attrs import Attrs
 from relay_tune.ir.expr import (
     Call,
     Constant,
+    Constructor,
     Expr,
     Function,
     GlobalVar,
     If,
     Let,
+    Match,
     Op,
+    Pattern,
+    PatternConstructor,
+    PatternTuple,
+    PatternVar,
     Tuple,
     TupleGetItem,
     Var,
@@ -50,7 +56,7 @@ from relay_tune.ir.expr import (
 from relay_tune.ir.module import IRModule
 from relay_tune.ir.span import Span
 from relay_tune.ir.traversal import post_order, rewrite
-from relay_tune.ir.types import ANY, FuncType, IncompleteType, TensorType, TupleType, Type, TypeVar
+from relay_tune.ir.types import ANY, DataType, FuncType, IncompleteType, TensorType, TupleType, Type, TypeVar
 from relay_tune.op._shape import DTYPES, INT64_MAX, check_rank
 from relay_tune.op.registry import OpDef, get_op
 
@@ -103,6 +109,9 @@ class _Unifier:
             if ret is ty.ret_type and all(a is b for a, b in zip(args, ty.arg_types)):
                 return ty
             return FuncType(args, ret, ty.type_params)
+        if isinstance(ty, DataType):
+            data_args = tuple(self.zonk(a) for a in ty.args)
+            return ty if all(a is b for a, b in zip(data_args, ty.args)) else DataType(ty.name, data_args)
         return ty
 
     def unify(self, a: Type, b: Type) -> Type:
@@ -127,6 +136,10 @@ class _Unifier:
             return TupleType(tuple(fields))
         if isinstance(a, FuncType) and isinstance(b, FuncType):
             return self._unify_funcs(a, b)
+        if isinstance(a, DataType) and isinstance(b, DataType):
+            if a.name != b.name or len(a.args) != len(b.args):
+                raise _Mismatch(f"{self.zonk(a)} is not {self.zonk(b)}")
+            return DataType(a.name, tuple(self.unify(x, y) for x, y in zip(a.args, b.args)))
         if isinstance(a, TypeVar) and isinstance(b, TypeVar) and a.name == b.name:
             return a
         raise _Mismatch(f"{self.zonk(a)} is not {self.zonk(b)}")
@@ -145,6 +158,8 @@ class _Unifier:
             return any(self._occurs(hole, f) for f in ty.fields)
         if isinstance(ty, FuncType):
             return any(self._occurs(hole, a) for a in (*ty.arg_types, ty.ret_type))
+        if isinstance(ty, DataType):
+            return any(self._occurs(hole, a) for a in ty.args)
         return False
 
     def _unify_funcs(self, a: FuncType, b: FuncType) -> FuncType:
@@ -179,6 +194,8 @@ class _Unifier:
             children = ty.fields
         elif isinstance(ty, FuncType):
             children = (*ty.arg_types, ty.ret_type)
+        elif isinstance(ty, DataType):
+            children = ty.args
         holes = tvars = False
         for child in children:
             h, t = self.status(child)
@@ -219,6 +236,8 @@ def substitute_type_vars(ty: Type, mapping: Mapping[TypeVar, Type]) -> Type:
             substitute_type_vars(ty.ret_type, inner),
             ty.type_params,
         )
+    if isinstance(ty, DataType):
+        return DataType(ty.name, tuple(substitute_type_vars(a, mapping) for a in ty.args))
     return ty
 
 
@@ -334,6 +353,11 @@ class _Inferencer:
             return self._visit_if(node)
         if isinstance(node, Function):
             return self._visit_function(node)
+        if isinstance(node, Constructor):
+            type_def = node.type_def
+            return FuncType(node.field_types, type_def.data_type(), type_def.type_params)
+        if isinstance(node, Match):
+            return self._visit_match(node)
         if isinstance(node, GlobalVar):
             sig = self.global_sigs.get(node.name)
             if sig is None:
@@ -372,6 +396,39 @@ class _Inferencer:
             self.type_of(node.true_branch), self.type_of(node.false_branch),
             "the branches of `if` have different types (then-branch vs else-branch)", node.span,
         )
+
+    def _visit_match(self, node: Match) -> Type:
+        data = self.type_of(node.data)
+        result: Type | None = None
+        for pattern, body in node.clauses:
+            self._check_pattern(pattern, data, node)
+            body_ty = self.type_of(body)
+            result = body_ty if result is None else self._unify_or_raise(
+                result, body_ty, "the clauses of `match` have different types", node.span)
+        if result is None:
+            raise RelayTypeError("a `match` needs at least one clause", node.span)
+        return result
+
+    def _check_pattern(self, pattern: Pattern, expected: Type, node: Match) -> None:
+        """Unify `expected` with what `pattern` matches, and type the variables it binds."""
+        if isinstance(pattern, PatternVar):
+            self._unify_or_raise(self.var_type(pattern.var), expected, f"pattern %{pattern.var.name_hint}",
+                                 node.span)
+        elif isinstance(pattern, PatternTuple):
+            fields = tuple(self.u.fresh() for _ in pattern.patterns)
+            self._unify_or_raise(expected, TupleType(fields), "a tuple pattern", node.span)
+            for sub, field_ty in zip(pattern.patterns, fields):
+                self._check_pattern(sub, field_ty, node)
+        elif isinstance(pattern, PatternConstructor):
+            ctor = pattern.constructor
+            fresh = {tv: self.u.fresh(tv.name) for tv in ctor.type_def.type_params}
+            made = substitute_type_vars(ctor.type_def.data_type(), fresh)
+            self._unify_or_raise(expected, made, f"pattern {ctor.name}", node.span)
+            if len(pattern.patterns) != len(ctor.field_types):
+                raise RelayTypeError(f"pattern {ctor.name} has {len(pattern.patterns)} fields, its constructor "
+                                     f"{len(ctor.field_types)}", node.span)
+            for sub, field_ty in zip(pattern.patterns, ctor.field_types):
+                self._check_pattern(sub, substitute_type_vars(field_ty, fresh), node)
 
     def _visit_function(self, func: Function) -> Type:
         params = tuple(self.var_type(p) for p in func.params)

@@ -13,7 +13,7 @@ import pytest
 
 import relay_tune
 from relay_tune.compile import BuildWarning, bind_params, resolve_target
-from relay_tune.errors import RelayTuneError, UnsupportedError
+from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import IRModule
 from relay_tune.kernel.compute import primitive_compute
@@ -142,14 +142,16 @@ def test_relay_tune_build_is_the_compilers_function(mlp: IRModule) -> None:
     assert isinstance(model, CompiledModel)
 
 
-def test_unsupported_programs_are_refused() -> None:
+def test_unsupported_programs_are_refused_and_branches_run() -> None:
     branching = parse_module("""#[version = "0.0.5"]
 def @main(%c: bool, %x: Tensor[(3), float32]) {
   if (%c) { add(%x, %x) } else { multiply(%x, %x) }
 }
 """)
-    with pytest.raises(UnsupportedError, match="if"):
-        relay_tune.build(branching)
+    model = relay_tune.build(branching)  # control flow: the virtual machine (tests/test_relay_vm.py)
+    x = np.array([1.5, -2.0, 3.0], "float32")
+    np.testing.assert_array_equal(model.run(c=np.array(True), x=x), x + x)
+    np.testing.assert_array_equal(model.run(c=np.array(False), x=x), x * x)
     dynamic = parse_module("""#[version = "0.0.5"]
 def @main(%x: Tensor[(?, 3), float32]) { add(%x, %x) }
 """)

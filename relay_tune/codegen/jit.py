@@ -107,6 +107,15 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name})"
 
+    @property
+    def entry(self) -> Any:
+        """The callable that takes the parameters' data addresses, with no checks (the fastest way in; ctypes
+        releases the GIL while the kernel runs)."""
+        return self._fn if self._fn is not None else self._call_unchecked_varargs
+
+    def _call_unchecked_varargs(self, *addresses: int) -> None:
+        self._call_unchecked(addresses)
+
     def addresses(self, arrays: Sequence[np.ndarray]) -> list[int]:
         """Check `arrays` against the parameters and return their data addresses."""
         params = self.signature.params

@@ -35,8 +35,9 @@ and target is used (`relay_tune.records.database.best_for_target`) and its confi
 Modules, in the order a build runs them: `target` (target strings), `lookup` (tuning-log lookup), `task_list`
 and `tasks` (which tasks a model has, each lowered with `primitive`, the one-kernel compiler), the graph planner
 (`planner` over `storage`, `kernel_calls`, `concat` and `plan_finish`), `parallel` (LLVM in worker processes),
-`pipeline` (all of it, `compile_model`), `check_tuned` (the in-graph check of tuned records) and `build_model`
-(`build`). Timing models against each other is the runtime's (`relay_tune.runtime.benchmark`).
+`pipeline` (all of it, `compile_model`), `vm_compiler` (a program with control flow, `if`, recursion, closures,
+as a `relay_tune.runtime.vm.VMModel` over the same kernels), `check_tuned` (the in-graph check of tuned records)
+and `build_model` (`build`). Timing models against each other is the runtime's (`relay_tune.runtime.benchmark`).
 """
 
 from relay_tune.compile.build_model import build

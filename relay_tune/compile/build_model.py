@@ -10,6 +10,7 @@ from relay_tune.compile.check_tuned import check_tuned_records
 from relay_tune.compile.pipeline import compile_model
 from relay_tune.ir import Function, IRModule
 from relay_tune.runtime.model import CompiledModel
+from relay_tune.runtime.vm import VMModel
 from relay_tune.target import Target
 
 
@@ -27,8 +28,11 @@ def build(
     layout_planning: bool | None = None,
     winograd: str | None = None,
     kernel_cache: bool = True,
-) -> CompiledModel:
-    """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`).
+) -> CompiledModel | VMModel:
+    """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`); a program with control
+    flow (`if`, calls of other global functions such as recursive loops, closures) into a `VMModel`, its kernels
+    run by the virtual machine of `relay_tune.runtime.vm` (same interface: `run`, `benchmark`, `random_inputs`,
+    `save`).
 
     target: "llvm" (this machine), a target string, or a `Target` (`resolve_target`).
     params: values for entry-function inputs, bound as constants (weights).

@@ -13,6 +13,7 @@ from relay_tune.compile.target import resolve_target
 from relay_tune.ir import Function, IRModule
 from relay_tune.runtime.benchmark import compare_latency, interleaved_task_seconds
 from relay_tune.runtime.model import CompiledModel
+from relay_tune.runtime.vm import VMModel
 from relay_tune.target import Target
 
 
@@ -25,8 +26,10 @@ def check_tuned_records(
     rounds: int = 5,
     default: CompiledModel | None = None,
     **options: Any,
-) -> CompiledModel:
+) -> CompiledModel | VMModel:
     """`build(..., check_tuned=True)`: the tuned build, less the records that are slower in the graph.
+
+    A program with control flow (a `VMModel`) has no in-graph profile: it is returned as tuned, unchecked.
 
     A record is measured alone by the tuner; in the model its kernel runs between others, with other data in cache
     and the thread team in another state. So the tuned and the default model are both built and profiled in
@@ -38,6 +41,8 @@ def check_tuned_records(
     from timing the model before tuning), used instead of building it again.
     """
     tuned = compile_model(mod, target, params, logs, opt_level, **options)
+    if isinstance(tuned, VMModel):
+        return tuned  # control flow: no in-graph profile to compare with
     if resolve_target(target).kind != "llvm" or not any(t.tuned for t in tuned.plan.tasks):
         return tuned  # GPU models have no in-graph profile to compare with
     # The default build has no records by design, and the rebuild below none for the rejected tasks.
@@ -45,7 +50,7 @@ def check_tuned_records(
     if default is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", BuildWarning)
-            default = compile_model(mod, target, params, None, opt_level, **relaxed)
+            default = _graph(compile_model(mod, target, params, None, opt_level, **relaxed))
     inputs = tuned.random_inputs(seed=0)
     # Decisions compare the fastest of the interleaved samples: interference only ever adds time, and on a shared
     # 2-core machine one slow burst moved a median by 10-60% (two identical builds, or a tuned build "1.67x
@@ -82,4 +87,10 @@ def _without_records(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BuildWarning)
-        return compile_model(mod, target, params, SpecLookup(without_rejected), opt_level, **options)
+        return _graph(compile_model(mod, target, params, SpecLookup(without_rejected), opt_level, **options))
+
+
+def _graph(model: CompiledModel | VMModel) -> CompiledModel:
+    """A build of the module whose tuned build is a static graph: a static graph too."""
+    assert isinstance(model, CompiledModel), "the same module built twice compiles to the same kind of model"
+    return model

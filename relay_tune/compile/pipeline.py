@@ -21,6 +21,7 @@ from relay_tune.compile.planner import Planner
 from relay_tune.compile.target import resolve_target
 from relay_tune.compile.task_list import ModelTasks, model_tasks
 from relay_tune.compile.tasks import LoweredTask, lower_one, placeholder_task, slug
+from relay_tune.compile.vm_compiler import compile_vm_model, needs_vm
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import Function, IRModule
 from relay_tune.kernel import tir
@@ -28,6 +29,7 @@ from relay_tune.passes import layout_block, optimize
 from relay_tune.resources import check_memory
 from relay_tune.runtime.cuda import gpu_model_from_plan
 from relay_tune.runtime.model import CompiledModel, GraphPlan, TaskInfo, host_triple
+from relay_tune.runtime.vm import VMModel
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types
 
@@ -47,8 +49,9 @@ def compile_model(
     layout_planning: bool | None = None,
     winograd: str | None = None,
     kernel_cache: bool = True,
-) -> CompiledModel:
-    """Compile `mod`'s `main` function into a `CompiledModel` (the arguments are `relay_tune.build`'s)."""
+) -> CompiledModel | VMModel:
+    """Compile `mod`'s `main` function into a `CompiledModel`, or a `VMModel` when it has control flow (the
+    arguments are `relay_tune.build`'s)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     resolved = resolve_target(target)
@@ -63,9 +66,13 @@ def compile_model(
                      winograd=winograd)
     timings["passes_s"] = time.perf_counter() - start
 
-    found = model_tasks(fused["main"], resolved)
+    found = model_tasks(fused, resolved)
     lowered = _lower_tasks(found, resolved, lookup, require_tuned)
     timings["lower_s"] = time.perf_counter() - start - sum(timings.values())
+    if needs_vm(fused):  # control flow: kernels under a virtual machine instead of a static graph plan
+        return compile_vm_model(fused, lowered, found.sites, resolved, jobs=jobs,
+                                threading_runtime=threading_runtime, kernel_cache=kernel_cache, timings=timings,
+                                start=start, opt_level=opt_level)
 
     task_list = [t for t in lowered.values() if t.key not in found.in_place]
     plan, constants, packers = _plan(fused["main"], found, lowered, task_list, resolved)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from relay_tune.compile.concat import bare_concatenation
 from relay_tune.compile.planner import Planner
 from relay_tune.compile.tasks import is_memory_view, placeholder_task
+from relay_tune.compile.vm_compiler import needs_vm
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import Function, IRModule
 from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
@@ -34,12 +35,22 @@ class ModelTasks:
         return [s for s in self.specs if s.key not in self.views and s.key not in self.in_place]
 
 
-def model_tasks(fused_main: Function, target: Target) -> ModelTasks:
+def model_tasks(fused_main: Function | IRModule, target: Target) -> ModelTasks:
     """The tasks of a fused entry function (`relay_tune.passes.optimize`) as `build` compiles them for `target`.
+
+    Given the whole fused module, a program with control flow (`vm_compiler.needs_vm`) has the tasks of every
+    function it runs: the kernels inside branches, other global functions and closures (the virtual machine
+    writes no concatenation in place); a program without has its entry function's.
 
     Which concatenations are written in place is decided by the graph planner itself (`Planner`, run here with
     kernel-less stand-ins for every task: the decision depends on values and storages, not on schedules), so
     tuning and the build cannot disagree about which kernels a model calls."""
+    if isinstance(fused_main, IRModule):
+        if needs_vm(fused_main):
+            specs = extract_tasks(fused_main)
+            views = frozenset(s.key for s in specs if is_memory_view(s.func))
+            return ModelTasks(tuple(specs), views, frozenset(), {id(c): s.key for s in specs for c in s.call_sites})
+        fused_main = fused_main["main"]
     specs = extract_tasks(IRModule({"main": fused_main}))
     views = frozenset(s.key for s in specs if is_memory_view(s.func))
     sites = {id(site): s.key for s in specs for site in s.call_sites}

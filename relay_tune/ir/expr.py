@@ -23,7 +23,7 @@ import numpy as np
 
 from relay_tune.ir.attrs import EMPTY_ATTRS, Attrs
 from relay_tune.ir.span import Span
-from relay_tune.ir.types import TensorType, Type, TypeVar
+from relay_tune.ir.types import DataType, TensorType, Type, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -257,6 +257,124 @@ class Function(Expr):
         )
 
 
+@dataclass(frozen=True)
+class TypeDef:
+    """An algebraic data type definition: `type List[A] { Cons(A, List[A]), Nil }`. Constructor `tag` i is
+    `constructors[i]`: its name and field types (over `type_params`)."""
+
+    name: str
+    type_params: tuple[TypeVar, ...]
+    constructors: tuple[tuple[str, tuple[Type, ...]], ...]
+
+    def data_type(self) -> DataType:
+        """The type its constructors make, over its own type parameters."""
+        return DataType(self.name, self.type_params)
+
+
+@dataclass(frozen=True, eq=False, repr=False, slots=True)
+class Constructor(Expr):
+    """Constructor `tag` of algebraic data type `type_def`, as a value: calling it builds a value of the type."""
+
+    type_def: TypeDef
+    tag: int
+    span: Span | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.type_def.constructors[self.tag][0]
+
+    @property
+    def field_types(self) -> tuple[Type, ...]:
+        return self.type_def.constructors[self.tag][1]
+
+
+@dataclass(frozen=True)
+class PatternWildcard:
+    """`_`: matches anything, binds nothing."""
+
+
+@dataclass(frozen=True)
+class PatternVar:
+    """`%x`: matches anything and binds it to `var`."""
+
+    var: Var
+
+
+@dataclass(frozen=True)
+class PatternConstructor:
+    """`Cons(p0, p1)`: matches a value made by `constructor` whose fields match `patterns`."""
+
+    constructor: Constructor
+    patterns: tuple[Pattern, ...] = ()
+
+
+@dataclass(frozen=True)
+class PatternTuple:
+    """`(p0, p1)`: matches a tuple whose fields match `patterns`."""
+
+    patterns: tuple[Pattern, ...]
+
+
+Pattern = PatternWildcard | PatternVar | PatternConstructor | PatternTuple
+
+
+def pattern_vars(pattern: Pattern) -> list[Var]:
+    """The variables a pattern binds, left to right."""
+    if isinstance(pattern, PatternVar):
+        return [pattern.var]
+    if isinstance(pattern, PatternConstructor | PatternTuple):
+        return [v for p in pattern.patterns for v in pattern_vars(p)]
+    return []
+
+
+def _rebind_pattern(pattern: Pattern, new_vars: list[Var]) -> Pattern:
+    """`pattern` with its variables replaced by `new_vars` (consumed from the front)."""
+    if isinstance(pattern, PatternVar):
+        return PatternVar(new_vars.pop(0))
+    if isinstance(pattern, PatternConstructor):
+        return PatternConstructor(pattern.constructor, tuple(_rebind_pattern(p, new_vars) for p in pattern.patterns))
+    if isinstance(pattern, PatternTuple):
+        return PatternTuple(tuple(_rebind_pattern(p, new_vars) for p in pattern.patterns))
+    return pattern
+
+
+def _pattern_shape(pattern: Pattern) -> Any:
+    """A pattern's structure without its variables (what equality and hashing compare)."""
+    if isinstance(pattern, PatternVar):
+        return ("var", pattern.var.type_annotation)
+    if isinstance(pattern, PatternConstructor):
+        return ("ctor", pattern.constructor.type_def, pattern.constructor.tag,
+                tuple(_pattern_shape(p) for p in pattern.patterns))
+    if isinstance(pattern, PatternTuple):
+        return ("tuple", tuple(_pattern_shape(p) for p in pattern.patterns))
+    return ("_",)
+
+
+@dataclass(frozen=True, eq=False, repr=False, slots=True)
+class Match(Expr):
+    """`match (data) { pattern => body, ... }`: the body of the first clause whose pattern matches `data`."""
+
+    data: Expr
+    clauses: tuple[tuple[Pattern, Expr], ...]
+    span: Span | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clauses", tuple((p, b) for p, b in self.clauses))
+
+    def children(self) -> tuple[Expr, ...]:
+        binders = [v for pattern, _body in self.clauses for v in pattern_vars(pattern)]
+        return (self.data, *binders, *(body for _pattern, body in self.clauses))
+
+    def with_children(self, children: Sequence[Expr]) -> Match:
+        data, rest = children[0], list(children[1:])
+        count = sum(len(pattern_vars(p)) for p, _b in self.clauses)
+        binders, bodies = rest[:count], rest[count:]
+        assert all(isinstance(v, Var) for v in binders), "pattern variables must stay Vars"
+        clauses = tuple((_rebind_pattern(p, binders), b)  # type: ignore[arg-type]
+                        for (p, _old), b in zip(self.clauses, bodies))
+        return Match(data, clauses, self.span)
+
+
 def const(value: Any, dtype: str | None = None) -> Constant:
     """Build a constant from a Python scalar or array (float32 unless told otherwise)."""
     arr = np.asarray(value)
@@ -322,6 +440,10 @@ def _local_hash(node: Expr) -> int:
         return hash("If")
     if isinstance(node, Function):
         return hash(("Function", node.ret_type, node.attrs, len(node.params), node.type_params))
+    if isinstance(node, Constructor):
+        return hash(("Constructor", node.type_def, node.tag))
+    if isinstance(node, Match):
+        return hash(("Match", tuple(_pattern_shape(p) for p, _b in node.clauses)))
     return hash(type(node).__name__)
 
 
@@ -431,6 +553,17 @@ def _local_equal(a: Expr, b: Expr, var_map: dict[int, Var]) -> bool:
         ):
             return False
         return all(_bind(pa, pb, var_map) for pa, pb in zip(a.params, b.params))
+    if isinstance(a, Constructor):
+        assert isinstance(b, Constructor)
+        return a.type_def == b.type_def and a.tag == b.tag
+    if isinstance(a, Match):
+        assert isinstance(b, Match)
+        shapes_a = [_pattern_shape(p) for p, _body in a.clauses]
+        if shapes_a != [_pattern_shape(p) for p, _body in b.clauses]:
+            return False
+        vars_a = [v for p, _body in a.clauses for v in pattern_vars(p)]
+        vars_b = [v for p, _body in b.clauses for v in pattern_vars(p)]
+        return all(_bind(va, vb, var_map) for va, vb in zip(vars_a, vars_b))
     return True  # If: no local data
 
 

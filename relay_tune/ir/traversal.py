@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from relay_tune.ir.expr import Expr, Function, Let, Var
+from relay_tune.ir.expr import Expr, Function, Let, Match, Var, pattern_vars
 
 
 def post_order(root: Expr) -> list[Expr]:
@@ -85,6 +85,8 @@ def free_vars(root: Expr) -> list[Var]:
             bound.update(id(p) for p in node.params)
         elif isinstance(node, Let):
             bound.add(id(node.var))
+        elif isinstance(node, Match):
+            bound.update(id(v) for pattern, _body in node.clauses for v in pattern_vars(pattern))
     result: list[Var] = []
     for node in post_order(root):
         if isinstance(node, Var) and id(node) not in bound:

@@ -121,6 +121,21 @@ class FuncType(Type):
         return f"fn ({args}) -> {self.ret_type}"
 
 
+@dataclass(frozen=True, slots=True)
+class DataType(Type):
+    """An algebraic data type applied to its type arguments (`List[float32]`); its constructors are in the
+    `TypeDef` of the same name (`relay_tune.ir.expr.TypeDef`), which every `Constructor` node carries."""
+
+    name: str
+    args: tuple[Type, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+
+    def __str__(self) -> str:
+        return f"{self.name}[{', '.join(str(a) for a in self.args)}]" if self.args else self.name
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class IncompleteType(Type):
     """`_`: a placeholder that type inference must resolve. Each instance is a distinct unknown."""

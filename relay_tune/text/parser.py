@@ -26,10 +26,30 @@ import numpy as np
 
 from relay_tune.errors import ParseError, RelayTypeError, UnknownOperatorError
 from relay_tune.ir.attrs import Attrs
-from relay_tune.ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Let, Op, Tuple, TupleGetItem, Var
+from relay_tune.ir.expr import (
+    Call,
+    Constant,
+    Constructor,
+    Expr,
+    Function,
+    GlobalVar,
+    If,
+    Let,
+    Match,
+    Op,
+    Pattern,
+    PatternConstructor,
+    PatternTuple,
+    PatternVar,
+    PatternWildcard,
+    Tuple,
+    TupleGetItem,
+    TypeDef,
+    Var,
+)
 from relay_tune.ir.module import IRModule
 from relay_tune.ir.span import Span
-from relay_tune.ir.types import ANY, FuncType, IncompleteType, TensorType, TupleType, Type
+from relay_tune.ir.types import ANY, DataType, FuncType, IncompleteType, TensorType, TupleType, Type
 from relay_tune.ir.types import TypeVar as RelayTypeVar
 from relay_tune.op.registry import OpDef, get_op
 from relay_tune.text.lexer import (
@@ -137,6 +157,8 @@ class Parser:
         self.annotations = annotations
         self.binop_attrs: dict[str, Attrs] = {}
         self.depth = 0  # current nesting of sequences (parentheses, bodies, arguments)
+        self.type_defs: dict[str, TypeDef] = {}  # algebraic data types defined so far, by name
+        self.constructors: dict[str, Constructor] = {}
 
     # ------------------------------------------------------------------ tokens and errors
     def peek(self, ahead: int = 0) -> Token:
@@ -229,6 +251,9 @@ class Parser:
                     self.fail(f"duplicate definition of global function @{name_tok.value}", name_tok)
                 functions[name_tok.value] = self.parse_function_rest(tok)
                 continue
+            if tok.kind == KEYWORD and tok.value == "type":
+                self.parse_type_def()
+                continue
             self.reject_top_level(tok)
             self.fail(f"expected a definition `def @name(...) {{ ... }}`, found {tok.describe()}", tok)
         for name, use in self.global_uses.items():
@@ -259,10 +284,128 @@ class Parser:
                 "(a list of arrays for meta[relay.Constant][i]) instead",
                 tok,
             )
-        if tok.kind == KEYWORD and tok.value in ("type", "extern"):
-            self.unsupported(tok, "algebraic data type definitions (`type`/`extern type`)")
+        if tok.kind == KEYWORD and tok.value == "extern":
+            self.unsupported(tok, "algebraic data types defined elsewhere (`extern type`)")
+        if tok.kind == KEYWORD and tok.value == "type":
+            self.fail("algebraic data types are defined at the top level of a module", tok)
         if tok.kind == VERSION:
             self.fail("the version header must be the first thing in the file", tok)
+
+    # ------------------------------------------------------------------ algebraic data types
+    def parse_type_def(self) -> None:
+        """`type Name[A, ...] { Ctor(T, ...), Ctor, ... }` (after `type`): defines the type and its constructors,
+        usable from here on (the constructors' fields may be of the type itself)."""
+        self.advance()  # `type`
+        name_tok = self.advance()
+        if name_tok.kind != IDENT or "." in name_tok.value or name_tok.value == "_":
+            self.fail(f"expected a type name after `type`, found {name_tok.describe()}", name_tok)
+        name: str = name_tok.value
+        if name in self.type_defs or name == "Tensor" or normalize_dtype(name) is not None:
+            self.fail(f"type `{name}` is already defined", name_tok)
+        type_params = self.parse_type_params()
+        # Registered before its constructors are read: a field may be of this very type (`List[A]`).
+        self.type_defs[name] = TypeDef(name, type_params, ())
+        self.expect_punct("{", "to open the constructors of the type")
+        constructors: list[tuple[str, tuple[Type, ...]]] = []
+        tokens: list[Token] = []
+        while not self.accept_punct("}"):
+            ctor_tok = self.advance()
+            if ctor_tok.kind != IDENT or "." in ctor_tok.value or ctor_tok.value == "_":
+                self.fail(f"expected a constructor name, found {ctor_tok.describe()}", ctor_tok)
+            if ctor_tok.value in self.constructors or any(c == ctor_tok.value for c, _f in constructors):
+                self.fail(f"constructor `{ctor_tok.value}` is already defined", ctor_tok)
+            fields: list[Type] = []
+            if self.accept_punct("("):
+                while not self.accept_punct(")"):
+                    fields.append(self.parse_type())
+                    if not self.accept_punct(","):
+                        self.expect_punct(")", "to close the constructor's fields")
+                        break
+            constructors.append((ctor_tok.value, tuple(fields)))
+            tokens.append(ctor_tok)
+            if not self.accept_punct(","):
+                self.expect_punct("}", "to close the constructors of the type")
+                break
+        if type_params:
+            self.type_scopes.pop()
+        if not constructors:
+            self.fail(f"type `{name}` has no constructors", name_tok)
+        type_def = TypeDef(name, type_params, tuple(constructors))
+        self.type_defs[name] = type_def
+        for tag, tok in enumerate(tokens):
+            self.constructors[tok.value] = Constructor(type_def, tag, self.span(tok))
+
+    def parse_data_type(self, tok: Token, depth: int) -> DataType:
+        """`Name` or `Name[T, ...]` of a defined algebraic data type (after its name `tok`)."""
+        type_def = self.type_defs[tok.value]
+        args: list[Type] = []
+        if self.accept_punct("["):
+            while not self.accept_punct("]"):
+                args.append(self.parse_type(depth + 1))
+                if not self.accept_punct(","):
+                    self.expect_punct("]", "to close the type arguments")
+                    break
+        if len(args) != len(type_def.type_params):
+            self.fail(f"type `{tok.value}` takes {len(type_def.type_params)} type argument(s), got {len(args)}", tok)
+        return DataType(tok.value, tuple(args))
+
+    def g_match(self, start: Token) -> Steps[Expr]:
+        """`match (data) { pattern => body, ... }` (after `match`)."""
+        self.expect_punct("(", "after `match` (the matched value must be parenthesised)")
+        data = yield self.g_seq()
+        self.expect_punct(")", "to close the matched value")
+        self.expect_punct("{", "to open the clauses of `match`")
+        clauses: list[tuple[Pattern, Expr]] = []
+        while not self.accept_punct("}"):
+            mark = self.scope_mark()
+            pattern = self.parse_pattern(0)
+            self.expect_punct("=>", "after a pattern")
+            braced = self.accept_punct("{")
+            body = yield self.g_seq()
+            if braced:
+                self.expect_punct("}", "to close the clause's body")
+            self.restore(mark)
+            clauses.append((pattern, body))
+            if not self.accept_punct(","):
+                self.expect_punct("}", "to close the clauses of `match`")
+                break
+        if not clauses:
+            self.fail("`match` needs at least one clause", start)
+        return Match(data, tuple(clauses), self.span(start))
+
+    def parse_pattern(self, depth: int) -> Pattern:
+        """`_`, `%x[: T]`, `Ctor[(p, ...)]` or `(p, ...)`; variables are bound in the current scope."""
+        tok = self.advance()
+        if depth >= MAX_TYPE_DEPTH:
+            self.fail(f"pattern nested more than {MAX_TYPE_DEPTH} levels deep", tok)
+        if tok.kind == IDENT and tok.value == "_":
+            return PatternWildcard()
+        if tok.kind == LOCAL:
+            var = Var(tok.value, self.parse_optional_annotation(), self.span(tok))
+            self.bind(tok.value, var)
+            return PatternVar(var)
+        if tok.kind == PUNCT and tok.value == "(":
+            fields: list[Pattern] = []
+            while not self.accept_punct(")"):
+                fields.append(self.parse_pattern(depth + 1))
+                if not self.accept_punct(","):
+                    self.expect_punct(")", "to close the tuple pattern")
+                    break
+            return PatternTuple(tuple(fields))
+        if tok.kind == IDENT and tok.value in self.constructors:
+            ctor = self.constructors[tok.value]
+            subs: list[Pattern] = []
+            if self.accept_punct("("):
+                while not self.accept_punct(")"):
+                    subs.append(self.parse_pattern(depth + 1))
+                    if not self.accept_punct(","):
+                        self.expect_punct(")", "to close the constructor pattern")
+                        break
+            if len(subs) != len(ctor.field_types):
+                self.fail(f"constructor `{ctor.name}` has {len(ctor.field_types)} field(s), the pattern "
+                          f"{len(subs)}", tok)
+            return PatternConstructor(ctor, tuple(subs))
+        self.fail(f"expected a pattern (`_`, `%name`, a constructor or a tuple), found {tok.describe()}", tok)
 
     # ------------------------------------------------------------------ functions
     def parse_function_rest(self, start: Token) -> Function:
@@ -435,7 +578,8 @@ class Parser:
     def g_postfix(self) -> Steps[Expr]:
         """An atom followed by any number of call argument lists and `.N` projections."""
         start = self.tokens[self.pos]
-        if (start.kind == PUNCT and start.value == "(") or (start.kind == KEYWORD and start.value in ("fn", "if")):
+        if (start.kind == PUNCT and start.value == "(") or (start.kind == KEYWORD
+                                                             and start.value in ("fn", "if", "match")):
             expr = yield self.g_compound()
         else:
             expr = self.parse_leaf()
@@ -457,8 +601,11 @@ class Parser:
                 return expr
 
     def g_compound(self) -> Steps[Expr]:
-        """Parenthesised expressions and tuples, function literals, `if`."""
+        """Parenthesised expressions and tuples, function literals, `if`, `match`."""
         start = self.advance()
+        if start.kind == KEYWORD and start.value == "match":
+            matched = yield self.g_match(start)
+            return matched
         if start.kind == PUNCT:  # `(`
             if self.accept_punct(")"):
                 return Tuple((), self.span(start))
@@ -561,6 +708,10 @@ class Parser:
             return GlobalVar(tok.value, self.span(tok))
         if kind == IDENT:
             self.pos += 1
+            ctor = self.constructors.get(tok.value)
+            if ctor is not None:
+                # A constructor without fields is its value (`Nil`), one with fields is called (`Cons(x, l)`).
+                return ctor if ctor.field_types or self.at_punct("(") else Call(ctor, (), span=self.span(tok))
             return self.parse_operator(tok)
         if kind == NUMBER or (kind == PUNCT and tok.value == "-"):
             value, dtype, first = self.parse_number_literal()
@@ -574,8 +725,6 @@ class Parser:
         if kind == KEYWORD:
             if tok.value in ("ref", "ref_read", "ref_write"):
                 self.unsupported(tok, f"references (`{tok.value}`)")
-            if tok.value == "match":
-                self.unsupported(tok, "`match` expressions")
         self.fail(f"expected an expression, found {tok.describe()}", tok)
 
     def parse_operator(self, tok: Token) -> Op:
@@ -789,8 +938,11 @@ class Parser:
             tv = self.lookup_type_var(name)
             if tv is not None:
                 return tv
+            if name in self.type_defs:
+                return self.parse_data_type(tok, depth)
             if self.at_punct("["):
-                self.unsupported(tok, f"algebraic data types (`{name}[...]`)")
+                self.fail(f"unknown algebraic data type `{name}` (define it with `type {name}[...] {{ ... }}` "
+                          "before its use)", tok)
             self.fail(
                 f"unknown type `{name}` (expected Tensor[...], a dtype, a tuple, fn (...) -> T or a type parameter)",
                 tok,

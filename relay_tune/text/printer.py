@@ -26,10 +26,29 @@ import numpy as np
 
 from relay_tune.errors import UnknownOperatorError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
-from relay_tune.ir.expr import Call, Constant, Expr, Function, GlobalVar, If, Let, Op, Tuple, TupleGetItem, Var
+from relay_tune.ir.expr import (
+    Call,
+    Constant,
+    Constructor,
+    Expr,
+    Function,
+    GlobalVar,
+    If,
+    Let,
+    Match,
+    Op,
+    Pattern,
+    PatternConstructor,
+    PatternTuple,
+    PatternVar,
+    Tuple,
+    TupleGetItem,
+    TypeDef,
+    Var,
+)
 from relay_tune.ir.module import IRModule
 from relay_tune.ir.traversal import free_vars, post_order
-from relay_tune.ir.types import AnyDim, FuncType, IncompleteType, TensorType, TupleType, Type, TypeVar
+from relay_tune.ir.types import AnyDim, DataType, FuncType, IncompleteType, TensorType, TupleType, Type, TypeVar
 from relay_tune.op.registry import get_op
 from relay_tune.text.trampoline import Steps, drive
 
@@ -61,7 +80,49 @@ def format_type(ty: Type) -> str:
         return ty.name
     if isinstance(ty, IncompleteType):
         return "_"
+    if isinstance(ty, DataType):
+        return f"{ty.name}[{', '.join(format_type(a) for a in ty.args)}]" if ty.args else ty.name
     raise UnsupportedError(f"cannot print type {ty!r}")
+
+
+def format_type_def(type_def: TypeDef) -> str:
+    """`type Name[A] {\n  Ctor(A, Name[A]),\n  Other,\n}`."""
+    params = "[" + ", ".join(tv.name for tv in type_def.type_params) + "]" if type_def.type_params else ""
+    lines = [f"type {type_def.name}{params} {{"]
+    for name, fields in type_def.constructors:
+        lines.append(f"{INDENT}{name}" + (f"({', '.join(format_type(f) for f in fields)})" if fields else "") + ",")
+    return "\n".join([*lines, "}"])
+
+
+def _format_pattern(pattern: Pattern, binder: Any) -> str:
+    if isinstance(pattern, PatternVar):
+        return binder(pattern.var)
+    if isinstance(pattern, PatternConstructor):
+        subs = ", ".join(_format_pattern(p, binder) for p in pattern.patterns)
+        return f"{pattern.constructor.name}({subs})" if pattern.patterns else pattern.constructor.name
+    if isinstance(pattern, PatternTuple):
+        fields = [_format_pattern(p, binder) for p in pattern.patterns]
+        return f"({fields[0]},)" if len(fields) == 1 else "(" + ", ".join(fields) + ")"
+    return "_"
+
+
+def _type_defs(roots: list[Expr]) -> list[TypeDef]:
+    """The algebraic data types the constructors under `roots` belong to, in order of first use."""
+    found: dict[str, TypeDef] = {}
+    for root in roots:
+        for node in post_order(root):
+            if isinstance(node, Constructor):
+                found.setdefault(node.type_def.name, node.type_def)
+            elif isinstance(node, Match):
+                for pattern, _body in node.clauses:
+                    stack = [pattern]
+                    while stack:
+                        item = stack.pop()
+                        if isinstance(item, PatternConstructor):
+                            found.setdefault(item.constructor.type_def.name, item.constructor.type_def)
+                        if isinstance(item, PatternConstructor | PatternTuple):
+                            stack.extend(item.patterns)
+    return list(found.values())
 
 
 def format_float(value: float, dtype: str) -> str:
@@ -221,6 +282,8 @@ class Printer:
             return "@" + node.name
         if isinstance(node, Op):
             return node.name
+        if isinstance(node, Constructor):
+            return node.name
         return None
 
     def meta_constant(self, node: Constant) -> str:
@@ -266,6 +329,8 @@ class Printer:
 
     def g_node_text(self, node: Expr, block: _Block) -> Steps[Text]:
         """The text of a non-atomic node itself, its operands hoisted into `block`."""
+        if isinstance(node, Call) and isinstance(node.op, Constructor) and not node.args:
+            return node.op.name  # a constructor without fields reads as its value (`Nil`)
         if isinstance(node, Call):
             # Arguments before the callee: a fused function literal then sits right above its call.
             parts = []
@@ -293,6 +358,14 @@ class Printer:
             then_block = yield self.g_scope(node.true_branch, block.indent + INDENT)
             else_block = yield self.g_scope(node.false_branch, block.indent + INDENT)
             return [f"if ({cond}) {{\n", then_block, f"\n{block.indent}}} else {{\n", else_block, f"\n{block.indent}}}"]
+        if isinstance(node, Match):
+            data = yield self.g_expr(node.data, block, False)
+            pieces: list[Text] = [f"match ({data}) {{\n"]
+            for pattern, body in node.clauses:
+                clause = yield self.g_scope(body, block.indent + INDENT + INDENT)
+                pieces += [f"{block.indent}{INDENT}{_format_pattern(pattern, self.binder_text)} => {{\n", clause,
+                           f"\n{block.indent}{INDENT}}},\n"]
+            return [*pieces, f"{block.indent}}}"]
         if isinstance(node, Let):
             # A let used as an operand: its own scope, in parentheses.
             inner = yield self.g_scope(node, block.indent + INDENT, expand_let=True)
@@ -361,7 +434,8 @@ def print_module(mod: IRModule, show_types: bool = False, constants_out: list[np
     printer = Printer(show_types, constants_out)
     names = sorted(mod)
     printer.count_references([mod[name] for name in names])
-    definitions = [flatten(drive(printer.g_function(mod[name], "", name))) for name in names]
+    definitions = [format_type_def(t) for t in _type_defs([mod[name] for name in names])]
+    definitions += [flatten(drive(printer.g_function(mod[name], "", name))) for name in names]
     return VERSION_HEADER + "\n" + "\n\n".join(definitions) + "\n"
 
 

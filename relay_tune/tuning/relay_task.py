@@ -284,5 +284,5 @@ def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
     resolved = _target(target)
     fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
                      winograd=winograd)
-    return [RelayTuneTask(spec, resolved) for spec in model_tasks(fused["main"], resolved).kernels]
+    return [RelayTuneTask(spec, resolved) for spec in model_tasks(fused, resolved).kernels]
 
