@@ -36,12 +36,12 @@ def compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int,
     """Object code for `funcs`: one module, or `jobs` modules of about equal size compiled in worker processes.
     Modules found in `cache` are not compiled again; the ones compiled are stored there."""
     chunks = _chunks(funcs, max(1, min(jobs, len(funcs))))
-    keys = [cache.key(chunk, target) for chunk in chunks] if cache is not None else [None] * len(chunks)
-    objects: list[bytes | None] = [cache.load(k) if cache is not None and k else None for k in keys]
+    keys = [cache.key(chunk, target) for chunk in chunks] if cache is not None else []
+    objects: list[bytes | None] = [cache.load(k) for k in keys] if cache is not None else [None] * len(chunks)
     missing = [i for i, obj in enumerate(objects) if obj is None]
     for i, obj in zip(missing, _compile_chunks([chunks[i] for i in missing], target)):
         objects[i] = obj
-        if cache is not None and keys[i]:
+        if cache is not None:
             cache.store(keys[i], obj)
     if cache is not None and missing:
         cache.prune()
