@@ -73,7 +73,8 @@ class LowPrecision:
         rounded = b.lshr(b.add(b.add(bits, self.i32(0x7FFF)), lsb), self.i32(16))
         magnitude = b.and_(bits, self.i32(0x7FFFFFFF))
         is_nan = b.icmp_unsigned(">", magnitude, self.i32(0x7F800000))
-        quiet = b.or_(b.lshr(bits, self.i32(16)), self.i32(0x40))  # the payload's top bits, made quiet
+        # NaN: the canonical quiet NaN with the input's sign, as ml_dtypes writes it
+        quiet = b.or_(b.and_(b.lshr(bits, self.i32(16)), self.i32(0x8000)), self.i32(0x7FC0))
         return b.select(is_nan, quiet, rounded)
 
     def _encode_e8m0(self, bits: ir.Value, saturate: bool, round_mode: str) -> ir.Value:

@@ -23,7 +23,9 @@ import numpy as np
 
 from relay_tune.errors import RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.types import ANY, Dim, TensorType, TupleType, Type
+from relay_tune.op._shape import is_float_dtype
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 OUT_EW = OpPattern.OUT_ELEMWISE_FUSABLE
@@ -382,6 +384,8 @@ def conv1d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
 
 def accumulator_dtype(out_dtype: str) -> np.dtype:
     """The dtype a reference accumulates in: float32 for half/single, float64 for double, int64 for ints."""
+    if out_dtype in LOW_PRECISION_FLOAT_DTYPES:
+        return np.dtype(np.float32)
     dt = np.dtype(out_dtype)
     if dt.kind == "f":
         return np.dtype(np.float64) if dt.itemsize > 4 else np.dtype(np.float32)
@@ -654,7 +658,7 @@ def softmax_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     if data.ndim == 0:
         raise RelayTypeError("softmax needs a tensor of rank >= 1, got a scalar", op_name="nn.softmax")
     _axis(attrs["axis"], data.ndim, "nn.softmax", data)
-    if np.dtype(data.dtype).kind != "f":
+    if not is_float_dtype(data.dtype):
         raise RelayTypeError(f"softmax needs a floating-point tensor, got {data.dtype}", op_name="nn.softmax")
     return data
 
@@ -1067,7 +1071,7 @@ def conv1d_transpose_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarr
 
 def _float_data(arg_types: Sequence[Type], op_name: str) -> TensorType:
     data = _tensor_arg(arg_types[0], op_name, "data")
-    if np.dtype(data.dtype).kind != "f":
+    if not is_float_dtype(data.dtype):
         raise RelayTypeError(f"needs a floating-point tensor, got {data.dtype}", op_name=op_name)
     return data
 
