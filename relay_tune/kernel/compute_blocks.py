@@ -126,7 +126,7 @@ def accumulate_dtype(dtype: str) -> str:
 
 
 def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
+    return dtype.startswith(("float", "bfloat"))
 
 
 _LAYOUT_TOKEN = re.compile(r"(\d*)([A-Za-z])")

@@ -343,7 +343,7 @@ def as_expr(value: ExprLike, dtype: str | None = None) -> PrimExpr:
 
 
 def const_like(value: int | float, dtype: str) -> PrimExpr:
-    if dtype.startswith("float"):
+    if dtype.startswith(("float", "bfloat")):
         return FloatImm(float(value), dtype)
     return IntImm(int(value), dtype)
 

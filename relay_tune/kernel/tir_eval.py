@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.ir.dtypes import is_low_precision
 from relay_tune.kernel import analysis, tir
 
 UNINITIALIZED_INT = -123456789
@@ -249,6 +250,10 @@ class _Translator:
         if isinstance(node, tir.Select):
             return f"_select({kids[0]}, {kids[1]}, {kids[2]})"
         if isinstance(node, tir.Cast):
+            if node.reinterpret or is_low_precision(node.dtype) or is_low_precision(node.value.dtype):
+                # Python floats and ints cannot round to these types or keep bits: refused, not approximated
+                raise TirEvalError(f"the loop-nest interpreter does not evaluate conversions between "
+                                   f"{node.value.dtype} and {node.dtype}")
             if node.dtype.startswith("float"):
                 return f"float({kids[0]})"
             if node.dtype == "bool":

@@ -19,13 +19,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from relay_tune.errors import RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
 from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.types import ANY, Dim, TensorType, TupleType, Type
-from relay_tune.op._shape import is_float_dtype
+from relay_tune.op._shape import is_float_dtype, is_int_dtype
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 OUT_EW = OpPattern.OUT_ELEMWISE_FUSABLE
@@ -793,8 +794,15 @@ def max_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     g = _pool_geometry(attrs, "nn.max_pool2d")
     x = np.moveaxis(data, (g.h_axis, g.w_axis), (-2, -1))
     out_hw, pad_h, pad_w = _pool_padding(x.shape[-2:], g)
-    # Padding never wins a max: use -inf (or the smallest integer).
-    lowest = -np.inf if data.dtype.kind == "f" else np.iinfo(data.dtype).min
+    # Padding never wins a max: use -inf (or the smallest value of an integer type or of a float type
+    # without infinities, where ml_dtypes would turn -inf into NaN).
+    if data.dtype.kind == "f":
+        lowest: float = -np.inf
+    elif is_float_dtype(data.dtype.name) or is_int_dtype(data.dtype.name):
+        lowest = float(ml_dtypes.finfo(data.dtype).min if is_float_dtype(data.dtype.name)
+                       else ml_dtypes.iinfo(data.dtype).min)
+    else:
+        lowest = float(np.iinfo(data.dtype).min)
     padded = np.pad(x, [(0, 0)] * (x.ndim - 2) + [pad_h, pad_w], constant_values=lowest)
     out = _pool_windows(padded, g, out_hw).max(axis=(-2, -1))
     return np.ascontiguousarray(np.moveaxis(out, (-2, -1), (g.h_axis, g.w_axis)))
