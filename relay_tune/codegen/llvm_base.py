@@ -885,7 +885,10 @@ class LLVMCodegenBase:
             return self.cast(self.lowp(lanes).decode(value, FLOAT_FORMATS[src]), "float32", dst, saturate,
                              round_mode)
         if di.kind == "lowfloat":
-            wide = self.cast(value, src, "float32")
+            if (si.kind in ("int", "uint") and si.bits > 16) or si.name == "float64":
+                wide = self._float32_round_to_odd(self.cast(value, src, "float64"))
+            else:
+                wide = self.cast(value, src, "float32")
             return self.lowp(lanes).encode(wide, FLOAT_FORMATS[dst], saturate, round_mode)
         if di.kind == "bool":
             return self.as_condition(value, src)
@@ -912,6 +915,24 @@ class LLVMCodegenBase:
         if si.kind == "bool" or not si.is_signed:
             return b.zext(value, target_type)
         return b.sext(value, target_type)
+
+    def _float32_round_to_odd(self, value: ir.Value) -> ir.Value:
+        """float64 `value` in float32, rounded to odd: truncated toward zero, the last bit set when inexact. A
+        float32 so rounded rounds to any type at least two bits narrower as `value` itself would (rounding twice
+        to nearest could move a value that lies just off a tie of the narrow type onto it)."""
+        b = self.builder
+        lanes = lanes_of(value)
+        i32 = with_lanes(I32, lanes)
+        single = b.fptrunc(value, with_lanes(F32, lanes))
+        back = b.fpext(single, value.type)
+        bits = b.bitcast(single, i32)
+        inexact = b.fcmp_ordered("!=", back, value)
+        fabs = self.intrinsic("llvm.fabs", value.type)
+        away = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [value]))  # rounded away from zero
+        one = splat_constant(I32, 1, lanes)
+        truncated = b.select(away, b.sub(bits, one), bits)  # the neighbour toward zero (sign-magnitude bits)
+        odd = b.select(inexact, b.or_(truncated, one), bits)
+        return b.bitcast(odd, with_lanes(F32, lanes))
 
     def _to_sub_byte(self, value: ir.Value, si: DTypeInfo, di: DTypeInfo) -> ir.Value:
         """A conversion to a sub-byte integer as ml_dtypes makes it: integers wrap around; floats round toward
