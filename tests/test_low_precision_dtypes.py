@@ -9,6 +9,7 @@ overflow, infinities and NaN to the type. ONNX Cast, CastLike and BitCast models
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ml_dtypes
@@ -19,11 +20,16 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from relay_tune import build
+from relay_tune.codegen.llvm import build_llvm, emit_llvm_ir
 from relay_tune.errors import RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.frontend.onnx import OnnxModelError
 from relay_tune.interpreter import evaluate
 from relay_tune.ir.dtypes import FLOAT_FORMATS
+from relay_tune.kernel import tir
+from relay_tune.kernel.tir import Buffer, For, ForKind, LoopVar, PrimFunc, Store
+from relay_tune.op.low_precision import convert
+from relay_tune.target import Target
 from relay_tune.text import parse_module, print_module
 from relay_tune.type_infer import infer_types
 
@@ -166,6 +172,26 @@ def test_bfloat16_keeps_nan_quiet_and_rounds_ties_to_even() -> None:
     for got in run_both(cast_module("float32", "bfloat16", 4), x=x):
         assert list(codes_of(got)[:2]) == [0x3F80, 0x3F82]
         assert np.isnan(got[2].astype(np.float32)) and got[3].astype(np.float32) == -np.inf
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e8m0fnu", "int4"])
+def test_conversions_stay_vector_code(dtype: str) -> None:
+    # a vectorized loop converting both ways: every lane's conversion in one vector instruction stream,
+    # no scalar calls (the lane count comes from the target, whatever its vector width)
+    n = 1024
+    i = LoopVar("i")
+    x, y = Buffer("x", (n,), "float32"), Buffer("y", (n,), "float32")
+    narrow = tir.Cast(dtype, x[i], saturate=True, round_mode="up" if dtype == "float8_e8m0fnu" else "")
+    func = PrimFunc("lowp_round_trip", (x, y), For(i, n, Store(y, (i,), tir.Cast("float32", narrow)),
+                                                     ForKind.VECTORIZED))
+    text = emit_llvm_ir([func], Target.host().with_cores(1), optimize=True)
+    assert re.search(r"<\d+ x i(8|32)>", text) and "call float @" not in text
+    values = RNG.uniform(-500, 500, n).astype(np.float32)
+    out = np.empty(n, np.float32)
+    build_llvm([func], Target.host().with_cores(1)).get(func.name)(values, out)  # type: ignore[arg-type]
+    with np.errstate(invalid="ignore"):
+        want = convert(values, dtype, True, "up").astype(np.float32)
+    np.testing.assert_array_equal(out, want)
 
 
 # --- sub-byte integers --------------------------------------------------------------------------------
