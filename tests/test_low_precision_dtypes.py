@@ -29,6 +29,7 @@ from relay_tune.ir.dtypes import FLOAT_FORMATS
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import Buffer, For, ForKind, LoopVar, PrimFunc, Store
 from relay_tune.op.low_precision import convert
+from relay_tune.runtime.model import load
 from relay_tune.target import Target
 from relay_tune.text import parse_module, print_module
 from relay_tune.type_infer import infer_types
@@ -313,6 +314,19 @@ def @main(%x: Tensor[(3), float8_e4m3fnuz], %y: Tensor[(3), bfloat16], %z: Tenso
     assert printed == print_module(parse_module(printed, constants=consts))
     assert "float8_e4m3fnuz" in printed and 'round_mode="down"' in printed and consts[0].dtype == constant.dtype
     assert set(FLOAT_FORMATS) <= {"bfloat16", *SMALL_FLOATS, "float8_e8m0fnu"}
+
+
+def test_compiled_model_saves_and_loads_low_precision_buffers(tmp_path: Any) -> None:
+    constant = np.array([0.5, -1.25, 3.0], dtype=ml_dtypes.bfloat16)
+    mod = parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(3), bfloat16], %q: Tensor[(3), int4]) {
+  (add(%x, meta[relay.Constant][0]), cast(%q, dtype="float8_e4m3fn"))
+}""", constants=[constant])
+    x, q = np.array([1, 2, 3], ml_dtypes.bfloat16), np.array([-8, 7, 1], ml_dtypes.int4)
+    loaded = load(build(mod, "llvm").save(tmp_path / "m.rtmod"))
+    total, converted = loaded.run(x=x, q=q)
+    assert total.dtype == constant.dtype and list(total.astype(np.float32)) == [1.5, 0.75, 6.0]
+    assert converted.dtype == np_type("float8_e4m3fn") and list(converted.astype(np.float32)) == [-8, 7, 1]
 
 
 def test_clear_errors() -> None:
