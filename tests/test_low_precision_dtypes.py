@@ -32,6 +32,8 @@ from relay_tune.op.low_precision import convert
 from relay_tune.runtime.model import load
 from relay_tune.target import Target
 from relay_tune.text import parse_module, print_module
+from relay_tune.tuning.runner import DEFAULT_TOLERANCES, _sentinel_fill, compare_outputs, random_inputs
+from relay_tune.tuning.task import TensorSpec
 from relay_tune.type_infer import infer_types
 
 RNG = np.random.default_rng(20261207)
@@ -327,6 +329,21 @@ def @main(%x: Tensor[(3), bfloat16], %q: Tensor[(3), int4]) {
     total, converted = loaded.run(x=x, q=q)
     assert total.dtype == constant.dtype and list(total.astype(np.float32)) == [1.5, 0.75, 6.0]
     assert converted.dtype == np_type("float8_e4m3fn") and list(converted.astype(np.float32)) == [-8, 7, 1]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint2",
+                                   "int2"])
+def test_tuning_runner_inputs_sentinels_and_checks(dtype: str) -> None:
+    spec = TensorSpec((5, 7), dtype)
+    (values,) = random_inputs([spec], seed=3)
+    assert values.dtype == np_type(dtype)
+    wide = values.astype(np.float64)
+    info = ml_dtypes.finfo(values.dtype) if dtype.startswith(("float", "bfloat")) else ml_dtypes.iinfo(values.dtype)
+    assert np.isfinite(wide).all() and (wide >= float(info.min)).all() and (wide <= float(info.max)).all()
+    assert (wide != 0).any()
+    assert compare_outputs(values, values.copy(), DEFAULT_TOLERANCES, 0) is None
+    # never-written outputs are caught (the sentinel differs from the values)
+    assert compare_outputs(_sentinel_fill(spec), values, DEFAULT_TOLERANCES, 0) is not None
 
 
 def test_clear_errors() -> None:
