@@ -216,6 +216,23 @@ def test_sub_byte_integers_convert_as_ml_dtypes(dtype: str) -> None:
             assert np.array_equal(got, values.astype(target))
 
 
+@pytest.mark.parametrize("dtype", ["int4", "uint4", "int2"])
+def test_sub_byte_arithmetic_wraps_as_ml_dtypes(dtype: str) -> None:
+    mod = parse_module(f"""#[version = "0.0.5"]
+def @main(%a: Tensor[(37), {dtype}], %b: Tensor[(37), {dtype}]) {{
+  %0 = add(%a, %b);
+  %1 = multiply(%0, %b);
+  (%1, abs(%a), less(%0, %a))
+}}""")
+    info = ml_dtypes.iinfo(np_type(dtype))
+    a, b = (RNG.integers(int(info.min), int(info.max) + 1, 37).astype(np_type(dtype)) for _ in range(2))
+    interpreted = evaluate(mod, {"a": a, "b": b})
+    compiled = build(mod, "llvm").run(a=a, b=b)
+    for got, want in zip(compiled, interpreted):
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    assert np.array_equal(np.asarray(compiled[0]), (a + b) * b)
+
+
 # --- ONNX models --------------------------------------------------------------------------------------
 
 

@@ -872,9 +872,9 @@ class LLVMCodegenBase:
         return LowPrecision(self.builder, lambda name, typ: self.intrinsic(name, typ), lanes)
 
     def cast(self, value: ir.Value, src: str, dst: str, saturate: bool = False, round_mode: str = "") -> ir.Value:
-        """`value` converted from `src` to `dst`. Low-precision floats convert through float32 (from float64
-        that rounds twice, which can differ from a direct rounding in the last bit of a float8 tie); `saturate`
-        and `round_mode` apply to low-precision float targets (`tir.Cast`)."""
+        """`value` converted from `src` to `dst`. Low-precision floats convert through float32 (float64 and
+        integers wider than 16 bits through a float32 rounded to odd, so that they round once); `saturate` and
+        `round_mode` apply to low-precision float targets (`tir.Cast`)."""
         if src == dst:
             return value
         si, di = dtype_info(src), dtype_info(dst)
@@ -1209,6 +1209,8 @@ class LLVMCodegenBase:
         expected = {"pow": 2, "fma": 3}.get(name, 1)
         if len(args) != expected:
             raise CompileError(f"intrinsic {name} takes {expected} argument(s), got {len(args)}")
+        if info.value_bits:  # abs(-8) wraps to -8 in int4, as in ml_dtypes
+            return self.wrap_sub_byte(self._integer_call(name, dtype, args), dtype)
         if not info.is_float:
             return self._integer_call(name, dtype, args)
         x = args[0]
