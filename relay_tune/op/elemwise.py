@@ -53,7 +53,7 @@ register_op("nn.leaky_relu", 1, E, {"alpha": 0.25}, "relay.attrs.LeakyReluAttrs"
 register_op("clip", 1, E, {"a_min": None, "a_max": None}, "relay.attrs.ClipAttrs", required=("a_min", "a_max"))
 # `saturate` and `round_mode` are ONNX Cast's; they only change conversions to float8 types (low_precision.py).
 register_op("cast", 1, E, {"dtype": "", "saturate": True, "round_mode": "up"}, "relay.attrs.CastAttrs",
-            required=("dtype",))
+            required=("dtype",), unkeyed_defaults=("saturate", "round_mode"))
 
 ARITH_OPS = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum")
 COMPARE_OPS = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
