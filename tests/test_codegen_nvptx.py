@@ -455,6 +455,7 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
     cases: dict[str, tuple[list[Var], Expr]] = {
         "broadcast_to": ([var("b", 3, 1)], call("broadcast_to", var("b", 3, 1), shape=(2, 3, 4))),
         "cast": ([x], call("cast", x, dtype="int32")),
+        "reinterpret": ([x], call("reinterpret", x, dtype="int32")),
         "clip": ([x], call("clip", x, a_min=0.5, a_max=1.2)),
         "collapse_sum_like": ([x, var("s", 3, 1, 8)], call("collapse_sum_like", x, var("s", 3, 1, 8))),
         "concatenate": ([x, y], call("concatenate", Tuple([x, y]), axis=1)),

@@ -152,6 +152,11 @@ def test_cast(src: str, dst: str) -> None:
     run_case(Case("cast", [tt(3, 37, dtype=src)], {"dtype": dst}, fill="small_int"))
 
 
+@pytest.mark.parametrize(("src", "dst"), [("float32", "int32"), ("int16", "float16"), ("uint8", "int8")])
+def test_reinterpret(src: str, dst: str) -> None:
+    run_case(Case("reinterpret", [tt(3, 37, dtype=src)], {"dtype": dst}))
+
+
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "less", "less_equal", "greater",
           "greater_equal", "equal", "not_equal"]
 
@@ -506,7 +511,7 @@ def test_winograd_output_transform(shape: tuple[int, ...], m: int, out: tuple[in
 # ------------------------------------------------------------------------------------------------
 
 TESTED = {
-    *UNARY, *BINARY, "nn.leaky_relu", "clip", "cast", "where", "sum", "mean", "max", "min", "prod",
+    *UNARY, *BINARY, "nn.leaky_relu", "clip", "cast", "reinterpret", "where", "sum", "mean", "max", "min", "prod",
     "collapse_sum_like", "nn.softmax", "nn.log_softmax", "nn.dense", "nn.batch_matmul", "nn.conv2d",
     "nn.contrib_conv2d_NCHWc", "nn.conv1d", "nn.conv3d", "nn.conv2d_transpose", "nn.conv1d_transpose",
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d", "nn.bias_add", "nn.lrn",

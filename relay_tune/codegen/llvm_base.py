@@ -26,11 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
+import numpy as np
 
 from relay_tune.codegen import affine
+from relay_tune.codegen.llvm_lowp import LowPrecision
 from relay_tune.codegen.llvm_math import Float32Math
 from relay_tune.errors import CompileError, UnsupportedError
+from relay_tune.ir.dtypes import FLOAT_FORMATS, SUB_BYTE_INT_DTYPES, sub_byte_bits
 from relay_tune.kernel import tir
+from relay_tune.op._shape import numpy_dtype
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -47,9 +51,14 @@ VOID = ir.VoidType()
 
 @dataclass(frozen=True)
 class DTypeInfo:
+    """How a dtype lives in registers. "lowfloat" types (bfloat16, float8, float4) are their raw codes, `bits`
+    wide, converted to float32 for arithmetic; sub-byte integers are i8 registers holding the value
+    (sign-extended), `value_bits` wide in memory's low bits."""
+
     name: str
-    kind: str  # "float" | "int" | "uint" | "bool"
+    kind: str  # "float" | "int" | "uint" | "bool" | "lowfloat"
     bits: int
+    value_bits: int = 0  # sub-byte integers only
 
     @property
     def is_float(self) -> bool:
@@ -77,6 +86,9 @@ _DTYPES = {
     "uint32": DTypeInfo("uint32", "uint", 32),
     "uint64": DTypeInfo("uint64", "uint", 64),
     "bool": DTypeInfo("bool", "bool", 1),
+    **{name: DTypeInfo(name, "lowfloat", fmt.storage_bits) for name, fmt in FLOAT_FORMATS.items()},
+    **{name: DTypeInfo(name, "uint" if name.startswith("u") else "int", 8, sub_byte_bits(name))
+       for name in SUB_BYTE_INT_DTYPES},
 }
 
 SUPPORTED_DTYPES = tuple(_DTYPES)
@@ -111,6 +123,8 @@ def unify_dtypes(a: str, b: str) -> str:
     if a == b:
         return a
     ia, ib = dtype_info(a), dtype_info(b)
+    if "lowfloat" in (ia.kind, ib.kind):  # compared as float32 values (float64 when the other side is)
+        return "float64" if "float64" in (a, b) else "float32"
     if ia.is_float or ib.is_float:
         floats = [i for i in (ia, ib) if i.is_float]
         return max(floats, key=lambda i: i.bits).name
@@ -577,6 +591,9 @@ class LLVMCodegenBase:
         value = self.cast(self.eval(stmt.value), stmt.value.dtype, buf.dtype)
         if buf.dtype == "bool":
             value = b.zext(value, with_lanes(I8, lanes_of(value)))
+        value_bits = dtype_info(buf.dtype).value_bits
+        if value_bits:  # the low bits only, as ml_dtypes stores the type
+            value = b.and_(value, self.constant("uint8", (1 << value_bits) - 1, lanes_of(value)))
         align = dtype_info(buf.dtype).itemsize
         vec = ctx.vector
         varies = vec is not None and any(affine.contains_var(i, vec.var) for i in stmt.indices)
@@ -729,7 +746,10 @@ class LLVMCodegenBase:
             cond = self.as_condition(self.value_of(node.cond), node.cond.dtype)
             return self.select(node, cond, self.value_of(node.true_value), self.value_of(node.false_value))
         if isinstance(node, tir.Cast):
-            return self.cast(self.value_of(node.value), node.value.dtype, node.dtype)
+            if node.reinterpret:
+                return self.reinterpret(self.value_of(node.value), node.value.dtype, node.dtype)
+            return self.cast(self.value_of(node.value), node.value.dtype, node.dtype, node.saturate,
+                             node.round_mode)
         if isinstance(node, tir.Call):
             return self.lower_call(node)
         if isinstance(node, tir.Load):
@@ -805,6 +825,11 @@ class LLVMCodegenBase:
 
     def constant(self, dtype: str, value: float | int, lanes: int = 1) -> ir.Constant:
         info = dtype_info(dtype)
+        if info.kind == "lowfloat":  # the code ml_dtypes gives the value
+            code = np.asarray(value, dtype=np.float64).astype(numpy_dtype(dtype)).view(f"u{info.bits // 8}")
+            return splat_constant(scalar_type(dtype), int(code), lanes)
+        if info.value_bits:
+            return splat_constant(I8, _wrap(int(value), info.value_bits, info.is_signed), lanes)
         if info.is_float:
             return splat_constant(scalar_type(dtype), float(value), lanes)
         if info.kind == "bool":
@@ -836,20 +861,39 @@ class LLVMCodegenBase:
         """A value as i1 (or a vector of i1): non-zero is true."""
         if dtype == "bool":
             return value
+        if dtype_info(dtype).kind == "lowfloat":
+            value, dtype = self.cast(value, dtype, "float32"), "float32"
         zero = self.constant(dtype, 0, lanes_of(value))
         if dtype_info(dtype).is_float:
             return self.builder.fcmp_unordered("!=", value, zero)
         return self.builder.icmp_unsigned("!=", value, zero)
 
-    def cast(self, value: ir.Value, src: str, dst: str) -> ir.Value:
+    def lowp(self, lanes: int) -> LowPrecision:
+        return LowPrecision(self.builder, lambda name, typ: self.intrinsic(name, typ), lanes)
+
+    def cast(self, value: ir.Value, src: str, dst: str, saturate: bool = False, round_mode: str = "") -> ir.Value:
+        """`value` converted from `src` to `dst`. Low-precision floats convert through float32 (float64 and
+        integers wider than 16 bits through a float32 rounded to odd, so that they round once); `saturate` and
+        `round_mode` apply to low-precision float targets (`tir.Cast`)."""
         if src == dst:
             return value
         si, di = dtype_info(src), dtype_info(dst)
         b = self.builder
         lanes = lanes_of(value)
         target_type = with_lanes(scalar_type(dst), lanes)
+        if si.kind == "lowfloat":
+            return self.cast(self.lowp(lanes).decode(value, FLOAT_FORMATS[src]), "float32", dst, saturate,
+                             round_mode)
+        if di.kind == "lowfloat":
+            if (si.kind in ("int", "uint") and si.bits > 16) or si.name == "float64":
+                wide = self._float32_round_to_odd(self.cast(value, src, "float64"))
+            else:
+                wide = self.cast(value, src, "float32")
+            return self.lowp(lanes).encode(wide, FLOAT_FORMATS[dst], saturate, round_mode)
         if di.kind == "bool":
             return self.as_condition(value, src)
+        if di.value_bits:
+            return self._to_sub_byte(value, si, di)
         known = int_constant_value(value)
         if known is not None and not di.is_float and lanes == 1:
             source = known if si.is_signed or si.kind == "bool" else _wrap(known, si.bits, False)
@@ -872,6 +916,54 @@ class LLVMCodegenBase:
             return b.zext(value, target_type)
         return b.sext(value, target_type)
 
+    def _float32_round_to_odd(self, value: ir.Value) -> ir.Value:
+        """float64 `value` in float32, rounded to odd: truncated toward zero, the last bit set when inexact. A
+        float32 so rounded rounds to any type at least two bits narrower as `value` itself would (rounding twice
+        to nearest could move a value that lies just off a tie of the narrow type onto it)."""
+        b = self.builder
+        lanes = lanes_of(value)
+        i32 = with_lanes(I32, lanes)
+        single = b.fptrunc(value, with_lanes(F32, lanes))
+        back = b.fpext(single, value.type)
+        bits = b.bitcast(single, i32)
+        inexact = b.fcmp_ordered("!=", back, value)
+        fabs = self.intrinsic("llvm.fabs", value.type)
+        away = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [value]))  # rounded away from zero
+        one = splat_constant(I32, 1, lanes)
+        truncated = b.select(away, b.sub(bits, one), bits)  # the neighbour toward zero (sign-magnitude bits)
+        odd = b.select(inexact, b.or_(truncated, one), bits)
+        return b.bitcast(odd, with_lanes(F32, lanes))
+
+    def _to_sub_byte(self, value: ir.Value, si: DTypeInfo, di: DTypeInfo) -> ir.Value:
+        """A conversion to a sub-byte integer as ml_dtypes makes it: integers wrap around; floats round toward
+        zero, and those out of the type's range (NaN and infinities too) give 0."""
+        b = self.builder
+        lanes = lanes_of(value)
+        if si.is_float:
+            low = -(1 << (di.value_bits - 1)) if di.is_signed else 0
+            high = (1 << (di.value_bits - 1)) - 1 if di.is_signed else (1 << di.value_bits) - 1
+            zero = self.constant(si.name, 0, lanes)
+            inside = b.and_(b.fcmp_ordered(">", value, self.constant(si.name, low - 1, lanes)),
+                            b.fcmp_ordered("<", value, self.constant(si.name, high + 1, lanes)))
+            # fptosi of a value out of range is poison: only values inside are converted
+            return b.fptosi(b.select(inside, value, zero), with_lanes(I8, lanes))
+        return self.wrap_sub_byte(self.cast(value, si.name, "int8" if di.is_signed else "uint8"), di.name)
+
+    def reinterpret(self, value: ir.Value, src: str, dst: str) -> ir.Value:
+        """The bits of `value` read as `dst`, a type of the same width (ONNX BitCast)."""
+        si, di = dtype_info(src), dtype_info(dst)
+        b = self.builder
+        lanes = lanes_of(value)
+        if si.kind == "bool":  # a byte 0 or 1
+            value = b.zext(value, with_lanes(I8, lanes))
+        if si.value_bits:  # memory's low bits, not the sign-extended register
+            value = b.and_(value, self.constant("uint8", (1 << si.value_bits) - 1, lanes))
+        if di.kind == "bool":
+            return b.icmp_unsigned("!=", value, ir.Constant(value.type, 0) if lanes == 1
+                                   else ir.Constant(value.type, [0] * lanes))
+        result = b.bitcast(value, with_lanes(scalar_type(dst), lanes))
+        return self.wrap_sub_byte(result, dst) if di.value_bits else result
+
     def lower_binary(self, node: tir.BinaryOp) -> ir.Value:
         op = node.op
         if op in tir.COMPARE_OPS:
@@ -882,9 +974,15 @@ class LLVMCodegenBase:
         b = self.cast(self.value_of(node.b), node.b.dtype, dtype)
         a, b = self.match_lanes(a, b)
         info = dtype_info(dtype)
+        if info.kind == "lowfloat":  # computed in float32, rounded back to the type
+            wide = self.float_op(op, self.cast(a, dtype, "float32"), self.cast(b, dtype, "float32"))
+            return wide if op in tir.COMPARE_OPS else self.cast(wide, "float32", dtype)
         if info.is_float:
             return self.float_op(op, a, b)
-        return self.int_op(op, a, b, dtype)
+        result = self.int_op(op, a, b, dtype)
+        if info.value_bits and op not in tir.COMPARE_OPS:
+            return self.wrap_sub_byte(result, dtype)
+        return result
 
     def float_op(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
         bld = self.builder
@@ -1006,7 +1104,19 @@ class LLVMCodegenBase:
         if buf.dtype == "bool":
             value = b.icmp_unsigned("!=", value, ir.Constant(value.type, [0] * lanes_of(value))
                                     if lanes_of(value) > 1 else ir.Constant(value.type, 0))
+        if dtype_info(buf.dtype).value_bits:
+            value = self.wrap_sub_byte(value, buf.dtype)
         return value
+
+    def wrap_sub_byte(self, value: ir.Value, dtype: str) -> ir.Value:
+        """An i8 register reduced to a sub-byte integer's value: its low bits, sign-extended if signed (the
+        wrap-around of integer arithmetic and conversions, and what a byte in memory holds)."""
+        info = dtype_info(dtype)
+        b = self.builder
+        unused = self.constant("int8", 8 - info.value_bits, lanes_of(value))
+        if info.is_signed:
+            return b.ashr(b.shl(value, unused), unused)
+        return b.and_(value, self.constant("int8", (1 << info.value_bits) - 1, lanes_of(value)))
 
     def lane_pointers(self, pointer: ir.Value, offsets: ir.Value) -> ir.Value:
         instr = VectorGEP(self.builder.block, pointer, offsets)
@@ -1087,6 +1197,9 @@ class LLVMCodegenBase:
         name = node.name
         dtype = node.dtype
         info = dtype_info(dtype)
+        if info.kind == "lowfloat":  # computed in float32, rounded back to the type
+            wide = self.lower_call(tir.Call(name, node.args, "float32"))
+            return self.cast(wide, "float32", dtype)
         args = [self.cast(self.value_of(a), a.dtype, dtype) for a in node.args]
         args = self.match_lanes(*args)
         custom = self.math_call(name, dtype, args)
@@ -1096,6 +1209,8 @@ class LLVMCodegenBase:
         expected = {"pow": 2, "fma": 3}.get(name, 1)
         if len(args) != expected:
             raise CompileError(f"intrinsic {name} takes {expected} argument(s), got {len(args)}")
+        if info.value_bits:  # abs(-8) wraps to -8 in int4, as in ml_dtypes
+            return self.wrap_sub_byte(self._integer_call(name, dtype, args), dtype)
         if not info.is_float:
             return self._integer_call(name, dtype, args)
         x = args[0]

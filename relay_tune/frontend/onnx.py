@@ -79,6 +79,7 @@ from relay_tune.frontend.onnx_importer import (
     OnnxModelError,
     OnnxNode,
     batch_matmul,
+    cast_options,
     flatten_2d,
     format_shape,
     is_empty,
@@ -210,7 +211,15 @@ def _where(imp: Importer, node: OnnxNode) -> Expr:
 
 @converts("Cast")
 def _cast(imp: Importer, node: OnnxNode) -> Expr:
-    return imp.cast(node.required(0), relay_dtype(int(node.attrs["to"]), "Cast target"))
+    dtype = relay_dtype(int(node.attrs["to"]), "Cast target")
+    return imp.cast(node.required(0), dtype, *cast_options(node))
+
+
+@converts("BitCast", newest=REVIEWED_OPSET)
+def _bitcast(imp: Importer, node: OnnxNode) -> Expr:
+    x = node.required(0)
+    dtype = relay_dtype(int(node.attrs["to"]), "BitCast target")
+    return x if imp.dtype(x) == dtype else imp.call("reinterpret", [x], dtype=dtype)
 
 
 @converts("Identity", "Dropout")

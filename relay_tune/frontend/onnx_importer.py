@@ -164,8 +164,11 @@ class Importer:
         return [int(v) for v in self.static(expr, what).reshape(-1)]
 
     # --- common compositions ----------------------------------------------------------------
-    def cast(self, expr: Expr, dtype: str) -> Expr:
-        return expr if self.dtype(expr) == dtype else self.call("cast", [expr], dtype=dtype)
+    def cast(self, expr: Expr, dtype: str, saturate: bool = True, round_mode: str = "up") -> Expr:
+        """`expr` converted to `dtype`; `saturate` and `round_mode` as ONNX Cast's (float8 targets only)."""
+        if self.dtype(expr) == dtype:
+            return expr
+        return self.call("cast", [expr], dtype=dtype, saturate=saturate, round_mode=round_mode)
 
     def reshape(self, expr: Expr, newshape: Sequence[int]) -> Expr:
         if tuple(newshape) == self.shape(expr):
@@ -217,17 +220,38 @@ _ONNX_DTYPES: dict[int, str] = {
     onnx.TensorProto.UINT32: "uint32",
     onnx.TensorProto.UINT64: "uint64",
     onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.FLOAT8E4M3FN: "float8_e4m3fn",
+    onnx.TensorProto.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
+    onnx.TensorProto.FLOAT8E5M2: "float8_e5m2",
+    onnx.TensorProto.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
+    onnx.TensorProto.FLOAT8E8M0: "float8_e8m0fnu",
+    onnx.TensorProto.FLOAT4E2M1: "float4_e2m1fn",
+    onnx.TensorProto.INT4: "int4",
+    onnx.TensorProto.UINT4: "uint4",
+    onnx.TensorProto.INT2: "int2",
+    onnx.TensorProto.UINT2: "uint2",
 }
 
 
 def relay_dtype(elem_type: int, what: str) -> str:
-    """The Relay dtype of an ONNX element type; types without one (string, bfloat16, ...) are unsupported."""
+    """The Relay dtype of an ONNX element type; types without one (string, complex) are unsupported."""
     try:
         return _ONNX_DTYPES[elem_type]
     except KeyError:
         known = elem_type in onnx.TensorProto.DataType.values()
         name = onnx.TensorProto.DataType.Name(elem_type) if known else str(elem_type)
         raise UnsupportedError(f"{what}: ONNX element type {name} is not supported") from None
+
+
+def cast_options(node: OnnxNode) -> tuple[bool, str]:
+    """Cast's and CastLike's `saturate` and `round_mode` (defaults 1 and "up")."""
+    round_mode = node.attrs.get("round_mode", "up")
+    if isinstance(round_mode, bytes):
+        round_mode = round_mode.decode()
+    if round_mode not in ("up", "down", "nearest"):
+        raise OnnxModelError(f"{node.op_type} round_mode must be up, down or nearest, got {round_mode!r}")
+    return bool(int(node.attrs.get("saturate", 1))), str(round_mode)
 
 
 def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:

@@ -18,7 +18,14 @@ import math
 
 import numpy as np
 
-from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, legacy_broadcast, normalize_axis
+from relay_tune.frontend.onnx_importer import (
+    Importer,
+    OnnxModelError,
+    OnnxNode,
+    cast_options,
+    legacy_broadcast,
+    normalize_axis,
+)
 from relay_tune.frontend.onnx_registry import CONVERTERS, REVIEWED_OPSET, converts
 from relay_tune.ir.expr import Expr
 from relay_tune.op._shape import is_float_dtype
@@ -28,7 +35,7 @@ from relay_tune.op._shape import is_float_dtype
 
 @converts("CastLike", newest=REVIEWED_OPSET)
 def _cast_like(imp: Importer, node: OnnxNode) -> Expr:
-    return imp.cast(node.required(0), imp.dtype(node.required(1)))
+    return imp.cast(node.required(0), imp.dtype(node.required(1)), *cast_options(node))
 
 
 def _trunc(imp: Importer, x: Expr) -> Expr:

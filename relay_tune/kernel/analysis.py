@@ -12,10 +12,12 @@ nest deeply.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from relay_tune.ir.dtypes import is_low_precision
 from relay_tune.kernel import te, tir
 from relay_tune.kernel.tir import PrimExpr
 
@@ -68,7 +70,7 @@ def with_children(node: PrimExpr, children: list[PrimExpr]) -> PrimExpr:
     if isinstance(node, tir.Select):
         return tir.Select(children[0], children[1], children[2], node.dtype)
     if isinstance(node, tir.Cast):
-        return tir.Cast(node.dtype, children[0])
+        return dataclasses.replace(node, value=children[0])
     if isinstance(node, tir.Not):
         return tir.Not(children[0])
     if isinstance(node, tir.Call):
@@ -173,6 +175,8 @@ def interval_of(node: PrimExpr, kids: list[Interval], ranges: Ranges) -> Interva
         return (0, 1)
     if isinstance(node, tir.Cast):
         lo, hi = kids[0]
+        if node.reinterpret or is_low_precision(node.dtype):  # bits kept, or wrapped/rounded coarsely
+            return UNBOUNDED
         if is_int_dtype(node.dtype):
             return (math.floor(lo) if not math.isinf(lo) else lo, math.ceil(hi) if not math.isinf(hi) else hi)
         return (lo, hi)
@@ -390,13 +394,14 @@ class Simplifier:
             value = mats[0]
             if value.dtype == node.dtype:
                 return kids[0]
-            if isinstance(value, (tir.IntImm, tir.FloatImm)):
+            if isinstance(value, (tir.IntImm, tir.FloatImm)) and not (
+                    node.reinterpret or is_low_precision(node.dtype) or is_low_precision(value.dtype)):
                 if is_int_dtype(node.dtype):
                     folded: int | float = math.trunc(value.value)
                 else:
                     folded = value.value
                 return self._leaf(_const(folded, node.dtype))
-            return self._wrap(tir.Cast(node.dtype, value))
+            return self._wrap(dataclasses.replace(node, value=value))
         if isinstance(node, tir.Load):
             buffer = bmap.get(node.buffer, node.buffer)
             return self._wrap(tir.Load(buffer, tuple(mats), node.dtype))

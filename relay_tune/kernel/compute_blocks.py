@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay_tune.errors import CompileError, UnsupportedError
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.types import TensorType, Type
 from relay_tune.kernel import te, tir
 from relay_tune.kernel.tir import ExprLike, PrimExpr
@@ -113,18 +114,19 @@ def const_expr(value: Any, dtype: str) -> PrimExpr:
     """A constant of `dtype` from a Python or numpy scalar (bools become `bool` immediates)."""
     if dtype == "bool":
         return tir.IntImm(int(bool(value)), "bool")
-    if dtype.startswith("float"):
+    if dtype.startswith(("float", "bfloat")):
         return tir.FloatImm(float(value), dtype)
     return tir.IntImm(int(value), dtype)
 
 
 def accumulate_dtype(dtype: str) -> str:
-    """The dtype sums and products accumulate in: float32 for float16 (as the references do), else `dtype`."""
-    return "float32" if dtype == "float16" else dtype
+    """The dtype sums and products accumulate in: float32 for float16 and narrower floats (as the references
+    do), else `dtype`."""
+    return "float32" if dtype == "float16" or dtype in LOW_PRECISION_FLOAT_DTYPES else dtype
 
 
 def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
+    return dtype.startswith(("float", "bfloat"))
 
 
 _LAYOUT_TOKEN = re.compile(r"(\d*)([A-Za-z])")

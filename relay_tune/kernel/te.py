@@ -24,7 +24,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
+
 from relay_tune.errors import UnsupportedError
+from relay_tune.ir.dtypes import FLOAT_FORMATS
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import ExprLike, PrimExpr
 
@@ -153,7 +156,7 @@ class Reduce(PrimExpr):
 
 def _index(value: ExprLike) -> PrimExpr:
     expr = tir.as_expr(value)
-    if expr.dtype == "bool" or expr.dtype.startswith("float"):
+    if expr.dtype == "bool" or expr.dtype.startswith(("float", "bfloat")):
         raise TypeError(f"tensor index must be an integer expression, got {expr!r} of type {expr.dtype}")
     return expr
 
@@ -281,11 +284,23 @@ _INT_RANGES = {
     "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1),
     "int64": (-(2**63), 2**63 - 1), "uint8": (0, 2**8 - 1), "uint16": (0, 2**16 - 1),
     "uint32": (0, 2**32 - 1), "uint64": (0, 2**64 - 1),
+    "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3),
 }
 
 
+def _finite_range(dtype: str) -> tuple[float, float] | None:
+    """The lowest and highest value of a low-precision float type without infinities, else None."""
+    if dtype not in FLOAT_FORMATS or FLOAT_FORMATS[dtype].inf_code is not None:
+        return None
+    info = ml_dtypes.finfo(getattr(ml_dtypes, dtype))
+    return float(info.min), float(info.max)
+
+
 def min_value(dtype: str) -> PrimExpr:
-    if dtype.startswith("float"):
+    finite = _finite_range(dtype)
+    if finite is not None:  # -inf would become NaN (or the lowest value) in a type without infinities
+        return tir.FloatImm(finite[0], dtype)
+    if dtype.startswith(("float", "bfloat")):
         return tir.FloatImm(-math.inf, dtype)
     if dtype == "bool":
         return tir.IntImm(0, "bool")
@@ -293,7 +308,10 @@ def min_value(dtype: str) -> PrimExpr:
 
 
 def max_value(dtype: str) -> PrimExpr:
-    if dtype.startswith("float"):
+    finite = _finite_range(dtype)
+    if finite is not None:
+        return tir.FloatImm(finite[1], dtype)
+    if dtype.startswith(("float", "bfloat")):
         return tir.FloatImm(math.inf, dtype)
     if dtype == "bool":
         return tir.IntImm(1, "bool")
@@ -405,7 +423,7 @@ round = _unary("round")
 
 def abs(x: ExprLike) -> PrimExpr:
     e = tir.as_expr(x)
-    if e.dtype.startswith("float"):
+    if e.dtype.startswith(("float", "bfloat")):
         return tir.Call("fabs", (e,), e.dtype)
     return tir.Select(e < 0, -e, e)
 

@@ -148,8 +148,16 @@ class Select(PrimExpr):
 
 @dataclass(frozen=True, slots=True)
 class Cast(PrimExpr):
+    """`value` converted to `dtype`. The conversion rounds to nearest-even into floats; `saturate` and
+    `round_mode` only matter for the low-precision float targets (ONNX Cast: `saturate` clamps float8
+    overflow to the largest finite value, `round_mode` ("up", "down", "nearest") rounds to float8_e8m0fnu;
+    "" is nearest, not saturating). `reinterpret` keeps the bits instead (both types of the same width)."""
+
     dtype: str
     value: PrimExpr
+    saturate: bool = False
+    round_mode: str = ""
+    reinterpret: bool = False
 
 
 INTRINSICS = frozenset(
@@ -335,7 +343,7 @@ def as_expr(value: ExprLike, dtype: str | None = None) -> PrimExpr:
 
 
 def const_like(value: int | float, dtype: str) -> PrimExpr:
-    if dtype.startswith("float"):
+    if dtype.startswith(("float", "bfloat")):
         return FloatImm(float(value), dtype)
     return IntImm(int(value), dtype)
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from relay_tune.errors import RelayTuneError
+from relay_tune.ir.dtypes import is_low_precision
 from relay_tune.kernel import analysis, tir
 
 UNINITIALIZED_INT = -123456789
@@ -133,6 +134,11 @@ def _round(x: float) -> float:
     return math.copysign(math.floor(abs(x) + 0.5), x) if x == x and not math.isinf(x) else x
 
 
+def _reinterpret(x: Any, src: str, dst: str) -> Any:
+    """The bits of `x`, a value of dtype `src`, read as `dst` (of the same width)."""
+    return np.array(x, dtype=src).view(dst).item()
+
+
 def _to_int(x: Any) -> int:
     if isinstance(x, float):
         if x != x or math.isinf(x):
@@ -168,8 +174,8 @@ class _Translator:
         self.names: dict[int, str] = {}
         self.globals: dict[str, Any] = {
             "_oob": _oob, "_tdiv": _tdiv, "_fdiv": _fdiv, "_floordiv": _floordiv, "_floormod": _floormod,
-            "_select": _select, "_fmax": _fmax, "_fmin": _fmin, "_to_int": _to_int, "_nan": math.nan,
-            "_inf": math.inf, "_UNINIT": UNINITIALIZED_INT,
+            "_select": _select, "_fmax": _fmax, "_fmin": _fmin, "_to_int": _to_int, "_reinterpret": _reinterpret,
+            "_nan": math.nan, "_inf": math.inf, "_UNINIT": UNINITIALIZED_INT,
         }
         for name, fn in _INTRINSICS.items():
             self.globals[f"_i_{name}"] = fn
@@ -249,6 +255,12 @@ class _Translator:
         if isinstance(node, tir.Select):
             return f"_select({kids[0]}, {kids[1]}, {kids[2]})"
         if isinstance(node, tir.Cast):
+            if is_low_precision(node.dtype) or is_low_precision(node.value.dtype):
+                # Python floats and ints cannot round to these types: refused, not approximated
+                raise TirEvalError(f"the loop-nest interpreter does not evaluate conversions between "
+                                   f"{node.value.dtype} and {node.dtype}")
+            if node.reinterpret:
+                return f"_reinterpret({kids[0]}, {node.value.dtype!r}, {node.dtype!r})"
             if node.dtype.startswith("float"):
                 return f"float({kids[0]})"
             if node.dtype == "bool":

@@ -15,18 +15,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from relay_tune.errors import RelayTypeError, UnsupportedError
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES, is_low_precision
 from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType, TupleType, Type
 
 # --------------------------------------------------------------------------------------------
 # dtypes
 # --------------------------------------------------------------------------------------------
 
-FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
-SIGNED_INT_DTYPES = frozenset({"int8", "int16", "int32", "int64"})
-UNSIGNED_INT_DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64"})
+# The low-precision types (relay_tune.ir.dtypes) are named as in ml_dtypes, so `numpy_dtype` maps them 1:1.
+FLOAT_DTYPES = frozenset({"float16", "float32", "float64"}) | LOW_PRECISION_FLOAT_DTYPES
+SIGNED_INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "int4", "int2"})
+UNSIGNED_INT_DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64", "uint4", "uint2"})
 INT_DTYPES = SIGNED_INT_DTYPES | UNSIGNED_INT_DTYPES
 DTYPES = FLOAT_DTYPES | INT_DTYPES | {"bool"}
 
@@ -64,6 +67,8 @@ def numpy_dtype(dtype: str) -> np.dtype:
     """The numpy dtype of a Relay dtype string."""
     if dtype not in DTYPES:
         raise UnsupportedError(f"dtype {dtype!r} has no numpy equivalent")
+    if is_low_precision(dtype):
+        return np.dtype(getattr(ml_dtypes, dtype))
     return np.dtype(dtype)
 
 

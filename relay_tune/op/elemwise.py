@@ -23,6 +23,7 @@ import numpy as np
 
 from relay_tune.errors import RelayTypeError
 from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.dtypes import SATURATING_FLOAT8_DTYPES
 from relay_tune.ir.types import TensorType, Type
 from relay_tune.op._shape import (
     broadcast_shapes,
@@ -34,6 +35,7 @@ from relay_tune.op._shape import (
     numpy_dtype,
     same_dtype,
 )
+from relay_tune.op.low_precision import check_round_mode, convert
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 E, B = OpPattern.ELEMWISE, OpPattern.BROADCAST
@@ -49,7 +51,9 @@ for _name in UNARY_OPS:
 register_op("nn.relu", 1, E)
 register_op("nn.leaky_relu", 1, E, {"alpha": 0.25}, "relay.attrs.LeakyReluAttrs")
 register_op("clip", 1, E, {"a_min": None, "a_max": None}, "relay.attrs.ClipAttrs", required=("a_min", "a_max"))
-register_op("cast", 1, E, {"dtype": ""}, "relay.attrs.CastAttrs", required=("dtype",))
+# `saturate` and `round_mode` are ONNX Cast's; they only change conversions to float8 types (low_precision.py).
+register_op("cast", 1, E, {"dtype": "", "saturate": True, "round_mode": "up"}, "relay.attrs.CastAttrs",
+            required=("dtype",), unkeyed_defaults=("saturate", "round_mode"))
 
 ARITH_OPS = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum")
 COMPARE_OPS = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
@@ -90,6 +94,7 @@ for _name in (*UNARY_OPS, "nn.relu", "nn.leaky_relu", "clip"):
 def _cast_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     expect_arity(arg_types, 1, "cast")
     x = expect_tensor(arg_types[0], "cast")
+    check_round_mode(attrs["round_mode"])
     return TensorType(x.shape, check_dtype(attrs["dtype"], "cast"))
 
 
@@ -227,10 +232,9 @@ def _clip_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
 @reference("cast")
 def _cast_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
     x = np.asarray(inputs[0])
-    target = numpy_dtype(check_dtype(attrs["dtype"], "cast"))
+    dtype = check_dtype(attrs["dtype"], "cast")
     # Out-of-range float -> int conversions are undefined in generated code; numpy's result stands in.
-    with np.errstate(all="ignore"):
-        return x.astype(target)
+    return convert(x, dtype, bool(attrs["saturate"]), str(attrs["round_mode"]))
 
 
 def _trunc_divide(a: Array, b: Array) -> Array:
@@ -370,7 +374,23 @@ def _clip_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> 
 @compute("cast")
 def _cast_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     dtype = check_dtype(attrs["dtype"], "cast")
-    return elementwise("cast", inputs, out_type, lambda x: te.cast(dtype, x))
+    saturate, round_mode = bool(attrs["saturate"]), check_round_mode(attrs["round_mode"])
+
+    def convert_one(x: tir.PrimExpr) -> tir.PrimExpr:
+        if x.dtype == dtype:
+            return x
+        if dtype in SATURATING_FLOAT8_DTYPES or dtype == "float8_e8m0fnu":
+            return tir.Cast(dtype, x, saturate=saturate, round_mode=round_mode if dtype == "float8_e8m0fnu" else "")
+        return te.cast(dtype, x)
+
+    return elementwise("cast", inputs, out_type, convert_one)
+
+
+@compute("reinterpret")
+def _reinterpret_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    dtype = check_dtype(attrs["dtype"], "reinterpret")
+    return elementwise("reinterpret", inputs, out_type,
+                       lambda x: x if x.dtype == dtype else tir.Cast(dtype, x, reinterpret=True))
 
 
 def _te_divide(a: tir.PrimExpr, b: tir.PrimExpr) -> tir.PrimExpr:

@@ -19,11 +19,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from relay_tune.errors import RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.types import ANY, Dim, TensorType, TupleType, Type
+from relay_tune.op._shape import is_float_dtype, is_int_dtype
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 OUT_EW = OpPattern.OUT_ELEMWISE_FUSABLE
@@ -382,6 +385,8 @@ def conv1d_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
 
 def accumulator_dtype(out_dtype: str) -> np.dtype:
     """The dtype a reference accumulates in: float32 for half/single, float64 for double, int64 for ints."""
+    if out_dtype in LOW_PRECISION_FLOAT_DTYPES:
+        return np.dtype(np.float32)
     dt = np.dtype(out_dtype)
     if dt.kind == "f":
         return np.dtype(np.float64) if dt.itemsize > 4 else np.dtype(np.float32)
@@ -654,7 +659,7 @@ def softmax_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     if data.ndim == 0:
         raise RelayTypeError("softmax needs a tensor of rank >= 1, got a scalar", op_name="nn.softmax")
     _axis(attrs["axis"], data.ndim, "nn.softmax", data)
-    if np.dtype(data.dtype).kind != "f":
+    if not is_float_dtype(data.dtype):
         raise RelayTypeError(f"softmax needs a floating-point tensor, got {data.dtype}", op_name="nn.softmax")
     return data
 
@@ -789,8 +794,15 @@ def max_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     g = _pool_geometry(attrs, "nn.max_pool2d")
     x = np.moveaxis(data, (g.h_axis, g.w_axis), (-2, -1))
     out_hw, pad_h, pad_w = _pool_padding(x.shape[-2:], g)
-    # Padding never wins a max: use -inf (or the smallest integer).
-    lowest = -np.inf if data.dtype.kind == "f" else np.iinfo(data.dtype).min
+    # Padding never wins a max: use -inf (or the smallest value of an integer type or of a float type
+    # without infinities, where ml_dtypes would turn -inf into NaN).
+    if data.dtype.kind == "f":
+        lowest: float = -np.inf
+    elif is_float_dtype(data.dtype.name) or is_int_dtype(data.dtype.name):
+        lowest = float(ml_dtypes.finfo(data.dtype).min if is_float_dtype(data.dtype.name)
+                       else ml_dtypes.iinfo(data.dtype).min)
+    else:
+        lowest = float(np.iinfo(data.dtype).min)
     padded = np.pad(x, [(0, 0)] * (x.ndim - 2) + [pad_h, pad_w], constant_values=lowest)
     out = _pool_windows(padded, g, out_hw).max(axis=(-2, -1))
     return np.ascontiguousarray(np.moveaxis(out, (-2, -1), (g.h_axis, g.w_axis)))
@@ -1067,7 +1079,7 @@ def conv1d_transpose_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarr
 
 def _float_data(arg_types: Sequence[Type], op_name: str) -> TensorType:
     data = _tensor_arg(arg_types[0], op_name, "data")
-    if np.dtype(data.dtype).kind != "f":
+    if not is_float_dtype(data.dtype):
         raise RelayTypeError(f"needs a floating-point tensor, got {data.dtype}", op_name=op_name)
     return data
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from relay_tune.errors import RelayTypeError
 from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.types import TensorType, Type
 from relay_tune.op._shape import (
     expect_arity,
@@ -82,7 +83,8 @@ for _name in REDUCE_OPS:
 
 
 def _accumulate_dtype(dtype: np.dtype) -> np.dtype:
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
+    # float16 and the narrower floats (ml_dtypes types) sum in float32
+    return np.dtype(np.float32) if dtype == np.float16 or dtype.name in LOW_PRECISION_FLOAT_DTYPES else dtype
 
 
 def _sum(x: Array, axes: tuple[int, ...]) -> Array:

@@ -56,6 +56,9 @@ class OpDef:
     pattern: OpPattern = OpPattern.OPAQUE
     description: str = ""
     required_attrs: tuple[str, ...] = ()
+    # Attributes added after tuning logs keyed the operator without them: left out of workload keys while at
+    # their defaults, so that existing records still match (`passes.extract_tasks.canonical_text`).
+    unkeyed_defaults: tuple[str, ...] = ()
     type_relation: TypeRelation | None = None
     reference: ReferenceImpl | None = None
     compute: Callable[..., Any] | None = None
@@ -75,6 +78,11 @@ class OpDef:
         values = dict(self.attr_defaults)
         values.update(given)
         return Attrs(values)
+
+    def keyed_attrs(self, attrs: Attrs) -> list[str]:
+        """The attribute names a workload key includes: all but `unkeyed_defaults` at their defaults."""
+        shown = self.non_default_attrs(attrs)
+        return [k for k in attrs if k not in self.unkeyed_defaults or k in shown]
 
     def non_default_attrs(self, attrs: Attrs) -> dict[str, Any]:
         """The attributes a printer needs to write: those that differ from the defaults."""
@@ -99,6 +107,7 @@ def register_op(
     attrs_type_key: str | None = None,
     required: Sequence[str] = (),
     description: str = "",
+    unkeyed_defaults: Sequence[str] = (),
 ) -> OpDef:
     if name in _REGISTRY:
         raise ValueError(f"operator {name} registered twice")
@@ -110,6 +119,7 @@ def register_op(
         pattern=pattern,
         description=description,
         required_attrs=tuple(required),
+        unkeyed_defaults=tuple(unkeyed_defaults),
     )
     _REGISTRY[name] = opdef
     return opdef

@@ -116,7 +116,8 @@ def canonical_text(func: Function) -> str:
             continue
         text: str
         if isinstance(node, Call):
-            attrs = ", ".join(f"{k}={_attr_text(node.attrs[k])}" for k in sorted(node.attrs))
+            keyed = get_op(node.op.name).keyed_attrs(node.attrs) if isinstance(node.op, Op) else list(node.attrs)
+            attrs = ", ".join(f"{k}={_attr_text(node.attrs[k])}" for k in sorted(keyed))
             args = ", ".join(names[id(a)] for a in node.args)
             text = f"{names[id(node.op)]}({args}; {attrs})"
         elif isinstance(node, Tuple):

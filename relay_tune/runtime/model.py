@@ -50,6 +50,7 @@ import numpy as np
 
 from relay_tune.codegen.jit import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.errors import RelayTuneError
+from relay_tune.op._shape import is_float_dtype, is_int_dtype, numpy_dtype
 from relay_tune.runtime.executor import NativeExecutor
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
 from relay_tune.runtime.pages import pack
@@ -569,11 +570,13 @@ class CompiledModel:
         rng = np.random.default_rng(seed)
         inputs: dict[str, np.ndarray] = {}
         for name, value in zip(self._input_names, self._input_values):
-            dtype = np.dtype(value.dtype)
-            if dtype.kind == "f":
-                inputs[name] = rng.standard_normal(value.shape).astype(dtype)
-            elif dtype.kind in "iu":
-                inputs[name] = rng.integers(0, 4, value.shape).astype(dtype)
+            dtype = numpy_dtype(value.dtype)
+            if is_float_dtype(value.dtype):
+                normal = rng.standard_normal(value.shape)
+                # float8_e8m0fnu holds only positive powers of two
+                inputs[name] = (np.abs(normal) if value.dtype == "float8_e8m0fnu" else normal).astype(dtype)
+            elif is_int_dtype(value.dtype):
+                inputs[name] = rng.integers(0, 2 if value.dtype == "int2" else 4, value.shape).astype(dtype)
             else:
                 inputs[name] = rng.random(value.shape) < 0.5
         return inputs

@@ -26,6 +26,7 @@ import numpy as np
 
 from relay_tune.errors import ParseError, RelayTypeError, UnknownOperatorError
 from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.expr import (
     Call,
     Constant,
@@ -100,11 +101,13 @@ _NUMBER_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)(?:([fi])([0-
 _DTYPE_RE = re.compile(r"(bool)|(uint|int|float|bfloat)([0-9]*)((?:x[0-9]+)?)")
 _INT_BITS = {"": 32, "8": 8, "16": 16, "32": 32, "64": 64}
 _FLOAT_BITS = {"": 32, "16": 16, "32": 32, "64": 64}
-_DTYPE_BITS = {"int": {1, 4, 8, 16, 32, 64}, "uint": {1, 4, 8, 16, 32, 64}, "float": {16, 32, 64}, "bfloat": {16}}
+_DTYPE_BITS = {"int": {1, 2, 4, 8, 16, 32, 64}, "uint": {1, 2, 4, 8, 16, 32, 64}, "float": {16, 32, 64}, "bfloat": {16}}
 _MISSING = object()
 
 def normalize_dtype(name: str) -> str | None:
     """The canonical dtype for a type name (`int` -> `int32`), or None if `name` is not a dtype."""
+    if name in LOW_PRECISION_FLOAT_DTYPES:  # float8_e4m3fn, ...: ml_dtypes' names, written as they are
+        return name
     m = _DTYPE_RE.fullmatch(name)
     if m is None:
         return None

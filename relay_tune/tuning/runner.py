@@ -66,12 +66,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
+import ml_dtypes
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
 from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
+from relay_tune.op._shape import numpy_dtype
 from relay_tune.records.measure import ErrorKind, RunResult
 from relay_tune.runtime.context import Production, context_loop, private_cache_bytes, production
 from relay_tune.runtime.pages import huge_page_empty
@@ -83,7 +86,19 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-2, 1e-2),
     "float32": (1e-4, 1e-5),
     "float64": (1e-9, 1e-12),
+    # the narrow floats: two steps of the type's resolution (a sum in another order may round the other way)
+    **{name: (2 * float(ml_dtypes.finfo(getattr(ml_dtypes, name)).eps),) * 2 for name in LOW_PRECISION_FLOAT_DTYPES},
 }
+
+
+def _kind(dtype: np.dtype) -> str:
+    """numpy's kind letter, also for the ml_dtypes types (kind "V"): "f" for their floats, "i"/"u" for their
+    integers."""
+    if dtype.kind != "V":
+        return dtype.kind
+    if dtype.name in LOW_PRECISION_FLOAT_DTYPES:
+        return "f"
+    return "u" if dtype.name.startswith("u") else "i"
 
 
 class Runner(ABC):
@@ -137,17 +152,21 @@ def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays: list[np.ndarray] = []
     for spec in specs:
-        dtype = np.dtype(spec.dtype)
-        if dtype.kind == "f":
+        dtype = numpy_dtype(spec.dtype)
+        kind = _kind(dtype)
+        # at most 7, and no more than a narrow integer type holds (int2: 1, uint2: 3)
+        high = min(8, int(ml_dtypes.iinfo(dtype).max) + 1) if kind in "iu" else 8
+        if kind == "f":
             magnitude = rng.uniform(0.05, 1.0, size=spec.shape)
             sign = rng.choice(np.array([-1.0, 1.0]), size=spec.shape)
-            arrays.append((magnitude if spec.nonnegative else magnitude * sign).astype(dtype))
-        elif dtype.kind == "b":
+            unsigned = spec.nonnegative or spec.dtype == "float8_e8m0fnu"
+            arrays.append((magnitude if unsigned else magnitude * sign).astype(dtype))
+        elif kind == "b":
             arrays.append(rng.integers(0, 2, size=spec.shape).astype(dtype))
-        elif dtype.kind == "u":
-            arrays.append(rng.integers(1, 8, size=spec.shape).astype(dtype))
-        elif dtype.kind == "i":
-            values = rng.integers(1, 8, size=spec.shape)
+        elif kind == "u":
+            arrays.append(rng.integers(1, high, size=spec.shape).astype(dtype))
+        elif kind == "i":
+            values = rng.integers(1, high, size=spec.shape)
             sign = rng.choice(np.array([-1, 1]), size=spec.shape)
             arrays.append((values if spec.nonnegative else values * sign).astype(dtype))
         else:
@@ -482,12 +501,16 @@ class KernelLoader:
 
 
 def _sentinel_fill(spec: TensorSpec) -> np.ndarray:
-    dtype = np.dtype(spec.dtype)
-    if dtype.kind == "f":
+    dtype = numpy_dtype(spec.dtype)
+    kind = _kind(dtype)
+    if kind == "f" and spec.dtype == "float4_e2m1fn":  # no NaN: its largest value
+        return np.full(spec.shape, float(ml_dtypes.finfo(dtype).max), dtype=dtype)
+    if kind == "f":
         return np.full(spec.shape, np.nan, dtype=dtype)
-    if dtype.kind == "b":
+    if kind == "b":
         return np.ones(spec.shape, dtype=dtype)
-    return np.full(spec.shape, np.iinfo(dtype).min + 17, dtype=dtype)
+    info = ml_dtypes.iinfo(dtype)
+    return np.full(spec.shape, min(int(info.min) + 17, int(info.max)), dtype=dtype)
 
 
 def compare_outputs(
@@ -496,7 +519,7 @@ def compare_outputs(
     """None when `actual` matches `expected` within the dtype's tolerance, else a description of the mismatch."""
     if actual.shape != expected.shape:
         return f"output {index}: shape {actual.shape} != expected {expected.shape}"
-    if actual.dtype.kind in "iub" or expected.dtype.kind in "iub":
+    if _kind(actual.dtype) in "iub" or _kind(expected.dtype) in "iub":
         bad = actual != expected
         detail = ""
     else:
@@ -510,7 +533,7 @@ def compare_outputs(
     if count == 0:
         return None
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    unwritten = int(np.count_nonzero(np.isnan(actual))) if actual.dtype.kind == "f" else 0
+    unwritten = int(np.count_nonzero(np.isnan(actual.astype(np.float64)))) if _kind(actual.dtype) == "f" else 0
     note = f"; {unwritten} never written" if unwritten else ""
     return (f"output {index}: {count} of {actual.size} elements differ{detail}{note}; first at {first}: "
             f"got {actual[first]!r}, expected {expected[first]!r}")
