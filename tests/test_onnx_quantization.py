@@ -472,3 +472,24 @@ def test_dynamically_quantized_mlp_matches_onnxruntime(tmp_path: Any) -> None:
     want = _run_ort(model, {"x": x})
     np.testing.assert_allclose(compiled.run(x=x), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(evaluate(mod, {"x": x}), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("qtype", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2, TensorProto.FLOAT4E2M1])
+def test_float8_and_float4_quantization_round_trips_like_the_reference(qtype: int, saturate: int) -> None:
+    from onnx.reference import ReferenceEvaluator
+
+    x = (np.random.default_rng(7).standard_normal((3, 7)) * 40).astype(np.float32)  # beyond e4m3's 448: saturates
+    scale = np.array([0.5, 0.25, 2.0], np.float32)
+    zero = helper.make_tensor("z", qtype, [3], [0.0, 0.0, 0.0])
+    attrs = {"axis": 0} if qtype == TensorProto.FLOAT4E2M1 else {"axis": 0, "saturate": saturate}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **attrs),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0)]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 7])],
+                              [onnx.numpy_helper.from_array(scale, "s"), zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    mod, _ = from_onnx(model)
+    np.testing.assert_array_equal(np.asarray(evaluate(mod, {"x": x})), want)
+    np.testing.assert_array_equal(build(mod, "llvm").run(x), want)

@@ -16,7 +16,8 @@ All are compositions of existing Relay operators:
   overflow as onnxruntime's do). The QLinear operators requantize that int32 result in float32, as onnxruntime
   does.
 
-Quantization to the float8 and 4-bit float types is not supported (no such Relay dtypes).
+Quantization to the float8 and 4-bit float types divides by the scale, adds the zero point and converts, the
+conversion rounding to nearest even and saturating as `saturate` says.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from relay_tune.errors import UnsupportedError
 from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, normalize_axis, relay_dtype
 from relay_tune.frontend.onnx_registry import CONVERTERS, REVIEWED_OPSET, converts
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.expr import Constant, Expr, Tuple
 
 MICROSOFT = "com.microsoft"
@@ -109,7 +111,7 @@ def quantize(imp: Importer, x: Expr, scale: Expr, zero_point: Expr | None, qdtyp
 def dequantize(imp: Importer, x: Expr, scale: Expr, zero_point: Expr | None, out_dtype: str = "float32") -> Expr:
     """`(x - zero_point) * scale` as `out_dtype`, computed in float32 (float64 for 32-bit integers, whose
     values float32 does not hold exactly)."""
-    compute = "float64" if np.dtype(imp.dtype(x)).itemsize >= 4 and _is_integer(imp.dtype(x)) else "float32"
+    compute = "float64" if _is_integer(imp.dtype(x)) and np.dtype(imp.dtype(x)).itemsize >= 4 else "float32"
     value = imp.cast(x, compute)
     if zero_point is not None:
         value = imp.call("subtract", [value, imp.cast(zero_point, compute)])
@@ -153,20 +155,28 @@ def _float_dtype(*dtypes: str) -> str:
 def _quantize_linear(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
     qdtype = _quantized_dtype(imp, node, node.input(2))
-    if not _is_integer(qdtype):
-        raise UnsupportedError(f"QuantizeLinear to {qdtype} (integer types are supported)")
+    if not _is_integer(qdtype) and qdtype not in LOW_PRECISION_FLOAT_DTYPES:
+        raise UnsupportedError(f"QuantizeLinear to {qdtype} (integer and 8- or 4-bit float types are supported)")
     scale, zero = _params(imp, node, x, "QuantizeLinear")
     precision = int(node.attrs.get("precision", 0))
     compute = (relay_dtype(precision, "QuantizeLinear precision") if precision
                else _float_dtype(imp.dtype(x), imp.dtype(node.required(1))))
+    if qdtype in LOW_PRECISION_FLOAT_DTYPES:
+        # to a float type: no rounding step of its own, the conversion rounds (to nearest even) and saturates
+        # as the `saturate` attribute says
+        q = imp.call("divide", [imp.cast(x, compute), imp.cast(scale, compute)])
+        if zero is not None:
+            q = imp.call("add", [q, imp.cast(zero, compute)])
+        return imp.cast(q, qdtype, saturate=bool(int(node.attrs.get("saturate", 1))))
     return quantize(imp, x, scale, zero, qdtype, compute)
 
 
 @converts("DequantizeLinear", newest=REVIEWED_OPSET)
 def _dequantize_linear(imp: Importer, node: OnnxNode) -> Expr:
     x = node.required(0)
-    if not _is_integer(imp.dtype(x)):
-        raise UnsupportedError(f"DequantizeLinear of {imp.dtype(x)} (integer types are supported)")
+    if not _is_integer(imp.dtype(x)) and imp.dtype(x) not in LOW_PRECISION_FLOAT_DTYPES:
+        raise UnsupportedError(f"DequantizeLinear of {imp.dtype(x)} (integer and 8- or 4-bit float types are "
+                               "supported)")
     scale, zero = _params(imp, node, x, "DequantizeLinear")
     attr = int(node.attrs.get("output_dtype", 0))
     out = relay_dtype(attr, "DequantizeLinear output_dtype") if attr else imp.dtype(node.required(1))
