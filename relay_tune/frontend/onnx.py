@@ -23,8 +23,8 @@ How the import works
 
 Operators beyond the core ones convert in their own modules, each registering its converters in the table of
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
-Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
-TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
+Trilu, CumSum, CumProd and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`),
+arg reductions, TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
 RotaryEmbedding (`onnx_ops_attention`). Most are compositions of existing Relay operators.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
