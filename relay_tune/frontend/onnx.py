@@ -25,7 +25,8 @@ Operators beyond the core ones convert in their own modules, each registering it
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
 Trilu, CumSum, CumProd and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`),
 arg reductions, TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
-RotaryEmbedding (`onnx_ops_attention`). Most are compositions of existing Relay operators.
+RotaryEmbedding (`onnx_ops_attention`), bitwise operators, MeanVarianceNormalization and ReverseSequence
+(`onnx_ops_misc`). Most are compositions of existing Relay operators.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
@@ -62,6 +63,7 @@ from relay_tune.frontend import (  # noqa: F401
     onnx_ops_index,
     onnx_ops_loss,
     onnx_ops_math,
+    onnx_ops_misc,
 )
 from relay_tune.frontend.onnx_importer import (
     Importer,
