@@ -4,7 +4,7 @@ The family modules register their operators into the registry on import; importi
 can reach `relay_tune.op.registry`, whose package this is) makes the registry complete on first use.
 """
 
-from relay_tune.op import elemwise, image, indexing, nn, reduce, transform, winograd  # noqa: F401  (they register their operators)
+from relay_tune.op import elemwise, image, indexing, nn, reduce, signal, transform, winograd  # noqa: F401  (they register their operators)
 from relay_tune.op.registry import OpDef, OpPattern, all_ops, get_op, has_op
 
 __all__ = ["OpDef", "OpPattern", "all_ops", "get_op", "has_op"]
