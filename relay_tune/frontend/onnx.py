@@ -1150,10 +1150,17 @@ def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
 
 
 def _opset(model: onnx.ModelProto) -> int:
+    """The opset the converters follow. A model of an older opset than `MIN_OPSET` imports as `MIN_OPSET` when
+    every operator it uses has the same definition at both (`Not`, `Relu`, ... of opset 1)."""
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     opset = max(versions) if versions else MIN_OPSET
+    if 1 <= opset < MIN_OPSET and all(
+            _operator_version(node.op_type, opset) == _operator_version(node.op_type, MIN_OPSET) is not None
+            for node in model.graph.node if node.domain in _DEFAULT_DOMAINS):
+        return MIN_OPSET
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise UnsupportedError(f"ONNX opset {opset} (relay-tune imports opsets {MIN_OPSET} to {MAX_OPSET})")
+        raise UnsupportedError(f"ONNX opset {opset} (relay-tune imports opsets {MIN_OPSET} to {MAX_OPSET}, and "
+                               f"older ones whose operators are defined as at opset {MIN_OPSET})")
     return opset
 
 
