@@ -546,8 +546,8 @@ def test_an_older_opset_imports_when_its_operators_are_defined_as_at_opset_6() -
     # Not-1 is still the definition at opset 6 (Relu-1 of the test above is not: Relu-6 replaced it)
     x = np.array([[True, False, True]])
     model = make_model([helper.make_node("Not", ["x"], ["y"])], {"x": x}, ["y"], opset=1)
-    mod, params = from_onnx(model)
-    np.testing.assert_array_equal(evaluate(mod, {"x": x}, params), ~x)
+    mod, _ = from_onnx(model)
+    np.testing.assert_array_equal(evaluate(mod, {"x": x}), ~x)
 
 
 def test_node_errors_name_the_node() -> None:

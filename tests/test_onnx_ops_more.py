@@ -1,7 +1,7 @@
-"""CumProd, BitwiseAnd/Or/Xor, MeanVarianceNormalization, ReverseSequence, the windows, DFT and STFT against
-onnx's reference evaluator, through the interpreter and the compiled model, plus the Relay operators behind
-them (`cumprod`, `bitwise_*`, `signal.window`, `signal.dft`) on their own: the text format, type errors, and
-their kernels against their numpy references.
+"""CumProd, BitwiseAnd/Or/Xor, MeanVarianceNormalization, ReverseSequence, AffineGrid, Col2Im, the windows, DFT
+and STFT against onnx's reference evaluator, through the interpreter and the compiled model, plus the Relay
+operators behind them (`cumprod`, `bitwise_*`, `signal.window`, `signal.dft`) on their own: the text format,
+type errors, and their kernels against their numpy references.
 
 Shapes are odd and data random and non-zero; only shape-deciding inputs (axes, sizes, lengths, steps) are
 initializers.
@@ -60,6 +60,18 @@ NORMALISATION_AND_SEQUENCES = [
       attrs={"batch_axis": 0, "time_axis": 1}, opset=10),
 ]
 
+IMAGE = [
+    C("affine-grid-2d", "AffineGrid", {"theta": rand(2, 2, 3)}, consts={"size": i64(2, 3, 5, 7)}, opset=20,
+      rtol=1e-5, atol=1e-5),
+    C("affine-grid-3d-align-corners", "AffineGrid", {"theta": rand(3, 3, 4)}, consts={"size": i64(3, 1, 4, 3, 5)},
+      attrs={"align_corners": 1}, opset=20, rtol=1e-5, atol=1e-5),
+    C("col2im-strides-pads-dilations", "Col2Im", {"x": rand(2, 3 * 6, 15)},
+      consts={"image": i64(7, 6), "block": i64(2, 3)},
+      attrs={"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [2, 1]}, opset=18),
+    C("col2im-3d", "Col2Im", {"x": rand(1, 2 * 4, 16)}, consts={"image": i64(3, 4, 3), "block": i64(2, 1, 2)},
+      opset=18),
+]
+
 SIGNAL = [
     C("hann-periodic-odd", "HannWindow", {}, consts={"size": i64(11).reshape(())}, opset=17),
     C("hamming-symmetric-float64", "HammingWindow", {}, consts={"size": np.array(9, np.int32)},
@@ -82,7 +94,7 @@ SIGNAL = [
       rtol=1e-4, atol=1e-4),
 ]
 
-CASES = CUMPROD + BITWISE + NORMALISATION_AND_SEQUENCES + SIGNAL
+CASES = CUMPROD + BITWISE + NORMALISATION_AND_SEQUENCES + IMAGE + SIGNAL
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -161,6 +173,8 @@ def test_relay_type_errors_are_clear(text: str, message: str) -> None:
     ("DFT", {"x": rand(2, 5, 2)}, {}, {"onesided": 1, "axis": 1}, 17, "one-sided DFT needs a real input"),
     ("STFT", {"x": rand(1, 10, 1)}, {"step": i64(2).reshape(())}, {}, 17, "needs a window or a frame_length"),
     ("MeanVarianceNormalization", {"x": rand(2, 3, 4, 5, dtype="int32")}, {}, {}, 13, "floating-point"),
+    ("AffineGrid", {"theta": rand(2, 3, 4)}, {"size": i64(2, 1, 4, 4)}, {}, 20, r"theta \(N, 2, 3\)"),
+    ("Col2Im", {"x": rand(1, 4, 5)}, {"image": i64(3, 3), "block": i64(2, 2)}, {}, 18, r"\(N, C \* 4, 4\)"),
 ])
 def test_bad_nodes_get_one_clear_error(op: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray],
                                        attrs: dict[str, Any], opset: int, message: str) -> None:

@@ -25,8 +25,9 @@ Operators beyond the core ones convert in their own modules, each registering it
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
 Trilu, CumSum, CumProd and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`),
 arg reductions, TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
-RotaryEmbedding (`onnx_ops_attention`), bitwise operators, MeanVarianceNormalization and ReverseSequence
-(`onnx_ops_misc`), windows, DFT and STFT (`onnx_ops_signal`). Most are compositions of existing Relay operators.
+RotaryEmbedding (`onnx_ops_attention`), bitwise operators, MeanVarianceNormalization, ReverseSequence,
+AffineGrid and Col2Im (`onnx_ops_misc`), windows, DFT and STFT (`onnx_ops_signal`). Most are compositions of
+existing Relay operators.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in

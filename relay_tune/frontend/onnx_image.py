@@ -246,7 +246,8 @@ def _trilu(imp: Importer, node: OnnxNode) -> Expr:
     return imp.call("trilu", [node.required(0)], k=k, upper=bool(node.attrs.get("upper", 1)))
 
 
-@converts("CumSum", "CumProd", newest=26)
+@converts("CumSum", newest=14)
+@converts("CumProd", newest=26)
 def _cumulative(imp: Importer, node: OnnxNode) -> Expr:
     """CumSum (11, 14) and CumProd (26): the same attributes and axis input."""
     x = node.required(0)

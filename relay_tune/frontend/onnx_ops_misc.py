@@ -1,4 +1,6 @@
-"""ONNX converters for BitwiseAnd/Or/Xor (Relay's `bitwise_*`), MeanVarianceNormalization and ReverseSequence.
+"""ONNX converters for BitwiseAnd/Or/Xor (Relay's `bitwise_*`), MeanVarianceNormalization, ReverseSequence,
+AffineGrid (a batched matmul of theta with the constant grid of output coordinates) and Col2Im (a gather of
+each pixel's columns at constant indices, summed over the block offsets).
 
 The converters register in the importer's table when `relay_tune.frontend.onnx` is imported.
 """
@@ -6,10 +8,11 @@ The converters register in the importer's table when `relay_tune.frontend.onnx` 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, normalize_axis
+from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, batch_matmul, normalize_axis
 from relay_tune.frontend.onnx_registry import REVIEWED_OPSET, converts
 from relay_tune.ir.expr import Expr
 from relay_tune.op._shape import is_float_dtype, is_int_dtype
@@ -72,3 +75,83 @@ def _reverse_sequence(imp: Importer, node: OnnxNode) -> Expr:
     offsets = imp.call("add", [imp.call("multiply", [source_step, imp.const(strides[time_axis], "int64")]),
                                imp.const(np.broadcast_to(others, shape), "int64")])
     return imp.call("take", [imp.reshape(x, [math.prod(shape)]), offsets], axis=0, mode="clip")
+
+
+def _grid_axis(extent: int, align_corners: bool) -> np.ndarray:
+    """The normalised coordinates [-1, 1] of `extent` samples: the centres of the cells, or (align_corners) the
+    corners, as AffineGrid places them (a single corner-aligned sample sits at -1)."""
+    if align_corners:
+        return np.linspace(-1.0, 1.0, extent) if extent > 1 else np.full(extent, -1.0)
+    return (2.0 * np.arange(extent) + 1.0) / extent - 1.0
+
+
+@converts("AffineGrid", newest=REVIEWED_OPSET)
+def _affine_grid(imp: Importer, node: OnnxNode) -> Expr:
+    """theta (N, k, k + 1) applied to the homogeneous coordinates of every output point: one batched matmul of
+    the constant grid (points, k + 1) with theta transposed, giving (N, *spatial, k) with x first."""
+    theta = node.required(0)
+    size = imp.static_ints(node.input(1), "size of AffineGrid")
+    dims = len(size) - 2
+    batch, *spatial = size[0], *size[2:]
+    if dims not in (2, 3) or imp.shape(theta) != (batch, dims, dims + 1):
+        raise OnnxModelError(f"AffineGrid needs size (N, C, H, W) or (N, C, D, H, W) and theta (N, {dims}, "
+                             f"{dims + 1}), got size {size} and theta {list(imp.shape(theta))}")
+    dtype = imp.dtype(theta)
+    if not is_float_dtype(dtype):
+        raise OnnxModelError(f"theta of AffineGrid must be floating point, got {dtype}")
+    align = bool(node.attrs.get("align_corners", 0))
+    axes = np.meshgrid(*(_grid_axis(n, align) for n in spatial), indexing="ij")  # (D,) H, W
+    # homogeneous coordinates, x (the last spatial axis) first
+    points = np.stack([*reversed(axes), np.ones(spatial)], axis=-1).reshape(-1, dims + 1)
+    grid = batch_matmul(imp, imp.const(points, dtype), imp.call("transpose", [theta], axes=[0, 2, 1]))
+    return imp.reshape(grid, [batch, *spatial, dims])
+
+
+def _col2im_sources(image: Sequence[int], block: Sequence[int], dilations: Sequence[int], pads: Sequence[int],
+                    strides: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
+    """For each block offset k and image pixel p: the column `l` whose block covers p at offset k, and whether
+    one does; plus the column count. Each pixel receives at most one column per offset."""
+    dims = len(image)
+    begin = pads[:dims]
+    columns = [(image[d] + pads[d] + pads[d + dims] - dilations[d] * (block[d] - 1) - 1) // strides[d] + 1
+               for d in range(dims)]
+    if any(c < 1 for c in columns):
+        raise OnnxModelError(f"Col2Im: the blocks {list(block)} do not fit the padded image {list(image)}")
+    offsets = np.indices(block).reshape(dims, -1)  # (dims, K)
+    pixels = np.indices(image).reshape(dims, -1)  # (dims, P)
+    # the block's start in padded coordinates: pixel + begin - offset * dilation, a multiple of the stride
+    starts = pixels[:, None, :] + np.asarray(begin)[:, None, None] - offsets[:, :, None] * np.asarray(dilations)[
+        :, None, None]
+    stride = np.asarray(strides)[:, None, None]
+    column = starts // stride
+    valid = np.all((starts % stride == 0) & (column >= 0) & (column < np.asarray(columns)[:, None, None]), axis=0)
+    flat = np.ravel_multi_index(tuple(np.where(valid, column, 0)), columns)  # (K, P)
+    return flat, valid, math.prod(columns)
+
+
+@converts("Col2Im", newest=REVIEWED_OPSET)
+def _col2im(imp: Importer, node: OnnxNode) -> Expr:
+    """Sums the columns (N, C * prod(block), L) back into images (N, C, *image_shape): per pixel, a gather of
+    the one column each block offset contributes (constant indices), masked and summed over the offsets."""
+    x = node.required(0)
+    image = imp.static_ints(node.input(1), "image_shape of Col2Im")
+    block = imp.static_ints(node.input(2), "block_shape of Col2Im")
+    dims = len(image)
+    dilations = [int(v) for v in node.attrs.get("dilations", [1] * dims)]
+    pads = [int(v) for v in node.attrs.get("pads", [0] * 2 * dims)]
+    strides = [int(v) for v in node.attrs.get("strides", [1] * dims)]
+    if len(block) != dims or len(dilations) != dims or len(strides) != dims or len(pads) != 2 * dims:
+        raise OnnxModelError(f"Col2Im: image_shape {image}, block_shape {block}, dilations {dilations}, strides "
+                             f"{strides} and pads {pads} disagree on the number of spatial axes")
+    shape = imp.static_shape(x, "the input of Col2Im")
+    kernel = math.prod(block)
+    flat, valid, columns = _col2im_sources(image, block, dilations, pads, strides)
+    if len(shape) != 3 or shape[1] % kernel or shape[2] != columns:
+        raise OnnxModelError(f"the input of Col2Im must have shape (N, C * {kernel}, {columns}), got {list(shape)}")
+    batch, channels = shape[0], shape[1] // kernel
+    rows = imp.reshape(x, [batch, channels, kernel * columns])  # (N, C, K * L): offset k's columns at k * L
+    sources = flat + np.arange(kernel)[:, None] * columns
+    gathered = imp.call("take", [rows, imp.const(sources, "int64")], axis=2, mode="clip")  # (N, C, K, P)
+    dtype = imp.dtype(x)
+    masked = imp.call("where", [imp.const(valid, "bool"), gathered, imp.const(0, dtype)])
+    return imp.reshape(imp.call("sum", [masked], axis=[2]), [batch, channels, *image])
