@@ -16,7 +16,7 @@ import pytest
 from test_onnx_ops_misc import C, Case, _check, _outputs, _reference, i64, rand
 
 from relay_tune import build
-from relay_tune.errors import RelayTypeError
+from relay_tune.errors import RelayTypeError, UnsupportedError
 from relay_tune.frontend import from_onnx
 from relay_tune.frontend.onnx import OnnxModelError
 from relay_tune.interpreter import evaluate
@@ -180,4 +180,50 @@ def test_bad_nodes_get_one_clear_error(op: str, inputs: dict[str, np.ndarray], c
                                        attrs: dict[str, Any], opset: int, message: str) -> None:
     model = Case("bad", op, inputs, attrs=attrs, consts=consts, opset=opset).model()
     with pytest.raises(OnnxModelError, match=message):
+        from_onnx(model)
+
+
+# --- operators whose output shape depends on input values ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("op", "inputs", "attrs", "outputs", "opset"), [
+    ("NonZero", {"x": np.array([[0, 3, 0], [1, 0, -2]], np.int32)}, {}, 1, 13),
+    ("Unique", {"x": np.array([2.0, 1.0, 2.0, -3.0, 1.0], np.float32)}, {"sorted": 0}, 4, 11),
+    ("Compress", {"x": rand(3, 4), "cond": np.array([True, False, True])}, {"axis": 0}, 1, 11),
+    ("NonMaxSuppression", {"boxes": rand(1, 5, 4, low=0, high=1), "scores": rand(1, 1, 5, low=0, high=1),
+                           "max": i64(3), "iou": np.array([0.5], np.float32)}, {}, 1, 11),
+])
+def test_data_dependent_operators_fold_when_their_inputs_are_constants(
+        op: str, inputs: dict[str, np.ndarray], attrs: dict[str, Any], outputs: int, opset: int) -> None:
+    case = Case("folded", op, {}, attrs=attrs, consts=inputs, outputs=outputs, opset=opset)
+    model = case.model()
+    mod, _ = from_onnx(model)
+    want = _reference(case, model)
+    got = _outputs(evaluate(mod, {}))
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_compress_with_a_constant_condition_takes_from_run_time_data() -> None:
+    for attrs, cond in (({"axis": -1}, np.array([True, False, True, True, False])), ({}, np.arange(7) % 3 == 1)):
+        case = Case("compress", "Compress", {"x": rand(2, 3, 5)}, attrs=attrs, consts={"cond": cond}, opset=11)
+        model = case.model()
+        mod, _ = from_onnx(model)
+        _check(case, _outputs(evaluate(mod, case.inputs)), _reference(case, model))
+        _check(case, _outputs(build(mod, "llvm").run(**case.inputs)), _reference(case, model))
+
+
+@pytest.mark.parametrize(("op", "inputs", "outputs", "reason"), [
+    ("NonZero", {"x": rand(3, 4)}, 1, "the number of non-zero elements"),
+    ("Unique", {"x": rand(6)}, 1, "the number of distinct values"),
+    ("Compress", {"x": rand(3, 4), "cond": np.array([True, False, True])}, 1,
+     "the number of true conditions.*only when its condition is a constant"),
+    ("NonMaxSuppression", {"boxes": rand(1, 5, 4), "scores": rand(1, 1, 5)}, 1, "the number of boxes kept"),
+])
+def test_data_dependent_operators_on_run_time_values_are_refused_naming_node_and_reason(
+        op: str, inputs: dict[str, np.ndarray], outputs: int, reason: str) -> None:
+    model = Case("dynamic", op, inputs, outputs=outputs, opset=13).model()
+    with pytest.raises(UnsupportedError, match=rf"node #0 \({op}\): the output shape of {op} depends on the "
+                                               rf"values of its inputs \({reason}"):
         from_onnx(model)

@@ -1,6 +1,8 @@
 """ONNX converters for BitwiseAnd/Or/Xor (Relay's `bitwise_*`), MeanVarianceNormalization, ReverseSequence,
-AffineGrid (a batched matmul of theta with the constant grid of output coordinates) and Col2Im (a gather of
-each pixel's columns at constant indices, summed over the block offsets).
+AffineGrid (a batched matmul of theta with the constant grid of output coordinates), Col2Im (a gather of
+each pixel's columns at constant indices, summed over the block offsets), and the operators whose output shape
+depends on input values (NonZero, Unique, NonMaxSuppression, Compress): folded at import when their inputs are
+constants (Compress: when its condition is), refused with the reason otherwise.
 
 The converters register in the importer's table when `relay_tune.frontend.onnx` is imported.
 """
@@ -12,9 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from relay_tune.errors import UnsupportedError
 from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, batch_matmul, normalize_axis
 from relay_tune.frontend.onnx_registry import REVIEWED_OPSET, converts
-from relay_tune.ir.expr import Expr
+from relay_tune.ir.expr import Constant, Expr
 from relay_tune.op._shape import is_float_dtype, is_int_dtype
 
 _BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
@@ -155,3 +158,63 @@ def _col2im(imp: Importer, node: OnnxNode) -> Expr:
     dtype = imp.dtype(x)
     masked = imp.call("where", [imp.const(valid, "bool"), gathered, imp.const(0, dtype)])
     return imp.reshape(imp.call("sum", [masked], axis=[2]), [batch, channels, *image])
+
+
+# --- operators whose output shape depends on input values -------------------------------------------------------
+
+_DATA_DEPENDENT = {
+    "NonZero": "the number of non-zero elements",
+    "Unique": "the number of distinct values",
+    "NonMaxSuppression": "the number of boxes kept",
+    "Compress": "the number of true conditions",
+}
+
+
+def _fold_with_onnx_reference(imp: Importer, node: OnnxNode) -> list[Expr]:
+    """The node evaluated at import time by onnx's reference evaluator, every input being a constant."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"in{i}" if value is not None else "" for i, value in enumerate(node.inputs)]
+    feeds = {name: imp.static(value, f"input {i} of {node.op_type}")
+             for i, (name, value) in enumerate(zip(names, node.inputs)) if value is not None}
+    outputs = [f"out{i}" for i in range(len(node.outputs))]
+    proto = helper.make_node(node.op_type, names, outputs, **node.attrs)
+    results = ReferenceEvaluator(proto, opsets={"": imp.opset}).run(None, feeds)
+    return [imp.const(value, np.asarray(value).dtype.name) for value in results]
+
+
+def _data_dependent_error(node: OnnxNode, needed: str = "its inputs are constants") -> UnsupportedError:
+    return UnsupportedError(
+        f"the output shape of {node.op_type} depends on the values of its inputs ({_DATA_DEPENDENT[node.op_type]}) "
+        f"and relay-tune compiles static shapes: it converts this node only when {needed}")
+
+
+@converts("NonZero", "Unique", "NonMaxSuppression", newest=REVIEWED_OPSET)
+def _data_dependent(imp: Importer, node: OnnxNode) -> list[Expr]:
+    """Folded at import when every input is a constant, and refused with the reason otherwise."""
+    if all(value is None or isinstance(value, Constant) for value in node.inputs):
+        return _fold_with_onnx_reference(imp, node)
+    raise _data_dependent_error(node)
+
+
+@converts("Compress", newest=REVIEWED_OPSET)
+def _compress(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
+    """A `take` of the selected positions when the condition is a constant (whatever the data); refused when
+    the condition is computed at run time."""
+    x, condition = node.required(0), node.required(1)
+    if not isinstance(condition, Constant):
+        raise _data_dependent_error(node, "its condition is a constant")
+    selected = np.flatnonzero(np.asarray(condition.data).reshape(-1)).astype(np.int64)
+    if "axis" not in node.attrs:
+        shape = imp.static_shape(x, "the input of Compress")
+        if selected.size and selected[-1] >= math.prod(shape):
+            raise OnnxModelError(f"the condition of Compress selects position {selected[-1]} of a tensor of "
+                                 f"{math.prod(shape)} elements")
+        return imp.call("take", [imp.reshape(x, [math.prod(shape)]), imp.const(selected, "int64")], axis=0)
+    rank = imp.rank(x)
+    axis = normalize_axis(int(node.attrs["axis"]), rank)
+    extent = imp.shape(x)[axis]
+    if selected.size and isinstance(extent, int) and selected[-1] >= extent:
+        raise OnnxModelError(f"the condition of Compress selects position {selected[-1]} of an axis of {extent}")
+    return imp.call("take", [x, imp.const(selected, "int64")], axis=axis)
