@@ -68,6 +68,9 @@ IMAGE = [
     C("col2im-strides-pads-dilations", "Col2Im", {"x": rand(2, 3 * 6, 15)},
       consts={"image": i64(7, 6), "block": i64(2, 3)},
       attrs={"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [2, 1]}, opset=18),
+    C("pad-wrap-axes", "Pad", {"x": rand(3, 4, 5)},
+      consts={"pads": i64(2, 0, 7, 1), "value": np.array(0, np.float32), "axes": i64(0, -1)}, attrs={"mode": "wrap"},
+      opset=19),
     C("col2im-3d", "Col2Im", {"x": rand(1, 2 * 4, 16)}, consts={"image": i64(3, 4, 3), "block": i64(2, 1, 2)},
       opset=18),
 ]

@@ -1012,8 +1012,8 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
     shape = imp.shape(x)
     rank = len(shape)
     mode = node.attr_str("mode", "constant")
-    if mode not in ("constant", "reflect", "edge"):
-        raise UnsupportedError(f"Pad mode {mode!r} (constant, reflect and edge are supported)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise OnnxModelError(f"Pad mode {mode!r} is not one of constant, reflect, edge and wrap")
     value: Expr = imp.const(0, imp.dtype(x))
     if "pads" in node.attrs or "paddings" in node.attrs:  # opset < 11
         pads = [int(p) for p in node.attrs.get("pads", node.attrs.get("paddings"))]
@@ -1030,6 +1030,8 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
     widths = [[0, 0] for _ in range(rank)]
     for k, axis in enumerate(axes):
         widths[axis] = [pads[k], pads[k + len(axes)]]
+    if mode == "wrap":
+        return _wrap_pad(imp, x, widths)
     # Negative pads crop: pad by the positive parts, then slice the negative ones away.
     positive = [[max(b, 0), max(a, 0)] for b, a in widths]
     out = x
@@ -1041,6 +1043,22 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
         begin = [max(b, 0) for _, b, _ in crops]
         end = [padded[axis] - max(a, 0) for axis, _, a in crops]
         out = imp.call("strided_slice", [out], begin=begin, end=end, axes=[axis for axis, _, _ in crops])
+    return out
+
+
+def _wrap_pad(imp: Importer, x: Expr, widths: Sequence[Sequence[int]]) -> Expr:
+    """Pad mode `wrap`: along each padded axis a gather at (j - before) mod extent, so the padding repeats the
+    tensor periodically (and a negative pad crops)."""
+    out = x
+    for axis, (before, after) in enumerate(widths):
+        if not before and not after:
+            continue
+        extent = imp.static_shape(out, "the input of a wrap Pad")[axis]
+        length = extent + before + after
+        if extent == 0 or length < 0:
+            raise OnnxModelError(f"wrap padding {before, after} does not fit an axis of {extent}")
+        sources = (np.arange(length, dtype=np.int64) - before) % extent
+        out = imp.call("take", [out, imp.const(sources, "int64")], axis=axis, mode="clip")
     return out
 
 
