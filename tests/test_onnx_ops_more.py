@@ -71,6 +71,12 @@ IMAGE = [
     C("pad-wrap-axes", "Pad", {"x": rand(3, 4, 5)},
       consts={"pads": i64(2, 0, 7, 1), "value": np.array(0, np.float32), "axes": i64(0, -1)}, attrs={"mode": "wrap"},
       opset=19),
+    # indices anywhere in each (batch, channel) plane of the unpooled (4, 6) shape, repeats included (the last
+    # write wins)
+    C("max-unpool-repeated-indices-output-shape", "MaxUnpool",
+      {"x": rand(2, 3, 2, 3), "i": (np.arange(6).reshape(2, 3, 1, 1) * 24 + np.array([[0, 7, 7], [23, 12, 7]]))},
+      consts={"shape": i64(2, 3, 6, 8)}, attrs={"kernel_shape": [3, 2], "strides": [2, 2], "pads": [0, 0, 1, 0]},
+      opset=11),
     C("col2im-3d", "Col2Im", {"x": rand(1, 2 * 4, 16)}, consts={"image": i64(3, 4, 3), "block": i64(2, 1, 2)},
       opset=18),
 ]

@@ -26,7 +26,8 @@ Operators beyond the core ones convert in their own modules, each registering it
 Trilu, CumSum, CumProd and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`),
 arg reductions, TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
 RotaryEmbedding (`onnx_ops_attention`), bitwise operators, MeanVarianceNormalization, ReverseSequence,
-AffineGrid and Col2Im (`onnx_ops_misc`), windows, DFT and STFT (`onnx_ops_signal`). Most are compositions of
+AffineGrid, Col2Im, MaxUnpool and the data-dependent NonZero, Unique, NonMaxSuppression and Compress
+(`onnx_ops_misc`), windows, DFT and STFT (`onnx_ops_signal`). Most are compositions of
 existing Relay operators.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the

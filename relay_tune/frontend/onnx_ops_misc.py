@@ -1,8 +1,8 @@
 """ONNX converters for BitwiseAnd/Or/Xor (Relay's `bitwise_*`), MeanVarianceNormalization, ReverseSequence,
 AffineGrid (a batched matmul of theta with the constant grid of output coordinates), Col2Im (a gather of
-each pixel's columns at constant indices, summed over the block offsets), and the operators whose output shape
-depends on input values (NonZero, Unique, NonMaxSuppression, Compress): folded at import when their inputs are
-constants (Compress: when its condition is), refused with the reason otherwise.
+each pixel's columns at constant indices, summed over the block offsets), MaxUnpool, and the operators whose
+output shape depends on input values (NonZero, Unique, NonMaxSuppression, Compress): folded at import when their
+inputs are constants (Compress: when its condition is), refused with the reason otherwise.
 
 The converters register in the importer's table when `relay_tune.frontend.onnx` is imported.
 """
@@ -218,3 +218,48 @@ def _compress(imp: Importer, node: OnnxNode) -> Expr | list[Expr]:
     if selected.size and isinstance(extent, int) and selected[-1] >= extent:
         raise OnnxModelError(f"the condition of Compress selects position {selected[-1]} of an axis of {extent}")
     return imp.call("take", [x, imp.const(selected, "int64")], axis=axis)
+
+
+@converts("MaxUnpool", newest=REVIEWED_OPSET)
+def _max_unpool(imp: Importer, node: OnnxNode) -> Expr:
+    """Each value written at its index into a zero tensor of the shape pooling came from, as ONNX's reference
+    does: the indices address that (inferred) shape, and a larger `output_shape` pads it at the end. Per
+    (batch, channel) plane every output position finds the last input whose index names it (O(P * M) per plane)."""
+    x, indices = node.required(0), node.required(1)
+    shape = imp.static_shape(x, "the input of MaxUnpool")
+    dims = len(shape) - 2
+    kernel = [int(v) for v in node.attrs.get("kernel_shape", [])]
+    strides = [int(v) for v in node.attrs.get("strides", [1] * dims)]
+    pads = [int(v) for v in node.attrs.get("pads", [0] * 2 * dims)]
+    if dims < 1 or len(kernel) != dims or len(strides) != dims or len(pads) != 2 * dims:
+        raise OnnxModelError(f"MaxUnpool: kernel_shape {kernel}, strides {strides} and pads {pads} do not match an "
+                             f"input of shape {list(shape)}")
+    if imp.shape(indices) != tuple(shape):
+        raise OnnxModelError(f"the indices of MaxUnpool must have the input's shape {list(shape)}, got "
+                             f"{list(imp.shape(indices))}")
+    spatial = [(shape[d + 2] - 1) * strides[d] - pads[d] - pads[d + dims] + kernel[d] for d in range(dims)]
+    planes, inputs, outputs = shape[0] * shape[1], math.prod(shape[2:]), math.prod(spatial)
+    # position p of plane q is the flat index q * outputs + p
+    targets = np.arange(planes * outputs, dtype=np.int64).reshape(planes, outputs, 1)
+    named = imp.call("equal", [imp.reshape(imp.cast(indices, "int64"), [planes, 1, inputs]),
+                               imp.const(targets, "int64")])  # (planes, outputs, inputs)
+    order = np.arange(1, inputs + 1, dtype=np.int64).reshape(1, 1, inputs)
+    last = imp.call("max", [imp.call("where", [named, imp.const(order, "int64"), imp.const(0, "int64")])],
+                    axis=[2])  # (planes, outputs): 1 + the last input written there, 0 for none
+    offsets = imp.call("add", [imp.call("subtract", [last, imp.const(1, "int64")]),
+                               imp.const(np.arange(planes, dtype=np.int64).reshape(planes, 1) * inputs, "int64")])
+    dtype = imp.dtype(x)
+    values = imp.call("take", [imp.reshape(x, [planes * inputs]), offsets], axis=0, mode="clip")
+    written = imp.call("greater", [last, imp.const(0, "int64")])
+    out = imp.reshape(imp.call("where", [written, values, imp.const(0, dtype)]), [*shape[:2], *spatial])
+    if node.input(2) is None:
+        return out
+    wanted = imp.static_ints(node.input(2), "output_shape of MaxUnpool")
+    if len(wanted) != len(shape) or wanted[:2] != list(shape[:2]) or any(
+            w < s for w, s in zip(wanted[2:], spatial)):
+        raise OnnxModelError(f"output_shape {wanted} of MaxUnpool must keep N and C and hold the unpooled shape "
+                             f"{[*shape[:2], *spatial]}")
+    if wanted[2:] == spatial:
+        return out
+    widths = [[0, 0], [0, 0], *([0, w - s] for w, s in zip(wanted[2:], spatial))]
+    return imp.call("nn.pad", [out, imp.const(0, dtype)], pad_width=widths, pad_mode="constant")
