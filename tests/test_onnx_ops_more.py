@@ -1,7 +1,8 @@
-"""CumProd, BitwiseAnd/Or/Xor, MeanVarianceNormalization, ReverseSequence, AffineGrid, Col2Im, the windows, DFT
-and STFT against onnx's reference evaluator, through the interpreter and the compiled model, plus the Relay
-operators behind them (`cumprod`, `bitwise_*`, `signal.window`, `signal.dft`) on their own: the text format,
-type errors, and their kernels against their numpy references.
+"""CumProd, BitwiseAnd/Or/Xor, Det, MeanVarianceNormalization, ReverseSequence, AffineGrid, Col2Im, MaxUnpool,
+Pad's wrap mode, the windows, DFT and STFT against onnx's reference evaluator, through the interpreter and the
+compiled model, plus the Relay operators behind them (`cumprod`, `bitwise_*`, `signal.window`, `signal.dft`) on
+their own: the text format, type errors, and their kernels against their numpy references; and the operators
+whose output shape depends on input values: folded from constants, refused otherwise.
 
 Shapes are odd and data random and non-zero; only shape-deciding inputs (axes, sizes, lengths, steps) are
 initializers.
@@ -50,6 +51,9 @@ BITWISE = [
 ]
 
 NORMALISATION_AND_SEQUENCES = [
+    C("det-3x3-batched", "Det", {"x": rand(2, 3, 3, 3)}, opset=11, rtol=1e-4, atol=1e-4),
+    C("det-4x4-float64", "Det", {"x": rand(5, 4, 4, dtype=F64)}, opset=22, rtol=1e-10, atol=1e-10),
+    C("det-1x1", "Det", {"x": rand(1, 1)}, opset=11),
     C("mvn-default-axes", "MeanVarianceNormalization", {"x": rand(2, 3, 5, 7)}, rtol=1e-4, atol=1e-4),
     C("mvn-axes-1", "MeanVarianceNormalization", {"x": rand(3, 6, 5)}, attrs={"axes": [1]}, opset=9,
       rtol=1e-4, atol=1e-4),
@@ -182,6 +186,7 @@ def test_relay_type_errors_are_clear(text: str, message: str) -> None:
     ("DFT", {"x": rand(2, 5, 2)}, {}, {"onesided": 1, "axis": 1}, 17, "one-sided DFT needs a real input"),
     ("STFT", {"x": rand(1, 10, 1)}, {"step": i64(2).reshape(())}, {}, 17, "needs a window or a frame_length"),
     ("MeanVarianceNormalization", {"x": rand(2, 3, 4, 5, dtype="int32")}, {}, {}, 13, "floating-point"),
+    ("Det", {"x": rand(2, 3, 4)}, {}, {}, 11, "square matrices"),
     ("AffineGrid", {"theta": rand(2, 3, 4)}, {"size": i64(2, 1, 4, 4)}, {}, 20, r"theta \(N, 2, 3\)"),
     ("Col2Im", {"x": rand(1, 4, 5)}, {"image": i64(3, 3), "block": i64(2, 2)}, {}, 18, r"\(N, C \* 4, 4\)"),
 ])
@@ -235,4 +240,10 @@ def test_data_dependent_operators_on_run_time_values_are_refused_naming_node_and
     model = Case("dynamic", op, inputs, outputs=outputs, opset=13).model()
     with pytest.raises(UnsupportedError, match=rf"node #0 \({op}\): the output shape of {op} depends on the "
                                                rf"values of its inputs \({reason}"):
+        from_onnx(model)
+
+
+def test_det_of_a_large_matrix_is_refused_with_the_limit() -> None:
+    model = Case("det", "Det", {"x": rand(5, 5)}, opset=11).model()
+    with pytest.raises(UnsupportedError, match="Det of 5 x 5 matrices"):
         from_onnx(model)

@@ -25,7 +25,7 @@ Operators beyond the core ones convert in their own modules, each registering it
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
 Trilu, CumSum, CumProd and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`),
 arg reductions, TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention and
-RotaryEmbedding (`onnx_ops_attention`), bitwise operators, MeanVarianceNormalization, ReverseSequence,
+RotaryEmbedding (`onnx_ops_attention`), bitwise operators, Det, MeanVarianceNormalization, ReverseSequence,
 AffineGrid, Col2Im, MaxUnpool and the data-dependent NonZero, Unique, NonMaxSuppression and Compress
 (`onnx_ops_misc`), windows, DFT and STFT (`onnx_ops_signal`). Most are compositions of
 existing Relay operators.

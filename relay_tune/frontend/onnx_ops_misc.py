@@ -1,4 +1,5 @@
-"""ONNX converters for BitwiseAnd/Or/Xor (Relay's `bitwise_*`), MeanVarianceNormalization, ReverseSequence,
+"""ONNX converters for BitwiseAnd/Or/Xor (Relay's `bitwise_*`), Det (the permutation expansion, up to 4 x 4),
+MeanVarianceNormalization, ReverseSequence,
 AffineGrid (a batched matmul of theta with the constant grid of output coordinates), Col2Im (a gather of
 each pixel's columns at constant indices, summed over the block offsets), MaxUnpool, and the operators whose
 output shape depends on input values (NonZero, Unique, NonMaxSuppression, Compress): folded at import when their
@@ -9,6 +10,7 @@ The converters register in the importer's table when `relay_tune.frontend.onnx` 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -263,3 +265,34 @@ def _max_unpool(imp: Importer, node: OnnxNode) -> Expr:
         return out
     widths = [[0, 0], [0, 0], *([0, w - s] for w, s in zip(wanted[2:], spatial))]
     return imp.call("nn.pad", [out, imp.const(0, dtype)], pad_width=widths, pad_mode="constant")
+
+
+_DET_MAX = 4  # 4! = 24 products of 4 factors; beyond that the permutation expansion stops being sensible
+
+
+@converts("Det", newest=REVIEWED_OPSET)
+def _det(imp: Importer, node: OnnxNode) -> Expr:
+    """The determinant of each trailing (n, n) matrix by its permutation (Leibniz) expansion, for n up to 4."""
+    x = node.required(0)
+    shape = imp.static_shape(x, "the input of Det")
+    dtype = imp.dtype(x)
+    if len(shape) < 2 or shape[-1] != shape[-2] or not is_float_dtype(dtype):
+        raise OnnxModelError(f"Det needs floating-point square matrices (..., n, n), got {dtype}{list(shape)}")
+    n = shape[-1]
+    if not 1 <= n <= _DET_MAX:
+        raise UnsupportedError(f"Det of {n} x {n} matrices (relay-tune expands determinants up to {_DET_MAX} x "
+                               f"{_DET_MAX})")
+    flat = imp.reshape(x, [*shape[:-2], n * n])
+    entries = [imp.call("take", [flat, imp.const(i, "int64")], axis=len(shape) - 2) for i in range(n * n)]
+    total: Expr | None = None
+    for perm in itertools.permutations(range(n)):
+        inversions = sum(perm[i] > perm[j] for i in range(n) for j in range(i + 1, n))
+        product = entries[perm[0]]
+        for row in range(1, n):
+            product = imp.call("multiply", [product, entries[row * n + perm[row]]])
+        if total is None:
+            total = product
+        else:
+            total = imp.call("subtract" if inversions % 2 else "add", [total, product])
+    assert total is not None
+    return total
