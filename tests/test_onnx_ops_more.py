@@ -1,8 +1,9 @@
 """CumProd, BitwiseAnd/Or/Xor, Det, MeanVarianceNormalization, ReverseSequence, AffineGrid, Col2Im, MaxUnpool,
-Pad's wrap mode, the windows, DFT and STFT against onnx's reference evaluator, through the interpreter and the
-compiled model, plus the Relay operators behind them (`cumprod`, `bitwise_*`, `signal.window`, `signal.dft`) on
-their own: the text format, type errors, and their kernels against their numpy references; and the operators
-whose output shape depends on input values: folded from constants, refused otherwise.
+Pad's wrap mode, ConvTranspose's output_shape beyond the full result, the windows, DFT and STFT against onnx's
+reference evaluator (or onnxruntime), through the interpreter and the compiled model, plus the Relay operators
+behind them (`cumprod`, `bitwise_*`, `signal.window`, `signal.dft`) on their own: the text format, type errors,
+and their kernels against their numpy references; and the operators whose output shape depends on input values:
+folded from constants, refused otherwise.
 
 Shapes are odd and data random and non-zero; only shape-deciding inputs (axes, sizes, lengths, steps) are
 initializers.
@@ -81,6 +82,11 @@ IMAGE = [
       {"x": rand(2, 3, 2, 3), "i": (np.arange(6).reshape(2, 3, 1, 1) * 24 + np.array([[0, 7, 7], [23, 12, 7]]))},
       consts={"shape": i64(2, 3, 6, 8)}, attrs={"kernel_shape": [3, 2], "strides": [2, 2], "pads": [0, 0, 1, 0]},
       opset=11),
+    # output_shape beyond the full result (9, 8), within the stride: zeros at the end (and the bias over them),
+    # two columns of them
+    C("conv-transpose-output-shape-beyond-full", "ConvTranspose", {"x": rand(2, 3, 4, 3)},
+      consts={"w": rand(3, 2, 3, 2), "b": rand(2)}, attrs={"strides": [2, 3], "output_shape": [10, 10]}, opset=11,
+      rtol=1e-4, atol=1e-4, oracle="onnxruntime"),  # the reference evaluator's ConvTranspose rejects this case
     C("col2im-3d", "Col2Im", {"x": rand(1, 2 * 4, 16)}, consts={"image": i64(3, 4, 3), "block": i64(2, 1, 2)},
       opset=18),
 ]

@@ -443,9 +443,10 @@ def _conv_transpose(imp: Importer, node: OnnxNode) -> Expr:
         before, after = [], []
         for size, k, s, d, op_, out_size in zip(in_sizes, kernel, strides, dilations, output_padding, wanted):
             total = s * (int(size) - 1) + op_ + (k - 1) * d + 1 - out_size  # type: ignore[call-overload]
-            if total < 0:
-                raise UnsupportedError(f"output_shape {wanted} needs negative padding")
-            if auto_pad == "SAME_UPPER":
+            if total < 0:  # an output larger than the full result grows at the end (onnxruntime, ONNX's cases)
+                before.append(0)
+                after.append(total)
+            elif auto_pad == "SAME_UPPER":
                 before.append(total // 2)
                 after.append(total - total // 2)
             else:
@@ -456,11 +457,16 @@ def _conv_transpose(imp: Importer, node: OnnxNode) -> Expr:
     else:
         before, after = _spatial_pads(node, in_sizes, kernel, strides, dilations)
     op_name, data_layout, kernel_layout = _CONV_TRANSPOSE_OPS[nsp]
+    # A negative pad (an output_shape larger than the full result) extends the output by positions no input
+    # reaches: zeros, added after the transposed convolution, before the bias (which covers them too).
     out = imp.call(
         op_name, [x, w], channels=w_shape[1] * groups, kernel_size=kernel, strides=strides,
-        padding=[*before, *after], output_padding=output_padding, dilation=dilations, groups=groups,
-        data_layout=data_layout, kernel_layout=kernel_layout,
+        padding=[*(max(p, 0) for p in before), *(max(p, 0) for p in after)], output_padding=output_padding,
+        dilation=dilations, groups=groups, data_layout=data_layout, kernel_layout=kernel_layout,
     )
+    if any(p < 0 for p in (*before, *after)):
+        widths = [[0, 0], [0, 0], *([max(-b, 0), max(-a, 0)] for b, a in zip(before, after))]
+        out = imp.call("nn.pad", [out, imp.const(0, imp.dtype(out))], pad_width=widths, pad_mode="constant")
     if bias is not None:
         out = imp.call("nn.bias_add", [out, bias], axis=1)
     return out
