@@ -1051,6 +1051,12 @@ class LLVMCodegenBase:
             return bld.and_(a, b)
         if op == "or":
             return bld.or_(a, b)
+        if op == "bitand":
+            return bld.and_(a, b)
+        if op == "bitor":
+            return bld.or_(a, b)
+        if op == "bitxor":
+            return bld.xor(a, b)
         if op in tir.COMPARE_OPS:
             cmp = bld.icmp_signed if signed and info.kind != "bool" else bld.icmp_unsigned
             return cmp(_COMPARE_SYMBOL[op], a, b)
@@ -1330,6 +1336,8 @@ def _fold_int(op: str, a: int, b: int, info: DTypeInfo) -> int | None:
         return a & b
     if op == "or":
         return a | b
+    if op in tir.BITWISE_OPS:  # in-range operands give in-range results: no wrapping needed
+        return {"bitand": a & b, "bitor": a | b, "bitxor": a ^ b}[op]
     if op in _COMPARE_SYMBOL:
         return int(
             {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[op]

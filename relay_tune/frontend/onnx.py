@@ -23,15 +23,18 @@ How the import works
 
 Operators beyond the core ones convert in their own modules, each registering its converters in the table of
 `relay_tune.frontend.onnx_registry` when imported (this module imports them all): image operators, Range,
-Trilu, CumSum and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`), arg reductions,
-TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention, FlexAttention and
-RotaryEmbedding (`onnx_ops_attention`), SwiGLU, TensorScatter, CausalConvWithState and LinearAttention
-(`onnx_ops_transformer`), linear quantization: QuantizeLinear, DequantizeLinear, the QLinear and Integer operators
-and the com.microsoft ones onnxruntime's quantizer emits (`onnx_ops_quant`), RNN, GRU and LSTM unrolled over the
-sequence (`onnx_ops_recurrent`), If, Loop and Scan resolved at import time (`onnx_control_flow`). Most are
-compositions of existing Relay operators. Nodes of another domain than the default one convert when a converter is
-registered as `DOMAIN.OpType`. The node walk itself (`onnx_graph`) also converts the subgraphs of control-flow
-nodes, which see the names of their enclosing graphs, and those that FlexAttention inlines.
+Trilu, CumSum, CumProd and OneHot (`onnx_image`), element-wise math, logic and normalisations (`onnx_ops_math`),
+arg reductions, TopK, gathers, scatters and Einsum (`onnx_ops_index`), losses (`onnx_ops_loss`), Attention,
+FlexAttention and RotaryEmbedding (`onnx_ops_attention`), SwiGLU, TensorScatter, CausalConvWithState and
+LinearAttention (`onnx_ops_transformer`), bitwise operators, Det, MeanVarianceNormalization, ReverseSequence,
+AffineGrid, Col2Im, MaxUnpool and the data-dependent NonZero, Unique, NonMaxSuppression and Compress
+(`onnx_ops_misc`), windows, DFT and STFT (`onnx_ops_signal`), linear quantization: QuantizeLinear,
+DequantizeLinear, the QLinear and Integer operators and the com.microsoft ones onnxruntime's quantizer emits
+(`onnx_ops_quant`), RNN, GRU and LSTM unrolled over the sequence (`onnx_ops_recurrent`), If, Loop and Scan resolved
+at import time (`onnx_control_flow`). Most are compositions of existing Relay operators. Nodes of another domain
+than the default one convert when a converter is registered as `DOMAIN.OpType`. The node walk itself
+(`onnx_graph`) also converts the subgraphs of control-flow nodes, which see the names of their enclosing graphs,
+and those that FlexAttention inlines.
 
 `params` maps `const_0, const_1, ...` to the values of `meta[relay.Constant][0], [1], ...` in the
 text `relay_tune.text.print_module(mod)` writes: exactly what `relay-tune import` stores in
@@ -69,8 +72,10 @@ from relay_tune.frontend import (  # noqa: F401
     onnx_ops_index,
     onnx_ops_loss,
     onnx_ops_math,
+    onnx_ops_misc,
     onnx_ops_quant,
     onnx_ops_recurrent,
+    onnx_ops_signal,
     onnx_ops_transformer,
 )
 from relay_tune.frontend.onnx_graph import all_nodes, convert_nodes, convert_subgraph, initializer_values
@@ -465,9 +470,10 @@ def _conv_transpose(imp: Importer, node: OnnxNode) -> Expr:
         before, after = [], []
         for size, k, s, d, op_, out_size in zip(in_sizes, kernel, strides, dilations, output_padding, wanted):
             total = s * (int(size) - 1) + op_ + (k - 1) * d + 1 - out_size  # type: ignore[call-overload]
-            if total < 0:
-                raise UnsupportedError(f"output_shape {wanted} needs negative padding")
-            if auto_pad == "SAME_UPPER":
+            if total < 0:  # an output larger than the full result grows at the end (onnxruntime, ONNX's cases)
+                before.append(0)
+                after.append(total)
+            elif auto_pad == "SAME_UPPER":
                 before.append(total // 2)
                 after.append(total - total // 2)
             else:
@@ -478,11 +484,16 @@ def _conv_transpose(imp: Importer, node: OnnxNode) -> Expr:
     else:
         before, after = _spatial_pads(node, in_sizes, kernel, strides, dilations)
     op_name, data_layout, kernel_layout = _CONV_TRANSPOSE_OPS[nsp]
+    # A negative pad (an output_shape larger than the full result) extends the output by positions no input
+    # reaches: zeros, added after the transposed convolution, before the bias (which covers them too).
     out = imp.call(
         op_name, [x, w], channels=w_shape[1] * groups, kernel_size=kernel, strides=strides,
-        padding=[*before, *after], output_padding=output_padding, dilation=dilations, groups=groups,
-        data_layout=data_layout, kernel_layout=kernel_layout,
+        padding=[*(max(p, 0) for p in before), *(max(p, 0) for p in after)], output_padding=output_padding,
+        dilation=dilations, groups=groups, data_layout=data_layout, kernel_layout=kernel_layout,
     )
+    if any(p < 0 for p in (*before, *after)):
+        widths = [[0, 0], [0, 0], *([max(-b, 0), max(-a, 0)] for b, a in zip(before, after))]
+        out = imp.call("nn.pad", [out, imp.const(0, imp.dtype(out))], pad_width=widths, pad_mode="constant")
     if bias is not None:
         out = imp.call("nn.bias_add", [out, bias], axis=1)
     return out
@@ -1035,8 +1046,8 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
     shape = imp.shape(x)
     rank = len(shape)
     mode = node.attr_str("mode", "constant")
-    if mode not in ("constant", "reflect", "edge"):
-        raise UnsupportedError(f"Pad mode {mode!r} (constant, reflect and edge are supported)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise OnnxModelError(f"Pad mode {mode!r} is not one of constant, reflect, edge and wrap")
     value: Expr = imp.const(0, imp.dtype(x))
     if "pads" in node.attrs or "paddings" in node.attrs:  # opset < 11
         pads = [int(p) for p in node.attrs.get("pads", node.attrs.get("paddings"))]
@@ -1053,6 +1064,8 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
     widths = [[0, 0] for _ in range(rank)]
     for k, axis in enumerate(axes):
         widths[axis] = [pads[k], pads[k + len(axes)]]
+    if mode == "wrap":
+        return _wrap_pad(imp, x, widths)
     # Negative pads crop: pad by the positive parts, then slice the negative ones away.
     positive = [[max(b, 0), max(a, 0)] for b, a in widths]
     out = x
@@ -1064,6 +1077,22 @@ def _pad(imp: Importer, node: OnnxNode) -> Expr:
         begin = [max(b, 0) for _, b, _ in crops]
         end = [padded[axis] - max(a, 0) for axis, _, a in crops]
         out = imp.call("strided_slice", [out], begin=begin, end=end, axes=[axis for axis, _, _ in crops])
+    return out
+
+
+def _wrap_pad(imp: Importer, x: Expr, widths: Sequence[Sequence[int]]) -> Expr:
+    """Pad mode `wrap`: along each padded axis a gather at (j - before) mod extent, so the padding repeats the
+    tensor periodically (and a negative pad crops)."""
+    out = x
+    for axis, (before, after) in enumerate(widths):
+        if not before and not after:
+            continue
+        extent = imp.static_shape(out, "the input of a wrap Pad")[axis]
+        length = extent + before + after
+        if extent == 0 or length < 0:
+            raise OnnxModelError(f"wrap padding {before, after} does not fit an axis of {extent}")
+        sources = (np.arange(length, dtype=np.int64) - before) % extent
+        out = imp.call("take", [out, imp.const(sources, "int64")], axis=axis, mode="clip")
     return out
 
 
@@ -1173,10 +1202,17 @@ def _check_operator_versions(graph: onnx.GraphProto, opset: int) -> None:
 
 
 def _opset(model: onnx.ModelProto) -> int:
+    """The opset the converters follow. A model of an older opset than `MIN_OPSET` imports as `MIN_OPSET` when
+    every operator it uses has the same definition at both (`Not`, `Relu`, ... of opset 1)."""
     versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     opset = max(versions) if versions else MIN_OPSET
+    if 1 <= opset < MIN_OPSET and all(
+            _operator_version(node.op_type, opset) == _operator_version(node.op_type, MIN_OPSET) is not None
+            for node in model.graph.node if node.domain in _DEFAULT_DOMAINS):
+        return MIN_OPSET
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise UnsupportedError(f"ONNX opset {opset} (relay-tune imports opsets {MIN_OPSET} to {MAX_OPSET})")
+        raise UnsupportedError(f"ONNX opset {opset} (relay-tune imports opsets {MIN_OPSET} to {MAX_OPSET}, and "
+                               f"older ones whose operators are defined as at opset {MIN_OPSET})")
     return opset
 
 

@@ -1,5 +1,5 @@
 """ONNX converters for image and index-generating operators: Resize (opsets 10 to 19), Upsample (7, 9),
-GridSample (16, 20), DepthToSpace, SpaceToDepth, Range, Trilu, CumSum, OneHot.
+GridSample (16, 20), DepthToSpace, SpaceToDepth, Range, Trilu, CumSum, CumProd, OneHot.
 
 The converters register in the table of `relay_tune.frontend.onnx_registry`, each with the newest operator version
 (`since_version`) it follows: SpaceToDepth-28's `mode`, OneHot-28's all-off rows for out-of-range indices,
@@ -219,7 +219,7 @@ def _depth_space(imp: Importer, node: OnnxNode) -> Expr:
 
 
 # ------------------------------------------------------------------------------------------------
-# Range, Trilu, CumSum, OneHot
+# Range, Trilu, CumSum, CumProd, OneHot
 # ------------------------------------------------------------------------------------------------
 
 
@@ -247,13 +247,16 @@ def _trilu(imp: Importer, node: OnnxNode) -> Expr:
 
 
 @converts("CumSum", newest=14)
-def _cumsum(imp: Importer, node: OnnxNode) -> Expr:
+@converts("CumProd", newest=26)
+def _cumulative(imp: Importer, node: OnnxNode) -> Expr:
+    """CumSum (11, 14) and CumProd (26): the same attributes and axis input."""
     x = node.required(0)
     axis = int(_scalar(imp, node, 1, "axis"))
     rank = imp.rank(x)
     if not -rank <= axis < rank:
         raise RelayTuneError(f"axis {axis} is out of range for a tensor of rank {rank}")
-    return imp.call("cumsum", [x], axis=axis % rank, exclusive=bool(node.attrs.get("exclusive", 0)),
+    op_name = "cumsum" if node.op_type == "CumSum" else "cumprod"
+    return imp.call(op_name, [x], axis=axis % rank, exclusive=bool(node.attrs.get("exclusive", 0)),
                     reverse=bool(node.attrs.get("reverse", 0)))
 
 

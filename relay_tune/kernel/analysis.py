@@ -587,6 +587,7 @@ def linear_form(expr: PrimExpr, ranges: Ranges | None = None) -> Lin | None:
 _INFIX = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "floormod": "%",
     "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "and": "&&", "or": "||",
+    "bitand": "&", "bitor": "|", "bitxor": "^",
 }
 
 

@@ -101,9 +101,11 @@ class LoopVar(PrimExpr):
         return self.name
 
 
+BITWISE_OPS = frozenset({"bitand", "bitor", "bitxor"})
+"""Bitwise operators on integers (two's complement). `and` and `or` are logical: on booleans."""
 BINARY_OPS = frozenset(
     {"add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "and", "or",
-     "eq", "ne", "lt", "le", "gt", "ge"}
+     "eq", "ne", "lt", "le", "gt", "ge", *BITWISE_OPS}
 )
 COMPARE_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 

@@ -164,6 +164,8 @@ _INTRINSICS: dict[str, Callable[..., Any]] = {
 _PY_OPS = {
     "add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
     "and": "and", "or": "or",
+    # Python's bitwise operators on in-range integers give in-range two's-complement results
+    "bitand": "&", "bitor": "|", "bitxor": "^",
 }
 
 

@@ -4,7 +4,17 @@ The family modules register their operators into the registry on import; importi
 can reach `relay_tune.op.registry`, whose package this is) makes the registry complete on first use.
 """
 
-from relay_tune.op import elemwise, image, indexing, low_precision, nn, reduce, transform, winograd  # noqa: F401  (they register their operators)
+from relay_tune.op import (  # noqa: F401  (they register their operators)
+    elemwise,
+    image,
+    indexing,
+    low_precision,
+    nn,
+    reduce,
+    signal,
+    transform,
+    winograd,
+)
 from relay_tune.op.registry import OpDef, OpPattern, all_ops, get_op, has_op
 
 __all__ = ["OpDef", "OpPattern", "all_ops", "get_op", "has_op"]

@@ -1,4 +1,5 @@
-"""Element-wise and broadcasting operators: unary math, binary arithmetic, comparisons, `where`.
+"""Element-wise and broadcasting operators: unary math, binary arithmetic, comparisons, bitwise and/or/xor of
+integers, `where`.
 
 Semantics (type relations follow TVM; numpy references are the correctness oracle):
 
@@ -7,6 +8,7 @@ Semantics (type relations follow TVM; numpy references are the correctness oracl
   them but cannot generate sensible code, so we reject them where the user can still see which call is at fault.
 * Binary ops broadcast numpy-style from the trailing dimension and require both operands to have
   the same dtype (Relay never promotes). Comparisons return `bool`.
+* `bitwise_and`, `bitwise_or` and `bitwise_xor` require integer operands (two's complement for signed ones).
 * `divide` on integers truncates toward zero (C semantics, as TVM's `div`); integer division by
   zero is undefined in generated code and the reference returns 0 for it. `power` on integers
   with a negative exponent gives the truncated real result (0 unless the base is +-1; 0 for 0).
@@ -57,7 +59,8 @@ register_op("cast", 1, E, {"dtype": "", "saturate": True, "round_mode": "up"}, "
 
 ARITH_OPS = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum")
 COMPARE_OPS = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
-for _name in ARITH_OPS + COMPARE_OPS:
+BITWISE_OPS = ("bitwise_and", "bitwise_or", "bitwise_xor")
+for _name in ARITH_OPS + COMPARE_OPS + BITWISE_OPS:
     register_op(_name, 2, B)
 
 register_op("where", 3, B)
@@ -106,12 +109,14 @@ def _broadcast_relation(op_name: str, result_dtype: str | None) -> Relation:
         dtype = same_dtype((lhs, rhs), op_name)
         if op_name == "subtract" and dtype == "bool":  # no arithmetic difference of booleans (use logical_xor)
             raise RelayTypeError(f"requires numeric tensors, got {lhs} and {rhs}", op_name=op_name)
+        if op_name in BITWISE_OPS and not is_int_dtype(dtype):
+            raise RelayTypeError(f"requires integer tensors, got {lhs} and {rhs}", op_name=op_name)
         return TensorType(broadcast_shapes(lhs.shape, rhs.shape, op_name=op_name), result_dtype or dtype)
 
     return relation
 
 
-for _name in ARITH_OPS:
+for _name in ARITH_OPS + BITWISE_OPS:
     type_relation(_name)(_broadcast_relation(_name, None))
 for _name in COMPARE_OPS:
     type_relation(_name)(_broadcast_relation(_name, "bool"))
@@ -280,6 +285,9 @@ _BINARY: dict[str, Callable[[Array, Array], Array]] = {
     "greater_equal": np.greater_equal,
     "equal": np.equal,
     "not_equal": np.not_equal,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
 }
 
 
@@ -422,6 +430,9 @@ _TE_BINARY: dict[str, Callable[[tir.PrimExpr, tir.PrimExpr], tir.PrimExpr]] = {
     "greater_equal": lambda a, b: a >= b,
     "equal": te.equal,
     "not_equal": te.not_equal,
+    "bitwise_and": lambda a, b: tir.BinaryOp("bitand", a, b),
+    "bitwise_or": lambda a, b: tir.BinaryOp("bitor", a, b),
+    "bitwise_xor": lambda a, b: tir.BinaryOp("bitxor", a, b),
 }
 
 

@@ -1,15 +1,15 @@
-"""Operators defined by index arithmetic: `arange` (a sequence), `one_hot`, `trilu` (triangle masks) and
-`cumsum` (a running sum along an axis, inclusive or exclusive, forward or reversed).
+"""Operators defined by index arithmetic: `arange` (a sequence), `one_hot`, `trilu` (triangle masks),
+`cumsum` and `cumprod` (a running sum or product along an axis, inclusive or exclusive, forward or reversed).
 
-`cumsum` compiles as a reduction over a triangular window (each output element sums the input elements at or
-before it along the axis): O(n^2) in the axis length, which suits the short axes models scan (sequence lengths,
-anchor counts) and keeps the kernel within the generic reduction schedule.
+`cumsum` and `cumprod` compile as a reduction over a triangular window (each output element combines the
+input elements at or before it along the axis): O(n^2) in the axis length, which suits the short axes models scan
+(sequence lengths, anchor counts) and keeps the kernel within the generic reduction schedule.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,10 @@ register_op("trilu", 1, OpPattern.INJECTIVE, {"k": 0, "upper": True}, "relay.att
 register_op("cumsum", 1, OpPattern.OUT_ELEMWISE_FUSABLE, {"axis": None, "dtype": "", "exclusive": False,
                                                           "reverse": False}, "relay.attrs.ScanopAttrs",
             description="running sum along `axis` (flattened when None); exclusive leaves the element itself out")
+register_op("cumprod", 1, OpPattern.OUT_ELEMWISE_FUSABLE, {"axis": None, "dtype": "", "exclusive": False,
+                                                           "reverse": False}, "relay.attrs.ScanopAttrs",
+            description="running product along `axis` (flattened when None); exclusive leaves the element itself "
+                        "out (the first product is 1)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,45 +156,60 @@ def _trilu_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
 
 
 # ------------------------------------------------------------------------------------------------
-# cumsum
+# cumsum, cumprod
 # ------------------------------------------------------------------------------------------------
 
-
-def _cumsum_axis(x: TensorType, attrs: Attrs) -> int | None:
-    return None if attrs["axis"] is None else normalize_axis(attrs["axis"], x.ndim, op_name="cumsum")
+_SCANS = ("cumsum", "cumprod")
 
 
-@type_relation("cumsum")
-def _cumsum_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
-    expect_arity(arg_types, 1, "cumsum")
-    x = expect_tensor(arg_types[0], "cumsum", "data")
-    axis = _cumsum_axis(x, attrs)
-    dtype = check_dtype(attrs["dtype"], "cumsum") if attrs["dtype"] else x.dtype
-    if dtype == "bool":
-        raise RelayTypeError("cannot sum booleans; give a number dtype", op_name="cumsum")
-    if axis is None:
-        return TensorType((math.prod(x.shape),) if x.is_static else (ANY,), dtype)  # type: ignore[arg-type]
-    return TensorType(x.shape, dtype)
+def _scan_axis(x: TensorType, attrs: Attrs, op_name: str) -> int | None:
+    return None if attrs["axis"] is None else normalize_axis(attrs["axis"], x.ndim, op_name=op_name)
 
 
-@reference("cumsum")
-def _cumsum_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
-    x = np.asarray(inputs[0])
-    axis = _cumsum_axis(TensorType(x.shape, x.dtype.name), attrs)
-    dtype = attrs["dtype"] or x.dtype.name
-    if axis is None:
-        x, axis = x.reshape(-1), 0
-    acc = "float32" if dtype == "float16" else dtype  # float16 sums accumulate in float32, as the kernel's do
-    data = x.astype(dtype).astype(acc)
-    if attrs["reverse"]:
-        data = np.flip(data, axis)
-    total = np.cumsum(data, axis=axis, dtype=acc)
-    if attrs["exclusive"]:  # the sum of the elements before: the inclusive sums shifted by one
-        total = np.concatenate([np.zeros_like(np.take(total, [0], axis=axis)),
-                                np.take(total, np.arange(total.shape[axis] - 1), axis=axis)], axis=axis)
-    if attrs["reverse"]:
-        total = np.flip(total, axis)
-    return np.ascontiguousarray(total.astype(dtype))
+def _scan_relation(op_name: str) -> Callable[[Sequence[Type], Attrs], Type]:
+    def relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        expect_arity(arg_types, 1, op_name)
+        x = expect_tensor(arg_types[0], op_name, "data")
+        axis = _scan_axis(x, attrs, op_name)
+        dtype = check_dtype(attrs["dtype"], op_name) if attrs["dtype"] else x.dtype
+        if dtype == "bool":
+            raise RelayTypeError("cannot sum or multiply booleans; give a number dtype", op_name=op_name)
+        if axis is None:
+            return TensorType((math.prod(x.shape),) if x.is_static else (ANY,), dtype)  # type: ignore[arg-type]
+        return TensorType(x.shape, dtype)
+
+    return relation
+
+
+def _scan_ref(op_name: str) -> Callable[[Sequence[Array], Attrs], Array]:
+    product = op_name == "cumprod"
+
+    def ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+        x = np.asarray(inputs[0])
+        axis = _scan_axis(TensorType(x.shape, x.dtype.name), attrs, op_name)
+        dtype = attrs["dtype"] or x.dtype.name
+        if axis is None:
+            x, axis = x.reshape(-1), 0
+        acc = "float32" if dtype == "float16" else dtype  # float16 accumulates in float32, as the kernel's do
+        data = x.astype(dtype).astype(acc)
+        if attrs["reverse"]:
+            data = np.flip(data, axis)
+        with np.errstate(over="ignore"):  # integer products wrap, as the kernel's do
+            total = np.cumprod(data, axis=axis, dtype=acc) if product else np.cumsum(data, axis=axis, dtype=acc)
+        if attrs["exclusive"]:  # the result of the elements before: the inclusive results shifted by one
+            first = np.ones_like if product else np.zeros_like
+            total = np.concatenate([first(np.take(total, [0], axis=axis)),
+                                    np.take(total, np.arange(total.shape[axis] - 1), axis=axis)], axis=axis)
+        if attrs["reverse"]:
+            total = np.flip(total, axis)
+        return np.ascontiguousarray(total.astype(dtype))
+
+    return ref
+
+
+for _name in _SCANS:
+    type_relation(_name)(_scan_relation(_name))
+    reference(_name)(_scan_ref(_name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,35 +265,44 @@ def _trilu_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) ->
     return te.compute(x.shape, named(axis_names(x.ndim), body), "trilu", INJECTIVE)
 
 
-@compute("cumsum")
-def _cumsum_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
-    (x,) = inputs
-    axis = _cumsum_axis(TensorType(x.shape, x.dtype), attrs)
-    shape = static_shape(out_type)
-    assert isinstance(out_type, TensorType)
-    dtype = out_type.dtype
-    if axis is None:  # the flattened tensor: read it through its row-major unravelling
-        flat = te.compute(shape, named(["i"], lambda i: x[_unravel(i, x.shape)]), "flatten", INJECTIVE)
-        x, axis = flat, 0
-    n = x.shape[axis]
-    acc = accumulate_dtype(dtype)
-    r = te.reduce_axis(n, "r")
-    exclusive, reverse = bool(attrs["exclusive"]), bool(attrs["reverse"])
+def _scan_compute(op_name: str) -> Callable[[Sequence[te.Tensor], Attrs, Type], te.Tensor]:
+    product = op_name == "cumprod"
 
-    def window(*idx: Any) -> Any:
-        i = idx[axis]
-        if reverse:
-            inside = r > i if exclusive else r >= i
-        else:
-            inside = r < i if exclusive else r <= i
-        value = te.cast(acc, x[(*idx[:axis], r, *idx[axis + 1:])])
-        return te.sum(te.if_then_else(inside, value, const_expr(0, acc)), axis=r)
+    def scan(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        (x,) = inputs
+        axis = _scan_axis(TensorType(x.shape, x.dtype), attrs, op_name)
+        shape = static_shape(out_type)
+        assert isinstance(out_type, TensorType)
+        dtype = out_type.dtype
+        if axis is None:  # the flattened tensor: read it through its row-major unravelling
+            flat = te.compute(shape, named(["i"], lambda i: x[_unravel(i, x.shape)]), "flatten", INJECTIVE)
+            x, axis = flat, 0
+        n = x.shape[axis]
+        acc = accumulate_dtype(dtype)
+        r = te.reduce_axis(n, "r")
+        exclusive, reverse = bool(attrs["exclusive"]), bool(attrs["reverse"])
+        identity = const_expr(1 if product else 0, acc)
 
-    total = te.compute(shape, named(axis_names(len(shape)), window), "cumsum", "reduce")
-    if acc == dtype:
-        return total
-    return te.compute(shape, named(axis_names(len(shape)), lambda *i: te.cast(dtype, total[i])), "cumsum_cast",
-                      "elemwise")
+        def window(*idx: Any) -> Any:
+            i = idx[axis]
+            if reverse:
+                inside = r > i if exclusive else r >= i
+            else:
+                inside = r < i if exclusive else r <= i
+            value = te.if_then_else(inside, te.cast(acc, x[(*idx[:axis], r, *idx[axis + 1:])]), identity)
+            return te.prod(value, axis=r) if product else te.sum(value, axis=r)
+
+        total = te.compute(shape, named(axis_names(len(shape)), window), op_name, "reduce")
+        if acc == dtype:
+            return total
+        return te.compute(shape, named(axis_names(len(shape)), lambda *i: te.cast(dtype, total[i])),
+                          f"{op_name}_cast", "elemwise")
+
+    return scan
+
+
+for _name in _SCANS:
+    compute(_name)(_scan_compute(_name))
 
 
 def _unravel(flat: Any, shape: Sequence[int]) -> tuple[Any, ...]:
