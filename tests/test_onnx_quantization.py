@@ -493,3 +493,48 @@ def test_float8_and_float4_quantization_round_trips_like_the_reference(qtype: in
     mod, _ = from_onnx(model)
     np.testing.assert_array_equal(np.asarray(evaluate(mod, {"x": x})), want)
     np.testing.assert_array_equal(build(mod, "llvm").run(x), want)
+
+
+def test_dynamically_quantized_lstm_dequantizes_its_weights(tmp_path: Any) -> None:
+    """onnxruntime's quantize_dynamic turns an LSTM into com.microsoft.DynamicQuantizeLSTM (int8 weights in another
+    layout): imported, it is the float LSTM with the dequantized weights. onnxruntime also quantizes the
+    activations on the fly, so it agrees to about that quantisation's error."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(5)
+    seq, batch, size, hidden = 6, 2, 10, 7
+    w = (0.3 * rng.standard_normal((2, 4 * hidden, size))).astype(np.float32)
+    r = (0.3 * rng.standard_normal((2, 4 * hidden, hidden))).astype(np.float32)
+    b = (0.1 * rng.standard_normal((2, 8 * hidden))).astype(np.float32)
+    node = helper.make_node("LSTM", ["x", "w", "r", "b"], ["y"], hidden_size=hidden, direction="bidirectional")
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, size])
+    graph = helper.make_graph([node], "lstm", [x_info],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [seq, 2, batch, hidden])],
+                              [onnx.numpy_helper.from_array(v, n) for v, n in ((w, "w"), (r, "r"), (b, "b"))])
+    src, dst = tmp_path / "lstm.onnx", tmp_path / "lstm.int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(src))
+    # reduce_range: 7-bit weights, which onnxruntime's u8 x s8 kernels multiply without saturating on every CPU
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["LSTM"], reduce_range=True)
+    model = onnx.load(str(dst))
+    assert "DynamicQuantizeLSTM" in {n.op_type for n in model.graph.node}
+    x = floats(seq, batch, size, low=-1, high=1)
+    mod, _ = from_onnx(model)
+    got = build(mod, "llvm").run(x=x)
+    np.testing.assert_allclose(evaluate(mod, {"x": x}), got, rtol=1e-5, atol=1e-6)
+    # exactly the float LSTM on the dequantized weights ...
+    quantized = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    lstm = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLSTM")
+    dequantized = []
+    for q_name, s_name, z_name in ((lstm.input[1], lstm.input[8], lstm.input[9]),
+                                   (lstm.input[2], lstm.input[10], lstm.input[11])):
+        q, s, z = quantized[q_name], quantized[s_name], quantized[z_name]
+        deq = (q.astype(np.float32) - z.reshape(2, 1, -1)) * s.reshape(2, 1, -1)
+        dequantized.append(onnx.numpy_helper.from_array(deq.transpose(0, 2, 1).copy(), q_name + "_f"))
+    float_graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", dequantized[0].name, dequantized[1].name, "b"], ["y"], hidden_size=hidden,
+                          direction="bidirectional")], "deq", list(graph.input), list(graph.output),
+        [*dequantized, onnx.numpy_helper.from_array(b, "b")])
+    want = _run_ort(helper.make_model(float_graph, opset_imports=[helper.make_opsetid("", 14)]), {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # ... and onnxruntime's int8 LSTM to within its activation quantisation
+    np.testing.assert_allclose(got, _run_ort(model, {"x": x}), rtol=0, atol=0.03 * np.abs(want).max())

@@ -486,3 +486,25 @@ def _qgemm(imp: Importer, node: OnnxNode) -> Expr:
 
 
 __all__ = ["MICROSOFT", "broadcast_param", "dequantize", "dynamic_quantize", "integer_range", "quantize"]
+
+
+@converts(f"{MICROSOFT}.DynamicQuantizeLSTM")
+def _dynamic_quantize_lstm(imp: Importer, node: OnnxNode) -> list[Expr]:
+    """onnxruntime's LSTM with int8 weights: `W (directions, input, 4*hidden)` and `R (directions, hidden,
+    4*hidden)` with a scale and zero point per direction (or per direction and column), the other inputs and the
+    attributes as LSTM's. The weights are dequantized (constants: folded at build time) into LSTM's layout
+    `(directions, 4*hidden, input)`; onnxruntime also quantizes the activations on the fly, so its results differ
+    from these by about that quantisation's error."""
+    weights = []
+    for index, scale_index in ((1, 8), (2, 10)):
+        q = node.required(index)
+        shape = imp.static_shape(q, f"DynamicQuantizeLSTM input {index}")
+        scale, zero = node.required(scale_index), node.input(scale_index + 1)
+        columns = [shape[0], 1, shape[2]] if len(imp.static_shape(scale, "a weight scale")) == 2 else [shape[0], 1, 1]
+        scale = imp.reshape(scale, columns)
+        zero = imp.reshape(zero, columns) if zero is not None else None
+        weights.append(imp.call("transpose", [dequantize(imp, q, scale, zero)], axes=[0, 2, 1]))
+    inputs = [node.required(0), *weights, *[node.input(i) for i in range(3, 8)]]
+    lstm = OnnxNode(op_type="LSTM", name=node.name, inputs=inputs, input_names=node.input_names[:8],
+                    outputs=node.outputs, attrs=node.attrs, scope=node.scope)
+    return CONVERTERS["LSTM"](imp, lstm)
