@@ -24,10 +24,10 @@ from relay_tune.testing.onnx_cases import (
     run_cases,
 )
 
-# Current results with onnx 1.23 (1884 cases, 75 excluded, 1809 in scope): 1339 pass with the interpreter and
-# 1339 with the compiled models (74.0%).
-INTERPRETER_PASS_RATE_FLOOR = 0.72
-COMPILED_PASS_RATE_FLOOR = 0.72
+# Current results with onnx 1.23 (1884 cases, 75 excluded, 1809 in scope): 1701 pass with the interpreter and
+# 1701 with the compiled models (94.0%).
+INTERPRETER_PASS_RATE_FLOOR = 0.92
+COMPILED_PASS_RATE_FLOOR = 0.92
 
 
 @pytest.fixture(scope="module")
