@@ -56,6 +56,8 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     (["search", "--strategies", "guess"], "unknown strategy 'guess'"),
     (["curve", "--models", "alexnet"], "unknown model(s) alexnet"),
     (["fuzz", "--kinds", "pictures"], "unknown kinds pictures"),
+    (["build-time", "--models", "lenet"], "unknown model(s) lenet"),
+    (["models", "--models", "light_lenet"], "unknown network(s) light_lenet"),
     (["recurrent", "--seq", "0"], "must be at least 1"),
     (["fidelity", "--relay", "missing.relay", "--log", "missing.jsonl"], "no such file: missing.relay"),
 ])
