@@ -62,8 +62,11 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     if dims["og"] % tile:
         tile = _group_factor(_tile_c(workload), dims["og"], tile)
         values["tile_c"] = split_value(dims["c"], tile)
-        if "pack_w" in values:
-            values["pack_w"] = tile > 1
+    if "pack_w" in values:
+        # Unpacked: each channel's weights are one contiguous row of `cg` values, read once per tile by broadcasts.
+        # Packed by tile, the 1x1 convolutions of ShuffleNet v1 ran 1.1-2.2x slower on one core (`python -m
+        # experiments grouped-conv --kernels`).
+        values["pack_w"] = False
     return values
 
 
