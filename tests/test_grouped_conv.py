@@ -199,3 +199,11 @@ def @main(%x: Tensor[(1, 3, 32, 32), float32], %w0: Tensor[(24, 3, 3, 3), float3
 }"""))
     planned = plan_function(mod["main"], block=8)
     assert planned is mod["main"]  # nothing blocked: no layout_transform into the grouped convolution
+
+
+def test_the_experiment_times_grouped_kernels(capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.__main__ import main
+
+    assert main(["grouped-conv", "--kernels", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("reduction") == 5 and "differs" not in out
