@@ -20,7 +20,9 @@ The algorithm, per function:
    - phases 0 and 1: an ELEMWISE/BROADCAST node joins a post-dominator reached through at most INJECTIVE edges
      (or a COMM_REDUCE edge), when intermediate nodes are at most INJECTIVE and the sink is element-wise, injective,
      a reduction or a complex-op group (so `exp -> sum` fuses and element-wise chains join a convolution);
-   - phase 1: INJECTIVE and TUPLE nodes join a post-dominator reached through INJECTIVE paths only;
+   - phase 1: INJECTIVE and TUPLE nodes join a post-dominator reached through INJECTIVE paths only; and a channel
+     shuffle (reshapes and transposes that only permute the channels of an NCHW tensor) joins the padded depthwise
+     convolution that reads it, whose template computes it one channel plane at a time;
    - phase 2: injective nodes join an intermediate tuple that was itself fused into an injective consumer
      (`concatenate((reshape(a), reshape(b)))`).
    Reductions never start a merge, so element-wise ops after a reduction are not absorbed.
