@@ -63,7 +63,8 @@ __all__ = [
 ]
 
 MATMUL_TAGS = frozenset({"dense", "batch_matmul"})
-CONV_TAGS = frozenset({"conv2d", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "conv", "conv_transpose"})
+CONV_TAGS = frozenset({"conv2d", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "group_conv2d_nchw", "conv",
+                       "conv_transpose"})
 WARP = 32
 
 

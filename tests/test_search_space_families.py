@@ -24,6 +24,11 @@ def @main(%x: Tensor[(1, 9, 10, 6), float32], %w: Tensor[(3, 3, 6, 20), float32]
             kernel_layout="HWIO")
 }"""
 
+GROUPED = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 12, 9, 11), float32], %w: Tensor[(24, 4, 3, 3), float32]) {
+  nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=3, channels=24, kernel_size=[3, 3])
+}"""
+
 
 def _tasks() -> list[RelayTuneTask]:
     tasks: list[RelayTuneTask] = []
@@ -32,6 +37,7 @@ def _tasks() -> list[RelayTuneTask]:
             for planning in (False, True):
                 tasks += tasks_from_module(zoo.small(name), target, layout_planning=planning)
         tasks += tasks_from_module(infer_types(parse_module(NHWC)), target)
+        tasks += tasks_from_module(infer_types(parse_module(GROUPED)), target)
         # Winograd transforms: a 3x3 convolution on a blocked layout, forced on
         tasks += tasks_from_module(zoo.resnet(18, image=28, width=16, num_classes=10), target, layout_planning=True,
                                    winograd="on")

@@ -33,6 +33,7 @@ INLINABLE_TAGS = frozenset({ELEMWISE, BROADCAST, INJECTIVE})
 
 FAMILY_TAGS = frozenset(
     {"dense", "batch_matmul", "conv2d_nchw", "conv2d_nchw_cl", "conv2d_nhwc", "depthwise_conv2d_nchw", "conv",
+     "group_conv2d_nchw",
      "conv2d_nchwc", "depthwise_conv2d_nchwc", "conv_transpose",
      "pool", "global_pool", "reduce", "softmax", "norm", "pad", "pack", "winograd_input", "winograd_output"}
 )

@@ -1257,6 +1257,10 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type, op_
             tag = "depthwise_conv2d_nchw"
         elif groups == 1 and dl.name == "NCHW" and kl.name == "OIHW" and ol.name == "NCHW":
             tag = "conv2d_nchw"
+        elif groups > 1 and dl.name == "NCHW" and kl.name == "OIHW" and ol.name == "NCHW":
+            # Grouped, not depthwise: the input channel `(oc // og) * cg + rc` is invariant in the spatial and
+            # reduction loops, so a channel tile inside one group reads it once per tile.
+            tag = "group_conv2d_nchw"
         elif groups == 1 and dl.name == "NHWC" and ol.name == "NHWC":
             tag = "conv2d_nhwc"
     pointwise = padded is data and all(k == 1 for k in ksize) and all(st == 1 for st in strides)

@@ -20,7 +20,9 @@ The algorithm, per function:
    - phases 0 and 1: an ELEMWISE/BROADCAST node joins a post-dominator reached through at most INJECTIVE edges
      (or a COMM_REDUCE edge), when intermediate nodes are at most INJECTIVE and the sink is element-wise, injective,
      a reduction or a complex-op group (so `exp -> sum` fuses and element-wise chains join a convolution);
-   - phase 1: INJECTIVE and TUPLE nodes join a post-dominator reached through INJECTIVE paths only;
+   - phase 1: INJECTIVE and TUPLE nodes join a post-dominator reached through INJECTIVE paths only; and a channel
+     shuffle (reshapes and transposes that only permute the channels of an NCHW tensor) joins the padded depthwise
+     convolution that reads it, whose template computes it one channel plane at a time;
    - phase 2: injective nodes join an intermediate tuple that was itself fused into an injective consumer
      (`concatenate((reshape(a), reshape(b)))`).
    Reductions never start a merge, so element-wise ops after a reduction are not absorbed.
@@ -38,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
+
+import numpy as np
 
 from relay_tune.ir import (
     Call,
@@ -352,6 +356,11 @@ class GraphPartitioner:
             elif group.pattern in (INJECTIVE, TUPLE):
                 if phase == 1 and self._check_path(node, sink, _up_to_injective):
                     self._commit_fuse(node, sink)
+                elif phase == 1 and is_channel_shuffle_into_padded_depthwise(node.expr, sink.expr) \
+                        and self._check_path(node, sink, _into_anchor):
+                    # The depthwise convolution copies its input into a padded buffer anyway: the shuffle
+                    # becomes the read index of that copy, and its own kernel and buffer disappear.
+                    self._commit_fuse(node, sink)
             # COMM_REDUCE never starts a merge: a reduction ends its group.
 
     def _phase2(self, node: _Node, sink: _Node, group: _Group) -> None:
@@ -364,6 +373,76 @@ class GraphPartitioner:
         if sink_group.pattern == TUPLE and sink_root.pattern <= INJECTIVE:
             if self._check_path(node, sink, _up_to_injective):
                 self._commit_fuse(node, sink)
+
+
+_SHUFFLE_OPS = frozenset({"reshape", "transpose"})
+_SHUFFLE_CHECK_LIMIT = 1 << 22  # elements: the check below evaluates the chain on an index array
+
+
+def _shuffle_chain_input(expr: Expr) -> tuple[Expr, list[Call]] | None:
+    """The value a chain of reshapes and transposes ending in `expr` starts from, and the chain (first call first);
+    None when `expr` is not such a chain."""
+    chain: list[Call] = []
+    while isinstance(expr, Call) and expr.op_name in _SHUFFLE_OPS:
+        chain.append(expr)
+        expr = expr.args[0]
+    return (expr, chain[::-1]) if chain else None
+
+
+def is_channel_shuffle(expr: Expr) -> bool:
+    """`expr` is a chain of reshapes and transposes that maps a static 4-D NCHW tensor to a tensor of the same shape
+    by permuting its channels only (ShuffleNet's reshape(N, g, C/g, H, W) -> transpose(0, 2, 1, 3, 4) -> reshape):
+    checked by running the chain on the tensor's element indices."""
+    found = _shuffle_chain_input(expr)
+    if found is None:
+        return False
+    source, chain = found
+    if not (source.has_type() and expr.has_type()):
+        return False
+    src_ty, out_ty = source.checked_type, expr.checked_type
+    if not (isinstance(src_ty, TensorType) and isinstance(out_ty, TensorType)) or src_ty.ndim != 4:
+        return False
+    if not all(isinstance(d, int) for d in src_ty.shape) or tuple(out_ty.shape) != tuple(src_ty.shape):
+        return False
+    shape = tuple(int(d) for d in src_ty.shape)  # type: ignore[arg-type]
+    if np.prod(shape) > _SHUFFLE_CHECK_LIMIT:
+        return False
+    index = np.arange(int(np.prod(shape))).reshape(shape)
+    value = index
+    for call in chain:
+        ty = call.checked_type if call.has_type() else None
+        if not isinstance(ty, TensorType) or not all(isinstance(d, int) for d in ty.shape):
+            return False
+        if call.op_name == "reshape":
+            value = value.reshape(tuple(int(d) for d in ty.shape))  # type: ignore[arg-type]
+        else:
+            axes = call.attrs.get("axes")
+            value = np.transpose(value, None if axes is None else tuple(int(a) for a in axes))  # type: ignore[union-attr]
+            if value.shape != tuple(int(d) for d in ty.shape):  # type: ignore[arg-type]
+                return False
+    # A channel permutation: every output plane (n, c) is one whole input plane of the same image n.
+    images, channels, plane = shape[0], shape[1], shape[2] * shape[3]
+    starts = value[:, :, :1, :1]
+    offsets = np.arange(plane).reshape(1, 1, shape[2], shape[3])
+    same_image = np.arange(images)[:, None, None, None] == starts // (plane * channels)
+    return bool(np.array_equal(value - starts, np.broadcast_to(offsets, shape)) and np.all(starts % plane == 0)
+                and np.all(same_image))
+
+
+def is_channel_shuffle_into_padded_depthwise(expr: Expr, consumer: Expr) -> bool:
+    """`expr` is a channel shuffle (`is_channel_shuffle`) read as the data of `consumer`, a padded NCHW depthwise
+    `nn.conv2d`."""
+    if not (isinstance(consumer, Call) and consumer.op_name == "nn.conv2d" and consumer.args[0] is expr):
+        return False
+    attrs = consumer.attrs
+    if attrs.get("data_layout", "NCHW") != "NCHW" or not any(int(p) for p in attrs.get("padding", ())):  # type: ignore[union-attr]
+        return False
+    ty = expr.checked_type if expr.has_type() else None
+    out = consumer.checked_type if consumer.has_type() else None
+    if not (isinstance(ty, TensorType) and isinstance(out, TensorType) and ty.ndim == 4):
+        return False
+    groups = int(attrs.get("groups", 1))  # type: ignore[arg-type]
+    return groups > 1 and ty.shape[1] == groups == out.shape[1] and is_channel_shuffle(expr)
 
 
 def _up_to_broadcast(kind: OpPattern, is_sink: bool) -> bool:

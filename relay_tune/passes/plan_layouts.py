@@ -29,11 +29,12 @@ transform becomes one transform from the first layout, or cancels when it leads 
 - Depthwise convolutions (groups == channels) become `OIHW1i{k}o` kernels in their input's block when `depthwise`,
   and only when their input is blocked already: a memory-bound depthwise kernel cannot win back the transform of
   its input.
-- A stem, a convolution of fewer input channels than `b` (3 RGB channels) whose output channels have a block,
-  reads its input as one block of all its channels (`NCHW3c`, pixel-major like NHWC, kernel `OIHW3i{bo}o`) and
-  writes `NCHW{bo}c`: the transform of the 3-channel image is smaller than one of the stem's output, and the stem's
-  ReLU and pooling run blocked (`stem=False`: the stem stays NCHW and its output is transformed where the first
-  blocked consumer needs it).
+- A stem, a convolution of fewer input channels than `b` (3 RGB channels) whose output channels have a block and
+  whose output reaches a convolution writing a blocked layout through ops that keep blocks, reads its input as one
+  block of all its channels (`NCHW3c`, pixel-major like NHWC, kernel `OIHW3i{bo}o`) and writes `NCHW{bo}c`: the
+  transform of the 3-channel image is smaller than one of the stem's output, and the stem's ReLU and pooling run
+  blocked (`stem=False`: the stem stays NCHW and its output is transformed where the first blocked consumer needs
+  it). A stem feeding only NCHW convolutions (ShuffleNet v1's grouped ones) stays NCHW.
 - Any other convolution (output channels with no block, ShuffleNet's 58 or 116; input channels that `b` does not
   divide, coming from NCHW; grouped convolutions) stays `nn.conv2d` in NCHW.
 - Element-wise ops follow their input. A binary broadcast op (`add`, `multiply`, comparisons...) or `nn.bias_add`
@@ -220,9 +221,11 @@ class _Planner:
                 return None
             if bi:
                 data_block, kernel_layout = bi, f"OIHW{bi}i{bo}o"
-            elif self.stem and c_in < self.block:
+            elif self.stem and c_in < self.block and id(call) in self.feeds_blocked:
                 # A stem (3 RGB channels): all its input channels form one block (NCHW3c, pixel-major like NHWC),
                 # so it writes NCHW{bo}c directly; transforming the 3-channel image costs less than its output.
+                # Only where its output reaches a blocked convolution: ShuffleNet v1's stem feeds grouped
+                # convolutions (NCHW), where a blocked stem costs a transform into every unit and one out of it.
                 data_block, kernel_layout = c_in, f"OIHW{c_in}i{bo}o"
             else:
                 return None
@@ -401,7 +404,7 @@ def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool
     planner = _Planner(block, depthwise, stem, half_blocks)
     if not _plannable(func, planner):
         return func
-    if planner.half:
+    if planner.half or planner.stem:
         planner.feeds_blocked = _feeding_blocked(func.body, planner)
     for param in func.params:
         planner.value[id(param)] = (param, 0)

@@ -14,6 +14,7 @@ by side, registered in one table.
 | `dense`                  | `dense`        | `nn.dense` with a 2-D weight                                        |
 | `batch_matmul`           | `dense`        | `nn.batch_matmul`                                                   |
 | `conv2d_nchw`            | `conv2d_nchw`  | NCHW convolutions                                                   |
+| `group_conv2d_nchw`      | `group_conv`   | NCHW grouped convolutions that are not depthwise                    |
 | `conv2d_nchw_cl`         | `channel_last` | NCHW convolutions on narrow maps, sums kept channel-innermost       |
 | `conv2d_nhwc`            | `channel_last` | NHWC convolutions                                                   |
 | `depthwise_conv2d_nchw`  | `depthwise`    | NCHW depthwise convolutions                                         |
@@ -38,6 +39,7 @@ from search_space.families.conv2d_nchw import CONV2D_NCHW
 from search_space.families.conv2d_nchwc import CONV2D_NCHWC
 from search_space.families.dense import BATCH_MATMUL, DENSE
 from search_space.families.depthwise import DEPTHWISE_CONV2D_NCHW, DEPTHWISE_CONV2D_NCHWC
+from search_space.families.group_conv import GROUP_CONV2D_NCHW
 from search_space.families.injective import INJECTIVE
 from search_space.families.reduction import REDUCTION
 from search_space.families.winograd import WINOGRAD
@@ -45,8 +47,8 @@ from search_space.families.winograd import WINOGRAD
 __all__ = ["FAMILIES", "FAMILY_TABLE", "Family", "family_for", "family_named", "matching_family"]
 
 FAMILY_TABLE: tuple[Family, ...] = (
-    WINOGRAD, INJECTIVE, DENSE, BATCH_MATMUL, CONV2D_NCHW, CONV2D_NCHW_CL, CONV2D_NHWC, DEPTHWISE_CONV2D_NCHW,
-    CONV2D_NCHWC, DEPTHWISE_CONV2D_NCHWC, REDUCTION,
+    WINOGRAD, INJECTIVE, DENSE, BATCH_MATMUL, CONV2D_NCHW, GROUP_CONV2D_NCHW, CONV2D_NCHW_CL, CONV2D_NHWC,
+    DEPTHWISE_CONV2D_NCHW, CONV2D_NCHWC, DEPTHWISE_CONV2D_NCHWC, REDUCTION,
 )
 """Every CPU family, in the order `family_for` asks them."""
 

@@ -177,9 +177,9 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
         return values
     values.update(row_vector=False, tile_p=split_value(dims["h"] * dims["w"], 1))
     if dims["w"] < lanes:
-        rows = max(r for r in range(1, dims["h"] + 1)
+        # Whole rows that divide the map (`_row_vector_whole_rows`), at most the row tile's largest candidate.
+        rows = max(r for r in _tile_h(workload).candidates
                    if dims["h"] % r == 0 and (r == 1 or r * dims["w"] <= 4 * lanes))
-        rows = closest_factor(_tile_h(workload), rows)
         fc = max(1, min(fc, workload.accumulator_budget // vector_registers(rows * dims["w"], lanes)))
         fc = dividing_factor(tile_c, fc)
         values.update(tile_c=split_value(dims["c"], fc), tile_h=split_value(dims["h"], rows),

@@ -186,16 +186,17 @@ def tap_defaults(workload: CpuWorkload, pad: str = "root") -> dict[str, Any]:
 # -- template ----------------------------------------------------------------------------------------------------
 
 
-def prepare_conv(sch: Any, anchor: Any, config: Config, target: Any, blocked: bool = False) -> str:
+def prepare_conv(sch: Any, anchor: Any, config: Config, target: Any, blocked: bool = False,
+                 keep: Sequence[str] = ()) -> str:
     """Accumulator tile; the padded input computed once at the root (or inlined into the reads); the rest
     inlined. `blocked`: the padded input is `(n, c, h, w, b)`, its rows written one at a time (the loop over
     columns kept apart from the parallel loop over rows, each column one vector of the block): with every axis
     but the block fused, the index arithmetic of each 16-lane copy cost as much as a depthwise convolution's
-    FMAs."""
+    FMAs. `keep`: stages the caller schedules itself (not inlined)."""
     pads = producers_tagged(sch, anchor, "pad")
     acc = cache_accumulator(sch, anchor)
     at_root = config.get("pad", "root") == "root"
-    inline_cheap(sch, keep={acc, *(p.name for p in pads)})
+    inline_cheap(sch, keep={acc, *(p.name for p in pads), *keep})
     for pad in pads:
         if not at_root:
             sch.compute_inline(pad.name)

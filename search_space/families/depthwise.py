@@ -11,6 +11,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from relay_tune.kernel import te
 from search_space.config import Config
 from search_space.families.common import (
     MAX_CONV_ROWS,
@@ -25,6 +26,7 @@ from search_space.families.common import (
     default_parallel,
     inner_factor,
     parallel_choices,
+    producers_tagged,
     row_sizes,
     split_value,
     vector_registers,
@@ -132,12 +134,33 @@ def depthwise_tiles(sch: Any, out: str, n: str, c: str, h: str, w: str, inner: S
     return wo, wi
 
 
+def _computed_input(sch: Any, anchor: Any) -> Any:
+    """The stage that computes the convolution's data inside the fused function (a channel shuffle that FuseOps
+    fused into it), or None when the data is a parameter."""
+    pads = producers_tagged(sch, anchor, "pad")
+    reader = pads[0] if pads else anchor
+    for tensor in te.tensors_read(reader.op.body):
+        producer = sch.stage_of_tensor(tensor)
+        if producer is not None and producer.op is not None and tensor.ndim == 4 and not producer.op.is_reduction:
+            return producer
+    return None
+
+
 def _template_depthwise(sch: Any, prim: Any, config: Config, target: Any) -> None:
+    """Channels outermost, row and column tiles inside, columns vectorized. A fused channel shuffle is computed one
+    channel plane at a time at the channel loop when the padding is read in place: the permutation picks which
+    input plane is copied, and the taps read the copy (inlined into every tap, its index arithmetic would run nine
+    times per output); with a padded copy at the root, that copy reads through the shuffle."""
     anchor = anchor_stage(sch, prim)
     out = sch[prim.outputs[0]].name
-    acc = prepare_conv(sch, anchor, config, target)
+    # With the padded copy at the root (`pad` "root"), the shuffle is inlined into that copy instead.
+    padded_copy = config.get("pad", "root") == "root" and producers_tagged(sch, anchor, "pad")
+    shuffled = None if padded_copy else _computed_input(sch, anchor)
+    acc = prepare_conv(sch, anchor, config, target, keep=[shuffled.name] if shuffled is not None else [])
     n, c, h, w = sch.leaves(out)
     wo, wi = depthwise_tiles(sch, out, n, c, h, w, (), config, target)
+    if shuffled is not None:
+        sch.compute_at(shuffled.name, out, sch.leaves(out)[0])
     sch.vectorize(out, wi)
     sch.compute_at(acc, out, wo)
     an, ac, ah, aw, *reduce = sch.leaves(acc)
