@@ -149,7 +149,7 @@ def kernel_engine(task: Any, config: Any, target: Target, x: np.ndarray, weights
     alive: list[Any] = [out]
     calls = []
     for weight in weights:
-        inputs = [x if shape == x.shape else weight for shape in shapes]
+        inputs = [weight if i in task.weight_inputs else x for i in range(len(shapes))]
         args = built.packing.kernel_arguments(inputs, [out])
         packed = built.kernel.pack(args)
         alive += [args, packed]
