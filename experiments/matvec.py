@@ -21,15 +21,17 @@ a model's task. Engines, timed in interleaved rounds (`experiments.timing`):
 
 Weights are cold, as in a model whose layers evict each other: every engine cycles through enough copies of its
 weights (packed once, ahead of time, as a model build does) to fill `--cold-mib` MiB, so each call reads its
-weights from memory even where one copy fits the cache. GB/s counts the weight bytes (N x K x 4) per call; the
-ratio is each engine's best GB/s to the triad's best (and its median to the triad's median). Every kernel's result
-is checked against numpy's first.
+weights from memory even where one copy fits the cache. GB/s counts the weight bytes (N x K x 4) per call. Two
+ratios to the triad: best sample to best sample (STREAM's measure), and paired: the median over rounds of each
+round's ratio of medians (on a shared host the bandwidth moves with the neighbours' load, and a single best sample
+can fall in a quiet moment that the other engine missed). Every kernel's result is checked against numpy's first.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -199,22 +201,28 @@ def bench(name: str, n: int, k: int, target: Target, triad: Callable[[], None], 
         timed = {label: TimedCallable(call, calls_per_sample(call, args.min_ms / 1000.0))
                  for label, call in engines.items()}
         samples = interleaved(timed, rounds=args.rounds, repeat=args.repeat, settle_s=0.2)
-    triad_best, triad_median = triad_bytes / min(samples["triad"].seconds), triad_bytes / samples["triad"].median
-    rows = [_row(name, "triad", samples["triad"], triad_bytes, triad_best, triad_median, "")]
+    triad = samples["triad"]
+    rows = [_row(name, "triad", triad, triad_bytes, triad, triad_bytes, args.repeat, "")]
     for label in engines:
         if label != "triad":
             config = str(dict(configs[label])) if label in configs else "OpenBLAS sgemv"
-            rows.append(_row(name, label, samples[label], weight_bytes, triad_best, triad_median, config))
+            rows.append(_row(name, label, samples[label], weight_bytes, triad, triad_bytes, args.repeat, config))
     del alive
     return rows
 
 
-def _row(name: str, engine: str, samples: Samples, nbytes: float, triad_best: float, triad_median: float,
+def _row(name: str, engine: str, samples: Samples, nbytes: float, triad: Samples, triad_bytes: float, repeat: int,
          config: str) -> dict[str, Any]:
+    """An engine's GB/s (best and median sample) and its ratios to the triad's: best to best (STREAM's measure), and
+    paired, the median over rounds of the ratio of the round's medians (the host's bandwidth moves with its other
+    load; a round's engines see the same moment)."""
     best, median = nbytes / min(samples.seconds), nbytes / samples.median
+    triad_best = triad_bytes / min(triad.seconds)
+    rounds = [(statistics.median(samples.seconds[i:i + repeat]), statistics.median(triad.seconds[i:i + repeat]))
+              for i in range(0, len(samples.seconds), repeat)]
+    paired = statistics.median((nbytes / own) / (triad_bytes / base) for own, base in rounds)
     return {"workload": name, "engine": engine, "best_gbs": best / 1e9, "median_gbs": median / 1e9,
-            "spread": samples.spread, "best_ratio": best / triad_best, "median_ratio": median / triad_median,
-            "config": config}
+            "spread": samples.spread, "best_ratio": best / triad_best, "paired_ratio": paired, "config": config}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -235,12 +243,12 @@ def run(args: argparse.Namespace) -> int:
         rows += bench(name, n, k, target, triad, TRIAD_BYTES_PER_ELEMENT * elements, args)
     del triad_alive
     print(f"\nGB/s of weight traffic (triad: STREAM's bytes), best and median of {args.rounds} x {args.repeat} "
-          "interleaved samples; ratio: to the triad of the same rounds")
-    print(f"{'workload':26s} {'engine':8s} {'best GB/s':>10} {'ratio':>6} {'median GB/s':>12} {'ratio':>6} "
+          "interleaved samples; ratio: best to the triad's best; paired: median over rounds of the round's ratio")
+    print(f"{'workload':26s} {'engine':8s} {'best GB/s':>10} {'ratio':>6} {'median GB/s':>12} {'paired':>7} "
           f"{'spread':>7}")
     for row in rows:
         print(f"{row['workload']:26s} {row['engine']:8s} {row['best_gbs']:10.2f} {row['best_ratio']:6.2f} "
-              f"{row['median_gbs']:12.2f} {row['median_ratio']:6.2f} {100 * row['spread'] / 2:6.1f}%")
+              f"{row['median_gbs']:12.2f} {row['paired_ratio']:7.2f} {100 * row['spread'] / 2:6.1f}%")
     if args.csv is not None:
         write_rows(args.csv, rows)
     return 0
