@@ -12,8 +12,9 @@ A matrix-vector product (one output row, a weight of at least `MATVEC_MIN_WEIGHT
 1) is bound by memory bandwidth, not arithmetic: every weight is read once. Its default streams the packed weight
 panel after panel (`NK<bn>n` puts each panel's K rows of `bn` columns one after the other, so the whole weight is
 read front to back), the parallel loop gives each core a contiguous half of the panels, and a panel is
-`MATVEC_CHAINS` vectors wide: as many independent accumulator chains as keep the FMA units busy while the loads
-stream (two accumulators, the tiled default's, wait on FMA latency and leave bandwidth unused).
+`MATVEC_CHAINS` vectors wide: as many independent accumulator chains as keep both FMA units busy, so the loop is
+never bound by FMA latency, whatever rate the weights arrive at (the tiled default's two accumulators cap a core at
+two vectors per FMA latency). `python -m experiments matvec` measures it against a STREAM triad.
 """
 
 from __future__ import annotations
