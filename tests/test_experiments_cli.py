@@ -58,6 +58,7 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     (["fuzz", "--kinds", "pictures"], "unknown kinds pictures"),
     (["build-time", "--models", "lenet"], "unknown model(s) lenet"),
     (["models", "--models", "light_lenet"], "unknown network(s) light_lenet"),
+    (["matvec", "--only", "nosuch"], "no workload name contains 'nosuch'"),
     (["recurrent", "--seq", "0"], "must be at least 1"),
     (["fidelity", "--relay", "missing.relay", "--log", "missing.jsonl"], "no such file: missing.relay"),
 ])
@@ -128,6 +129,16 @@ def test_kernels_on_one_small_workload(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("depthwise 1x960x7x7 3x3")]
     assert rows and all(len(line.split()) >= 8 for line in rows)  # cores, ours, numpy, ratio, compile time
+
+
+def test_matvec_times_a_layer_against_the_triad(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matvec", "--only", "ffn", "--trials", "0", "--rounds", "1", "--repeat", "1", "--triad-mib", "8",
+                 "--cold-mib", "8", "--min-ms", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[3]: line.split() for line in out.splitlines()
+            if line.startswith("transformer ffn 768x3072") and "MiB" not in line}
+    assert set(rows) == {"triad", "default", "tiled", "numpy"}
+    assert float(rows["triad"][5]) == 1.0 and all(float(row[4]) > 0 for row in rows.values())  # GB/s, ratio
 
 
 def test_models_checks_and_times_a_small_network(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

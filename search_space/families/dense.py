@@ -7,6 +7,14 @@ reduction). `tile_k` splits the reduction: the inner factor is unrolled. `k_bloc
 around the row tiles: a column panel accumulates in scratch while K advances one block at a time, the block's
 weights staying in L1. `order` says whether column panels (`nm`) or row blocks (`mn`) are the outer loop,
 `parallel` how many outer block loops are fused into the parallel loop (0: none).
+
+A matrix-vector product (one output row, a weight of at least `MATVEC_MIN_WEIGHTS` elements: a dense layer at batch
+1) is bound by memory bandwidth, not arithmetic: every weight is read once. Its default streams the packed weight
+panel after panel (`NK<bn>n` puts each panel's K rows of `bn` columns one after the other, so the whole weight is
+read front to back), the parallel loop gives each core a contiguous half of the panels, and a panel is
+`MATVEC_CHAINS` vectors wide: as many independent accumulator chains as keep both FMA units busy, so the loop is
+never bound by FMA latency, whatever rate the weights arrive at (the tiled default's two accumulators cap a core at
+two vectors per FMA latency). `python -m experiments matvec` measures it against a STREAM triad.
 """
 
 from __future__ import annotations
@@ -50,6 +58,14 @@ from search_space.space import Constraint
 
 K_BLOCKS = (32, 64, 128, 256, 512)
 """Reduction blocks of the K-blocked loop order (`k_block`), each at most half the reduction."""
+
+
+MATVEC_CHAINS = 8
+"""Accumulator vectors of a matrix-vector panel: FMA latency (4 cycles) times the FMA units (2) of current x86
+cores, the independent chains it takes to retire one FMA per unit per cycle."""
+MATVEC_MIN_WEIGHTS = 1 << 18
+"""Weight elements (1 MiB of float32, a core's L2) from which a one-row dense counts as a streamed matrix-vector
+product (`MATVEC_CHAINS`-wide panels); below it the weight is cache-resident and the tiled default applies."""
 
 
 def weight_input(anchor: Any) -> Any:
@@ -105,8 +121,17 @@ def _tile_m(workload: CpuWorkload) -> TileKnob:
     return TileKnob("tile_m", workload.dims["m"], 3, MAX_TILE_ROWS, row_sizes(MAX_TILE_ROWS))
 
 
+def _column_limit(workload: CpuWorkload) -> int:
+    """The widest column tile: `MAX_VECTOR` lanes, or `MATVEC_CHAINS` vectors for a one-row product (128 lanes at
+    16 lanes a vector: a single output row needs that many lanes for as many chains)."""
+    if workload.dims["m"] == 1:
+        return max(MAX_VECTOR, MATVEC_CHAINS * workload.lanes)
+    return MAX_VECTOR
+
+
 def _tile_n(workload: CpuWorkload) -> TileKnob:
-    return TileKnob("tile_n", workload.dims["n"], 3, MAX_VECTOR, vector_sizes(workload.lanes, MAX_VECTOR))
+    limit = _column_limit(workload)
+    return TileKnob("tile_n", workload.dims["n"], 3, limit, vector_sizes(workload.lanes, limit))
 
 
 def _k_blocks(workload: CpuWorkload) -> list[int]:
@@ -143,7 +168,7 @@ def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
 # -- default -----------------------------------------------------------------------------------------------------
 
 
-def _default_columns(n: int, lanes: int) -> int:
+def default_columns(n: int, lanes: int) -> int:
     """Two vectors of columns, or three where those divide the row and two do not (24 of 24, 120 or 360 columns at
     8 lanes: a tail of half a panel costs its blocks a tested copy, 1.8-3x the time of whole 3-vector panels);
     a row narrower than two vectors whole, rounded up to vectors."""
@@ -154,12 +179,34 @@ def _default_columns(n: int, lanes: int) -> int:
     return 2 * lanes
 
 
+def is_matvec(workload: CpuWorkload) -> bool:
+    """A dense layer at batch 1 whose weight streams from memory: one output row, a packable constant weight of at
+    least `MATVEC_MIN_WEIGHTS` elements, at least two vectors of columns."""
+    dims = workload.dims
+    return (workload.family == "dense" and dims["m"] == 1 and workload.constant_weight
+            and dims["n"] * dims["k"] >= MATVEC_MIN_WEIGHTS and dims["n"] >= 2 * workload.lanes)
+
+
+def _matvec_columns(n: int, lanes: int, budget: int) -> int:
+    """The panel width of a matrix-vector product: `MATVEC_CHAINS` vectors (fewer where the registers hold fewer),
+    or the widest of half to all of those that divides the row (1000 columns at 8 lanes: 5 vectors, 40 columns,
+    no tail panel)."""
+    chains = min(MATVEC_CHAINS, budget)
+    for vectors in range(chains, max(1, chains // 2) - 1, -1):
+        if n % (vectors * lanes) == 0:
+            return vectors * lanes
+    return chains * lanes
+
+
 def _default(workload: CpuWorkload) -> dict[str, Any]:
-    """`_default_columns` columns, as many rows as the registers hold (8 at most), the reduction unrolled by 4, the
-    weight packed."""
+    """`default_columns` columns (`_matvec_columns` for a matrix-vector product), as many rows as the registers
+    hold (8 at most), the reduction unrolled by 4, the weight packed."""
     lanes, dims = workload.lanes, workload.dims
     n, m, k = dims["n"], dims["m"], dims["k"]
-    bn = _default_columns(n, lanes)
+    if is_matvec(workload):
+        bn = _matvec_columns(n, lanes, workload.accumulator_budget)
+    else:
+        bn = default_columns(n, lanes)
     bn = closest_factor(_tile_n(workload), min(bn, n))
     mr = max(1, min(8, m, workload.accumulator_budget // vector_registers(bn, lanes)))
     mr = closest_factor(_tile_m(workload), mr)
