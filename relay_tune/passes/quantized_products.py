@@ -33,8 +33,11 @@ import numpy as np
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule
 from relay_tune.passes.base import Pass, PassConfig, call_op, map_functions, register_pass, retype, rewrite_dataflow
 
-# The largest weight magnitude of onnxruntime's symmetric int8 weights (-128 is never produced).
+# The largest weight magnitude of onnxruntime's symmetric int8 weights (-128 is never produced), and the grid ends
+# tried when recovering them: the full range [-127, 127] and the reduced range [-64, 64] (`reduce_range=True`,
+# weights that AVX2's saturating vpmaddubsw multiplies exactly).
 _WEIGHT_MAX = 127
+_GRID_PEAKS = (127, 64)
 # Relative distance from the grid still taken as on it: the dequantized float32 weight is `q * s` rounded once.
 _GRID_TOLERANCE = 1e-5
 _QUANTIZED_DTYPES = ("uint8", "int8")
@@ -109,25 +112,28 @@ def _on_grid(weight: np.ndarray, scales: np.ndarray) -> np.ndarray | None:
 
 def recover_int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """`(q, s)` with `weight == q * s` (to float32 rounding), `q` int8 in [-127, 127] and `s` one scale per output
-    channel (axis 0), trying one scale for the whole tensor first; None when `weight` is no such grid."""
+    channel (axis 0): the largest magnitude of the tensor (one scale for it) or of each channel (one scale per
+    channel) is taken as a grid end of `_GRID_PEAKS`. None when `weight` is no such grid."""
     w = weight.astype(np.float64)
     rows = w.reshape(w.shape[0], -1)
     peak = np.abs(rows).max(axis=1)
-    whole = np.full_like(peak, np.abs(rows).max(initial=0) / _WEIGHT_MAX)
-    each = np.where(peak > 0, peak / _WEIGHT_MAX, 1.0)
-    for scales in (whole, each):
-        if not np.all(scales > 0):
-            continue
-        q = _on_grid(rows, scales[:, None])
-        if q is not None:
-            return q.reshape(weight.shape), scales
+    for grid_end in _GRID_PEAKS:
+        whole = np.full_like(peak, np.abs(rows).max(initial=0) / grid_end)
+        each = np.where(peak > 0, peak / grid_end, 1.0)
+        for scales in (whole, each):
+            if not np.all(scales > 0):
+                continue
+            q = _on_grid(rows, scales[:, None])
+            if q is not None:
+                return q.reshape(weight.shape), scales
     return None
 
 
 def _integer_conv(call: Call, dq: Dequantized, q_weight: np.ndarray) -> Expr | None:
     attrs = call.attrs
-    if int(attrs.get("groups", 1)) != 1 or str(attrs.get("data_layout", "NCHW")) != "NCHW" \
-            or str(attrs.get("kernel_layout", "OIHW")) != "OIHW" or str(attrs.get("out_layout", "") or "NCHW") != "NCHW":
+    layouts = (str(attrs.get("data_layout", "NCHW")), str(attrs.get("kernel_layout", "OIHW")),
+               str(attrs.get("out_layout", "") or "NCHW"))
+    if int(attrs.get("groups", 1)) != 1 or layouts != ("NCHW", "OIHW", "NCHW"):
         return None
     padding = [int(p) for p in attrs.get("padding", (0, 0))]  # type: ignore[union-attr]
     if len(padding) == 2:
