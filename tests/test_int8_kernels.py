@@ -187,3 +187,34 @@ def test_float_model_keeps_float_products() -> None:
     mod, _ = from_onnx(_float_model("conv"))
     products = _integer_products(optimize(mod, layout_block=8))
     assert products and all(str(p.checked_type.dtype) == "float32" for p in products)
+
+
+@pytest.mark.parametrize(("op", "stride", "x_zero"), [("QLinearConv", 1, 131), ("QLinearConv", 2, 0),
+                                                      ("ConvInteger", 1, 77)])
+def test_integer_operators_read_8_bit_operands(op: str, stride: int, x_zero: int) -> None:
+    """QLinearConv and ConvInteger (int32 products of widened operands in the importer) run on the uint8 data and an
+    int8 weight, padded with the zero point, exactly as onnx's reference says."""
+    from onnx.reference import ReferenceEvaluator
+
+    w = RNG.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
+    params = {"xs": np.array(0.05, np.float32), "xz": np.array(x_zero, np.uint8), "w": w,
+              "ws": np.array(0.01, np.float32), "wz": np.array(0, np.int8), "ys": np.array(0.7, np.float32),
+              "yz": np.array(120, np.uint8)}
+    order = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"] if op == "QLinearConv" else ["x", "w", "xz", "wz"]
+    out_type = TensorProto.UINT8 if op == "QLinearConv" else TensorProto.INT32
+    node = helper.make_node(op, order, ["y"], pads=[1, 1, 1, 1], strides=[stride, stride])
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 9, 7])],
+                              [helper.make_tensor_value_info("y", out_type, None)],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in params.items() if k in order])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    mod, _ = from_onnx(model)
+    products = _integer_products(optimize(mod, layout_block=8))
+    assert products and all(str(p.args[0].checked_type.dtype) == "uint8" for p in products)
+    assert all(str(p.args[1].checked_type.dtype) == "int8" for p in products)
+    compiled = build(mod, "llvm")
+    for _ in range(2):
+        x = RNG.integers(0, 256, (1, 5, 9, 7)).astype(np.uint8)
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(compiled.run(x=x), want)
+        np.testing.assert_array_equal(evaluate(mod, {"x": x}), want)

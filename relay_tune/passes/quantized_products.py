@@ -19,6 +19,10 @@ nothing; the correction `zx * sum(Wq)` per output channel is a constant. The req
 QuantizeLinear's divide, round, add, clip, cast) is left as it is: FuseOps fuses it, with the scale multiply and the
 bias, into the integer product's kernel as its epilogue, and the next product reads the uint8 tensor directly.
 
+The int32 products the importer builds for ConvInteger, QLinearConv and MatMulInteger (`(cast(q, "int32") - zq)`
+times a constant int32 weight) are narrowed the same way when the weight's values fit int8: the product reads the
+8-bit tensors (a quarter of the bytes) and the zero point becomes padding and a constant correction.
+
 The result differs from the float graph only by float rounding (the integer sums are exact where the float
 convolution rounds), well inside one quantization step.
 """
@@ -55,7 +59,7 @@ class Dequantized:
     def on(self, expr: Expr) -> Dequantized:
         """The same parameters with `q` taken from `expr`, a rebuilt copy of the matched dequantize (rewritten
         nodes carry no types, so matching runs on the typed original and the operand comes from the copy)."""
-        inner = expr.args[0]  # type: ignore[attr-defined]
+        inner = expr.args[0] if isinstance(expr, Call) and expr.op_name == "multiply" else expr
         if isinstance(inner, Call) and inner.op_name == "subtract":
             inner = inner.args[0]
         return Dequantized(inner.args[0], self.dtype, self.zero_point, self.scale)  # type: ignore[attr-defined]
@@ -98,6 +102,25 @@ def match_dequantized(expr: Expr) -> Dequantized | None:
     if not lo <= zero <= hi:
         return None
     return Dequantized(q, dtype, int(zero), scale_value)
+
+
+def match_widened(expr: Expr) -> Dequantized | None:
+    """The 8-bit tensor and zero point of `subtract(cast(q, "int32"), zp)` (the subtract may be absent): the int32
+    operands of the importer's ConvInteger/QLinearConv/MatMulInteger products. The scale is 1."""
+    zero = 0
+    if isinstance(expr, Call) and expr.op_name == "subtract":
+        zp_value = _scalar(expr.args[1])
+        if zp_value is None:
+            return None
+        expr, zero = expr.args[0], int(zp_value)
+    if not (isinstance(expr, Call) and expr.op_name == "cast" and _dtype(expr) == "int32"):
+        return None
+    q = expr.args[0]
+    dtype = str(_dtype(q))
+    if dtype not in _QUANTIZED_DTYPES:
+        return None
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    return Dequantized(q, dtype, zero, 1.0) if lo <= zero <= hi else None
 
 
 def _on_grid(weight: np.ndarray, scales: np.ndarray) -> np.ndarray | None:
@@ -166,9 +189,11 @@ def integer_product(call: Call, rebuilt: Call | None = None) -> Expr | None:
     """The integer form of `call` (a typed `nn.conv2d` or `nn.dense` of dequantized data and an int8-grid float
     weight, float32 out), built on the arguments of `rebuilt` (a copy of `call` with rewritten arguments; `call`
     itself when None), or None when `call` is not one."""
-    if call.op_name not in ("nn.conv2d", "nn.dense") or _dtype(call) != "float32":
+    if call.op_name not in ("nn.conv2d", "nn.dense"):
         return None
-    if str(call.attrs.get("out_dtype") or "float32") != "float32":
+    if _dtype(call) == "int32":
+        return _narrowed_product(call, rebuilt or call)
+    if _dtype(call) != "float32" or str(call.attrs.get("out_dtype") or "float32") != "float32":
         return None
     dq = match_dequantized(call.args[0])
     weight = call.args[1]
@@ -189,6 +214,22 @@ def integer_product(call: Call, rebuilt: Call | None = None) -> Expr | None:
     if call.op_name == "nn.conv2d":
         multiplier = multiplier.reshape(-1, 1, 1)
     return call_op("multiply", call_op("cast", acc, dtype="float32"), Constant(multiplier))
+
+
+def _narrowed_product(call: Call, rebuilt: Call) -> Expr | None:
+    """An int32 product of widened 8-bit operands (`(cast(q) - zq) * (w - zw)` with `w - zw` an int32 constant)
+    on the 8-bit operands themselves, when the weight's values fit int8."""
+    dq = match_widened(call.args[0])
+    weight = call.args[1]
+    expected_ndim = 4 if call.op_name == "nn.conv2d" else 2
+    if dq is None or not isinstance(weight, Constant) or weight.data.dtype != np.int32 \
+            or weight.data.ndim != expected_ndim:
+        return None
+    if weight.data.size and (weight.data.min() < -128 or weight.data.max() > 127):
+        return None
+    q_weight = weight.data.astype(np.int8)
+    dq = dq.on(rebuilt.args[0])
+    return _integer_conv(call, dq, q_weight) if call.op_name == "nn.conv2d" else _integer_dense(call, dq, q_weight)
 
 
 @register_pass
