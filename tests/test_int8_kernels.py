@@ -218,17 +218,3 @@ def test_integer_operators_read_8_bit_operands(op: str, stride: int, x_zero: int
         want = ReferenceEvaluator(model).run(None, {"x": x})[0]
         np.testing.assert_array_equal(compiled.run(x=x), want)
         np.testing.assert_array_equal(evaluate(mod, {"x": x}), want)
-
-
-def test_integer_conv_is_planned_blocked() -> None:
-    """With layout planning an int8 convolution runs channel-blocked (`nn.contrib_conv2d_NCHWc`, the int32 sums in
-    the float32 lanes), and stays exact."""
-    w = RNG.integers(-128, 128, (16, 24, 3, 3)).astype(np.int8)
-    x = RNG.integers(0, 256, (1, 24, 7, 9)).astype(np.uint8)
-    mod = parse_module('''#[version = "0.0.5"]
-def @main(%x: Tensor[(1, 24, 7, 9), uint8]) -> Tensor[(1, 16, 7, 9), int32] {
-  nn.conv2d(%x, meta[relay.Constant][0], padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3], out_dtype="int32")
-}''', constants=[w])
-    products = _integer_products(optimize(mod, layout_block=8))
-    assert [p.op_name for p in products] == ["nn.contrib_conv2d_NCHWc"]
-    np.testing.assert_array_equal(build(mod, "llvm").run(x=x), _conv(x, w, 1, 1))

@@ -26,8 +26,6 @@ transform becomes one transform from the first layout, or cancels when it leads 
   ShuffleNet's 24-channel stem into 58-channel branches: those stay NCHW). The weight is wrapped in
   `layout_transform(w, "OIHW", "OIHW{bi}i{bo}o")`: the FoldConstant after this pass packs a constant weight once at
   build time; a weight that is a model input is packed by the model on every run (still correct).
-- Integer convolutions (8-bit data x int8 weight -> int32, from `QuantizedProducts`) are planned the same way:
-  their int32 sums have the float32 lanes, so the same block fills a vector.
 - Depthwise convolutions (groups == channels) become `OIHW1i{k}o` kernels in their input's block when `depthwise`,
   and only when their input is blocked already: a memory-bound depthwise kernel cannot win back the transform of
   its input.
@@ -84,9 +82,6 @@ _BINARY_OPS = frozenset({
 })
 _POOL_OPS = frozenset({"nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d"})
 _CONV_DTYPE = "float32"
-# Integer convolutions (`QuantizedProducts`: 8-bit data, int8 weights, int32 sums) are blocked too: their int32
-# accumulators have the float32 lanes, so the same block fills a vector.
-_INTEGER_CONV_DTYPES = (("uint8", "int8", "int32"), ("int8", "int8", "int32"))
 _MIN_HALF_BLOCK = 8  # half blocks narrower than this are not planned (see `_Planner.half`)
 
 
@@ -201,13 +196,12 @@ class _Planner:
             return None
         if attrs.get("out_layout") not in ("", "NCHW", None):
             return None
-        if attrs.get("out_dtype") not in ("", None, _CONV_DTYPE, "int32"):
+        if attrs.get("out_dtype") not in ("", None, _CONV_DTYPE):
             return None
         data, weight, out = _static_4d(call.args[0]), _static_4d(call.args[1]), _static_4d(call)
         if data is None or weight is None or out is None:
             return None
-        dtypes = (data.dtype, weight.dtype, out.dtype)
-        if dtypes != (_CONV_DTYPE,) * 3 and dtypes not in _INTEGER_CONV_DTYPES:
+        if not (data.dtype == weight.dtype == out.dtype == _CONV_DTYPE):
             return None
         c_in, c_out, groups = _channels(data), _channels(out), int(attrs.get("groups", 1))  # type: ignore[arg-type]
         have = self.block_of(call.args[0])
