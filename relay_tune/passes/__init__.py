@@ -1,5 +1,5 @@
-"""Graph passes: type inference, inference simplification, constant folding, scale folding, layout planning, CSE,
-DCE, fusion.
+"""Graph passes: type inference, inference simplification, constant folding, int8 products of quantized models,
+scale folding, layout planning, CSE, DCE, fusion.
 
     from relay_tune.passes import optimize
     fused = optimize(mod, opt_level=3)          # the default pipeline; one Primitive=1 function per fused group
@@ -37,6 +37,7 @@ from relay_tune.passes.pipeline import (
     winograd_mode,
 )
 from relay_tune.passes.plan_layouts import PlanLayouts
+from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
@@ -53,6 +54,7 @@ __all__ = [
     "Pass",
     "PassConfig",
     "PlanLayouts",
+    "QuantizedProducts",
     "Sequential",
     "SimplifyInference",
     "TaskSpec",

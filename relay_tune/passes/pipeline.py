@@ -14,6 +14,7 @@ from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
+from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.winograd import WinogradConv
 
@@ -53,17 +54,18 @@ def winograd_mode(winograd: str | None = None) -> str:
 
 
 def default_pipeline() -> Sequential:
-    """InferType, SimplifyInference, ConvTransposeAsConv, EliminateCommonSubexpr, FoldConstant, FoldScaleAxis,
-    PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination, FuseOps, InferType; each pass runs only at or
-    above its own `opt_level` (PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
-    `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into their
-    blocked layouts once, at build time."""
+    """InferType, SimplifyInference, ConvTransposeAsConv, EliminateCommonSubexpr, FoldConstant, QuantizedProducts,
+    FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination, FuseOps, InferType; each pass runs
+    only at or above its own `opt_level` (QuantizedProducts only at 4, PlanLayouts only when
+    `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
+    after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
         ConvTransposeAsConv(),
         EliminateCommonSubexpr(),
         FoldConstant(),
+        QuantizedProducts(),
         FoldScaleAxis(),
         PlanLayouts(),
         WinogradConv(),
