@@ -140,8 +140,8 @@ def test_default_rule_keeps_wide_maps_out_of_flat_mode() -> None:
     assert flat(small.default_config()) == 1 and small.default_config()["row_vector"]
     one_core = pointwise_task(64, 13, 24, target=resolve_target("llvm -num-cores=1"))
     assert flat(one_core.default_config()) > 1
-    # channel blocks are the parallel loop: at least one per core
-    few = pointwise_task(32, 9, 8, target=resolve_target("llvm -num-cores=4"))
+    # channel blocks are the parallel loop: at least one per core (512 input channels: work above the threshold)
+    few = pointwise_task(512, 9, 8, target=resolve_target("llvm -num-cores=4"))
     config = few.default_config()
     assert flat(config) > 1 and int(config["tile_c"][0]) >= 4  # type: ignore[index]
 

@@ -197,10 +197,12 @@ def @main(%x: Tensor[(1, 2048), float32], %w: Tensor[(1000, 2048), float32], %b:
 
 
 def test_few_channel_blocks_stay_parallel() -> None:
-    """1x32x8x8 by 8x32 (1x1, work 2^14): a channel tile that leaves a tail (8 channels in tiles of 7) has its last
-    block peeled by lowering, and with two blocks the parallel loop went with it; the default tile divides."""
+    """1x32x32x32 by 8x32 (1x1, work 2^18, the parallel threshold): a channel tile that leaves a tail (8 channels in
+    tiles of 7) has its last block peeled by lowering, and with two blocks the parallel loop went with it; the
+    default tile divides."""
+    assert PARALLEL_MIN_WORK <= 8 * 32 * 32 * 32
     mod = parse_module("""#[version = "0.0.5"]
-def @main(%x: Tensor[(1, 32, 8, 8), float32], %w: Tensor[(8, 32, 1, 1), float32]) {
+def @main(%x: Tensor[(1, 32, 32, 32), float32], %w: Tensor[(8, 32, 1, 1), float32]) {
   nn.relu(nn.conv2d(%x, %w, padding=[0, 0, 0, 0], channels=8, kernel_size=[1, 1]))
 }""")
     (spec,) = extract_tasks(optimize(infer_types(mod)))
@@ -292,13 +294,16 @@ def @main(%x: Tensor[(1, {channels}, {height}, {width}), float32], %w: Tensor[({
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("size", [14, 7])
-def test_depthwise_row_tiles_leave_no_tail(size: int) -> None:
+@pytest.mark.parametrize("size,channels", [(14, 384), (7, 960)])
+def test_depthwise_row_tiles_leave_no_tail(size: int, channels: int) -> None:
     """MobileNet v2's 14-row depthwise maps in tiles of 4 rows left a tail tile, guarded inside the fused parallel
-    loop at every tap (2.3-2.9x the best config); the default's row tile divides the map (7 rows: all of them)."""
+    loop at every tap (2.3-2.9x the best config); the default's row tile divides the map (7 rows: all of them).
+    MobileNet v2's channel counts at those sizes, so that the work is above the parallel threshold."""
+    assert channels * size * size * 9 >= PARALLEL_MIN_WORK
     mod = parse_module(f"""#[version = "0.0.5"]
-def @main(%x: Tensor[(1, 64, {size}, {size}), float32], %w: Tensor[(64, 1, 3, 3), float32]) {{
-  clip(nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=64, channels=64, kernel_size=[3, 3]), a_min=0f, a_max=6f)
+def @main(%x: Tensor[(1, {channels}, {size}, {size}), float32], %w: Tensor[({channels}, 1, 3, 3), float32]) {{
+  clip(nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups={channels}, channels={channels}, kernel_size=[3, 3]),
+       a_min=0f, a_max=6f)
 }}""")
     (spec,) = extract_tasks(optimize(infer_types(mod)))
     config = RelayTuneTask(spec, CPU).default_config()

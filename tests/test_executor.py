@@ -150,9 +150,9 @@ def test_the_executor_runs_parallel_kernels_on_the_fallback_thread_team() -> Non
     # GIL released: the callbacks take it again.
     from relay_tune.codegen.jit import python_thread_team
 
-    mod = parse_module(chain_text((16, 64, 64), 6))
+    mod = parse_module(chain_text((64, 64, 64), 6))  # 2^18 elements each: every kernel above the parallel threshold
     model = relay_tune.build(mod, target="llvm -num-cores=2", opt_level=0, threading_runtime="python")
-    x = np.random.default_rng(2).standard_normal((16, 64, 64)).astype("float32")
+    x = np.random.default_rng(2).standard_normal((64, 64, 64)).astype("float32")
     want = np.asarray(Interpreter(mod).run({"x": x}))
     team = python_thread_team()
     before = team.regions

@@ -215,14 +215,17 @@ _library_ids = itertools.count()
 _libgomp: ctypes.CDLL | None = None
 _libgomp_tried = False
 
-# How long libgomp's idle workers spin before they sleep, in its spin iterations (a `pause` each). libgomp's own
-# default (300,000 when OMP_WAIT_POLICY is unset) keeps a worker spinning for milliseconds after every parallel
-# region: after a model run the team holds the cores away from whatever runs next (another library's threads, the
-# caller's own code), and under oversubscription a spinning thread takes the core a descheduled teammate needs to
-# finish its share. A model calls its kernels back to back, microseconds apart, so a
-# short spin still finds the next region; past that the workers sleep. Used only when neither GOMP_SPINCOUNT nor
+# How long libgomp's idle threads spin before they sleep, in its spin iterations (a `pause` each): none. Both the
+# idle workers between parallel regions and the first thread at a region's closing barrier spin this long. On a
+# host with more runnable threads than cores, any spin of a few thousand iterations up makes each parallel region
+# cost about a scheduler time slice (a spinning thread uses up the slice its descheduled teammate needs, then both
+# sleep anyway): with 10,000 a 1 ms classifier took 70 ms and a 0.14 ms detector 7.6 ms, with libgomp's own
+# 300,000 most runs were fast but some rounds 9-200x slow, and the long spin slows whatever runs next on the host
+# (`python -m experiments spin-policy`, experiments/README.md "libgomp's spin"). Sleeping at once costs a futex
+# wake-up per region (microseconds on an idle host), which the parallel threshold
+# (`search_space.families.common.PARALLEL_MIN_WORK`) is sized for. Used only when neither GOMP_SPINCOUNT nor
 # OMP_WAIT_POLICY is set, and only if this process had not loaded libgomp already (it reads them at start-up).
-DEFAULT_GOMP_SPINCOUNT = 10_000
+DEFAULT_GOMP_SPINCOUNT = 0
 _fallback_warned = False
 
 

@@ -21,6 +21,7 @@ from relay_tune.passes.base import (
     register_pass,
     registered_passes,
 )
+from relay_tune.passes.conv1d import Conv1dAsConv2d
 from relay_tune.passes.conv_transpose import ConvTransposeAsConv
 from relay_tune.passes.dead_code import DeadCodeElimination
 from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
@@ -43,6 +44,7 @@ from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "Conv1dAsConv2d",
     "ConvTransposeAsConv",
     "LAYOUT_PLANNING_DEFAULT",
     "DeadCodeElimination",

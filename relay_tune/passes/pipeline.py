@@ -7,6 +7,7 @@ from typing import Any
 
 from relay_tune.ir import IRModule
 from relay_tune.passes.base import InferType, Pass, PassConfig, Sequential
+from relay_tune.passes.conv1d import Conv1dAsConv2d
 from relay_tune.passes.conv_transpose import ConvTransposeAsConv
 from relay_tune.passes.dead_code import DeadCodeElimination
 from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
@@ -54,14 +55,15 @@ def winograd_mode(winograd: str | None = None) -> str:
 
 
 def default_pipeline() -> Sequential:
-    """InferType, SimplifyInference, ConvTransposeAsConv, EliminateCommonSubexpr, FoldConstant, QuantizedProducts,
-    FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination, FuseOps, InferType; each pass runs
-    only at or above its own `opt_level` (QuantizedProducts only at 4, PlanLayouts only when
-    `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
-    after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
+    """InferType, SimplifyInference, Conv1dAsConv2d, ConvTransposeAsConv, EliminateCommonSubexpr, FoldConstant,
+    QuantizedProducts, FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination, FuseOps,
+    InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts only at 4, PlanLayouts only
+    when `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The
+    FoldConstant after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
+        Conv1dAsConv2d(),
         ConvTransposeAsConv(),
         EliminateCommonSubexpr(),
         FoldConstant(),

@@ -15,11 +15,13 @@ a run writes the input and output addresses into their slots and makes one ctype
 what a C function call costs, not a Python loop iteration.
 
 Parallel kernels share one persistent thread team: libgomp's, whose workers stay alive between parallel regions
-and spin briefly before they sleep, so a parallel kernel starts in about a microsecond (see
-`relay_tune.codegen.jit` for the fallback team used where libgomp is missing).
+and sleep as soon as they are idle, so a parallel kernel starts with a futex wake-up (see `relay_tune.codegen.jit`
+for the fallback team used where libgomp is missing); kernels too small to pay for that run serially
+(`search_space.families.common.PARALLEL_MIN_WORK`).
 
-Sharing the cores. The spin is bounded (`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`): libgomp's default
-kept our workers spinning for milliseconds after a run, taking the cores from whatever ran next. And a parallel
+Sharing the cores. Idle threads do not spin (`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`): libgomp's default
+kept our workers spinning for milliseconds after a run, taking the cores from whatever ran next, and on a busy host
+a spinning thread takes the time slice its descheduled teammate needs. And a parallel
 loop does not wait for a descheduled thread: each thread runs its own share in chunks, then takes the chunks the
 others have not started (`relay_tune.codegen.llvm`), so when another library's threads (onnxruntime's pool spins
 for about 60 ms after each of its runs) or other processes hold a core, the threads that do run finish the region.

@@ -27,13 +27,14 @@ MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
 MAX_CHANNEL_BLOCKS = 8  # output channel blocks of a blocked convolution's register tile
-PARALLEL_MIN_WORK = 1 << 14
+PARALLEL_MIN_WORK = 1 << 18
 """Below this much work (output elements times reduction size) a default kernel runs on one core: starting a
-parallel region costs more than it saves. 2^14 iterations take a few microseconds on one core, about what a
-fork/join of libgomp's spinning team costs on an idle machine. Under heavy oversubscription (more runnable threads
-than cores) every parallel region waits for a descheduled worker and serial kernels win far above this line
-(experiments/README.md, "Parallel threshold", has the measurement); the rule is
-for a machine that runs the model, not one shared with other jobs."""
+parallel region costs more than it saves. libgomp's threads sleep as soon as they are idle
+(`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`), so a region costs a futex wake-up and a join, tens of
+microseconds, about what 2^18 iterations take on one core; on a host with more runnable threads than cores a region
+can cost a scheduler time slice (milliseconds), and serial small kernels win by far (2^14 gave a trained 1 ms
+classifier 6.8 ms on a busy host, 2^18 1.05 ms; `python -m experiments spin-policy`, experiments/README.md
+"libgomp's spin"). Large kernels (the convolutions and matrix products that dominate a model) stay parallel."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
