@@ -215,17 +215,16 @@ _library_ids = itertools.count()
 _libgomp: ctypes.CDLL | None = None
 _libgomp_tried = False
 
-# How long libgomp's idle threads spin before they sleep, in its spin iterations (a `pause` each): none. Both the
-# idle workers between parallel regions and the first thread at a region's closing barrier spin this long. On a
-# host with more runnable threads than cores, any spin of a few thousand iterations up makes each parallel region
-# cost about a scheduler time slice (a spinning thread uses up the slice its descheduled teammate needs, then both
-# sleep anyway): with 10,000 a 1 ms classifier took 70 ms and a 0.14 ms detector 7.6 ms, with libgomp's own
-# 300,000 most runs were fast but some rounds 9-200x slow, and the long spin slows whatever runs next on the host
-# (`python -m experiments spin-policy`, experiments/README.md "libgomp's spin"). Sleeping at once costs a futex
-# wake-up per region (microseconds on an idle host), which the parallel threshold
-# (`search_space.families.common.PARALLEL_MIN_WORK`) is sized for. Used only when neither GOMP_SPINCOUNT nor
-# OMP_WAIT_POLICY is set, and only if this process had not loaded libgomp already (it reads them at start-up).
-DEFAULT_GOMP_SPINCOUNT = 0
+# How long libgomp's idle threads spin before they sleep, in its spin iterations (a `pause` each). Both the idle
+# workers between parallel regions and the first thread at a region's closing barrier spin this long. On an idle
+# host a short spin lets the next parallel region start without a futex wake-up: with 0 (sleep at once), the eight
+# zoo CNNs took 1.14x onnxruntime's time in geometric mean against 0.85x with 10,000 (`experiments/ab` runs of
+# `python -m experiments models`, 2026-12-07). On a host with more runnable threads than cores any spin of a few
+# thousand iterations up makes each region cost about a scheduler time slice instead (a 1 ms classifier took 70 ms
+# with 10,000, 6.8 ms with 0: `python -m experiments spin-policy`); the idle host is what latency is measured and
+# deployed on. Used only when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set, and only if this process had not
+# loaded libgomp already (it reads them at start-up): `GOMP_SPINCOUNT=0` suits a shared, oversubscribed host.
+DEFAULT_GOMP_SPINCOUNT = 10_000
 _fallback_warned = False
 
 

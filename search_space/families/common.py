@@ -27,14 +27,13 @@ MAX_K_UNROLL = 16
 MAX_CONV_CHANNELS = 32  # output channels of a convolution register tile
 MAX_CONV_ROWS = 8
 MAX_CHANNEL_BLOCKS = 8  # output channel blocks of a blocked convolution's register tile
-PARALLEL_MIN_WORK = 1 << 18
+PARALLEL_MIN_WORK = 1 << 14
 """Below this much work (output elements times reduction size) a default kernel runs on one core: starting a
-parallel region costs more than it saves. libgomp's threads sleep as soon as they are idle
-(`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`), so a region costs a futex wake-up and a join, tens of
-microseconds, about what 2^18 iterations take on one core; on a host with more runnable threads than cores a region
-can cost a scheduler time slice (milliseconds), and serial small kernels win by far (2^14 gave a trained 1 ms
-classifier 6.8 ms on a busy host, 2^18 1.05 ms; `python -m experiments spin-policy`, experiments/README.md
-"libgomp's spin"). Large kernels (the convolutions and matrix products that dominate a model) stay parallel."""
+parallel region costs more than it saves. With libgomp's threads spinning briefly between regions
+(`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`) a region costs a few microseconds on an idle host. On a host with
+more runnable threads than cores a region can cost a scheduler time slice, and a threshold of 2^18 with no spin
+kept small models steady there (`python -m experiments spin-policy`), but made the zoo CNNs 1.3x slower on an idle
+host: this threshold is for the idle host."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
