@@ -401,6 +401,7 @@ def _documented_commands() -> list[list[str]]:
 
 def test_every_documented_command_parses() -> None:
     from experiments.__main__ import parser
+    from relay_tune.testing.onnx_light import LIGHT
     from relay_tune.testing.onnx_zoo import RELATIVES, SMALL, ZOO
 
     commands = [argv for argv in _documented_commands() if argv and argv[0] != "SUBCOMMAND" and "--help" not in argv]
@@ -409,7 +410,8 @@ def test_every_documented_command_parses() -> None:
     for argv in commands:
         args = parser().parse_args(argv)
         if argv[0] == "models":
-            assert set(args.models.split(",")) <= {*ZOO, *RELATIVES, *SMALL}, argv
+            known = {*ZOO, *RELATIVES, *SMALL, "light", *(f"light_{name}" for name in LIGHT)}
+            assert set(args.models.split(",")) <= known, argv
 
 
 # ---------------------------------------------------------------------------------------------------------------

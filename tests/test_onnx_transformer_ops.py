@@ -319,7 +319,7 @@ BAD = [
                         opset=26, domain=PREVIEW)),
     P("flex-unsupported-score-mod", Case("FlexAttention", [("Q", rand(1, 1, 2, 4)), ("K", rand(1, 1, 2, 4)),
                                                            ("V", rand(1, 1, 2, 4))], {"score_mod": _mod_graph(
-        "dft", [helper.make_node("DFT", ["s"], ["out"])])}, opset=26, domain=PREVIEW)),
+        "tfidf", [helper.make_node("TfIdfVectorizer", ["s"], ["out"])])}, opset=26, domain=PREVIEW)),
     P("flex-default-domain", Case("FlexAttention", [("Q", rand(1, 1, 2, 4)), ("K", rand(1, 1, 2, 4)),
                                                     ("V", rand(1, 1, 2, 4))], opset=26)),
     P("flex-heads", Case("FlexAttention", [("Q", rand(1, 3, 2, 4)), ("K", rand(1, 2, 2, 4)), ("V", rand(1, 2, 2, 4))],
