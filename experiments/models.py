@@ -21,6 +21,8 @@ light_densenet121, light_resnet50, light_vgg19 (`--models light` for all nine). 
    with `INFERENCE_PRECISION_HINT` f32 (no bf16 on CPUs that have it), `INFERENCE_NUM_THREADS=--threads`, one
    stream, latency hint; where the CPU plugin's default precision is not f32 (bf16 on CPUs with AVX512_BF16 or
    AMX), a second column ("openvino_bf16") runs it at that default;
+   with `--baseline-tree DIR`, the default build of another checkout of relay-tune (built by that code in a
+   subprocess, saved and loaded here) is one more engine, "baseline": a before/after comparison in one run;
 4. every engine's output is checked against onnxruntime's (relative to the output's scale, `--rtol`);
 5. all engines are timed in the same interleaved rounds (`experiments.timing`: warmed, `--repeat` inferences per
    engine and round, after waiting up to `--settle` seconds for the previous engine's spinning threads).
@@ -35,6 +37,9 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -60,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="at most this many seconds to wait for an idle process before each engine's turn")
     parser.add_argument("--log", action="append", default=[], metavar="LOG",
                         help="a tuning log: one more relay-tune build, tuned from it (repeatable)")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="a checkout of other relay-tune code (e.g. `git worktree add /tmp/base REV`): its default "
+                        "build of every network is one more engine, \"baseline\", for a before/after comparison")
     parser.add_argument("--no-check-tuned", action="store_true",
                         help="tuned builds use every record, without the build's in-graph check")
     parser.add_argument("--openvino", choices=("auto", "on", "off"), default="auto",
@@ -84,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     for log in args.log:
         if not Path(log).is_file():
             raise UsageError(f"no such tuning log: {log}")
+    if args.baseline_tree is not None and not (args.baseline_tree / "relay_tune").is_dir():
+        raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
     if args.openvino == "on" and openvino_core() is None:
         raise UsageError("--openvino on: the openvino package is not installed (pip install openvino)")
     results = [bench_network(name, known[name](), args) for name in names]
@@ -140,12 +150,41 @@ def relay_tune_builds(onnx_model: Any, args: argparse.Namespace) -> dict[str, An
     mod, _ = from_onnx(onnx_model)
     target = Target.host(num_cores=args.threads)
     builds = {"default": relay_tune.build(mod, target=target)}
+    if args.baseline_tree is not None:
+        builds["baseline"] = baseline_build(args.baseline_tree, onnx_model, args.threads)
     for i, log in enumerate(args.log, start=1):
         label = "tuned" if len(args.log) == 1 else f"tuned{i}"
         start = time.perf_counter()
         builds[label] = relay_tune.build(mod, target=target, logs=log, check_tuned=not args.no_check_tuned)
         print(f"  {label}: {log}, built in {time.perf_counter() - start:.1f} s")
     return builds
+
+
+# Run by the baseline tree's Python: import, build with default schedules, save (the saved-model format is
+# stable, so this checkout loads it).
+_BASELINE_BUILD = """
+import sys, onnx, relay_tune
+from relay_tune.frontend import from_onnx
+from relay_tune.target import Target
+mod, _ = from_onnx(onnx.load(sys.argv[1]))
+relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[3]))).save(sys.argv[2])
+"""
+
+
+def baseline_build(tree: Path, onnx_model: Any, threads: int) -> Any:
+    """`onnx_model` built by the relay-tune code in `tree` (a subprocess with `tree` first on PYTHONPATH), loaded
+    into this process."""
+    import onnx
+
+    from relay_tune.runtime.vm import load_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, saved = Path(folder) / "model.onnx", Path(folder) / "baseline.rtmod"
+        onnx.save(onnx_model, str(source))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
+        subprocess.run([sys.executable, "-c", _BASELINE_BUILD, str(source), str(saved), str(threads)], check=True,
+                       env=env, cwd=str(tree))
+        return load_model(saved)
 
 
 def random_inputs(onnx_model: Any, seed: int) -> dict[str, np.ndarray]:
@@ -230,6 +269,10 @@ def print_table(results: list[tuple[dict[str, Any], dict[str, Samples]]]) -> Non
     for label in labels:
         ratios = [timed[label].median / timed["onnxruntime"].median for _, timed in results if label in timed]
         print(f"geometric mean {label} / onnxruntime over {len(ratios)} networks: {geomean(ratios):.3f}")
+    if "baseline" in labels:
+        ratios = [timed["default"].median / timed["baseline"].median for _, timed in results]
+        print(f"geometric mean default / baseline (the --baseline-tree code) over {len(ratios)} networks: "
+              f"{geomean(ratios):.3f}")
     for label in (lb for lb in labels if not lb.startswith("openvino")):
         ratios = [timed[label].median / timed["openvino"].median for _, timed in results if "openvino" in timed]
         if ratios:

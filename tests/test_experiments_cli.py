@@ -57,6 +57,7 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     (["curve", "--models", "alexnet"], "unknown model(s) alexnet"),
     (["fuzz", "--kinds", "pictures"], "unknown kinds pictures"),
     (["build-time", "--models", "lenet"], "unknown model(s) lenet"),
+    (["models", "--models", "mlp", "--baseline-tree", "/nonexistent"], "holds no relay_tune package"),
     (["models", "--models", "light_lenet"], "unknown network(s) light_lenet"),
     (["matvec", "--only", "nosuch"], "no workload name contains 'nosuch'"),
     (["recurrent", "--seq", "0"], "must be at least 1"),
