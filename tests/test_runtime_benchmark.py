@@ -61,6 +61,7 @@ def test_a_ratio_is_given_only_where_the_rounds_agree() -> None:
     assert steady.describe() == f"{steady.ratio:.2f}x faster"
     slower = LatencyComparison(((1e-3,),) * 3, ((1.25e-3,),) * 3)
     assert slower.describe() == "1.25x slower" and slower.spread == 0.0
+    assert LatencyComparison(((1e-3,),) * 3, ((1.003e-3,),) * 3).describe() == "the same speed"
     # One cold round among few is what printed a 46x "speedup": the rounds disagree, so no ratio is printed.
     noisy = LatencyComparison(((2e-3,), (0.06e-3,), (0.055e-3,), (1e-3,)), ((0.045e-3,),) * 4)
     assert not noisy.supports_ratio()

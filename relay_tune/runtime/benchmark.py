@@ -82,7 +82,9 @@ class LatencyComparison:
         if not self.supports_ratio():
             return (f"timings too noisy for a ratio: rounds disagree by {self.spread:.0%}, per-round ratios "
                     f"{min(self.round_ratios):.2f}-{max(self.round_ratios):.2f}x")
-        return f"{self.ratio:.2f}x faster" if self.ratio >= 1 else f"{1 / self.ratio:.2f}x slower"
+        if round(self.ratio, 2) == 1.0 or round(1 / self.ratio, 2) == 1.0:
+            return "the same speed"
+        return f"{self.ratio:.2f}x faster" if self.ratio > 1 else f"{1 / self.ratio:.2f}x slower"
 
 
 def compare_latency(baseline: Any, candidate: Any, inputs: Mapping[str, Any] | None = None, rounds: int = 9,
