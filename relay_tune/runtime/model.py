@@ -692,20 +692,7 @@ class CompiledModel:
             "plan": self.plan.to_json(),
             "build_info": self.build_info,
         }
-        temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-                archive.writestr("manifest.json", json.dumps(manifest, indent=1))
-                for i, (obj, _) in enumerate(self._objects):
-                    archive.writestr(f"kernels/{i}.o", obj)
-                for i, constant in enumerate(self._constants):
-                    with archive.open(f"constants/{i}.npy", "w", force_zip64=True) as out:
-                        np.lib.format.write_array(out, constant, allow_pickle=False)
-            os.replace(temporary, path)
-        finally:
-            if temporary.exists():
-                temporary.unlink()
-        return path
+        return write_archive(path, manifest, [obj for obj, _ in self._objects], self._constants)
 
 
 def _name_list(names: Sequence[str]) -> str:
@@ -864,3 +851,23 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as err:
         raise ModelFormatError(f"{path}: not a readable relay-tune model file ({err})") from None
 
+
+
+def write_archive(path: Path, manifest: Mapping[str, Any], objects: Sequence[bytes],
+                  constants: Sequence[np.ndarray]) -> Path:
+    """Write a saved model's zip file: `manifest.json`, `kernels/<i>.o`, `constants/<i>.npy` (uncompressed, so
+    loading can map the constants), through a temporary file renamed into place. Returns `path`."""
+    temporary = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+            archive.writestr("manifest.json", json.dumps(manifest, indent=1))
+            for i, obj in enumerate(objects):
+                archive.writestr(f"kernels/{i}.o", obj)
+            for i, constant in enumerate(constants):
+                with archive.open(f"constants/{i}.npy", "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, constant, allow_pickle=False)
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    return path

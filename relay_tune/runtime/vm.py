@@ -68,6 +68,7 @@ from relay_tune.runtime.model import (
     load,
     signature_from_json,
     signature_to_json,
+    write_archive,
 )
 from relay_tune.runtime.vm_loops import NativeLoop, find_loop
 from relay_tune.target import Target
@@ -644,20 +645,7 @@ class VMModel:
             "program": self.program.to_json(),
             "build_info": self.build_info,
         }
-        temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-                archive.writestr("manifest.json", json.dumps(manifest, indent=1))
-                for i, (obj, _) in enumerate(self._objects):
-                    archive.writestr(f"kernels/{i}.o", obj)
-                for i, constant in enumerate(self._constants):
-                    with archive.open(f"constants/{i}.npy", "w", force_zip64=True) as out:
-                        np.lib.format.write_array(out, constant, allow_pickle=False)
-            os.replace(temporary, path)
-        finally:
-            if temporary.exists():
-                temporary.unlink()
-        return path
+        return write_archive(path, manifest, [obj for obj, _ in self._objects], self._constants)
 
 
 def _hand_out(value: Any) -> Any:
