@@ -232,6 +232,18 @@ def retype(mod: IRModule, changed: bool) -> IRModule:
     return infer_types(mod)
 
 
+def rewrite_functions(mod: IRModule, fn: RewriteFn) -> IRModule:
+    """`rewrite_dataflow` with `fn` over every global function graph passes transform, retyped if anything
+    changed: the whole `transform` of a pass that rewrites calls one at a time."""
+
+    def rewrite(func: Function) -> Function:
+        new = rewrite_dataflow(func, fn)
+        assert isinstance(new, Function)
+        return new
+
+    return retype(*map_functions(mod, rewrite))
+
+
 def tensor_type_of(node: Expr) -> TensorType | None:
     """The node's checked type when it is a tensor type with static shape, else None."""
     if not node.has_type():

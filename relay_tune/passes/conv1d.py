@@ -17,15 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from relay_tune.ir import Call, Expr, Function, IRModule
+from relay_tune.ir import Call, Expr, IRModule
 from relay_tune.passes.base import (
     Pass,
     PassConfig,
     call_op,
-    map_functions,
     register_pass,
-    retype,
-    rewrite_dataflow,
+    rewrite_functions,
     tensor_type_of,
 )
 
@@ -75,10 +73,4 @@ class Conv1dAsConv2d(Pass):
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
-        new_mod, changed = map_functions(mod, self._rewrite_function)
-        return retype(new_mod, changed)
-
-    def _rewrite_function(self, func: Function) -> Function:
-        new = rewrite_dataflow(func, _rewrite_node)
-        assert isinstance(new, Function)
-        return new
+        return rewrite_functions(mod, _rewrite_node)
