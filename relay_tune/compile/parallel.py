@@ -6,8 +6,10 @@ import concurrent.futures
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Sequence
 
+from relay_tune.codegen.jit import KernelLibrary, KernelSignature, load_object
 from relay_tune.codegen.llvm import compile_object
 from relay_tune.compile.kernel_cache import KernelObjectCache
 from relay_tune.errors import CompileError
@@ -22,6 +24,28 @@ PARALLEL_COMPILE_MIN_KERNELS = 8
 def default_jobs() -> int:
     """Parallel compile processes: one per core up to 4, when a model has enough kernels to split."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def compile_and_load(
+    funcs: Sequence[tir.PrimFunc], target: Target, jobs: int | None, kernel_cache: bool, threading_runtime: str,
+    timings: dict[str, float], start: float,
+) -> tuple[list[tuple[bytes, list[KernelSignature]]], list[KernelLibrary]]:
+    """A model's kernels compiled (`compile_all`; `jobs` None: worker processes from
+    `PARALLEL_COMPILE_MIN_KERNELS` kernels on, the per-user kernel cache when `kernel_cache`) and loaded into this
+    process: the objects with their kernels' signatures, and the loaded libraries. Adds `llvm_s`, `load_s` and
+    `total_s` to `timings` (seconds since `start`)."""
+    if jobs is None:
+        # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
+        jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
+    cache = KernelObjectCache.default() if kernel_cache else None
+    chunks = compile_all(funcs, target, jobs, cache) if funcs else []
+    t_compile = time.perf_counter()
+    timings["llvm_s"] = t_compile - start - sum(timings.values())
+    objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
+    libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
+    timings["load_s"] = time.perf_counter() - t_compile
+    timings["total_s"] = time.perf_counter() - start
+    return objects, libraries
 
 
 def compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes, dict[str, float]]:

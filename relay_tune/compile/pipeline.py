@@ -12,10 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from relay_tune.codegen.jit import KernelSignature, load_object
-from relay_tune.compile.kernel_cache import KernelObjectCache
 from relay_tune.compile.lookup import BuildWarning, TaskLookup, task_lookup
-from relay_tune.compile.parallel import PARALLEL_COMPILE_MIN_KERNELS, compile_all, default_jobs
+from relay_tune.compile.parallel import compile_and_load
 from relay_tune.compile.params import bind_params
 from relay_tune.compile.planner import Planner
 from relay_tune.compile.target import resolve_target
@@ -83,18 +81,7 @@ def compile_model(
     funcs += [f for f in packers if f.name in called]
     if resolved.kind == "cuda":
         return gpu_model_from_plan(plan, funcs, constants, resolved, timings, start)  # type: ignore[return-value]
-    if jobs is None:
-        # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
-        jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
-    cache = KernelObjectCache.default() if kernel_cache else None
-    chunks = compile_all(funcs, resolved, jobs, cache) if funcs else []
-    t_compile = time.perf_counter()
-    timings["llvm_s"] = t_compile - start - sum(timings.values())
-
-    objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
-    libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
-    timings["load_s"] = time.perf_counter() - t_compile
-    timings["total_s"] = time.perf_counter() - start
+    objects, libraries = compile_and_load(funcs, resolved, jobs, kernel_cache, threading_runtime, timings, start)
     info: dict[str, Any] = {
         "triple": host_triple(),
         "opt_level": opt_level,

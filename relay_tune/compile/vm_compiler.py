@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from relay_tune.codegen.jit import KernelSignature, load_object
-from relay_tune.compile.kernel_cache import KernelObjectCache
-from relay_tune.compile.parallel import PARALLEL_COMPILE_MIN_KERNELS, compile_all, default_jobs
+from relay_tune.compile.parallel import compile_and_load
 from relay_tune.compile.tasks import LoweredTask, ParamBinding, packing_kernel, slug
 from relay_tune.compile.trees import constant_leaf, flatten_types
 from relay_tune.errors import CompileError, UnsupportedError
@@ -449,16 +447,7 @@ def compile_vm_model(
     called = {k.kernel for k in program.kernels}
     funcs = [t.primfunc for t in task_list if not t.alias and t.kernel_name in called]
     funcs += [f for f in compiler.packers.values() if f.name in called]
-    if jobs is None:
-        jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
-    cache = KernelObjectCache.default() if kernel_cache else None
-    chunks = compile_all(funcs, target, jobs, cache) if funcs else []
-    t_compile = time.perf_counter()
-    timings["llvm_s"] = t_compile - start - sum(timings.values())
-    objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
-    libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
-    timings["load_s"] = time.perf_counter() - t_compile
-    timings["total_s"] = time.perf_counter() - start
+    objects, libraries = compile_and_load(funcs, target, jobs, kernel_cache, threading_runtime, timings, start)
     info: dict[str, Any] = {
         "triple": host_triple(),
         "opt_level": opt_level,
