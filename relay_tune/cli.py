@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import datetime
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -414,26 +415,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         np.savez(args.output, **{f"output_{i}": out for i, out in enumerate(flat)})
         console.print(f"wrote {args.output}")
-    if args.repeat > 0:
-        stats = model.benchmark(repeat=args.repeat, number=args.number, inputs=inputs)
-        console.print(f"latency: median {stats.median * 1e3:.3f} ms, min {stats.min * 1e3:.3f} ms "
-                      f"({args.repeat} x {args.number} runs)")
+    if args.repeat is None or args.repeat > 0:
+        # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
+        from relay_tune.runtime.benchmark import steady_latency, warm_up
+
+        # Warmed first, then single runs over about a second (as the tuner's before/after timing measures each
+        # build): ten cold runs of a 50 us model spread by 30% from one process to the next.
+        if args.repeat is None and args.number == 1:
+            costs = steady_latency(model, inputs)
+        else:
+            warm_up(model, inputs, 0.2)
+            costs = model.benchmark(repeat=args.repeat or 10, number=args.number, inputs=inputs, warmup=0).costs
+        console.print(f"latency: median {statistics.median(costs) * 1e3:.3f} ms, min {min(costs) * 1e3:.3f} ms "
+                      f"({len(costs)} x {args.number} runs, warmed up)")
     if args.profile and args.log:
         # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
         from relay_tune.runtime.profile import compare_with_logs
 
         assert isinstance(model, CompiledModel)  # a VM model with --profile was refused above
         console.print("  in model  per call   logged  ratio  (per call: in the model; logged: best record)")
-        for entry in compare_with_logs(model, args.log, max(1, min(args.repeat, 20)), inputs)[:args.profile]:
+        for entry in compare_with_logs(model, args.log, _profile_repeat(args.repeat), inputs)[:args.profile]:
             row = entry.profile
             logged = f"{_duration(entry.logged):>9} {entry.ratio:5.2f}x" if entry.ratio else f"{'-':>9} {'':>6}"
             console.print(f"  {_duration(row.seconds):>9} {_duration(row.per_call):>9} {logged}  x{row.calls:<3} "
                           f"{'tuned  ' if row.tuned else 'default'} {row.description}")
     elif args.profile:
-        for row in model.profile(repeat=max(1, min(args.repeat, 20)), inputs=inputs)[:args.profile]:
+        for row in model.profile(repeat=_profile_repeat(args.repeat), inputs=inputs)[:args.profile]:
             console.print(f"  {row.seconds * 1e3:9.3f} ms {row.share:6.1%}  x{row.calls:<3} "
                           f"{'tuned  ' if row.tuned else 'default'} {row.description}")
     return 0
+
+
+def _profile_repeat(repeat: int | None) -> int:
+    """Runs a `--profile` takes its per-kernel medians over: `--repeat`, between 1 and 20 (10 by default)."""
+    return 10 if repeat is None else max(1, min(repeat, 20))
 
 
 def _run_gpu_model(args: argparse.Namespace, console: Any) -> int:
@@ -454,9 +469,9 @@ def _run_gpu_model(args: argparse.Namespace, console: Any) -> int:
     console.print(f"loaded {args.model} on {model.device.name} ({model.device.arch})")
     for i, out in enumerate(flat):
         console.print(f"  output {i}: {list(np.shape(out))} {np.asarray(out).dtype}")
-    if args.repeat > 0:
-        costs = model.benchmark(repeat=args.repeat, number=args.number, inputs=inputs)
-        console.print(f"latency: median {sorted(costs)[len(costs) // 2] * 1e3:.3f} ms ({args.repeat} x {args.number})")
+    if args.repeat is None or args.repeat > 0:
+        costs = model.benchmark(repeat=args.repeat or 10, number=args.number, inputs=inputs)
+        console.print(f"latency: median {sorted(costs)[len(costs) // 2] * 1e3:.3f} ms ({len(costs)} x {args.number})")
     return 0
 
 
@@ -1055,7 +1070,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="compiled model file (.rtmod) written by `relay-tune build`")
     p.add_argument("--inputs", metavar="FILE.npz", help="input arrays by input name (default: random inputs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    p.add_argument("--repeat", type=int, default=10, help="timed runs (default 10; 0: no timing)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed runs after a 0.2 s warm-up (default: as many single runs as fill a second, at least "
+                        "10; 0: no timing)")
     p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default 1)")
     p.add_argument("--profile", type=int, nargs="?", const=10, default=0, metavar="N",
                    help="also print the N slowest kernels (default 10): their time in the model")

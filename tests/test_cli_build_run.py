@@ -72,6 +72,13 @@ def test_run_random_inputs_prints_shapes_and_latency(built: Path, capsys: pytest
     assert "conv2d" in text  # the profile lines
 
 
+def test_run_times_many_warmed_single_runs_by_default(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(built)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("latency"))
+    runs = int(line.split("(")[1].split(" x ")[0])
+    assert runs >= 10 and "x 1 runs, warmed up" in line  # about a second of single runs, not ten cold ones
+
+
 def test_run_with_input_file_matches_the_interpreter(
     built: Path, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,10 +8,13 @@ import pytest
 import relay_tune
 from relay_tune.runtime.benchmark import (
     LatencyComparison,
+    calls_per_round,
     compare_latency,
     interleaved_latency,
     interleaved_samples,
     interleaved_task_seconds,
+    steady_latency,
+    warm_up,
 )
 from relay_tune.runtime.model import CompiledModel
 from relay_tune.text import parse_module
@@ -68,3 +71,25 @@ def test_a_ratio_is_given_only_where_the_rounds_agree() -> None:
     assert noisy.describe().startswith("timings too noisy for a ratio")
     # Two rounds cannot show agreement.
     assert not LatencyComparison(((1e-3,),) * 2, ((1e-3,),) * 2).supports_ratio()
+
+
+def test_rounds_of_a_fast_model_fill_their_time() -> None:
+    assert calls_per_round(50e-6, 0.05) == 1000  # a 50 us model: 1,000 calls fill 50 ms
+    assert calls_per_round(20e-3, 0.05) == 5  # a slow model: still five calls a round
+    assert calls_per_round(1e-6, 0.05) == 1000 and calls_per_round(0.0, 0.05) == 1000  # capped
+    assert calls_per_round(1e-4, 1.0, least=10, most=100_000) == 10_000
+
+
+def test_warmed_timings_are_many_single_calls(model: CompiledModel) -> None:
+    per_call = warm_up(model, None, 0.01)
+    assert per_call > 0
+    costs = steady_latency(model, seconds=0.02, warmup_s=0.01)
+    # about 0.02 s of calls, at least ten, every one timed alone
+    assert len(costs) >= 10 and all(c > 0 for c in costs)
+    assert sum(costs) < 1.0
+
+
+def test_compare_latency_sizes_rounds_from_the_slower_model(model: CompiledModel) -> None:
+    timed = compare_latency(model, model, rounds=3, warmup_s=0.01, round_s=0.005)
+    sizes = {len(r) for r in timed.baseline + timed.candidate}
+    assert len(sizes) == 1 and sizes.pop() >= 5  # the same number of calls for both, every round

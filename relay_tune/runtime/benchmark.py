@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -87,21 +88,46 @@ class LatencyComparison:
         return f"{self.ratio:.2f}x faster" if self.ratio > 1 else f"{1 / self.ratio:.2f}x slower"
 
 
+def warm_up(model: Any, inputs: Mapping[str, Any] | None, seconds: float, min_calls: int = 3) -> float:
+    """Run `model` for at least `seconds` and `min_calls` calls (cold caches, lazily mapped pages, a thread team
+    still asleep and a clock still ramping up); the median seconds per call of the last half of those calls."""
+    deadline = time.perf_counter() + seconds
+    costs: list[float] = []
+    while time.perf_counter() < deadline or len(costs) < min_calls:
+        costs.extend(_timed_calls(model, 1, inputs))
+    return statistics.median(costs[len(costs) // 2:])
+
+
+def calls_per_round(per_call_s: float, round_s: float, least: int = 5, most: int = 1000) -> int:
+    """How many timed calls fill `round_s` seconds, between `least` and `most`: a round of a 50 us model needs
+    hundreds of calls before one descheduled thread or timer tick stops deciding its median."""
+    if per_call_s <= 0:
+        return most
+    return max(least, min(most, math.ceil(round_s / per_call_s)))
+
+
 def compare_latency(baseline: Any, candidate: Any, inputs: Mapping[str, Any] | None = None, rounds: int = 9,
-                    repeat: int = 5, warmup_s: float = 0.05) -> LatencyComparison:
-    """Time two models in `rounds` interleaved rounds of `repeat` calls each, after running each for at least
-    `warmup_s` seconds (cold caches, lazily mapped pages and a clock still ramping up made one cold timing
-    decide a 40x "speedup" that a rerun measured at 1.2x)."""
-    for model in (baseline, candidate):
-        deadline = time.perf_counter() + warmup_s
-        while time.perf_counter() < deadline:
-            _timed_calls(model, 1, inputs)
+                    repeat: int | None = None, warmup_s: float = 0.2, round_s: float = 0.05) -> LatencyComparison:
+    """Time two models in `rounds` interleaved rounds, after running each for at least `warmup_s` seconds (one
+    cold timing once decided a 40x "speedup" that a rerun measured at 1.2x). Each round times `repeat` calls of
+    each model; by default as many as fill `round_s` seconds of the slower model (at least 5)."""
+    per_call = [warm_up(model, inputs, warmup_s) for model in (baseline, candidate)]
+    if repeat is None:
+        repeat = calls_per_round(max(per_call), round_s)
     base_rounds: list[tuple[float, ...]] = []
     cand_rounds: list[tuple[float, ...]] = []
     for _ in range(rounds):
         base_rounds.append(_timed_calls(baseline, repeat, inputs))
         cand_rounds.append(_timed_calls(candidate, repeat, inputs))
     return LatencyComparison(tuple(base_rounds), tuple(cand_rounds))
+
+
+def steady_latency(model: Any, inputs: Mapping[str, Any] | None = None, seconds: float = 1.0,
+                   warmup_s: float = 0.2, least: int = 10) -> tuple[float, ...]:
+    """Seconds of single timed calls of a warmed model over about `seconds` (at least `least` calls): what
+    `relay-tune run` reports, measured as `compare_latency` measures each side."""
+    per_call = warm_up(model, inputs, warmup_s)
+    return _timed_calls(model, calls_per_round(per_call, seconds, least=least, most=100_000), inputs)
 
 
 def _timed_calls(model: Any, repeat: int, inputs: Mapping[str, Any] | None) -> tuple[float, ...]:
