@@ -23,6 +23,8 @@ from relay_tune.errors import RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import TensorType
+from relay_tune.kernel import tir
+from relay_tune.kernel.recurrent import PARALLEL_MIN_MACS, fixed_kernel, fixed_kernel_call
 from relay_tune.op import get_op
 from relay_tune.op.recurrent import LSTM_SEQUENCE, pack_recurrent_weights, unpack_recurrent_weights
 from relay_tune.passes import optimize
@@ -58,6 +60,7 @@ CASES = [
     Case("h5_bidirectional_layout1", 5, "bidirectional", batch=2, layout=1, initial=True),
     Case("h16_bidirectional_no_bias", 16, "bidirectional", bias=False, seq=1),
     Case("h9_full_lens", 9, "bidirectional", batch=2, full_lens=True),
+    Case("h65_bidirectional_parallel", 65, "bidirectional", seq=16),  # work enough for a parallel region
 ]
 
 
@@ -130,7 +133,7 @@ def test_lstm_sequence_matches_onnxruntime(case: Case) -> None:
 
 
 def test_lstm_sequence_is_one_kernel_and_no_tuning_task() -> None:
-    model, feeds = make_model(Case("bi", 12, "bidirectional", seq=9))
+    model, _ = make_model(Case("bi", 12, "bidirectional", seq=9))
     mod, _ = from_onnx(model)
     target = Target.host(num_cores=2)
     compiled = build(mod, target=target)
@@ -140,6 +143,18 @@ def test_lstm_sequence_is_one_kernel_and_no_tuning_task() -> None:
     tunable = model_tasks(optimize(mod), target).kernels
     assert tunable and not any("lstm_sequence" in s.description for s in tunable)
     assert any("dense" in s.description for s in tunable)  # the input projection is still tuned
+
+
+@pytest.mark.parametrize(("hidden", "seq", "cores", "kind"), [
+    (65, 16, 2, tir.ForKind.PARALLEL), (65, 16, 1, tir.ForKind.SERIAL), (8, 3, 2, tir.ForKind.SERIAL)])
+def test_directions_run_in_parallel_where_worth_it(hidden: int, seq: int, cores: int, kind: tir.ForKind) -> None:
+    model, _ = make_model(Case("bi", hidden, "bidirectional", seq=seq))
+    mod, _ = from_onnx(model)
+    target = Target.host(num_cores=cores)
+    (spec,) = [s for s in model_tasks(optimize(mod), target).specs if fixed_kernel_call(s.func) is not None]
+    loop = fixed_kernel(spec.func, target, "k").body
+    assert isinstance(loop, tir.For) and loop.extent == 2 and loop.kind is kind
+    assert (seq * 4 * hidden * hidden >= PARALLEL_MIN_MACS) == (hidden == 65)
 
 
 def test_packing_round_trips() -> None:

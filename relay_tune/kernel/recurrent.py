@@ -5,11 +5,11 @@ because their loops carry a dependence from one iteration to the next that tenso
     prim_func = fixed_kernel(func, target, "k3_lstm")
 
 `nn.lstm_sequence` (`relay_tune.op.recurrent`) is one: its kernel runs the directions of an LSTM layer in
-parallel (one core each, where the target has them) and, within a direction, every step in turn: the recurrent
-matrix-vector product from the packed weight panels (each panel's accumulators in registers while the panel
-streams front to back), then the gates. The states stay in per-thread scratch between steps, so a layer of `seq`
-steps is one kernel call and one parallel region instead of `seq` calls of two or more kernels, each with its
-own region.
+parallel (one core each, where the target has them and the layer is worth a parallel region) and, within a
+direction, every step in turn: the recurrent matrix-vector product from the packed weight panels (each panel's
+accumulators in registers while the panel streams front to back), then the gates. The states stay in per-thread
+scratch between steps, so a layer of `seq` steps is one kernel call and at most one parallel region instead of
+`seq` calls of two or more kernels, each with its own region.
 
 A fixed kernel has no schedule space: the tuner passes over its task (`compile.task_list.ModelTasks.kernels`) and
 the build lowers it here. Its parameters are the operator's arguments in order (`fixed_kernel_inputs`: the
@@ -26,7 +26,13 @@ from relay_tune.kernel import tir
 from relay_tune.op.recurrent import LSTM_SEQUENCE
 from relay_tune.target import Target
 
-__all__ = ["FIXED_KERNELS", "fixed_kernel", "fixed_kernel_call", "fixed_kernel_inputs", "lstm_sequence_kernel"]
+__all__ = ["FIXED_KERNELS", "PARALLEL_MIN_MACS", "fixed_kernel", "fixed_kernel_call", "fixed_kernel_inputs",
+           "lstm_sequence_kernel"]
+
+PARALLEL_MIN_MACS = 1 << 18
+"""Multiply-accumulates per direction (all steps) below which the directions run in turn on one core: a parallel
+region costs a few microseconds on an idle host and up to a scheduler time slice on a busy one, more than a small
+layer's whole work."""
 
 K_UNROLL = 4
 """Reduction steps of the recurrent product per loop iteration (fewer branches; the panel loads stay in order)."""
@@ -101,7 +107,8 @@ def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
     body: tir.Stmt = tir.seq(init, steps)
     for scratch in (acc, g, c, h):
         body = tir.Allocate(scratch, body)
-    kind = tir.ForKind.PARALLEL if directions > 1 and target.num_cores > 1 else tir.ForKind.SERIAL
+    parallel = directions > 1 and target.num_cores > 1 and seq * batch * gates * hidden >= PARALLEL_MIN_MACS
+    kind = tir.ForKind.PARALLEL if parallel else tir.ForKind.SERIAL
     return tir.PrimFunc(name, (xp, rp, h0, c0, out), tir.For(d, directions, body, kind))
 
 
