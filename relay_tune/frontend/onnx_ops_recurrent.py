@@ -1,5 +1,10 @@
-"""The ONNX recurrent layers RNN, GRU and LSTM (every opset: `layout` since 14), unrolled over the model's static
-sequence length into Relay operators.
+"""The ONNX recurrent layers RNN, GRU and LSTM (every opset: `layout` since 14) as Relay operators.
+
+An LSTM with the default gates (sigmoid, tanh, tanh; no clip, peepholes or coupled input-forget gate) whose
+sequences all run the full length becomes one input projection over every step and direction (one `nn.dense`,
+both biases added once) and one `nn.lstm_sequence` (`relay_tune.op.recurrent`): every step inside one kernel, the
+directions of a bidirectional layer on separate cores. Every other layer is unrolled over the model's static
+sequence length:
 
 Per direction, the input projection of all steps is one `nn.dense` over `(seq * batch, input)` (with both biases
 added once), so the heaviest product is a single tuned task; each step then takes its slice of the projection,
