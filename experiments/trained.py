@@ -178,6 +178,7 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
     with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too."""
     import relay_tune
     from relay_tune.frontend import from_onnx
+    from relay_tune.target import Target
 
     row: dict[str, Any] = {"model": model.name, "kind": model.kind, "package": model.package}
     path = fetch(model)
@@ -187,7 +188,7 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
     try:
         start = time.perf_counter()
         mod, _ = from_onnx(path, shape_overrides={**model.shapes, **{k: v.shape for k, v in fixed.items()}})
-        compiled = relay_tune.build(mod, params=fixed or None)
+        compiled = relay_tune.build(mod, target=Target.host(num_cores=threads), params=fixed or None)
         row["build_s"] = round(time.perf_counter() - start, 2)
     except Exception as err:  # reported in the table: what stops this model
         row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
