@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -28,6 +29,7 @@ from relay_tune.kernel.recurrent import PARALLEL_MIN_MACS, fixed_kernel, fixed_k
 from relay_tune.op import get_op
 from relay_tune.op.recurrent import LSTM_SEQUENCE, pack_recurrent_weights, unpack_recurrent_weights
 from relay_tune.passes import optimize
+from relay_tune.runtime.vm import load_model
 from relay_tune.target import Target
 from relay_tune.text import print_module
 
@@ -132,11 +134,14 @@ def test_lstm_sequence_matches_onnxruntime(case: Case) -> None:
         check([np.asarray(v) for v in compiled.run(**feeds)], want, f"compiled on {cores} core(s)")
 
 
-def test_lstm_sequence_is_one_kernel_and_no_tuning_task() -> None:
-    model, _ = make_model(Case("bi", 12, "bidirectional", seq=9))
+def test_lstm_sequence_is_one_kernel_and_no_tuning_task(tmp_path: Path) -> None:
+    model, feeds = make_model(Case("bi", 12, "bidirectional", seq=9))
     mod, _ = from_onnx(model)
     target = Target.host(num_cores=2)
     compiled = build(mod, target=target)
+    compiled.save(tmp_path / "lstm.rtmod")  # the fixed kernel travels in the saved model like any other
+    for got, want in zip(load_model(tmp_path / "lstm.rtmod").run(**feeds), compiled.run(**feeds)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert sum("lstm_sequence" in t.description for t in compiled.plan.tasks) == 1
     # the projection, the loop kernel and one slice per output (Y, Y_h, Y_c): not one call per step and direction
     assert compiled.num_kernel_calls <= 5
