@@ -286,13 +286,12 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     masks = _step_masks(imp, lens, seq, batch)
     x2d = imp.reshape(x, [seq * batch, input_size])
     if kind == "LSTM" and _loop_kernel_fits(node, acts, clip, masks, peepholes, dtype):
-        y, y_h, y_c = _lstm_sequence(imp, x2d, w, r, b, initial_h, initial_c, seq, batch, hidden,
-                                     [direction == "reverse" or d == 1 for d in range(directions)])
-        if layout:
-            y = imp.call("transpose", [y], axes=[2, 0, 1, 3])
-            y_h = imp.call("transpose", [y_h], axes=[1, 0, 2])
-            y_c = imp.call("transpose", [y_c], axes=[1, 0, 2])
-        return [y, y_h, y_c]
+        looped = _lstm_sequence(imp, x2d, w, r, b, initial_h, initial_c, seq, batch, hidden,
+                                [direction == "reverse" or d == 1 for d in range(directions)])
+        if layout:  # Y as (batch, seq, directions, hidden), the states as (batch, directions, hidden)
+            return [imp.call("transpose", [looped[0]], axes=[2, 0, 1, 3]),
+                    *(imp.call("transpose", [state], axes=[1, 0, 2]) for state in looped[1:])]
+        return list(looped)
 
     ys, hs, cs = [], [], []
     for d in range(directions):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from relay_tune.errors import CompileError
-from relay_tune.ir import Call, Function, Op, TensorType, Var
+from relay_tune.ir import Call, Expr, Function, Op, TensorType, Var
 from relay_tune.kernel import tir
 from relay_tune.op.recurrent import LSTM_SEQUENCE
 from relay_tune.target import Target
@@ -38,10 +38,11 @@ K_UNROLL = 4
 """Reduction steps of the recurrent product per loop iteration (fewer branches; the panel loads stay in order)."""
 
 
-def _shape(value: object) -> tuple[int, ...]:
-    ty = value.checked_type if hasattr(value, "checked_type") else value  # type: ignore[attr-defined]
+def _shape(value: Expr) -> tuple[int, ...]:
+    """The static shape of a typed argument (the type relation has checked that it is static)."""
+    ty = value.checked_type
     assert isinstance(ty, TensorType)
-    return tuple(int(d) for d in ty.shape)
+    return tuple(d for d in ty.shape if isinstance(d, int))
 
 
 def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:

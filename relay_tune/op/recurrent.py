@@ -41,7 +41,7 @@ def _static(arg: Type, what: str, rank: int) -> tuple[int, ...]:
         raise RelayTypeError(f"{what} must have a static shape of rank {rank}, got {arg.shape}", op_name=LSTM_SEQUENCE)
     if arg.dtype != "float32":
         raise RelayTypeError(f"{what} must be float32, got {arg.dtype}", op_name=LSTM_SEQUENCE)
-    return tuple(int(d) for d in arg.shape)
+    return tuple(d for d in arg.shape if isinstance(d, int))
 
 
 @type_relation(LSTM_SEQUENCE)
