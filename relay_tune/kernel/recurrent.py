@@ -1,0 +1,145 @@
+"""Fixed kernels: operators whose whole loop nest is written here rather than scheduled from tensor expressions,
+because their loops carry a dependence from one iteration to the next that tensor expressions cannot state.
+
+    call = fixed_kernel_call(func)          # the fused function's one call of such an operator, else None
+    prim_func = fixed_kernel(func, target, "k3_lstm")
+
+`nn.lstm_sequence` (`relay_tune.op.recurrent`) is one: its kernel runs the directions of an LSTM layer in
+parallel (one core each, where the target has them and the layer is worth a parallel region) and, within a
+direction, every step in turn: the recurrent matrix-vector product from the packed weight panels (each panel's
+accumulators in registers while the panel streams front to back), then the gates. The states stay in per-thread
+scratch between steps, so a layer of `seq` steps is one kernel call and at most one parallel region instead of
+`seq` calls of two or more kernels, each with its own region.
+
+A fixed kernel has no schedule space: the tuner passes over its task (`compile.task_list.ModelTasks.kernels`) and
+the build lowers it here. Its parameters are the operator's arguments in order (`fixed_kernel_inputs`: the
+fused function's parameter behind each), then its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from relay_tune.errors import CompileError
+from relay_tune.ir import Call, Expr, Function, Op, TensorType, Var
+from relay_tune.kernel import tir
+from relay_tune.op.recurrent import LSTM_SEQUENCE
+from relay_tune.target import Target
+
+__all__ = ["FIXED_KERNELS", "PARALLEL_MIN_MACS", "fixed_kernel", "fixed_kernel_call", "fixed_kernel_inputs",
+           "lstm_sequence_kernel"]
+
+PARALLEL_MIN_MACS = 1 << 18
+"""Multiply-accumulates per direction (all steps) below which the directions run in turn on one core: a parallel
+region costs a few microseconds on an idle host and up to a scheduler time slice on a busy one, more than a small
+layer's whole work."""
+
+K_UNROLL = 4
+"""Reduction steps of the recurrent product per loop iteration (fewer branches; the panel loads stay in order)."""
+
+
+def _shape(value: Expr) -> tuple[int, ...]:
+    """The static shape of a typed argument (the type relation has checked that it is static)."""
+    ty = value.checked_type
+    assert isinstance(ty, TensorType)
+    return tuple(d for d in ty.shape if isinstance(d, int))
+
+
+def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
+    """The loop nest of one `nn.lstm_sequence` call (see the module docstring); parameters xp, rp, h0, c0, out."""
+    seq, batch, directions, gates = _shape(call.args[0])
+    _, panels, hidden, panel = _shape(call.args[1])
+    reverse = [int(bool(r)) for r in call.attrs["reverse"]]
+    xp = tir.Buffer("xp", (seq, batch, directions, gates))
+    rp = tir.Buffer("rp", (directions, panels, hidden, panel))
+    h0 = tir.Buffer("h0", (directions, batch, hidden))
+    c0 = tir.Buffer("c0", (directions, batch, hidden))
+    out = tir.Buffer("out", (seq, directions, batch, 2 * hidden))
+    # per-direction scratch: states, the step's recurrent products, one panel's accumulators
+    h = tir.Buffer("h", (batch, hidden), scope=tir.Scope.LOCAL)
+    c = tir.Buffer("c", (batch, hidden), scope=tir.Scope.LOCAL)
+    g = tir.Buffer("g", (batch, panels * panel), scope=tir.Scope.LOCAL)
+    acc = tir.Buffer("acc", (panel,), scope=tir.Scope.LOCAL)
+
+    d, s = tir.LoopVar("d"), tir.LoopVar("s")
+    # the input step of iteration s: s for a forward direction, seq - 1 - s for a reverse one
+    backwards: tir.PrimExpr = tir.as_expr(reverse[0])
+    if directions == 2 and reverse[0] != reverse[1]:
+        backwards = backwards + d * (reverse[1] - reverse[0])
+    t = s + backwards * (seq - 1 - s * 2)
+    vectorized = tir.ForKind.VECTORIZED
+
+    b0, j0 = tir.LoopVar("b0"), tir.LoopVar("j0")
+    init = tir.For(b0, batch, tir.For(j0, hidden, tir.seq(
+        tir.Store(h, (b0, j0), h0[d, b0, j0]), tir.Store(c, (b0, j0), c0[d, b0, j0])), vectorized))
+
+    p, b1, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
+    ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
+    unroll = K_UNROLL if hidden % K_UNROLL == 0 else 1
+    k = ko * unroll + ku
+    update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + h[b1, k] * rp[d, p, k, j2]), vectorized)
+    reduce = tir.For(ko, hidden // unroll, tir.For(ku, unroll, update, tir.ForKind.UNROLLED if unroll > 1 else
+                                                   tir.ForKind.SERIAL))
+    product = tir.For(p, panels, tir.For(b1, batch, tir.seq(
+        tir.For(j1, panel, tir.Store(acc, (j1,), tir.FloatImm(0.0)), vectorized),
+        reduce,
+        tir.For(j3, panel, tir.Store(g, (b1, p * panel + j3), acc[j3]), vectorized))))
+
+    b2, j = tir.LoopVar("b2"), tir.LoopVar("j")
+
+    def pre(gate: int) -> tir.PrimExpr:
+        return xp[t, b2, d, gate * hidden + j] + g[b2, gate * hidden + j]
+
+    def sigmoid(x: tir.PrimExpr) -> tir.PrimExpr:
+        return tir.Call("sigmoid", (x,), "float32")
+
+    def tanh(x: tir.PrimExpr) -> tir.PrimExpr:
+        return tir.Call("tanh", (x,), "float32")
+
+    # gates i, o, f, c in ONNX order; the new cell state is written first and read back for the hidden state
+    cell = out[t, d, b2, hidden + j]
+    state = tir.For(b2, batch, tir.For(j, hidden, tir.seq(
+        tir.Store(out, (t, d, b2, hidden + j), sigmoid(pre(2)) * c[b2, j] + sigmoid(pre(0)) * tanh(pre(3))),
+        tir.Store(c, (b2, j), cell),
+        tir.Store(h, (b2, j), sigmoid(pre(1)) * tanh(cell)),
+        tir.Store(out, (t, d, b2, j), h[b2, j])), vectorized))
+
+    steps = tir.For(s, seq, tir.seq(product, state))
+    body: tir.Stmt = tir.seq(init, steps)
+    for scratch in (acc, g, c, h):
+        body = tir.Allocate(scratch, body)
+    parallel = directions > 1 and target.num_cores > 1 and seq * batch * gates * hidden >= PARALLEL_MIN_MACS
+    kind = tir.ForKind.PARALLEL if parallel else tir.ForKind.SERIAL
+    return tir.PrimFunc(name, (xp, rp, h0, c0, out), tir.For(d, directions, body, kind))
+
+
+FIXED_KERNELS: dict[str, Callable[[Call, Target, str], tir.PrimFunc]] = {LSTM_SEQUENCE: lstm_sequence_kernel}
+"""Per operator with a fixed kernel, the function that writes its loop nest."""
+
+
+def fixed_kernel_call(func: Function) -> Call | None:
+    """The call of `func` when `func` (a fused function) is one call of an operator with a fixed kernel whose
+    arguments are all parameters of the function (in any order, one parameter may feed several); else None."""
+    body = func.body
+    if not (isinstance(body, Call) and isinstance(body.op, Op) and body.op.name in FIXED_KERNELS):
+        return None
+    if not all(isinstance(a, Var) and any(a is p for p in func.params) for a in body.args):
+        return None
+    return body
+
+
+def fixed_kernel_inputs(func: Function) -> tuple[int, ...]:
+    """Per kernel parameter before the output (the call's arguments), the function parameter that feeds it."""
+    call = fixed_kernel_call(func)
+    if call is None:
+        raise CompileError("the fused function is not one call of an operator with a fixed kernel")
+    return tuple(next(i for i, p in enumerate(func.params) if p is a) for a in call.args)
+
+
+def fixed_kernel(func: Function, target: Target, name: str) -> tir.PrimFunc:
+    """The loop nest of a fused function that `fixed_kernel_call` accepts."""
+    call = fixed_kernel_call(func)
+    if call is None:
+        raise CompileError("the fused function is not one call of an operator with a fixed kernel")
+    assert isinstance(call.op, Op)
+    return FIXED_KERNELS[call.op.name](call, target, name)
