@@ -50,6 +50,7 @@ import numpy as np
 
 from relay_tune.codegen.jit import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.errors import RelayTuneError
+from relay_tune.ir.dtypes import LOW_PRECISION_DTYPES, ml_dtypes_module
 from relay_tune.op._shape import is_float_dtype, is_int_dtype, numpy_dtype
 from relay_tune.runtime.executor import NativeExecutor
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
@@ -128,6 +129,10 @@ class Value:
     shape: tuple[int, ...]
     dtype: str
     storage: int
+
+    def __post_init__(self) -> None:
+        if self.dtype in LOW_PRECISION_DTYPES:  # numpy knows its name once ml_dtypes is imported
+            ml_dtypes_module()
 
     @property
     def nbytes(self) -> int:
@@ -247,6 +252,8 @@ def signature_to_json(sig: KernelSignature) -> dict[str, Any]:
 
 
 def signature_from_json(data: Mapping[str, Any]) -> KernelSignature:
+    if any(p["dtype"] in LOW_PRECISION_DTYPES for p in data["params"]):  # numpy knows their names from then on
+        ml_dtypes_module()
     params = tuple(
         ParamSpec(str(p["name"]), tuple(int(d) for d in p["shape"]), str(p["dtype"]), bool(p["written"]))
         for p in data["params"]
