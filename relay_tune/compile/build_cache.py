@@ -39,11 +39,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import llvmlite
 import llvmlite.binding as llvm
 import numpy as np
 
-import search_space
+from relay_tune.compile.kernel_cache import compiler_identity
 from relay_tune.compile.lookup import BuildWarning, SpecLookup
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import IRModule
@@ -51,7 +50,6 @@ from relay_tune.records.cache import default_cache_dir
 from relay_tune.runtime.vm import load_model
 from relay_tune.target import Target
 from relay_tune.text.printer import print_module
-from relay_tune.version import __version__
 
 BUILD_CACHE_ENV = "RELAY_TUNE_BUILD_CACHE"
 DEFAULT_MAX_BYTES = 4 << 30
@@ -163,7 +161,7 @@ def build_key(
         digest.update(text.encode())
         digest.update(b"\x00")
 
-    for part in (_compiler_identity(), llvm.get_process_triple(), str(target), target.mcpu or "",
+    for part in (compiler_identity(), llvm.get_process_triple(), str(target), target.mcpu or "",
                  target.llvm_features or "", str(target.num_cores), json.dumps(dict(options), sort_keys=True,
                                                                                default=str)):
         add(part)
@@ -227,15 +225,3 @@ def _log_paths(logs: Any) -> list[Any] | None:
 def _add_array(digest: Any, array: np.ndarray) -> None:
     digest.update(f"{array.dtype.str}{array.shape};".encode())
     digest.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
-
-
-@functools.cache
-def _compiler_identity() -> str:
-    """relay-tune's version, a digest of its sources and the schedule templates', llvmlite's and LLVM's versions."""
-    digest = hashlib.sha256()
-    for root in (Path(__file__).parents[1], Path(search_space.__file__).parent):  # type: ignore[arg-type]
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    return f"relay-tune {__version__}, llvmlite {llvmlite.__version__}, LLVM {llvm.llvm_version_info}, " \
-           f"sources {digest.hexdigest()}"
