@@ -72,7 +72,7 @@ def build(
                         layout_planning=layout_planning, winograd=winograd)
         key = build_key(module, resolve_target(target), params, logs, decisive)
         if key is not None:
-            return cached_build(  # type: ignore[no-any-return]
+            return cached_build(
                 cache, key, lambda: _compile(mod, target, params, logs, opt_level, check_tuned, options),
                 threading_runtime, start)
     if check_tuned and logs is not None:

@@ -186,7 +186,7 @@ def compiler_identity() -> str:
     """relay-tune's version, a digest of its sources and the schedule templates', llvmlite's and LLVM's versions:
     what decides every step from a Relay module to object code."""
     digest = hashlib.sha256()
-    for root in (Path(__file__).parents[1], Path(search_space.__file__).parent):  # type: ignore[arg-type]
+    for root in (Path(__file__).parents[1], Path(search_space.__file__).parent):
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
