@@ -14,9 +14,11 @@ import pytest
 
 import relay_tune
 import relay_tune.compile.build_model as build_model
+from relay_tune.cli import main
 from relay_tune.compile.build_cache import BUILD_CACHE_ENV, MODEL_FILE, BuildCache
 from relay_tune.compile.lookup import BuildWarning
 from relay_tune.interpreter import evaluate
+from relay_tune.runtime.vm import load_model
 from relay_tune.text import parse_module
 
 MODEL = """#[version = "0.0.5"]
@@ -163,3 +165,19 @@ def test_the_cache_keeps_the_most_recently_used_entries(tmp_path: Path) -> None:
     assert cache.prune() == 1
     assert sorted(e.name for e in cache.entries()) == ["bb02", "cc03"]
 
+
+
+def test_the_command_line_builds_from_the_cache(builds: list[int], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "model.relay"
+    source.write_text(MODEL.replace(", %w: Tensor[(6, 8, 3, 3), float32], %b: Tensor[(6), float32]", "")
+                      .replace("nn.conv2d(%x, %w, padding=[1, 1, 1, 1])", "nn.relu(%x)")
+                      .replace("nn.bias_add(%0, %b)", "nn.max_pool2d(%0, pool_size=[2, 2])"))
+    outputs = [tmp_path / "first.rtmod", tmp_path / "second.rtmod"]
+    for out in outputs:
+        assert main(["build", str(source), "-o", str(out)]) == 0
+    assert len(builds) == 1
+    assert "compiled" in capsys.readouterr().out
+    x = _x()
+    first, second = (load_model(out) for out in outputs)
+    assert np.array_equal(np.asarray(first.run(x=x)), np.asarray(second.run(x=x)))
