@@ -41,6 +41,13 @@ def _private_tuning_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 
 
 @pytest.fixture(autouse=True)
+def _no_build_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builds compile: a test that builds a model twice, or patches the compiler between builds, must not get the
+    first model back from the build cache. tests/test_build_cache.py turns the cache on where it tests it."""
+    monkeypatch.setenv("RELAY_TUNE_BUILD_CACHE", "0")
+
+
+@pytest.fixture(autouse=True)
 def _small_cold_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuner's runner rotates weights through 1 MiB of copies, not 64 MiB: copying them costs the suite time
     and tests nothing that the size matters for (tests/test_runner_cold_weights.py checks the real size)."""

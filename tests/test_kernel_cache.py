@@ -10,11 +10,15 @@ import pytest
 
 import relay_tune
 import relay_tune.compile.parallel as parallel
+import relay_tune.compile.tasks as tasks
 from relay_tune.compile.kernel_cache import KernelObjectCache, loop_nest_digest
 from relay_tune.compile.target import resolve_target
 from relay_tune.interpreter import evaluate
 from relay_tune.kernel import tir
+from relay_tune.passes import optimize
+from relay_tune.passes.extract_tasks import extract_tasks
 from relay_tune.text import parse_module
+from relay_tune.type_infer import infer_types
 
 MODEL = """#[version = "0.0.5"]
 def @main(%x: Tensor[(5, 37), float32], %w: Tensor[(11, 37), float32]) {
@@ -126,3 +130,82 @@ def test_prune_drops_the_least_recently_used(tmp_path: Path) -> None:
     assert cache.prune(max_bytes=3 * 1032) == 1
     assert not oldest.exists() and len(cache.entries()) == 3
     assert cache.load("01" + "0" * 62) == bytes(1000)
+
+
+@pytest.fixture
+def lowered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The kernel names of every task lowered (not read from the lowered-kernel cache)."""
+    names: list[str] = []
+    real = tasks.lower_task
+
+    def counting(func, target, steps, name):  # type: ignore[no-untyped-def]
+        names.append(name)
+        return real(func, target, steps, name)
+
+    monkeypatch.setattr(tasks, "lower_task", counting)
+    return names
+
+
+CONV_MODEL = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 5, 9, 7), float32], %w: Tensor[(16, 5, 3, 3), float32]) {
+  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1]);
+  %1 = nn.relu(%0);
+  nn.max_pool2d(%1, pool_size=[2, 2])
+}"""
+
+
+def test_a_second_build_reads_the_lowered_kernels(lowered: list[str], compiled_modules: list[int],
+                                                  _private_tuning_cache: Path) -> None:
+    mod = parse_module(CONV_MODEL)
+    w = np.random.default_rng(2).standard_normal((16, 5, 3, 3)).astype("float32")
+    x = np.random.default_rng(4).standard_normal((1, 5, 9, 7)).astype("float32")
+    first = relay_tune.build(mod, params={"w": w})  # the weight packed for a blocked layout: a packed binding
+    assert lowered and list((_private_tuning_cache / "lowered").glob("*/*.pickle"))
+    lowered.clear()
+    compiled_modules.clear()
+    second = relay_tune.build(mod, params={"w": w})
+    assert lowered == [] and sum(compiled_modules) == 0
+    assert np.array_equal(np.asarray(second.run(x=x)), np.asarray(first.run(x=x)))
+    want = np.asarray(evaluate(mod, {"x": x, "w": w}))
+    np.testing.assert_allclose(np.asarray(second.run(x=x)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_damaged_lowered_kernel_is_lowered_again(lowered: list[str], _private_tuning_cache: Path) -> None:
+    mod = parse_module(CONV_MODEL)
+    relay_tune.build(mod)
+    count = len(lowered)
+    entries = list((_private_tuning_cache / "lowered").glob("*/*.pickle"))
+    for path in entries:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    lowered.clear()
+    model = relay_tune.build(mod)
+    assert len(lowered) == count
+    x = np.random.default_rng(4).standard_normal((1, 5, 9, 7)).astype("float32")
+    w = np.random.default_rng(5).standard_normal((16, 5, 3, 3)).astype("float32")
+    np.testing.assert_allclose(np.asarray(model.run(x=x, w=w)), np.asarray(evaluate(mod, {"x": x, "w": w})),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_the_lowered_key_is_the_task_the_steps_and_the_target() -> None:
+    cache = tasks.LoweredCache(KernelObjectCache("/nonexistent", suffix=".pickle"))
+    fused = optimize(infer_types(parse_module(CONV_MODEL)), opt_level=3)
+    spec = extract_tasks(fused)[0]
+    host = resolve_target("llvm")
+    default = cache.key(spec, host, None, "k0")
+    assert cache.key(spec, host, None, "k0") == default
+    assert cache.key(spec, host, None, "k1") != default
+    assert cache.key(spec, resolve_target("llvm -mcpu=x86-64"), None, "k0") != default
+    steps = tasks.task_default_steps(spec, host)
+    assert cache.key(spec, host, steps, "k0") not in (default, cache.key(spec, host, steps[:-1], "k0"))
+
+
+def test_the_kernel_cache_off_turns_the_lowered_cache_off(lowered: list[str], _private_tuning_cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_TUNE_KERNEL_CACHE", "0")
+    mod = parse_module(CONV_MODEL)
+    relay_tune.build(mod)
+    count = len(lowered)
+    relay_tune.build(mod)
+    assert len(lowered) == 2 * count and not (_private_tuning_cache / "lowered").exists()

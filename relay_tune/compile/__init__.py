@@ -36,8 +36,9 @@ Modules, in the order a build runs them: `target` (target strings), `lookup` (tu
 and `tasks` (which tasks a model has, each lowered with `primitive`, the one-kernel compiler), the graph planner
 (`planner` over `storage`, `kernel_calls`, `concat` and `plan_finish`), `parallel` (LLVM in worker processes),
 `pipeline` (all of it, `compile_model`), `vm_compiler` (a program with control flow, `if`, recursion, closures,
-as a `relay_tune.runtime.vm.VMModel` over the same kernels), `check_tuned` (the in-graph check of tuned records)
-and `build_model` (`build`). Timing models against each other is the runtime's (`relay_tune.runtime.benchmark`).
+as a `relay_tune.runtime.vm.VMModel` over the same kernels), `check_tuned` (the in-graph check of tuned records),
+`build_cache` (finished builds kept on disk: a model built before loads instead of compiling) and `build_model`
+(`build`). Timing models against each other is the runtime's (`relay_tune.runtime.benchmark`).
 """
 
 from relay_tune.compile.build_model import build

@@ -3,11 +3,14 @@ graph."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from relay_tune.compile.build_cache import BuildCache, build_key, cached_build
 from relay_tune.compile.check_tuned import check_tuned_records
 from relay_tune.compile.pipeline import compile_model
+from relay_tune.compile.target import resolve_target
 from relay_tune.ir import Function, IRModule
 from relay_tune.runtime.model import CompiledModel
 from relay_tune.runtime.vm import VMModel
@@ -28,6 +31,7 @@ def build(
     layout_planning: bool | None = None,
     winograd: str | None = None,
     kernel_cache: bool = True,
+    build_cache: bool = True,
 ) -> CompiledModel | VMModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`); a program with control
     flow (`if`, calls of other global functions such as recursive loops, closures) into a `VMModel`, its kernels
@@ -52,9 +56,32 @@ def build(
         must have used the same setting.
     kernel_cache: take object code compiled before on this machine from the per-user kernel cache, and store what
         is compiled there (`relay_tune.compile.kernel_cache`; `RELAY_TUNE_KERNEL_CACHE=0` turns it off everywhere).
+    build_cache: load the finished model from the per-user build cache when the same module, weights, tuning
+        records, target and options were built before on this machine, and store what is built there
+        (`relay_tune.compile.build_cache`; `RELAY_TUNE_BUILD_CACHE=0` turns it off everywhere).
     """
     options: dict[str, Any] = dict(jobs=jobs, require_tuned=require_tuned, threading_runtime=threading_runtime,
                                    layout_planning=layout_planning, winograd=winograd, kernel_cache=kernel_cache)
+
+    module = IRModule({"main": mod}) if isinstance(mod, Function) else mod
+    cache = BuildCache.default() if build_cache and isinstance(module, IRModule) and "main" in module else None
+    if cache is not None:
+        start = time.perf_counter()
+        # What changes the code; `jobs`, `kernel_cache` and `threading_runtime` do not.
+        decisive = dict(opt_level=opt_level, require_tuned=require_tuned, check_tuned=check_tuned and logs is not None,
+                        layout_planning=layout_planning, winograd=winograd)
+        key = build_key(module, resolve_target(target), params, logs, decisive)
+        if key is not None:
+            return cached_build(
+                cache, key, lambda: _compile(mod, target, params, logs, opt_level, check_tuned, options),
+                threading_runtime, start)
+    if check_tuned and logs is not None:
+        return check_tuned_records(mod, target, params, logs, opt_level, **options)
+    return compile_model(mod, target, params, logs, opt_level, **options)
+
+
+def _compile(mod: IRModule | Function, target: str | Target | None, params: Mapping[str, Any] | None, logs: Any,
+             opt_level: int, check_tuned: bool, options: Mapping[str, Any]) -> CompiledModel | VMModel:
     if check_tuned and logs is not None:
         return check_tuned_records(mod, target, params, logs, opt_level, **options)
     return compile_model(mod, target, params, logs, opt_level, **options)

@@ -23,16 +23,18 @@ import functools
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
 
 import relay_tune.codegen as codegen_package
+import search_space
 from relay_tune.kernel import tir
 from relay_tune.records.cache import default_cache_dir
 from relay_tune.target import Target
+from relay_tune.version import __version__
 
 KERNEL_CACHE_ENV = "RELAY_TUNE_KERNEL_CACHE"
 DEFAULT_MAX_BYTES = 512 << 20
@@ -41,31 +43,36 @@ _CHECKSUM_BYTES = 32  # each file: the sha256 of the object, then the object
 
 
 class KernelObjectCache:
-    """Object files by key (`key`) in one folder."""
+    """Object files by key (`key`) in one folder (or other checksummed blobs: files end in `suffix`)."""
 
-    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
+                 suffix: str = _SUFFIX) -> None:
         self.folder = Path(folder)
         self.max_bytes = max_bytes
+        self.suffix = suffix
 
     @classmethod
     def default(cls) -> KernelObjectCache | None:
         """The per-user cache, or None when `RELAY_TUNE_KERNEL_CACHE` is 0 (or off/false/no)."""
-        if os.environ.get(KERNEL_CACHE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        if not kernel_cache_enabled():
             return None
         return cls(default_cache_dir() / "kernels")
 
-    def key(self, funcs: Sequence[tir.PrimFunc], target: Target) -> str:
+    def key(self, funcs: Sequence[tir.PrimFunc], target: Target, digests: Mapping[str, str] | None = None) -> str:
+        """The key of one object holding `funcs`; `digests` may give a kernel's `loop_nest_digest` by name (known
+        from its lowering), which saves walking its loop nest again."""
+        known = digests or {}
         digest = hashlib.sha256()
         for part in (_codegen_identity(), llvm.get_process_triple(), str(target), target.mcpu or "",
                      target.llvm_features or "", str(target.num_cores)):
             digest.update(part.encode())
             digest.update(b"\x00")
         for func in funcs:
-            digest.update(loop_nest_digest(func).encode())
+            digest.update((known.get(func.name) or loop_nest_digest(func)).encode())
         return digest.hexdigest()
 
     def _path(self, key: str) -> Path:
-        return self.folder / key[:2] / (key + _SUFFIX)
+        return self.folder / key[:2] / (key + self.suffix)
 
     def load(self, key: str) -> bytes | None:
         """The object file stored under `key`, or None (also for an entry whose checksum does not match: a
@@ -96,7 +103,7 @@ class KernelObjectCache:
             return
 
     def entries(self) -> list[Path]:
-        return [p for p in self.folder.glob(f"*/*{_SUFFIX}") if p.is_file()]
+        return [p for p in self.folder.glob(f"*/*{self.suffix}") if p.is_file()]
 
     def prune(self, max_bytes: int | None = None) -> int:
         """Delete the least recently used objects until the folder holds at most `max_bytes`; the number deleted."""
@@ -120,6 +127,11 @@ class KernelObjectCache:
             total -= size
             removed += 1
         return removed
+
+
+def kernel_cache_enabled() -> bool:
+    """Whether `RELAY_TUNE_KERNEL_CACHE` leaves the kernel cache on (anything but 0/off/false/no)."""
+    return os.environ.get(KERNEL_CACHE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
 def loop_nest_digest(func: tir.PrimFunc) -> str:
@@ -167,6 +179,19 @@ def _field_names(kind: type) -> tuple[str, ...]:
     if dataclasses.is_dataclass(kind) and not issubclass(kind, enum.Enum):
         return tuple(f.name for f in dataclasses.fields(kind))
     return ()
+
+
+@functools.cache
+def compiler_identity() -> str:
+    """relay-tune's version, a digest of its sources and the schedule templates', llvmlite's and LLVM's versions:
+    what decides every step from a Relay module to object code."""
+    digest = hashlib.sha256()
+    for root in (Path(__file__).parents[1], Path(search_space.__file__).parent):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return f"relay-tune {__version__}, llvmlite {llvmlite.__version__}, LLVM {llvm.llvm_version_info}, " \
+           f"sources {digest.hexdigest()}"
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from relay_tune.codegen.jit import KernelLibrary, KernelSignature, load_object
 from relay_tune.codegen.llvm import compile_object
@@ -28,17 +28,18 @@ def default_jobs() -> int:
 
 def compile_and_load(
     funcs: Sequence[tir.PrimFunc], target: Target, jobs: int | None, kernel_cache: bool, threading_runtime: str,
-    timings: dict[str, float], start: float,
+    timings: dict[str, float], start: float, digests: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[bytes, list[KernelSignature]]], list[KernelLibrary]]:
     """A model's kernels compiled (`compile_all`; `jobs` None: worker processes from
     `PARALLEL_COMPILE_MIN_KERNELS` kernels on, the per-user kernel cache when `kernel_cache`) and loaded into this
     process: the objects with their kernels' signatures, and the loaded libraries. Adds `llvm_s`, `load_s` and
-    `total_s` to `timings` (seconds since `start`)."""
+    `total_s` to `timings` (seconds since `start`). `digests`: kernels' loop-nest digests by name, where known
+    (`KernelObjectCache.key`)."""
     if jobs is None:
         # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
         jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
     cache = KernelObjectCache.default() if kernel_cache else None
-    chunks = compile_all(funcs, target, jobs, cache) if funcs else []
+    chunks = compile_all(funcs, target, jobs, cache, digests) if funcs else []
     t_compile = time.perf_counter()
     timings["llvm_s"] = t_compile - start - sum(timings.values())
     objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
@@ -56,11 +57,12 @@ def compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes,
 
 
 def compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int,
-                cache: KernelObjectCache | None = None) -> list[tuple[bytes, list[tir.PrimFunc]]]:
+                cache: KernelObjectCache | None = None,
+                digests: Mapping[str, str] | None = None) -> list[tuple[bytes, list[tir.PrimFunc]]]:
     """Object code for `funcs`: one module, or `jobs` modules of about equal size compiled in worker processes.
     Modules found in `cache` are not compiled again; the ones compiled are stored there."""
     chunks = _chunks(funcs, max(1, min(jobs, len(funcs))))
-    keys = [cache.key(chunk, target) for chunk in chunks] if cache is not None else []
+    keys = [cache.key(chunk, target, digests) for chunk in chunks] if cache is not None else []
     objects: list[bytes | None] = [cache.load(k) for k in keys] if cache is not None else [None] * len(chunks)
     missing = [i for i, obj in enumerate(objects) if obj is None]
     for i, obj in zip(missing, _compile_chunks([chunks[i] for i in missing], target)):

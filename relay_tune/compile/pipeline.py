@@ -18,7 +18,7 @@ from relay_tune.compile.params import bind_params
 from relay_tune.compile.planner import Planner
 from relay_tune.compile.target import resolve_target
 from relay_tune.compile.task_list import ModelTasks, model_tasks
-from relay_tune.compile.tasks import LoweredTask, lower_one, placeholder_task, slug
+from relay_tune.compile.tasks import LoweredCache, LoweredTask, lower_one, placeholder_task, slug
 from relay_tune.compile.vm_compiler import compile_vm_model, needs_vm
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import Function, IRModule
@@ -65,7 +65,7 @@ def compile_model(
     timings["passes_s"] = time.perf_counter() - start
 
     found = model_tasks(fused, resolved)
-    lowered = _lower_tasks(found, resolved, lookup, require_tuned)
+    lowered = _lower_tasks(found, resolved, lookup, require_tuned, LoweredCache.default() if kernel_cache else None)
     timings["lower_s"] = time.perf_counter() - start - sum(timings.values())
     if needs_vm(fused):  # control flow: kernels under a virtual machine instead of a static graph plan
         return compile_vm_model(fused, lowered, found.sites, resolved, jobs=jobs,
@@ -81,7 +81,9 @@ def compile_model(
     funcs += [f for f in packers if f.name in called]
     if resolved.kind == "cuda":
         return gpu_model_from_plan(plan, funcs, constants, resolved, timings, start)  # type: ignore[return-value]
-    objects, libraries = compile_and_load(funcs, resolved, jobs, kernel_cache, threading_runtime, timings, start)
+    digests = {t.kernel_name: t.digest for t in task_list if t.digest}
+    objects, libraries = compile_and_load(funcs, resolved, jobs, kernel_cache, threading_runtime, timings, start,
+                                          digests)
     info: dict[str, Any] = {
         "triple": host_triple(),
         "opt_level": opt_level,
@@ -96,10 +98,11 @@ def compile_model(
 
 
 def _lower_tasks(
-    found: ModelTasks, target: Target, lookup: TaskLookup | None, require_tuned: bool
+    found: ModelTasks, target: Target, lookup: TaskLookup | None, require_tuned: bool,
+    cache: LoweredCache | None = None,
 ) -> dict[str, LoweredTask]:
-    """Every task lowered (tuned where `lookup` has a record), by key; tasks without a record are named in one
-    warning (an error with `require_tuned`)."""
+    """Every task lowered (tuned where `lookup` has a record; read from `cache` where lowered before), by key;
+    tasks without a record are named in one warning (an error with `require_tuned`)."""
     lowered: dict[str, LoweredTask] = {}
     untuned: list[str] = []
     for number, spec in enumerate(found.specs):
@@ -107,7 +110,8 @@ def _lower_tasks(
             lowered[spec.key] = placeholder_task(spec)
             continue
         kernel_name = f"k{number}_{slug(spec.description)}"[:KERNEL_NAME_LIMIT]
-        lowered[spec.key] = lower_one(spec, target, lookup, kernel_name, untuned, view=spec.key in found.views)
+        lowered[spec.key] = lower_one(spec, target, lookup, kernel_name, untuned, view=spec.key in found.views,
+                                      cache=cache)
     if lookup is not None and untuned:
         kernels = sum(not t.alias and t.key not in found.in_place for t in lowered.values())
         message = (f"{len(untuned)} of {kernels} tasks have no tuning record "

@@ -3,10 +3,20 @@
 A task is lowered with tuned schedule steps when the tuning-log lookup has them for its workload, else with its
 default schedule; a fused group that only moves elements without moving them in memory (`is_memory_view`) gets
 no kernel at all (its output aliases its input).
+
+Lowered kernels are kept on disk beside the compiled objects (`LoweredCache`, the kernel cache's `lowered/`
+folder): a task lowered before on this machine with the same steps, target and compiler is read back (a pickle of
+its loop nest and bindings, checksummed) instead of lowered again, and a default schedule is not even derived. The
+key is the task's workload key, its constant inputs, the steps (or "default"), the kernel name, the target and
+`compiler_identity` (the sources of relay-tune and its schedule templates), so a changed compiler never reads an
+old loop nest. Like the object files, these are this user's own cache: a pickle read from it is code this user's
+builds wrote.
 """
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import re
 import time
 import warnings
@@ -16,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from relay_tune.compile.kernel_cache import KernelObjectCache, compiler_identity, kernel_cache_enabled, loop_nest_digest
 from relay_tune.compile.lookup import BuildWarning, TaskLookup
 from relay_tune.compile.primitive import OUTPUT, lower_primitive
 from relay_tune.compile.trees import flatten_types
@@ -29,6 +40,7 @@ from relay_tune.op.registry import get_op
 from relay_tune.passes.base import dataflow_post_order
 from relay_tune.passes.extract_tasks import TaskSpec, constant_inputs
 from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
+from relay_tune.records.cache import default_cache_dir
 from relay_tune.target import Target
 from search_space.defaults import default_steps
 
@@ -64,6 +76,51 @@ class LoweredTask:
     alias: bool = False  # a memory view (`is_memory_view`): no kernel, its output aliases its input
     kernel_name: str = ""
     lower_seconds: float = 0.0
+    digest: str = ""  # `loop_nest_digest(primfunc)` when known (the kernel cache's key reads it)
+
+
+class LoweredCache:
+    """Lowered kernels of tasks by key (see the module docstring), in checksummed files of a `KernelObjectCache`."""
+
+    def __init__(self, store: KernelObjectCache) -> None:
+        self.store = store
+
+    @classmethod
+    def default(cls) -> LoweredCache | None:
+        """The per-user cache (the kernel cache's `lowered/` folder), or None when the kernel cache is off."""
+        if not kernel_cache_enabled():
+            return None
+        return cls(KernelObjectCache(default_cache_dir() / "lowered", suffix=".pickle"))
+
+    def key(self, spec: TaskSpec, target: Target, steps: Sequence[Any] | None, kernel_name: str) -> str:
+        """The key of `spec` lowered into `kernel_name` with `steps` (None: its default schedule)."""
+        parts = (compiler_identity(), str(target), target.mcpu or "", target.llvm_features or "",
+                 str(target.num_cores), spec.key, repr(constant_inputs(spec)), kernel_name,
+                 "default" if steps is None else repr(list(steps)))
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+    def load(self, key: str) -> tuple[tir.PrimFunc, tuple[ParamBinding, ...], str] | None:
+        """The kernel, bindings and loop-nest digest stored under `key`, or None (also for anything unreadable)."""
+        data = self.store.load(key)
+        if data is None:
+            return None
+        try:
+            primfunc, bindings, digest = pickle.loads(data)
+        except Exception:  # an entry of another layout of these classes: lower again
+            return None
+        if not isinstance(primfunc, tir.PrimFunc) or not isinstance(digest, str):
+            return None
+        return primfunc, tuple(bindings), digest
+
+    def store_lowered(self, key: str, primfunc: tir.PrimFunc, bindings: tuple[ParamBinding, ...]) -> str:
+        """Keep a lowered kernel under `key`; its loop-nest digest."""
+        digest = loop_nest_digest(primfunc)
+        try:
+            data = pickle.dumps((primfunc, bindings, digest), protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return digest  # a binding that cannot be pickled: this task is lowered every time
+        self.store.store(key, data)
+        return digest
 
 
 def slug(text: str) -> str:
@@ -154,10 +211,11 @@ def lower_task(
 
 def lower_one(
     spec: TaskSpec, target: Target, lookup: TaskLookup | None, kernel_name: str, untuned: list[str],
-    view: bool | None = None,
+    view: bool | None = None, cache: LoweredCache | None = None,
 ) -> LoweredTask:
     """Task `spec` lowered for `target`: tuned steps from `lookup` when it has them (else the default schedule,
-    and the task is named in `untuned`), no kernel for a memory view (`view`; None: decided here)."""
+    and the task is named in `untuned`), no kernel for a memory view (`view`; None: decided here). With `cache`,
+    a kernel lowered before with the same steps is read from it, and what is lowered is stored there."""
     begin = time.perf_counter()
     common = dict(key=spec.key, description=spec.description, occurrences=spec.occurrences, flops=spec.flops,
                   func=spec.func)
@@ -173,10 +231,17 @@ def lower_one(
     tuned = steps is not None
     if steps is None and lookup is not None:
         untuned.append(f"{spec.key[:12]} {spec.description}")
+    key = cache.key(spec, target, steps, kernel_name) if cache is not None else ""
+    found = cache.load(key) if cache is not None else None
+    if found is not None:
+        primfunc, bindings, digest = found
+        return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=tuned,  # type: ignore[arg-type]
+                           kernel_name=kernel_name, lower_seconds=time.perf_counter() - begin, digest=digest)
     if steps is None:
         steps = task_default_steps(spec, target)
     try:
         primfunc, bindings = lower_task(spec.func, target, steps, kernel_name)
+        digest = cache.store_lowered(key, primfunc, bindings) if cache is not None else ""
     except RelayTuneError as err:
         if not tuned:
             raise CompileError(f"cannot compile fused function {spec.description}: {err}") from err
@@ -188,8 +253,9 @@ def lower_one(
         )
         tuned = False
         primfunc, bindings = lower_task(spec.func, target, task_default_steps(spec, target), kernel_name)
+        digest = ""  # the tuned key's entry would not be this kernel: not stored, warned about again next time
     return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=tuned, kernel_name=kernel_name,  # type: ignore[arg-type]
-                       lower_seconds=time.perf_counter() - begin)
+                       lower_seconds=time.perf_counter() - begin, digest=digest)
 
 
 def task_default_steps(spec: TaskSpec, target: Target) -> list[Any]:

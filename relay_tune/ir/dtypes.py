@@ -8,6 +8,7 @@ fields and special values, which is what the generic conversions of the code gen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 LOW_PRECISION_FLOAT_DTYPES = frozenset({
     "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
@@ -17,6 +18,21 @@ SUB_BYTE_INT_DTYPES = frozenset({"int4", "uint4", "int2", "uint2"})
 # The float8 types whose conversions take ONNX Cast's `saturate` (clamp overflow to the largest finite value).
 SATURATING_FLOAT8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"})
 E8M0_ROUND_MODES = ("up", "down", "nearest")
+
+
+LOW_PRECISION_DTYPES = LOW_PRECISION_FLOAT_DTYPES | SUB_BYTE_INT_DTYPES
+
+
+
+def ml_dtypes_module() -> ModuleType:
+    """The ml_dtypes module, imported on first use; from then on numpy knows the low-precision types by name
+    (`np.dtype("bfloat16")`). The IR's tensor and buffer types call this when they see such a type, so a program
+    without one never pays for the import."""
+    # A model without low-precision types never needs ml_dtypes, which registers every cast between its types and
+    # numpy's when imported.
+    import ml_dtypes  # start-up: about a second to import
+
+    return ml_dtypes
 
 
 def is_low_precision(dtype: str) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relay_tune.ir.dtypes import LOW_PRECISION_DTYPES, ml_dtypes_module
+
 
 class AnyDim:
     """A dynamic dimension, written `?` in the text format.
@@ -49,6 +51,8 @@ class TensorType(Type):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(self.shape))
+        if self.dtype in LOW_PRECISION_DTYPES:  # arrays of this type are ml_dtypes arrays
+            ml_dtypes_module()
 
     @property
     def ndim(self) -> int:

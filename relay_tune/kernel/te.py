@@ -24,10 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
-
 from relay_tune.errors import UnsupportedError
-from relay_tune.ir.dtypes import FLOAT_FORMATS
+from relay_tune.ir.dtypes import FLOAT_FORMATS, ml_dtypes_module
 from relay_tune.kernel import tir
 from relay_tune.kernel.tir import ExprLike, PrimExpr
 
@@ -292,6 +290,7 @@ def _finite_range(dtype: str) -> tuple[float, float] | None:
     """The lowest and highest value of a low-precision float type without infinities, else None."""
     if dtype not in FLOAT_FORMATS or FLOAT_FORMATS[dtype].inf_code is not None:
         return None
+    ml_dtypes = ml_dtypes_module()
     info = ml_dtypes.finfo(getattr(ml_dtypes, dtype))
     return float(info.min), float(info.max)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from relay_tune.ir.dtypes import LOW_PRECISION_DTYPES, ml_dtypes_module
+
 # ---------------------------------------------------------------------------------------------
 # Scalar expressions
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +218,8 @@ class Buffer:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.dtype in LOW_PRECISION_DTYPES:  # arrays of this type are ml_dtypes arrays
+            ml_dtypes_module()
 
     @property
     def size(self) -> int:

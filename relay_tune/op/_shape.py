@@ -15,11 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from relay_tune.errors import RelayTypeError, UnsupportedError
-from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES, is_low_precision
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES, is_low_precision, ml_dtypes_module
 from relay_tune.ir.types import ANY, AnyDim, Dim, TensorType, TupleType, Type
 
 # --------------------------------------------------------------------------------------------
@@ -68,7 +67,7 @@ def numpy_dtype(dtype: str) -> np.dtype:
     if dtype not in DTYPES:
         raise UnsupportedError(f"dtype {dtype!r} has no numpy equivalent")
     if is_low_precision(dtype):
-        return np.dtype(getattr(ml_dtypes, dtype))
+        return np.dtype(getattr(ml_dtypes_module(), dtype))
     return np.dtype(dtype)
 
 

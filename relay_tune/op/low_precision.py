@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import ml_dtypes
 import numpy as np
 
 from relay_tune.errors import RelayTypeError
 from relay_tune.ir.attrs import Attrs
-from relay_tune.ir.dtypes import E8M0_ROUND_MODES, SATURATING_FLOAT8_DTYPES
+from relay_tune.ir.dtypes import E8M0_ROUND_MODES, SATURATING_FLOAT8_DTYPES, ml_dtypes_module
 from relay_tune.ir.types import TensorType, Type
 from relay_tune.op._shape import check_dtype, expect_arity, expect_tensor, numpy_dtype
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
@@ -54,7 +53,7 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     if saturate:
         up &= exponent != 0xFE
     codes = np.where(special, 0xFF, exponent + up).astype(np.uint8)
-    return codes.view(ml_dtypes.float8_e8m0fnu)
+    return codes.view(ml_dtypes_module().float8_e8m0fnu)
 
 
 def convert(x: np.ndarray, dtype: str, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
@@ -67,7 +66,7 @@ def convert(x: np.ndarray, dtype: str, saturate: bool = True, round_mode: str = 
         if dtype == "float8_e8m0fnu":
             return _to_e8m0(x.astype(np.float32), saturate, round_mode)
         if dtype in SATURATING_FLOAT8_DTYPES and saturate and x.dtype != np.bool_:
-            info = ml_dtypes.finfo(target)
+            info = ml_dtypes_module().finfo(target)
             wide = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
             return np.clip(wide, float(info.min), float(info.max)).astype(target)
         return x.astype(target)

@@ -19,12 +19,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from relay_tune.errors import RelayTypeError, UnsupportedError
 from relay_tune.ir.attrs import Attrs
-from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
+from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES, ml_dtypes_module
 from relay_tune.ir.types import ANY, Dim, TensorType, TupleType, Type
 from relay_tune.op._shape import is_float_dtype, is_int_dtype
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
@@ -799,6 +798,7 @@ def max_pool2d_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
     if data.dtype.kind == "f":
         lowest: float = -np.inf
     elif is_float_dtype(data.dtype.name) or is_int_dtype(data.dtype.name):
+        ml_dtypes = ml_dtypes_module()
         lowest = float(ml_dtypes.finfo(data.dtype).min if is_float_dtype(data.dtype.name)
                        else ml_dtypes.iinfo(data.dtype).min)
     else:

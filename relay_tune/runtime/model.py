@@ -32,14 +32,18 @@ The saved file is a zip archive: `manifest.json` (format version, target, graph 
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import mmap
 import os
 import statistics
+import struct
 import sys
 import threading
 import time
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +54,7 @@ import numpy as np
 
 from relay_tune.codegen.jit import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
 from relay_tune.errors import RelayTuneError
+from relay_tune.ir.dtypes import LOW_PRECISION_DTYPES, ml_dtypes_module
 from relay_tune.op._shape import is_float_dtype, is_int_dtype, numpy_dtype
 from relay_tune.runtime.executor import NativeExecutor
 from relay_tune.runtime.memory_plan import DEFAULT_ALIGNMENT, MemoryPlan
@@ -76,6 +81,9 @@ __all__ = [
     "check_target_compatible",
     "load",
 ]
+
+_LOCAL_HEADER_BYTES = 30  # a zip member's local header before its name and extra field
+_NPY_HEADER_LIMIT = 1 << 16  # an .npy header is at most this long (version 2 allows 4 GiB; numpy writes < 64 KiB)
 
 FORMAT_NAME = "relay-tune-model"
 FORMAT_VERSION = 1
@@ -128,6 +136,10 @@ class Value:
     shape: tuple[int, ...]
     dtype: str
     storage: int
+
+    def __post_init__(self) -> None:
+        if self.dtype in LOW_PRECISION_DTYPES:  # numpy knows its name once ml_dtypes is imported
+            ml_dtypes_module()
 
     @property
     def nbytes(self) -> int:
@@ -247,6 +259,8 @@ def signature_to_json(sig: KernelSignature) -> dict[str, Any]:
 
 
 def signature_from_json(data: Mapping[str, Any]) -> KernelSignature:
+    if any(p["dtype"] in LOW_PRECISION_DTYPES for p in data["params"]):  # numpy knows their names from then on
+        ml_dtypes_module()
     params = tuple(
         ParamSpec(str(p["name"]), tuple(int(d) for d in p["shape"]), str(p["dtype"]), bool(p["written"]))
         for p in data["params"]
@@ -806,16 +820,64 @@ def load(path: str | os.PathLike[str], threading_runtime: str = "auto", check_ta
                 (archive.read(entry["file"]), [signature_from_json(s) for s in entry["kernels"]])
                 for entry in manifest["objects"]
             ]
-            constants = []
-            for name in manifest["constants"]:
-                with archive.open(name) as stream:
-                    constants.append(_read_npy(stream))
-        except (KeyError, TypeError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            with open(path, "rb") as handle:
+                mapped = _map_file(handle)
+            constants = [_mapped_npy(archive, name, mapped) if mapped is not None else None
+                         for name in manifest["constants"]]
+            for i, name in enumerate(manifest["constants"]):
+                if constants[i] is None:  # a compressed member (or no mapping): read through the zip stream
+                    with archive.open(name) as stream:
+                        constants[i] = _read_npy(stream)
+        except (KeyError, TypeError, ValueError, zipfile.BadZipFile, EOFError, OSError) as err:
             raise ModelFormatError(f"{path}: damaged model file ({type(err).__name__}: {err})") from None
     info = dict(manifest.get("build_info") or {})
     model = CompiledModel(plan, objects, constants, target, info, threading_runtime=threading_runtime)
     model.build_info["load_seconds"] = time.perf_counter() - start
     return model
+
+
+def _map_file(handle: Any) -> mmap.mmap | None:
+    """The whole file mapped read-only, or None where it cannot be mapped (an empty file, no mmap)."""
+    try:
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+
+
+def _mapped_npy(archive: zipfile.ZipFile, name: str, mapped: mmap.mmap) -> np.ndarray | None:
+    """The .npy member `name` of an archive written uncompressed, as a read-only array over the file's mapping
+    (no copy: the model copies it once, into its constants' block), its CRC-32 checked; None for a compressed
+    member. Raises `zipfile.BadZipFile` or `ValueError` for a damaged one."""
+    info = archive.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    header = mapped[info.header_offset : info.header_offset + _LOCAL_HEADER_BYTES]
+    if len(header) != _LOCAL_HEADER_BYTES or header[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"bad local header of {name}")
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    start = info.header_offset + _LOCAL_HEADER_BYTES + name_length + extra_length
+    member = memoryview(mapped)[start : start + info.file_size]
+    if len(member) != info.file_size:
+        raise EOFError(f"truncated member {name}")
+    if zlib.crc32(member) != info.CRC:
+        raise zipfile.BadZipFile(f"bad CRC-32 of {name}")
+    stream = io.BytesIO(member[: min(len(member), _NPY_HEADER_LIMIT)])
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise ValueError("object arrays are not allowed in a model file")
+    count = math.prod(shape)
+    if stream.tell() + count * dtype.itemsize != len(member):
+        raise ValueError(f"{name}: the array does not fill its member")
+    array = np.frombuffer(member, dtype=dtype, count=count, offset=stream.tell())
+    if fortran:
+        return np.ascontiguousarray(array.reshape(shape[::-1]).T)
+    return array.reshape(shape)
 
 
 def _read_npy(stream: Any) -> np.ndarray:
