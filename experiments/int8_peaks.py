@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 CHAINS = 12
+WINDOW = 4096  # bytes of the buffer the loops read (L1-resident)
 ITERATIONS = 2_000_000
 
 
@@ -43,38 +44,43 @@ def _host_machine(jit: bool = False) -> object:
         cpu=llvm.get_host_cpu_name(), features=features, opt=3, jit=jit)
 
 
-def _loop(name: str, lanes: int, body: str, setup: str, declares: str) -> str:
-    """IR of `i64 @name(i64 n)`: `n` iterations of `body` on CHAINS accumulators `%a{c}` (`<lanes x i32>`); the
-    accumulators' sum is returned so that nothing is dead."""
+def _loop(name: str, lanes: int, body: str, declares: str) -> str:
+    """IR of `i64 @name(i64 n, ptr buf)`: `n` iterations of `body` on CHAINS accumulators `%a{c}` (`<lanes x i32>`).
+    Chain `c` reads its operand `%x{c}` from `buf` (a 4 KiB window that stays in L1, moving each iteration) and its
+    other operand from one of two loop-invariant registers `%w0`, `%w1`, as a convolution's inner loop reads input
+    pixels and keeps weight rows; the accumulators' sum is returned so that nothing is dead."""
     vec = f"<{lanes} x i32>"
-    phis = "\n".join(f"  %a{c} = phi {vec} [ %init{c}, %entry ], [ %n{c}, %loop ]" for c in range(CHAINS))
-    inits = "\n".join(f"  %init{c} = add {vec} %seed, <{', '.join(f'i32 {c + 1}' for _ in range(lanes))}>"
-                      for c in range(CHAINS))
-    bodies = "\n".join(body.replace("{c}", str(c)).replace("{vec}", vec) for c in range(CHAINS))
-    total = [f"%a{0}_out"]
-    sums = [f"  %a0_out = add {vec} %n0, zeroinitializer"]
-    for c in range(1, CHAINS):
-        sums.append(f"  %s{c} = add {vec} %{total[-1][1:]}, %n{c}")
-        total.append(f"%s{c}")
+    width = 4 * lanes
+    phis = "\n".join(f"  %a{c} = phi {vec} [ zeroinitializer, %entry ], [ %n{c}, %loop ]" for c in range(CHAINS))
+    loads = "\n".join(
+        f"  %o{c} = add i64 %base, {c * width}\n"
+        f"  %q{c} = getelementptr i8, ptr %buf, i64 %o{c}\n"
+        f"  %x{c} = load {vec}, ptr %q{c}, align 1" for c in range(CHAINS))
+    bodies = "\n".join(body.replace("{c}", str(c)).replace("{w}", f"%w{c % 2}").replace("{vec}", vec)
+                       for c in range(CHAINS))
+    sums = [f"  %s0 = add {vec} %n0, zeroinitializer"]
+    sums += [f"  %s{c} = add {vec} %s{c - 1}, %n{c}" for c in range(1, CHAINS)]
     return f"""
 {declares}
-define i64 @{name}(i64 %count, i32 %x) {{
+define i64 @{name}(i64 %count, ptr %buf) {{
 entry:
-  %xv = insertelement {vec} undef, i32 %x, i32 0
-  %seed = shufflevector {vec} %xv, {vec} undef, <{lanes} x i32> zeroinitializer
-{setup}
-{inits}
+  %w0 = load {vec}, ptr %buf, align 1
+  %wp = getelementptr i8, ptr %buf, i64 {width}
+  %w1 = load {vec}, ptr %wp, align 1
   br label %loop
 loop:
   %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
 {phis}
+  %step = mul i64 %i, {width}
+  %base = and i64 %step, {WINDOW - 1}
+{loads}
 {bodies}
   %i.next = add i64 %i, 1
   %done = icmp eq i64 %i.next, %count
   br i1 %done, label %exit, label %loop
 exit:
 {chr(10).join(sums)}
-  %e = extractelement {vec} {total[-1]}, i32 0
+  %e = extractelement {vec} %s{CHAINS - 1}, i32 0
   %r = sext i32 %e to i64
   ret i64 %r
 }}
@@ -83,41 +89,38 @@ exit:
 
 def _sequences(lanes: int, vnni: bool) -> dict[str, tuple[str, int]]:
     """Per sequence: its loop's IR and the ops of one chain's iteration."""
-    bytes_ = 4 * lanes
-    vec, b8, w16 = f"<{lanes} x i32>", f"<{bytes_} x i8>", f"<{2 * lanes} x i16>"
+    vec, b8, w16, fvec = f"<{lanes} x i32>", f"<{4 * lanes} x i8>", f"<{2 * lanes} x i16>", f"<{lanes} x float>"
     bits = 32 * lanes
     ubsw = {128: "llvm.x86.ssse3.pmadd.ub.sw.128", 256: "llvm.x86.avx2.pmadd.ub.sw",
             512: "llvm.x86.avx512.pmaddubs.w.512"}[bits]
     wd = {128: "llvm.x86.sse2.pmadd.wd", 256: "llvm.x86.avx2.pmadd.wd", 512: "llvm.x86.avx512.pmaddw.d.512"}[bits]
-    fvec = f"<{lanes} x float>"
+    fma = f"llvm.fma.v{lanes}f32"
     ones = f"<{', '.join('i16 1' for _ in range(2 * lanes))}>"
     seqs = {
         "fma": (_loop("peak_fma", lanes, (
-            "  %f{c} = bitcast {vec} %a{c} to " + fvec + "\n"
-            "  %g{c} = call " + fvec + " @llvm.fma.v" + str(lanes) + "f32(" + fvec + " %f{c}, " + fvec + " %fx, "
-            + fvec + " %fy)\n  %n{c} = bitcast " + fvec + " %g{c} to {vec}"),
-            f"  %fx = bitcast {vec} %seed to {fvec}\n  %fy = fadd {fvec} %fx, %fx",
-            f"declare {fvec} @llvm.fma.v{lanes}f32({fvec}, {fvec}, {fvec})"), 2 * lanes),
+            f"  %f{{c}} = bitcast {{vec}} %a{{c}} to {fvec}\n  %xf{{c}} = bitcast {{vec}} %x{{c}} to {fvec}\n"
+            f"  %wf{{c}} = bitcast {{vec}} {{w}} to {fvec}\n"
+            f"  %g{{c}} = call {fvec} @{fma}({fvec} %xf{{c}}, {fvec} %wf{{c}}, {fvec} %f{{c}})\n"
+            f"  %n{{c}} = bitcast {fvec} %g{{c}} to {{vec}}"),
+            f"declare {fvec} @{fma}({fvec}, {fvec}, {fvec})"), 2 * lanes),
         "pmaddwd": (_loop("peak_pmaddwd", lanes, (
-            "  %w{c} = bitcast {vec} %a{c} to " + w16 + "\n"
-            "  %p{c} = call {vec} @" + wd + "(" + w16 + " %w{c}, " + w16 + " %wb)\n"
-            "  %n{c} = add {vec} %p{c}, %seed"),
-            f"  %wb = bitcast {vec} %seed to {w16}",
+            f"  %xw{{c}} = bitcast {{vec}} %x{{c}} to {w16}\n  %ww{{c}} = bitcast {{vec}} {{w}} to {w16}\n"
+            f"  %p{{c}} = call {{vec}} @{wd}({w16} %xw{{c}}, {w16} %ww{{c}})\n"
+            f"  %n{{c}} = add {{vec}} %a{{c}}, %p{{c}}"),
             f"declare {vec} @{wd}({w16}, {w16})"), 4 * lanes),
         "pmaddubsw+pmaddwd": (_loop("peak_pmaddubsw", lanes, (
-            "  %u{c} = bitcast {vec} %a{c} to " + b8 + "\n"
-            "  %h{c} = call " + w16 + " @" + ubsw + "(" + b8 + " %u{c}, " + b8 + " %bb)\n"
-            "  %p{c} = call {vec} @" + wd + "(" + w16 + " %h{c}, " + w16 + " " + ones + ")\n"
-            "  %n{c} = add {vec} %a{c}, %p{c}"),
-            f"  %bb = bitcast {vec} %seed to {b8}",
+            f"  %xb{{c}} = bitcast {{vec}} %x{{c}} to {b8}\n  %wb{{c}} = bitcast {{vec}} {{w}} to {b8}\n"
+            f"  %h{{c}} = call {w16} @{ubsw}({b8} %xb{{c}}, {b8} %wb{{c}})\n"
+            f"  %p{{c}} = call {{vec}} @{wd}({w16} %h{{c}}, {w16} {ones})\n"
+            f"  %n{{c}} = add {{vec}} %a{{c}}, %p{{c}}"),
             f"declare {w16} @{ubsw}({b8}, {b8})\ndeclare {vec} @{wd}({w16}, {w16})"), 8 * lanes),
     }
     if vnni:
+        dp = f"llvm.x86.avx512.vpdpbusd.{bits}"
         seqs["vpdpbusd"] = (_loop("peak_vpdpbusd", lanes, (
-            "  %n{c} = call {vec} @llvm.x86.avx512.vpdpbusd." + str(bits) + "({vec} %a{c}, " + b8 + " %bb, " + b8
-            + " %bb)"),
-            f"  %bb = bitcast {vec} %seed to {b8}",
-            f"declare {vec} @llvm.x86.avx512.vpdpbusd.{bits}({vec}, {b8}, {b8})"), 8 * lanes)
+            f"  %xb{{c}} = bitcast {{vec}} %x{{c}} to {b8}\n  %wb{{c}} = bitcast {{vec}} {{w}} to {b8}\n"
+            f"  %n{{c}} = call {{vec}} @{dp}({{vec}} %a{{c}}, {b8} %xb{{c}}, {b8} %wb{{c}})"),
+            f"declare {vec} @{dp}({vec}, {b8}, {b8})"), 8 * lanes)
     return seqs
 
 
@@ -131,6 +134,9 @@ def measure_peaks(ghz: float, repeat: int = 5) -> list[Peak]:
     target = Target.host(num_cores=1)
     features = DotFeatures.for_target(target)
     lanes = target.vector_bits // 32
+    # the window plus the widest chain's reach past its end, small random bytes (no overflow in any sequence)
+    data = (ctypes.c_int8 * (WINDOW + CHAINS * 64 + 64))(*[(7 * i) % 5 - 2 for i in range(WINDOW + CHAINS * 64 + 64)])
+    buffer = ctypes.cast(data, ctypes.c_void_p)
     peaks = []
     engines = []  # kept alive until every function has run
     for name, (text, ops) in _sequences(lanes, features.vnni).items():
@@ -140,12 +146,12 @@ def measure_peaks(ghz: float, repeat: int = 5) -> list[Peak]:
         engines.append(engine)
         engine.finalize_object()
         symbol = text.split("define i64 @", 1)[1].split("(", 1)[0]
-        fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)(engine.get_function_address(symbol))
-        fn(1000, 3)
+        fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)(engine.get_function_address(symbol))
+        fn(1000, buffer)
         best = float("inf")
         for _ in range(repeat):
             start = time.perf_counter()
-            fn(ITERATIONS, 3)
+            fn(ITERATIONS, buffer)
             best = min(best, time.perf_counter() - start)
         gops = ops * CHAINS * ITERATIONS / best / 1e9
         peaks.append(Peak(name, gops, gops / ghz if ghz else 0.0))

@@ -73,7 +73,7 @@ def conv2d_nchwc_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
                              f"{fmt_shape(data.shape)} and {fmt_shape(weight.shape)}", op_name=OP_NAME)
     n, cb, h, w, bi = data.shape
     ob, wcb, kh, kw, quads, bo, four = weight.shape
-    if bi is not ANY and (bi % 4 or (quads is not ANY and quads * 4 != bi)) or four != 4 \
+    if (bi is not ANY and (bi % 4 or (quads is not ANY and quads * 4 != bi))) or four != 4 \
             or (cb is not ANY and wcb is not ANY and cb != wcb):
         raise RelayTypeError(f"data {fmt_shape(data.shape)} and packed weight {fmt_shape(weight.shape)} do not "
                              "match: the weight must be (O/bo, C/bi, KH, KW, bi/4, bo, 4)", op_name=OP_NAME)
