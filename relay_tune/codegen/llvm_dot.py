@@ -122,10 +122,13 @@ def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
         ones = ir.Constant(_vector(I16, width // 2), [1] * (width // 2))
         sums = builder.call(declare(_PMADDWD[width], _vector(I32, per), [pairs.type, pairs.type]), [pairs, ones])
         pieces.append(sums if cacc is None else builder.add(cacc, sums))
+    while len(pieces) > 1:  # concatenate the registers' lanes, pairs of equal width at a time
+        if len(pieces) % 2:
+            pieces.append(ir.Constant(pieces[0].type, None))
+        size = pieces[0].type.count
+        joined = ir.Constant(_vector(I32, 2 * size), list(range(2 * size)))
+        pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], joined) for i in range(0, len(pieces), 2)]
     result = pieces[0]
-    for piece in pieces[1:]:  # concatenate the registers' lanes
-        size = result.type.count
-        result = builder.shuffle_vector(result, piece, ir.Constant(_vector(I32, size + per), list(range(size + per))))
     if result.type.count != lanes:
         result = _pick(builder, result, list(range(lanes)))
     return result
