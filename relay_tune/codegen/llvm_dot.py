@@ -5,9 +5,9 @@ Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result 
 - `vpdpbusd` (AVX512-VNNI, AVX-VNNI): one instruction per register of lanes, exact, and it adds into the
   accumulator itself;
 - `vpmaddubsw` + `vpmaddwd` with ones (SSSE3 / AVX2 / AVX512BW): the first multiplies bytes and sums pairs into
-  int16 with saturation, so it is used only for `dot4_u8s8_i32_pairs16`, whose pairs the caller proved to fit;
-- generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact; LLVM selects
-  vpmovzx/vpmovsx + vpmaddwd for it on x86.
+  int16 with saturation, so it runs once for `dot4_u8s8_i32_pairs16`, whose pairs the caller proved to fit, and
+  twice for `dot4_u8s8_i32`, on the two halves of the weight bytes (`b >> 1` and the rest: each in [-64, 64]);
+- generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact.
 
 The x86 forms work on whole registers: the operand bytes are padded with zeros to a multiple of the register (a
 zero byte adds nothing) and the lanes of the result taken back.
@@ -100,8 +100,16 @@ def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
              pairs_fit_int16: bool, acc: ir.Value | None) -> ir.Value | None:
     """`acc + dot` (`acc` may be None) with vpdpbusd or vpmaddubsw + vpmaddwd on whole registers, or None when the
     target has neither for this intrinsic (the caller then lowers it generically)."""
-    if not (features.vnni or (features.pmaddubsw and pairs_fit_int16)):
+    if not (features.vnni or features.pmaddubsw):
         return None
+    if not features.vnni and not pairs_fit_int16:
+        # b = high + low with high = b >> 1 (arithmetic) and low = b - high, both in [-64, 64]: every pair of either
+        # half has |w0| + |w1| <= 128, so two saturating products are exact. The halves of a weight row are
+        # computed once per row (the tile's columns share the row, and LLVM merges the copies).
+        high = builder.ashr(b, ir.Constant(b.type, [1] * b.type.count))
+        low = builder.sub(b, high)
+        first = x86_dot4(builder, declare, features, a, high, lanes, True, acc)
+        return x86_dot4(builder, declare, features, a, low, lanes, True, first)
     total_bytes = 4 * lanes
     width = 16
     while width < total_bytes and width < features.register_bytes:

@@ -13,7 +13,6 @@ the vector of ones vpmaddwd widens them with.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from search_space.families.common import CpuWorkload, Family
@@ -28,8 +27,21 @@ DOT_REGISTERS = 2
 """Vector registers a dot-product step needs besides the tile's accumulators, weight rows and broadcast quad."""
 
 
+def _analyse(prim: Any, sch: Any, anchor: Any, target: Any, constants: frozenset[int]) -> dict[str, Any]:
+    fields = analyse_blocked_conv(prim, sch, anchor, target, constants, depthwise=False)
+    call = prim.anchor_call
+    pairs = bool(call.attrs.get("pairs_fit_int16")) if call is not None else False
+    return {**fields, "extras": {"pairs_fit_int16": pairs}}
+
+
 def _with_dot_registers(workload: CpuWorkload) -> CpuWorkload:
-    return dataclasses.replace(workload, registers=workload.registers - DOT_REGISTERS)
+    """The workload with the registers the dot products take away from the tile: without VNNI, a weight whose pairs
+    may saturate is split into two halves (`relay_tune.codegen.llvm_dot`), a second register per weight row, counted
+    here as a smaller register file."""
+    spare = DOT_REGISTERS
+    if not workload.extras.get("pairs_fit_int16", True):
+        spare += 2
+    return dataclasses.replace(workload, registers=workload.registers - spare)
 
 
 def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
@@ -40,6 +52,5 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     return _blocked_default(_with_dot_registers(workload))
 
 
-CONV2D_NCHWC_INT8 = Family("conv2d_nchwc_int8", tagged("conv2d_nchwc_int8"),
-                           functools.partial(analyse_blocked_conv, depthwise=False), _knobs, _default,
+CONV2D_NCHWC_INT8 = Family("conv2d_nchwc_int8", tagged("conv2d_nchwc_int8"), _analyse, _knobs, _default,
                            _template_conv2d_nchwc)
