@@ -363,3 +363,15 @@ def test_pack_int8_weight_checks_pairs() -> None:
     np.testing.assert_array_equal(unpack_int8_weight(packed), weight)
     weight[3, 5, 0, 0], weight[3, 4, 0, 0] = 100, -29  # channels 4 and 5 are one pair: 129 > 128
     assert not pack_int8_weight(weight, 8, 8)[1]
+
+
+def test_int8_dense_runs_as_packed_conv() -> None:
+    """An 8-bit dense product is the packed convolution over its rows (1x1 maps), exact on odd sizes."""
+    w = RNG.integers(-128, 128, (13, 37)).astype(np.int8)
+    mod = parse_module('''#[version = "0.0.5"]
+def @main(%x: Tensor[(3, 37), uint8]) -> Tensor[(3, 13), int32] {
+  nn.dense(%x, meta[relay.Constant][0], units=13, out_dtype="int32")
+}''', constants=[w])
+    assert "conv2d_nchwc_int8" in [t.family for t in tasks_from_module(mod, HOST)]
+    x = RNG.integers(0, 256, (3, 37)).astype(np.uint8)
+    np.testing.assert_array_equal(build(mod, "llvm").run(x=x), x.astype(np.int64) @ w.astype(np.int64).T)
