@@ -34,7 +34,7 @@ from relay_tune.kernel import te, tir, tir_eval
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
 from relay_tune.op.quantized import pack_int8_weight, unpack_int8_weight
 from relay_tune.passes.pipeline import optimize
-from relay_tune.passes.quantized_products import recover_int8_weight
+from relay_tune.passes.quantized_products import pairs_fit_int16, recover_int8_weight
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import tasks_from_module
 
@@ -375,3 +375,24 @@ def @main(%x: Tensor[(3, 37), uint8]) -> Tensor[(3, 13), int32] {
     assert "conv2d_nchwc_int8" in [t.family for t in tasks_from_module(mod, HOST)]
     x = RNG.integers(0, 256, (3, 37)).astype(np.uint8)
     np.testing.assert_array_equal(build(mod, "llvm").run(x=x), x.astype(np.int64) @ w.astype(np.int64).T)
+
+
+@pytest.mark.parametrize("reduce_range", [True, False])
+def test_default_builds_take_integer_products_whose_pairs_fit(tmp_path: Any, reduce_range: bool) -> None:
+    """At opt_level 3 QuantizedProducts rewrites a product when its int8 weight's channel pairs fit int16 (always
+    with reduce_range), and leaves the float product otherwise; the output is within one step of onnxruntime's
+    unoptimised QDQ graph (its optimised AVX2 int8 kernels saturate on full-range weights: they are not)."""
+    qmodel = _quantized(tmp_path, "conv", per_channel=False, reduce_range=reduce_range)
+    mod, _ = from_onnx(qmodel)
+    products = _integer_products(optimize(mod, opt_level=3, layout_block=8))
+    weights = [numpy_helper.to_array(t) for t in qmodel.graph.initializer if numpy_helper.to_array(t).ndim == 4]
+    fits = [pairs_fit_int16(w) for w in weights]
+    assert len(products) == len(weights) == 2
+    if reduce_range:
+        assert all(fits)
+    integer = [str(p.checked_type.dtype) == "int32" for p in products]
+    assert sorted(integer) == sorted(fits)
+    compiled = build(mod, "llvm")
+    x = _inputs(_float_model("conv"))
+    np.testing.assert_allclose(compiled.run(x=x), _session(qmodel, False).run(None, {"x": x})[0], rtol=0,
+                               atol=_output_step(qmodel) * 1.01)

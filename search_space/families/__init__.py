@@ -19,7 +19,7 @@ by side, registered in one table.
 | `conv2d_nhwc`            | `channel_last` | NHWC convolutions                                                   |
 | `depthwise_conv2d_nchw`  | `depthwise`    | NCHW depthwise convolutions                                         |
 | `conv2d_nchwc`           | `conv2d_nchwc` | `nn.contrib_conv2d_NCHWc` (channel-blocked layouts)                 |
-| `conv2d_nchwc_int8`      | `conv2d_nchwc_int8` | `nn.contrib_conv2d_NCHWc_int8` (uint8 x int8, packed for dot products) |
+| `conv2d_nchwc_int8`      | `conv2d_nchwc_int8` | `nn.contrib_conv2d_NCHWc_int8` (u8 x s8, packed for dot products) |
 | `depthwise_conv2d_nchwc` | `depthwise`    | depthwise convolutions on channel-blocked layouts                   |
 | `reduction`              | `reduction`    | every other reduction: pooling, softmax, normalisations, ...        |
 
