@@ -396,3 +396,19 @@ def test_default_builds_take_integer_products_whose_pairs_fit(tmp_path: Any, red
     x = _inputs(_float_model("conv"))
     np.testing.assert_allclose(compiled.run(x=x), _session(qmodel, False).run(None, {"x": x})[0], rtol=0,
                                atol=_output_step(qmodel) * 1.01)
+
+
+def test_requantization_divides_fold_into_the_product_scale(tmp_path: Any) -> None:
+    """The QuantizeLinear's divide right after an integer product's scale multiply becomes one multiplier: no divide
+    reads `cast(int32 sums) * m` any more (the outputs stay within one step: test_qdq_model_runs_integer_products)."""
+    mod, _ = from_onnx(_quantized(tmp_path, "conv", per_channel=True, reduce_range=True))
+    optimized = optimize(mod, opt_level=4, layout_block=8)
+
+    def reads_scaled_sums(node: Call) -> bool:
+        arg = node.args[0]
+        return (isinstance(arg, Call) and arg.op_name == "multiply" and isinstance(arg.args[0], Call)
+                and arg.args[0].op_name == "cast" and str(arg.args[0].args[0].checked_type.dtype) == "int32")
+
+    calls = [n for _, f in optimized.items() for n in post_order(f) if isinstance(n, Call)]
+    assert any(c.op_name == "multiply" and isinstance(c.args[0], Call) and c.args[0].op_name == "cast" for c in calls)
+    assert not [c for c in calls if c.op_name == "divide" and reads_scaled_sums(c)]
