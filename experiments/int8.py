@@ -131,8 +131,7 @@ def model_comparison(args: argparse.Namespace) -> None:
     print(f"our int8 / onnxruntime int8 latency: {med['relay-tune int8'] / med['onnxruntime int8']:.2f} "
           f"(target <= 1.0)")
     print(f"onnxruntime int8 speed-up over its fp32: {med['onnxruntime fp32'] / med['onnxruntime int8']:.2f}x")
-    print(f"int8 (every product) against the default build: {med['relay-tune default'] / med['relay-tune int8']:.2f}x "
-          "faster")
+    print(f"int8 (every product) / default build latency: {med['relay-tune int8'] / med['relay-tune default']:.2f}")
 
 
 def _integer_share(model: Any) -> str:
