@@ -1,26 +1,33 @@
 """An int8 (QDQ) ResNet-50 against our fp32 build and onnxruntime, and the int8 convolution kernels against the peak.
 
     python -m experiments int8 [--per-channel] [--reduce-range] [--rounds 5] [--repeat 3] [--threads 2]
-                               [--skip-model] [--skip-kernels]
+                               [--skip-model] [--skip-kernels] [--verbose]
 
 1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), quantized by onnxruntime's `quantize_static`
    (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images);
-2. builds it with relay-tune (the `QuantizedProducts` pass turns its convolutions into int8 products with the
-   requantization fused) and the float model too, and times, interleaved in the same run (`experiments.timing`):
-   relay-tune fp32, relay-tune int8, onnxruntime fp32 and onnxruntime int8 (same threads, all optimisations);
-   prints the medians and the ratios the issue asks about (int8 speed-up over our fp32; our int8 against
-   onnxruntime's int8), and how far our int8 output is from onnxruntime's unoptimised QDQ graph (exact
-   float semantics) and from its optimised int8 kernels;
-3. times ResNet-50's convolution shapes as single int8 kernels (uint8 x int8 -> int32) and as fp32 kernels and
-   prints their GOPS against the peaks of this CPU: u8 x s8 with vpmaddubsw + vpmaddwd (AVX2; 64 ops per cycle per
-   core with two multiply ports) or vpdpbusd (AVX-VNNI / AVX512-VNNI), fp32 with two FMA ports.
+2. builds it with relay-tune (`QuantizedProducts` turns its convolutions into int8 products, `PlanLayouts` into
+   the packed `nn.contrib_conv2d_NCHWc_int8` with the requantization fused) and the float model too, and times,
+   interleaved in the same run (`experiments.timing`): relay-tune fp32, relay-tune int8 (opt_level 4: every product
+   on the integers), relay-tune's default build (opt_level 3: integer products where the weight's pairs fit int16,
+   see `relay_tune.passes.quantized_products`), onnxruntime fp32 and onnxruntime int8 (same threads, all
+   optimisations); prints the medians and the ratios the issue asks about
+   (int8 speed-up over our fp32; our int8 against onnxruntime's int8), and how far our int8 output is from
+   onnxruntime's unoptimised QDQ graph (exact float semantics) and from its optimised int8 kernels;
+3. measures the per-core peaks of this CPU (`experiments.int8_peaks`: fp32 FMA, vpmaddwd, vpmaddubsw + vpmaddwd,
+   vpdpbusd where VNNI exists), then builds ResNet-50's convolution shapes and a 2048 -> 1000 dense product as fp32
+   and as int8 models (uint8 x int8 -> int32: the packed `conv2d_nchwc_int8` kernel, `int8` with weights in
+   [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the exact path) and
+   prints each product kernel's GOPS (its in-graph time from the profiler, the models alternating round by round)
+   against the measured peak.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,11 +42,14 @@ CONV_SHAPES: tuple[tuple[str, int, int, int, int, int], ...] = (
     ("3x3 64->64 @56", 64, 64, 3, 1, 56),
     ("1x1 512->128 @28", 512, 128, 1, 1, 28),
     ("3x3 256->256 @14", 256, 256, 3, 1, 14),
+    ("3x3 128->128 s2 @56", 128, 128, 3, 2, 56),
+    ("1x1 1024->2048 s2 @14", 1024, 2048, 1, 2, 14),
 )
 
 
 def cpu_features() -> tuple[set[str], float]:
-    """The CPU flags and clock (GHz) from /proc/cpuinfo (empty and 0 elsewhere)."""
+    """The CPU flags and clock (GHz, as /proc/cpuinfo reports it: the nominal clock on most VMs) from /proc/cpuinfo
+    (empty and 0 elsewhere)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -47,23 +57,6 @@ def cpu_features() -> tuple[set[str], float]:
     flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
     mhz = re.search(r"^cpu MHz\s*:\s*([\d.]+)", text, re.M)
     return set(flags.group(1).split()) if flags else set(), float(mhz.group(1)) / 1e3 if mhz else 0.0
-
-
-def int8_ops_per_cycle(flags: set[str]) -> tuple[int, str]:
-    """Peak u8 x s8 multiply-add ops (2 per MAC) per cycle and core, and the instructions that reach it."""
-    if "avx512_vnni" in flags:
-        return 2 * 64 * 2, "vpdpbusd zmm (2 ports)"  # 64 MACs per instruction
-    if "avx_vnni" in flags:
-        return 2 * 32 * 2, "vpdpbusd ymm (2 ports)"
-    if "avx512bw" in flags:
-        return 2 * 64, "vpmaddubsw + vpmaddwd zmm"
-    # vpmaddubsw (32 MACs) and the vpmaddwd that widens its pairs share the two multiply ports: one pair per cycle
-    return 2 * 32, "vpmaddubsw + vpmaddwd ymm"
-
-
-def fp32_ops_per_cycle(flags: set[str]) -> int:
-    lanes = 16 if "avx512f" in flags else 8
-    return 2 * lanes * 2  # two FMA ports, 2 flops each
 
 
 def quantize_model(src: Path, dst: Path, input_name: str, shape: tuple[int, ...], per_channel: bool,
@@ -110,8 +103,9 @@ def model_comparison(args: argparse.Namespace) -> None:
         quantize_model(src, dst, name, shape, args.per_channel, args.reduce_range)
         qmodel = onnx.load(str(dst))
         fp32 = build(from_onnx(model)[0], "llvm")
-        int8 = build(from_onnx(qmodel)[0], "llvm", opt_level=4)  # integer products (QuantizedProducts)
-        int8_float = build(from_onnx(qmodel)[0], "llvm")  # the default: float products, weights dequantized
+        int8 = build(from_onnx(qmodel)[0], "llvm", opt_level=4)  # every product on the integers
+        # the default: integer products where the weight pairs fit int16, float products (dequantized weights) else
+        default = build(from_onnx(qmodel)[0], "llvm")
         ort_fp32, ort_int8 = ort_session(src, args.threads), ort_session(dst, args.threads)
         ort_reference = ort_session(dst, args.threads, optimize=False)
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
@@ -125,25 +119,37 @@ def model_comparison(args: argparse.Namespace) -> None:
     samples = interleaved({
         "relay-tune fp32": lambda: fp32.run(**feeds),
         "relay-tune int8": lambda: int8.run(**feeds),
-        "relay-tune QDQ float": lambda: int8_float.run(**feeds),
+        "relay-tune default": lambda: default.run(**feeds),
         "onnxruntime fp32": lambda: ort_fp32.run(None, feeds),
         "onnxruntime int8": lambda: ort_int8.run(None, feeds),
     }, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
     for engine, s in samples.items():
         print(f"{engine:18} {s.describe()}")
+    print(f"int8 products: {_integer_share(int8)}; default build: {_integer_share(default)}")
     med = {k: v.median for k, v in samples.items()}
     print(f"int8 speed-up over our fp32: {med['relay-tune fp32'] / med['relay-tune int8']:.2f}x (target >= 1.6x)")
     print(f"our int8 / onnxruntime int8 latency: {med['relay-tune int8'] / med['onnxruntime int8']:.2f} "
           f"(target <= 1.0)")
     print(f"onnxruntime int8 speed-up over its fp32: {med['onnxruntime fp32'] / med['onnxruntime int8']:.2f}x")
+    print(f"int8 (every product) / default build latency: {med['relay-tune int8'] / med['relay-tune default']:.2f}")
 
 
-def _conv_module(cin: int, cout: int, k: int, stride: int, size: int, int8: bool) -> tuple[Any, dict[str, Any]]:
+def _integer_share(model: Any) -> str:
+    """How many of a model's kernels are the packed int8 convolution, of its product kernels."""
+    names = [task.description for task in model.plan.tasks]
+    products = [n for n in names if "conv" in n or "dense" in n or "matmul" in n]
+    packed = [n for n in products if "NCHWc_int8" in n]
+    return f"{len(packed)} of {len(products)} product kernels packed int8"
+
+
+def _conv_module(cin: int, cout: int, k: int, stride: int, size: int, int8: bool,
+                 weight_limit: int = 128) -> tuple[Any, dict[str, Any]]:
+    """One NCHW convolution: uint8 x int8 -> int32 (weights in (-weight_limit, weight_limit)) or fp32."""
     from relay_tune.text import parse_module
 
     rng = np.random.default_rng(0)
     if int8:
-        weight = rng.integers(-127, 128, (cout, cin, k, k)).astype(np.int8)
+        weight = rng.integers(1 - weight_limit, weight_limit, (cout, cin, k, k)).astype(np.int8)
         x: np.ndarray = rng.integers(0, 256, (1, cin, size, size)).astype(np.uint8)
         dtypes, extra = ("uint8", "int32"), ', out_dtype="int32"'
     else:
@@ -160,31 +166,83 @@ def @main(%x: Tensor[(1, {cin}, {size}, {size}), {dtypes[0]}]) -> Tensor[(1, {co
     return parse_module(text, constants=[weight]), {"x": x}
 
 
+def _dense_module(k: int, n: int, int8: bool) -> tuple[Any, dict[str, Any]]:
+    """One dense product of a row: uint8 x int8 -> int32 (weights in [-64, 64]) or fp32."""
+    from relay_tune.text import parse_module
+
+    rng = np.random.default_rng(0)
+    if int8:
+        weight = rng.integers(-64, 65, (n, k)).astype(np.int8)
+        x: np.ndarray = rng.integers(0, 256, (1, k)).astype(np.uint8)
+        dtypes, extra = ("uint8", "int32"), ', out_dtype="int32"'
+    else:
+        weight, x = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((1, k)).astype(np.float32)
+        dtypes, extra = ("float32", "float32"), ""
+    text = f'''#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {k}), {dtypes[0]}]) -> Tensor[(1, {n}), {dtypes[1]}] {{
+  nn.dense(%x, meta[relay.Constant][0], units={n}{extra})
+}}'''
+    return parse_module(text, constants=[weight]), {"x": x}
+
+
+_LAYOUT_OPS = ("layout_transform", "pad", "strided_slice", "reshape")
+
+
+def _anchor_seconds(model: Any, inputs: dict[str, Any], repeat: int) -> tuple[float, str]:
+    """In-graph seconds of the model's product kernels (a Winograd convolution's transforms and batched product
+    included; the layout transforms of the model's input and output left out: in a network they are rare) and
+    their descriptions."""
+    rows = [r for r in model.profile(repeat=repeat, inputs=inputs)
+            if r.description.split("+")[0].split(" ")[0] not in _LAYOUT_OPS]
+    return sum(r.seconds for r in rows), "; ".join(r.description for r in rows)
+
+
 def kernel_comparison(args: argparse.Namespace) -> None:
+    """Peaks of this CPU, then each product shape as an fp32 and as an int8 kernel (in-graph kernel times from the
+    profiler, the engines alternating round by round)."""
+    from experiments.int8_peaks import measure_peaks
     from relay_tune import build
 
     flags, ghz = cpu_features()
     cores = args.threads
-    int8_peak, how = int8_ops_per_cycle(flags)
-    fp32_peak = fp32_ops_per_cycle(flags)
-    print(f"CPU: {ghz:.2f} GHz, {cores} threads, VNNI: {sorted(flags & {'avx_vnni', 'avx512_vnni'}) or 'none'}; "
-          f"int8 peak {int8_peak * ghz * cores:.0f} GOPS ({how}), fp32 peak {fp32_peak * ghz * cores:.0f} GFLOPS")
+    print(f"CPU: {ghz:.2f} GHz (reported), {cores} threads, VNNI: "
+          f"{sorted(flags & {'avx_vnni', 'avx512_vnni'}) or 'none'}; per-core peaks measured "
+          f"(`experiments.int8_peaks`, best of 5 loops, ops/cycle at the reported clock):")
+    peaks = {p.name: p for p in measure_peaks(ghz)}
+    for p in peaks.values():
+        print(f"  {p.name:18} {p.gops:7.1f} GOPS/core  {p.ops_per_cycle:5.1f} ops/cycle")
+    int8_name = "vpdpbusd" if "vpdpbusd" in peaks else "pmaddubsw+pmaddwd"
+    int8_peak, fp32_peak = peaks[int8_name].gops * cores, peaks["fma"].gops * cores
+    print(f"  int8 / fp32 peak: {int8_peak / fp32_peak:.2f}x ({int8_name} against fma); "
+          f"{cores}-thread peaks {int8_peak:.0f} GOPS int8, {fp32_peak:.0f} GFLOPS fp32")
+    shapes: list[tuple[str, Any, int]] = []
     for label, cin, cout, k, stride, size in CONV_SHAPES:
-        engines: dict[str, Any] = {}
-        feeds: dict[str, dict[str, Any]] = {}
-        for kind in ("fp32", "int8"):
-            mod, inputs = _conv_module(cin, cout, k, stride, size, kind == "int8")
-            compiled = build(mod, "llvm")
-            feeds[kind] = inputs
-            engines[kind] = (lambda c, i: lambda: c.run(**i))(compiled, inputs)
-        samples = interleaved(engines, rounds=args.rounds, repeat=args.repeat)
         out = (size + 2 * (k // 2) - k) // stride + 1
-        ops = 2 * cin * cout * k * k * out * out
-        fp32_s, int8_s = samples["fp32"].median, samples["int8"].median
-        fp32_rate, int8_rate = ops / fp32_s / 1e9, ops / int8_s / 1e9
-        print(f"{label:18} fp32 {fp32_rate:7.1f} GFLOPS ({100 * fp32_rate / (fp32_peak * ghz * cores):4.1f}% of peak)"
-              f"  int8 {int8_rate:7.1f} GOPS ({100 * int8_rate / (int8_peak * ghz * cores):4.1f}% of peak)"
-              f"  int8/fp32 time {int8_s / fp32_s:.2f}")
+        shapes.append((label, functools.partial(_conv_module, cin, cout, k, stride, size),
+                       2 * cin * cout * k * k * out * out))
+    shapes.append(("dense 2048->1000", functools.partial(_dense_module, 2048, 1000), 2 * 2048 * 1000))
+    for label, make, ops in shapes:
+        engines: dict[str, tuple[Any, dict[str, Any]]] = {}
+        for kind in ("fp32", "int8", "int8 full"):
+            if kind == "int8 full" and "dense" in label:
+                continue
+            mod, inputs = make(kind != "fp32", **({"weight_limit": 65} if kind == "int8" and "dense" not in label
+                                                   else {}))
+            engines[kind] = (build(mod, "llvm"), inputs)
+        times: dict[str, list[float]] = {kind: [] for kind in engines}
+        described: dict[str, str] = {}
+        for _ in range(args.rounds):
+            for kind, (model, inputs) in engines.items():
+                seconds, described[kind] = _anchor_seconds(model, inputs, args.repeat)
+                times[kind].append(seconds)
+        med = {kind: statistics.median(v) for kind, v in times.items()}
+        rate = {kind: ops / seconds / 1e9 for kind, seconds in med.items()}
+        peak = {kind: fp32_peak if kind == "fp32" else int8_peak for kind in med}
+        parts = [f"{kind} {rate[kind]:6.1f} GOPS ({100 * rate[kind] / peak[kind]:4.1f}%)" for kind in med]
+        print(f"{label:18} " + "  ".join(parts) + f"  fp32/int8 time {med['fp32'] / med['int8']:.2f}x")
+        if args.verbose:
+            for kind, text in described.items():
+                print(f"    {kind}: {text}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--skip-model", action="store_true", help="only the kernels")
     parser.add_argument("--skip-kernels", action="store_true", help="only the model")
+    parser.add_argument("--verbose", action="store_true", help="name the kernels timed")
 
 
 def run(args: argparse.Namespace) -> int:

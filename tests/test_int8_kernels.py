@@ -1,6 +1,12 @@
 """Integer convolutions and dense products (uint8/int8 x int8 -> int32) and the QuantizedProducts pass.
 
 - compiled integer products on odd shapes equal numpy's int64 products exactly;
+- the four-byte dot-product intrinsics (`tir.DOT4_INTRINSICS`) are exact on every lane count and operand layout, and
+  lower to vpmaddubsw + vpmaddwd (AVX2: once when the pairs fit int16, else on the weight's two halves) or vpdpbusd
+  (VNNI targets);
+- the packed int8 convolution (`nn.contrib_conv2d_NCHWc_int8`, family `conv2d_nchwc_int8`) that PlanLayouts makes of
+  8-bit convolutions is exact at its default config and at sampled configs of its space, on odd channel counts,
+  odd maps, stride 2 and zero-point padding, on the saturation-safe and the exact path;
 - `QuantizedProducts` rewrites the float products of a QDQ model into integer ones (the int8 weight recovered from
   its dequantized float constant), leaves float models alone, and a QDQ model built with it matches onnxruntime's
   unoptimised QDQ graph (the float semantics) and onnxruntime's int8 kernels within one quantization step.
@@ -8,6 +14,7 @@
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import numpy as np
@@ -16,13 +23,20 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relay_tune import build
+from relay_tune.codegen.llvm import build_llvm, emit_assembly
+from relay_tune.compile import resolve_target
+from relay_tune.compile.primitive import build_primitive
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call
 from relay_tune.ir.traversal import post_order
+from relay_tune.kernel import te, tir, tir_eval
+from relay_tune.op.quantized import OP_NAME as INT8_CONV
+from relay_tune.op.quantized import pack_int8_weight, unpack_int8_weight
 from relay_tune.passes.pipeline import optimize
-from relay_tune.passes.quantized_products import recover_int8_weight
+from relay_tune.passes.quantized_products import pairs_fit_int16, recover_int8_weight
 from relay_tune.text import parse_module
+from relay_tune.tuning.relay_task import tasks_from_module
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(20261207)
@@ -161,7 +175,7 @@ def _output_step(model: onnx.ModelProto) -> float:
 def _integer_products(mod: Any) -> list[Call]:
     """The convolutions and dense products inside the fused functions of `mod`."""
     return [node for _, func in mod.items() for node in post_order(func) if isinstance(node, Call)
-            and node.op_name in ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.dense")]
+            and node.op_name in ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_conv2d_NCHWc_int8", "nn.dense")]
 
 
 @pytest.mark.parametrize("kind", ["conv", "dense"])
@@ -218,3 +232,183 @@ def test_integer_operators_read_8_bit_operands(op: str, stride: int, x_zero: int
         want = ReferenceEvaluator(model).run(None, {"x": x})[0]
         np.testing.assert_array_equal(compiled.run(x=x), want)
         np.testing.assert_array_equal(evaluate(mod, {"x": x}), want)
+
+
+# -- the dot-product intrinsic -----------------------------------------------------------------------------------
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _dot4_kernel(rows: int, quads: int, lanes: int, pairs: bool, weight_rows: bool) -> tir.PrimFunc:
+    """`O[r, l] = sum_c dot4(X[r, 4c:4c+4], W[c, l, 0:4])` over a vectorized `l`; with `weight_rows=False` the
+    weight is `V[c, k, l]` (the four bytes of a lane 'lanes' apart: the generic interleaving path)."""
+    x = tir.Buffer("X", (rows, 4 * quads), "uint8")
+    w = tir.Buffer("W", (quads, lanes, 4) if weight_rows else (quads, 4, lanes), "int8")
+    o = tir.Buffer("O", (rows, lanes), "int32")
+    r, lane, c = tir.LoopVar("r"), tir.LoopVar("l"), tir.LoopVar("c")
+    row = [w[c, lane, k] if weight_rows else w[c, k, lane] for k in range(4)]
+    dot = te.dot4_u8s8_i32([x[r, c * 4 + k] for k in range(4)], row, pairs)
+    body = tir.seq(tir.Store(o, (r, lane), tir.IntImm(0, "int32")),
+                   tir.For(c, quads, tir.Store(o, (r, lane), o[r, lane] + dot)))
+    return tir.PrimFunc("dot4", (x, w, o), tir.For(r, rows, tir.For(lane, lanes, body, tir.ForKind.VECTORIZED)))
+
+
+@pytest.mark.parametrize("target", ["llvm", *(["llvm -mcpu=x86-64"] if X86 else [])])
+@pytest.mark.parametrize("lanes", [1, 3, 8, 13, 16, 32])
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("weight_rows", [True, False])
+def test_dot4_intrinsic_is_exact(target: str, lanes: int, pairs: bool, weight_rows: bool) -> None:
+    rows, quads = 3, 5
+    func = _dot4_kernel(rows, quads, lanes, pairs, weight_rows)
+    x = RNG.integers(0, 256, (rows, 4 * quads)).astype(np.uint8)
+    limit = 64 if pairs else 128  # |w0| + |w1| <= 128 where the pairs must fit int16
+    w = RNG.integers(-limit, limit, (quads, lanes, 4)).astype(np.int8)
+    w[0, 0] = (-limit, -limit, limit - 1, -limit)  # the extremes
+    x[0, :4] = 255
+    o = np.zeros((rows, lanes), np.int32)
+    build_llvm([func], resolve_target(target)).get("dot4")(x, w if weight_rows else w.transpose(0, 2, 1).copy(), o)
+    want = np.einsum("rck,clk->rl", x.reshape(rows, quads, 4).astype(np.int64), w.astype(np.int64))
+    np.testing.assert_array_equal(o, want)
+    np.testing.assert_array_equal(evaluate_tir(func, x, w if weight_rows else w.transpose(0, 2, 1).copy()), want)
+
+
+def evaluate_tir(func: tir.PrimFunc, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The loop-nest interpreter's output of a `_dot4_kernel`."""
+    out = np.zeros(func.params[2].shape, np.int32)
+    tir_eval.evaluate(func, x, w, out)
+    return out
+
+
+@pytest.mark.skipif(not X86, reason="x86 instructions")
+@pytest.mark.parametrize(("target", "pairs", "present", "absent"), [
+    ("llvm -mcpu=haswell", True, ("vpmaddubsw", "vpmaddwd"), ("vpdpbusd",)),
+    ("llvm -mcpu=haswell", False, ("vpmaddubsw", "vpsrlw"), ("vpdpbusd",)),   # exact: the weight's two halves
+    ("llvm -mcpu=skylake-avx512", True, ("vpmaddubsw", "zmm"), ("vpdpbusd",)),
+    ("llvm -mcpu=icelake-server", False, ("vpdpbusd",), ("vpmaddubsw",)),   # VNNI is exact
+    ("llvm -mcpu=alderlake", False, ("{vex}", "vpdpbusd"), ("vpmaddubsw",)),   # AVX-VNNI
+])
+def test_dot4_intrinsic_instructions(target: str, pairs: bool, present: tuple[str, ...],
+                                     absent: tuple[str, ...]) -> None:
+    lanes = 16 if "avx512" in target or "icelake" in target else 8
+    asm = emit_assembly([_dot4_kernel(2, 8, lanes, pairs, True)], resolve_target(target))
+    for instruction in present:
+        assert instruction in asm, instruction
+    for instruction in absent:
+        assert instruction not in asm, instruction
+
+
+# -- the packed int8 convolution -------------------------------------------------------------------------------
+
+HOST = resolve_target("llvm -num-cores=2")
+
+
+def _zero_point_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, zero: int) -> np.ndarray:
+    """`_conv` with the map padded by `zero` (the quantized zero point) instead of 0."""
+    padded = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=zero)
+    return _conv(padded, w, stride, 0)
+
+
+def _padded_conv_module(x_shape: tuple[int, ...], w: np.ndarray, stride: int, pad: int, zero: int) -> Any:
+    _, cin, h, wd = x_shape
+    cout, _, k, _ = w.shape
+    return parse_module(f'''#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {cin}, {h}, {wd}), uint8]) {{
+  %0 = nn.pad(%x, meta[relay.Constant][1], pad_width=[[0, 0], [0, 0], [{pad}, {pad}], [{pad}, {pad}]]);
+  nn.conv2d(%0, meta[relay.Constant][0], strides=[{stride}, {stride}], channels={cout}, kernel_size=[{k}, {k}],
+            out_dtype="int32")
+}}''', constants=[w, np.asarray(zero, np.uint8)])
+
+
+PACKED_CONVS = [  # cin, cout, kernel, stride, height, width, zero point, weight limit (|w| < limit)
+    (13, 19, 3, 2, 9, 11, 7, 65),      # odd channels (padded to blocks), zero-point padding, stride 2
+    (16, 24, 1, 1, 7, 5, 0, 128),      # full-range weights: the exact path
+    (8, 8, 3, 1, 5, 7, 200, 128),
+    (3, 16, 7, 2, 23, 21, 5, 65),      # an image stem: blocks of 4 channels
+    (32, 16, 1, 2, 7, 9, 0, 65),       # stride-2 1x1
+    (24, 40, 3, 1, 6, 13, 255, 65),
+]
+
+
+@pytest.mark.parametrize(("cin", "cout", "k", "stride", "h", "w", "zero", "limit"), PACKED_CONVS)
+def test_packed_int8_conv_is_exact(cin: int, cout: int, k: int, stride: int, h: int, w: int, zero: int,
+                                   limit: int) -> None:
+    weight = RNG.integers(-limit + 1, limit, (cout, cin, k, k)).astype(np.int8)
+    pad = k // 2
+    mod = _padded_conv_module((1, cin, h, w), weight, stride, pad, zero)
+    tasks = [t for t in tasks_from_module(mod, HOST) if t.family != "injective"]
+    assert [t.family for t in tasks] == ["conv2d_nchwc_int8"]
+    task = tasks[0]
+    (anchor,) = [n for n in post_order(task.func) if isinstance(n, Call) and n.op_name == INT8_CONV]
+    assert bool(anchor.attrs["pairs_fit_int16"]) == (limit <= 65)
+    # every sampled config of the space against the numpy reference, on random data and weights of the same range
+    rng = np.random.default_rng(cin * 100 + cout)
+    inputs = [rng.integers(0, 256, spec.shape).astype(np.uint8) if spec.dtype == "uint8"
+              else rng.integers(-limit + 1, limit, spec.shape).astype(np.int8)
+              for spec in task.input_specs()]
+    expected = task.reference(inputs)[0]
+    for config in [task.default_config()] + [task.space.sample(rng) for _ in range(4)]:
+        got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(config))(*inputs)
+        np.testing.assert_array_equal(got, expected, err_msg=str(config))
+    # the whole build (channel padding, layout transforms, the slice of padded output channels) against int64 numpy
+    x = RNG.integers(0, 256, (1, cin, h, w)).astype(np.uint8)
+    want = _zero_point_conv(x, weight, stride, pad, zero)
+    np.testing.assert_array_equal(build(mod, "llvm").run(x=x), want)
+    np.testing.assert_array_equal(evaluate(mod, {"x": x}), want)
+
+
+def test_pack_int8_weight_checks_pairs() -> None:
+    weight = RNG.integers(-64, 65, (8, 8, 1, 1)).astype(np.int8)
+    packed, pairs = pack_int8_weight(weight, 8, 8)
+    assert pairs and packed.shape == (1, 1, 1, 1, 2, 8, 4)
+    np.testing.assert_array_equal(unpack_int8_weight(packed), weight)
+    weight[3, 5, 0, 0], weight[3, 4, 0, 0] = 100, -29  # channels 4 and 5 are one pair: 129 > 128
+    assert not pack_int8_weight(weight, 8, 8)[1]
+
+
+def test_int8_dense_runs_as_packed_conv() -> None:
+    """An 8-bit dense product is the packed convolution over its rows (1x1 maps), exact on odd sizes."""
+    w = RNG.integers(-128, 128, (13, 37)).astype(np.int8)
+    mod = parse_module('''#[version = "0.0.5"]
+def @main(%x: Tensor[(3, 37), uint8]) -> Tensor[(3, 13), int32] {
+  nn.dense(%x, meta[relay.Constant][0], units=13, out_dtype="int32")
+}''', constants=[w])
+    assert "conv2d_nchwc_int8" in [t.family for t in tasks_from_module(mod, HOST)]
+    x = RNG.integers(0, 256, (3, 37)).astype(np.uint8)
+    np.testing.assert_array_equal(build(mod, "llvm").run(x=x), x.astype(np.int64) @ w.astype(np.int64).T)
+
+
+@pytest.mark.parametrize("reduce_range", [True, False])
+def test_default_builds_take_integer_products_whose_pairs_fit(tmp_path: Any, reduce_range: bool) -> None:
+    """At opt_level 3 QuantizedProducts rewrites a product when its int8 weight's channel pairs fit int16 (always
+    with reduce_range), and leaves the float product otherwise; the output is within one step of onnxruntime's
+    unoptimised QDQ graph (its optimised AVX2 int8 kernels saturate on full-range weights: they are not)."""
+    qmodel = _quantized(tmp_path, "conv", per_channel=False, reduce_range=reduce_range)
+    mod, _ = from_onnx(qmodel)
+    products = _integer_products(optimize(mod, opt_level=3, layout_block=8))
+    weights = [numpy_helper.to_array(t) for t in qmodel.graph.initializer if numpy_helper.to_array(t).ndim == 4]
+    fits = [pairs_fit_int16(w) for w in weights]
+    assert len(products) == len(weights) == 2
+    if reduce_range:
+        assert all(fits)
+    integer = [str(p.checked_type.dtype) == "int32" for p in products]
+    assert sorted(integer) == sorted(fits)
+    compiled = build(mod, "llvm")
+    x = _inputs(_float_model("conv"))
+    np.testing.assert_allclose(compiled.run(x=x), _session(qmodel, False).run(None, {"x": x})[0], rtol=0,
+                               atol=_output_step(qmodel) * 1.01)
+
+
+def test_requantization_divides_fold_into_the_product_scale(tmp_path: Any) -> None:
+    """The QuantizeLinear's divide right after an integer product's scale multiply becomes one multiplier: no divide
+    reads `cast(int32 sums) * m` any more (the outputs stay within one step: test_qdq_model_runs_integer_products)."""
+    mod, _ = from_onnx(_quantized(tmp_path, "conv", per_channel=True, reduce_range=True))
+    optimized = optimize(mod, opt_level=4, layout_block=8)
+
+    def reads_scaled_sums(node: Call) -> bool:
+        arg = node.args[0]
+        return (isinstance(arg, Call) and arg.op_name == "multiply" and isinstance(arg.args[0], Call)
+                and arg.args[0].op_name == "cast" and str(arg.args[0].args[0].checked_type.dtype) == "int32")
+
+    calls = [n for _, f in optimized.items() for n in post_order(f) if isinstance(n, Call)]
+    assert any(c.op_name == "multiply" and isinstance(c.args[0], Call) and c.args[0].op_name == "cast" for c in calls)
+    assert not [c for c in calls if c.op_name == "divide" and reads_scaled_sums(c)]

@@ -4,6 +4,7 @@ steps as the task's template."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from relay_tune.kernel.compute import primitive_compute
@@ -29,6 +30,11 @@ def @main(%x: Tensor[(1, 12, 9, 11), float32], %w: Tensor[(24, 4, 3, 3), float32
   nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=3, channels=24, kernel_size=[3, 3])
 }"""
 
+INT8 = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 8, 9, 11), uint8]) {
+  nn.conv2d(%x, meta[relay.Constant][0], padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3], out_dtype="int32")
+}"""
+
 
 def _tasks() -> list[RelayTuneTask]:
     tasks: list[RelayTuneTask] = []
@@ -38,6 +44,9 @@ def _tasks() -> list[RelayTuneTask]:
                 tasks += tasks_from_module(zoo.small(name), target, layout_planning=planning)
         tasks += tasks_from_module(infer_types(parse_module(NHWC)), target)
         tasks += tasks_from_module(infer_types(parse_module(GROUPED)), target)
+        # an 8-bit convolution (what QuantizedProducts makes of a QDQ model's): the packed int8 family
+        weight = np.random.default_rng(0).integers(-127, 128, (16, 8, 3, 3)).astype(np.int8)
+        tasks += tasks_from_module(infer_types(parse_module(INT8, constants=[weight])), target)
         # Winograd transforms: a 3x3 convolution on a blocked layout, forced on
         tasks += tasks_from_module(zoo.resnet(18, image=28, width=16, num_classes=10), target, layout_planning=True,
                                    winograd="on")

@@ -43,6 +43,7 @@ from relay_tune.codegen.llvm_base import (
     dtype_info,
     memory_type,
 )
+from relay_tune.codegen.llvm_dot import DotFeatures, x86_dot4
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.target import Target
@@ -170,6 +171,14 @@ class CPUCodegen(LLVMCodegenBase):
         super().__init__(module, options or codegen_options(target))
         self.target = target
         self._outlined = 0
+        self.dot_features = DotFeatures.for_target(target)
+        self.dot4_fuses_accumulator = self.dot_features.vnni
+
+    def dot4_product(self, name: str, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
+        """vpdpbusd (VNNI) or vpmaddubsw + vpmaddwd (when the intrinsic's pairs fit int16), else generic IR."""
+        fast = x86_dot4(self.builder, self.declare, self.dot_features, a, b, lanes,
+                        name == "dot4_u8s8_i32_pairs16", acc)
+        return fast if fast is not None else super().dot4_product(name, a, b, lanes, acc)
 
     # -- kernels ------------------------------------------------------------------------------------
 

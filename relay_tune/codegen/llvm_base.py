@@ -29,6 +29,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from relay_tune.codegen import affine
+from relay_tune.codegen.llvm_dot import generic_dot4
 from relay_tune.codegen.llvm_lowp import LowPrecision
 from relay_tune.codegen.llvm_math import Float32Math
 from relay_tune.errors import CompileError, UnsupportedError
@@ -966,6 +967,11 @@ class LLVMCodegenBase:
 
     def lower_binary(self, node: tir.BinaryOp) -> ir.Value:
         op = node.op
+        if op == "add" and self.dot4_fuses_accumulator and node.dtype == "int32":
+            for dot, other in ((node.b, node.a), (node.a, node.b)):
+                if isinstance(dot, tir.Call) and dot.name in tir.DOT4_INTRINSICS:
+                    # the dot product already emitted without the accumulator is left for LLVM to delete
+                    return self.lower_dot4(dot, self.cast(self.value_of(other), other.dtype, "int32"))
         if op in tir.COMPARE_OPS:
             dtype = unify_dtypes(node.a.dtype, node.b.dtype)
         else:
@@ -1202,6 +1208,8 @@ class LLVMCodegenBase:
     def lower_call(self, node: tir.Call) -> ir.Value:
         name = node.name
         dtype = node.dtype
+        if name in tir.DOT4_INTRINSICS:
+            return self.lower_dot4(node)
         info = dtype_info(dtype)
         if info.kind == "lowfloat":  # computed in float32, rounded back to the type
             wide = self.lower_call(tir.Call(name, node.args, "float32"))
@@ -1239,6 +1247,86 @@ class LLVMCodegenBase:
             math = Float32Math(b, lambda n, t: self.intrinsic(n, t))
             return self._in_float32(dtype, args, lambda v: getattr(math, name)(v[0]))
         raise CompileError(f"unknown intrinsic {name}")
+
+    # -- four-byte dot products ------------------------------------------------------------------------
+
+    dot4_fuses_accumulator = False
+    """Whether `dot4_product` adds an accumulator in the same instruction (vpdpbusd): `acc + dot4(...)` then passes
+    `acc` in instead of adding after."""
+
+    def lower_dot4(self, node: tir.Call, acc: ir.Value | None = None) -> ir.Value:
+        """`acc + dot4(a, b)` (see `tir.DOT4_INTRINSICS`) over the current vector's lanes (1 outside one)."""
+        vec = self.ctx.vector
+        lanes = vec.lanes if vec is not None else 1
+        a = self._dot4_operand(node.args[:4], lanes)
+        b = self._dot4_operand(node.args[4:], lanes)
+        if acc is not None and lanes == 1:  # the products are computed as one-lane vectors
+            acc = self.builder.insert_element(ir.Constant(ir.VectorType(I32, 1), None), acc, ir.Constant(I32, 0))
+        elif acc is not None:
+            acc = self.broadcast(acc, lanes)
+        value = self.dot4_product(node.name, a, b, lanes, acc)
+        if lanes == 1:
+            return self.builder.extract_element(value, ir.Constant(I32, 0))
+        return value
+
+    def dot4_product(self, name: str, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
+        """`<lanes x i32>` sums of the four byte products per lane of `a` (u8) and `b` (s8), plus `acc` when given;
+        targets with dot-product instructions override this."""
+        total = generic_dot4(self.builder, a, b, lanes)
+        return total if acc is None else self.builder.add(acc, total)
+
+    def _dot4_operand(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value:
+        """The four byte operands of every lane as one `<4 * lanes x i8>` vector, lane by lane."""
+        b = self.builder
+        contiguous = self._dot4_contiguous(args, lanes)
+        if contiguous is not None:
+            return contiguous
+        values = [self.value_of(arg) for arg in args]
+        if all(lanes_of(v) == 1 for v in values):
+            quad: ir.Value = ir.Constant(ir.VectorType(I8, 4), None)
+            for k, v in enumerate(values):
+                quad = b.insert_element(quad, v, ir.Constant(I32, k))
+            if lanes == 1:
+                return quad
+            word = self.broadcast(b.bitcast(quad, I32), lanes)
+            return b.bitcast(word, ir.VectorType(I8, 4 * lanes))
+        v0, v1, v2, v3 = (self.broadcast(v, lanes) for v in values)
+        pair = ir.VectorType(I32, 2 * lanes)
+        low = b.shuffle_vector(v0, v1, ir.Constant(pair, list(range(2 * lanes))))
+        high = b.shuffle_vector(v2, v3, ir.Constant(pair, list(range(2 * lanes))))
+        # byte 4l + k of the result is lane l of v_k: v0, v1 are `low[l]`, `low[n + l]`; v2, v3 the same in `high`
+        order = [lane + (k % 2) * lanes + (k // 2) * 2 * lanes for lane in range(lanes) for k in range(4)]
+        return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 4 * lanes), order))
+
+    def _dot4_contiguous(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value | None:
+        """One load of the operand bytes when the four values are consecutive elements of one buffer and the lanes
+        either share them (a 4-byte load broadcast) or step by 4 (a `4 * lanes`-byte vector load); else None."""
+        ctx = self.ctx
+        vec = ctx.vector
+        if vec is None or ctx.mask is not None or not all(isinstance(a, tir.Load) for a in args):
+            return None
+        loads: list[tir.Load] = [a for a in args if isinstance(a, tir.Load)]
+        buf = loads[0].buffer
+        if any(load.buffer is not buf for load in loads) or dtype_info(buf.dtype).itemsize != 1 \
+                or dtype_info(buf.dtype).value_bits:
+            return None
+        first = affine.flat_form(loads[0].indices, buf.shape, ctx.extents)
+        for k, load in enumerate(loads[1:], start=1):
+            step = affine.flat_form(load.indices, buf.shape, ctx.extents).plus(first, -1)
+            if not (step.is_constant and step.const == k):
+                return None
+        stride = affine.lane_stride(loads[0].indices, buf.shape, vec.var, ctx.extents)
+        if stride not in (0, 4):
+            return None
+        b = self.builder
+        pointer = self.buffer_pointer(buf)
+        varies = any(affine.contains_var(i, vec.var) for i in loads[0].indices)
+        offset = self.eval_lane0(loads[0].indices, buf) if varies else self.offset(loads[0].indices, buf)
+        address = b.gep(pointer, [offset])
+        if stride == 4:
+            return b.load(b.bitcast(address, ir.VectorType(I8, 4 * lanes).as_pointer()), align=1)
+        word = b.load(b.bitcast(address, I32.as_pointer()), align=1)
+        return b.bitcast(self.broadcast(word, lanes), ir.VectorType(I8, 4 * lanes))
 
     def _in_float32(self, dtype: str, args: list[ir.Value], emit: Callable[[list[ir.Value]], ir.Value]) -> ir.Value:
         """Compute half-precision math in float32 (as numpy does) and round the result back."""

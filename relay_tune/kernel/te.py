@@ -432,6 +432,18 @@ def power(x: ExprLike, y: ExprLike) -> PrimExpr:
     return tir.Call("pow", (a, tir.as_expr(y, a.dtype)), a.dtype)
 
 
+def dot4_u8s8_i32(a: Sequence[PrimExpr], b: Sequence[PrimExpr], pairs_fit_int16: bool = False) -> PrimExpr:
+    """`sum(a[k] * b[k] for k < 4)` in int32, `a` four uint8 values and `b` four int8 values (the dot-product
+    intrinsic, see `tir.DOT4_INTRINSICS`). `pairs_fit_int16`: the caller has checked that `a[0]*b[0] + a[1]*b[1]`
+    and `a[2]*b[2] + a[3]*b[3]` fit int16 for every value `a` can take (the b's are constants)."""
+    if len(a) != 4 or len(b) != 4:
+        raise ValueError("dot4_u8s8_i32 takes four values on each side")
+    if any(x.dtype != "uint8" for x in a) or any(x.dtype != "int8" for x in b):
+        raise ValueError("dot4_u8s8_i32 multiplies uint8 values by int8 values")
+    name = "dot4_u8s8_i32_pairs16" if pairs_fit_int16 else "dot4_u8s8_i32"
+    return tir.Call(name, (*a, *b), "int32")
+
+
 def fma(a: ExprLike, b: ExprLike, c: ExprLike) -> PrimExpr:
     x = tir.as_expr(a)
     return tir.Call("fma", (x, tir.as_expr(b, x.dtype), tir.as_expr(c, x.dtype)), x.dtype)

@@ -166,8 +166,16 @@ class Cast(PrimExpr):
 
 INTRINSICS = frozenset(
     {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "fabs", "pow", "floor", "ceil", "round",
-     "fma", "sin", "cos", "tan", "asin", "acos", "atan"}
+     "fma", "sin", "cos", "tan", "asin", "acos", "atan", *("dot4_u8s8_i32", "dot4_u8s8_i32_pairs16")}
 )
+
+DOT4_INTRINSICS = frozenset({"dot4_u8s8_i32", "dot4_u8s8_i32_pairs16"})
+"""Four-term integer dot products: `Call(name, (a0, a1, a2, a3, b0, b1, b2, b3), "int32")` is
+`a0*b0 + a1*b1 + a2*b2 + a3*b3`, exact in int32, with every `a` uint8 and every `b` int8. In a vectorized loop the
+CPU back end lowers it to one multiply-add instruction sequence over 4 bytes per lane (vpdpbusd with VNNI;
+vpmaddubsw + vpmaddwd without) when `a` and `b` are four consecutive elements of a buffer. `dot4_u8s8_i32_pairs16`
+promises more: each pair `a0*b0 + a1*b1` and `a2*b2 + a3*b3` lies in int16 (so |b0| + |b1| <= 128 suffices), which
+lets the back end use the saturating vpmaddubsw; the value is the same."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,8 @@ _INTRINSICS: dict[str, Callable[..., Any]] = {
     "asin": lambda x: math.asin(x) if -1.0 <= x <= 1.0 else math.nan,
     "acos": lambda x: math.acos(x) if -1.0 <= x <= 1.0 else math.nan,
     "atan": lambda x: math.atan(x) if x == x else math.nan,
+    "dot4_u8s8_i32": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:4], v[4:])),
+    "dot4_u8s8_i32_pairs16": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:4], v[4:])),
 }
 
 _PY_OPS = {

@@ -10,6 +10,7 @@ from relay_tune.op import (  # noqa: F401  (they register their operators)
     indexing,
     low_precision,
     nn,
+    quantized,
     recurrent,
     reduce,
     signal,

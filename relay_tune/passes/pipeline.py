@@ -57,9 +57,10 @@ def winograd_mode(winograd: str | None = None) -> str:
 def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ConvTransposeAsConv, EliminateCommonSubexpr, FoldConstant,
     QuantizedProducts, FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination, FuseOps,
-    InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts only at 4, PlanLayouts only
-    when `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The
-    FoldConstant after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
+    InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: at 3 on the products whose
+    int8 weight pairs fit int16, at 4 on all; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv
+    only when `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into
+    their blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),

@@ -26,6 +26,13 @@ transform becomes one transform from the first layout, or cancels when it leads 
   ShuffleNet's 24-channel stem into 58-channel branches: those stay NCHW). The weight is wrapped in
   `layout_transform(w, "OIHW", "OIHW{bi}i{bo}o")`: the FoldConstant after this pass packs a constant weight once at
   build time; a weight that is a model input is packed by the model on every run (still correct).
+- An 8-bit `nn.conv2d` (uint8 data, a constant int8 weight, int32 sums; what `QuantizedProducts` builds) becomes
+  `nn.contrib_conv2d_NCHWc_int8` (`relay_tune.op.quantized`): input in its block when blocked (else the full block,
+  or blocks of 4 for fewer channels than a block, zero channels appended where the block does not divide them),
+  output in the full block, the weight packed here for four-byte dot products. A zero-point `nn.pad` of its input
+  (spatial axes only) becomes the convolution's own padding with that value, so the chain stays blocked. Output
+  channels the block does not divide are computed padded and sliced off in NCHW. An 8-bit `nn.dense` (uint8 rows,
+  a constant int8 weight, int32 sums) becomes the same convolution over its rows as a batch of 1x1 maps.
 - Depthwise convolutions (groups == channels) become `OIHW1i{k}o` kernels in their input's block when `depthwise`,
   and only when their input is blocked already: a memory-bound depthwise kernel cannot win back the transform of
   its input.
@@ -61,8 +68,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from relay_tune.ir import Call, Expr, Function, IRModule, Let, TensorType, Tuple, op
+import numpy as np
+
+from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorType, Tuple, op
 from relay_tune.ir.expr import If
+from relay_tune.op.quantized import OP_NAME as INT8_CONV
+from relay_tune.op.quantized import pack_int8_weight
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
     Pass,
@@ -179,6 +190,8 @@ class _Planner:
         assert name is not None
         if name == "nn.conv2d":
             return self._conv(call)
+        if name == "nn.dense":
+            return self._int8_dense(call) if _is_int8_dense(call) else None
         if name in _POOL_OPS:
             return self._pool(call)
         if name == "concatenate":
@@ -192,6 +205,8 @@ class _Planner:
         return None
 
     def _conv(self, call: Call) -> tuple[Expr, int] | None:
+        if _is_int8_conv(call):
+            return self._int8_conv(call)
         attrs = call.attrs
         if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW":
             return None
@@ -240,6 +255,64 @@ class _Planner:
         new_attrs = attrs.with_updates(data_layout=_layout(data_block), kernel_layout=kernel_layout,
                                        out_layout=_layout(bo))
         return Call(op("nn.contrib_conv2d_NCHWc"), (x, w), new_attrs, call.span), bo
+
+    def _int8_conv(self, call: Call) -> tuple[Expr, int]:
+        """`call` (see `_is_int8_conv`) as `nn.contrib_conv2d_NCHWc_int8` (module docstring)."""
+        attrs = call.attrs
+        source, padding, pad_value = call.args[0], [int(p) for p in attrs.get("padding", (0, 0))], 0  # type: ignore[union-attr]
+        if len(padding) == 2:
+            padding = padding * 2
+        zero_point = _zero_point_pad(source)
+        if zero_point is not None and not any(padding):
+            source, (padding, pad_value) = source.args[0], zero_point  # type: ignore[union-attr]
+        data, out = _static_4d(source), _static_4d(call)
+        assert data is not None and out is not None
+        have = self.block_of(source)
+        x = self.get(source, have) if have and have % 4 == 0 else self.get(source)
+        weight = call.args[1]
+        assert isinstance(weight, Constant)
+        strides = tuple(int(s) for s in attrs.get("strides", (1, 1)))  # type: ignore[union-attr]
+        return self._int8_product(x, have if have % 4 == 0 else 0, data, out, weight.data, strides, padding,
+                                  pad_value)
+
+    def _int8_dense(self, call: Call) -> tuple[Expr, int]:
+        """An 8-bit `nn.dense` (see `_is_int8_dense`) as the int8 convolution of its rows as a batch of 1x1 maps:
+        (M, K) -> (M, K, 1, 1), whose blocked layout is a reshape, so only the weight changes."""
+        data, out, weight = tensor_type_of(call.args[0]), tensor_type_of(call), call.args[1]
+        assert data is not None and out is not None and isinstance(weight, Constant)
+        (m, k), units = (int(d) for d in data.shape), int(out.shape[1])  # type: ignore[arg-type]
+        x = call_op("reshape", self.get(call.args[0]), newshape=(m, k, 1, 1))
+        maps = TensorType((m, k, 1, 1), "uint8"), TensorType((m, units, 1, 1), "int32")
+        product, block = self._int8_product(x, 0, *maps, weight.data.reshape(units, k, 1, 1), (1, 1),
+                                            [0, 0, 0, 0], 0)
+        return call_op("reshape", self.in_plain(product, block), newshape=(m, units)), 0
+
+    def in_plain(self, value: Expr, block: int) -> Expr:
+        """A rewritten value stored in `block`, in the original layout."""
+        return _transform(value, _layout(block), PLAIN) if block else value
+
+    def _int8_product(self, x: Expr, have: int, data: TensorType, out: TensorType, weight: np.ndarray,
+                      strides: tuple[int, ...], padding: list[int], pad_value: int) -> tuple[Expr, int]:
+        """The int8 blocked convolution of `x` (NCHW `data`, or already in `NCHW{have}c`) by an OIHW int8 `weight`
+        into `out`, and its block (0 where output channels were padded and sliced off in NCHW)."""
+        c_in, c_out = _channels(data), _channels(out)
+        if have:
+            bi = have
+        else:
+            bi = self.block if c_in >= self.block else 4
+            if c_in % bi:  # zero channels up to a whole block (their weights are zero too)
+                x = call_op("nn.pad", x, Constant(np.asarray(0, dtype=np.uint8)),
+                            pad_width=[[0, 0], [0, -c_in % bi], [0, 0], [0, 0]])
+            x = _transform(x, PLAIN, _layout(bi))
+        bo = self.block
+        packed, pairs = pack_int8_weight(weight, bi, bo)
+        conv: Expr = call_op(INT8_CONV, x, Constant(packed), strides=strides, padding=tuple(padding),
+                             pad_value=int(pad_value), pairs_fit_int16=pairs)
+        if c_out % bo == 0:
+            return conv, bo
+        n, _, h, w = (int(d) for d in out.shape)  # type: ignore[arg-type]
+        plain = _transform(conv, _layout(bo), PLAIN)
+        return call_op("strided_slice", plain, begin=[0, 0, 0, 0], end=[n, c_out, h, w]), 0
 
     def _pool(self, call: Call) -> tuple[Expr, int] | None:
         attrs = call.attrs
@@ -334,6 +407,45 @@ class _Planner:
 
 
 
+def _is_int8_conv(call: Call) -> bool:
+    """An `nn.conv2d` the int8 blocked convolution computes: NCHW uint8 data, a constant OIHW int8 weight, int32
+    sums, groups and dilation 1, static shapes."""
+    attrs = call.attrs
+    if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW" \
+            or attrs.get("out_layout") not in ("", "NCHW", None) or int(attrs.get("groups", 1)) != 1:  # type: ignore[arg-type]
+        return False
+    if any(int(d) != 1 for d in attrs.get("dilation", (1, 1))):  # type: ignore[union-attr]
+        return False
+    data, out, weight = _static_4d(call.args[0]), _static_4d(call), call.args[1]
+    return (data is not None and out is not None and data.dtype == "uint8" and out.dtype == "int32"
+            and isinstance(weight, Constant) and weight.data.dtype == np.int8 and weight.data.ndim == 4)
+
+
+def _is_int8_dense(call: Call) -> bool:
+    """An `nn.dense` of uint8 rows (M, K) by a constant int8 weight (N, K) into int32 sums."""
+    data, out, weight = tensor_type_of(call.args[0]), tensor_type_of(call), call.args[1]
+    return (call.op_name == "nn.dense" and data is not None and out is not None and data.ndim == 2
+            and data.dtype == "uint8" and out.dtype == "int32" and isinstance(weight, Constant)
+            and weight.data.dtype == np.int8 and weight.data.ndim == 2)
+
+
+def _zero_point_pad(node: Expr) -> tuple[list[int], int] | None:
+    """(top, left, bottom, right) and the value of an `nn.pad` of a 4-D tensor on its spatial axes only, with a
+    constant value; None for anything else."""
+    if not (isinstance(node, Call) and node.op_name == "nn.pad" and len(node.args) == 2):
+        return None
+    value = node.args[1]
+    widths = node.attrs.get("pad_width")
+    mode = str(node.attrs.get("pad_mode", "constant"))
+    if not isinstance(value, Constant) or value.data.size != 1 or mode != "constant" or widths is None \
+            or len(widths) != 4:  # type: ignore[arg-type]
+        return None
+    (n0, n1), (c0, c1), (t, b), (left, r) = ((int(a), int(z)) for a, z in widths)  # type: ignore[union-attr, misc]
+    if n0 or n1 or c0 or c1 or min(t, b, left, r) < 0:
+        return None
+    return [t, left, b, r], int(value.data.reshape(()))
+
+
 def _transform(value: Expr, src: str, dst: str) -> Expr:
     """`layout_transform(value, src, dst)`. When `value` is itself a transform from layout A, what it transformed
     from (A == dst) or one transform A -> dst (NCHW -> NCHW16c -> NCHW8c becomes NCHW -> NCHW8c): no value is
@@ -355,7 +467,10 @@ def _plannable(func: Function, planner: _Planner) -> bool:
             return False
         if isinstance(node, Call) and node.op_name == "nn.conv2d":
             out = _static_4d(node)
-            worth = worth or (out is not None and planner.block_for(_channels(out)) > 0)
+            # an 8-bit convolution is always worth it: the packed int8 kernel is the fast one at any channel count
+            worth = worth or (out is not None and planner.block_for(_channels(out)) > 0) or _is_int8_conv(node)
+        if isinstance(node, Call) and node.op_name == "nn.dense":
+            worth = worth or _is_int8_dense(node)
     return worth
 
 

@@ -16,8 +16,10 @@ product becomes
 
 Zero-point padding is explicit (`nn.pad` with value `zx`, the quantized zero) so the convolution itself pads with
 nothing; the correction `zx * sum(Wq)` per output channel is a constant. The requantization that follows (the
-QuantizeLinear's divide, round, add, clip, cast) is left as it is: FuseOps fuses it, with the scale multiply and the
-bias, into the integer product's kernel as its epilogue, and the next product reads the uint8 tensor directly.
+QuantizeLinear's divide, round, add, clip, cast) stays, except that a divide directly after the scale multiply is
+folded into it (`cast(acc) * (sx * s_c / sy)`, one multiplier as in onnxruntime's requantization): FuseOps fuses it,
+with the bias, into the integer product's kernel as its epilogue, and the next product reads the uint8 tensor
+directly.
 
 The int32 products the importer builds for ConvInteger, QLinearConv and MatMulInteger (`(cast(q, "int32") - zq)`
 times a constant int32 weight) are narrowed the same way when the weight's values fit int8: the product reads the
@@ -25,6 +27,14 @@ times a constant int32 weight) are narrowed the same way when the weight's value
 
 The result differs from the float graph only by float rounding (the integer sums are exact where the float
 convolution rounds), well inside one quantization step.
+
+Which products: at opt_level 4 every one it recognizes; at opt_level 3 (the default builds) those whose int8
+weight has every pair of consecutive input channels within |w0| + |w1| <= 128 (onnxruntime's `reduce_range`
+weights, |w| <= 64, always do). Layout planning turns the integer products into the packed int8 convolution
+(`relay_tune.op.quantized`), whose pairs then never saturate AVX2's vpmaddubsw: one multiply-add sequence per four
+bytes, faster than the float products. Full-range weights take the exact path there (two vpmaddubsw on the
+weight's halves, or vpdpbusd with VNNI), which on AVX2 is no faster than float FMAs, so float keeps them
+by default (`python -m experiments int8`, with and without `--reduce-range`, measures both).
 """
 
 from __future__ import annotations
@@ -152,6 +162,16 @@ def recover_int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray] | N
     return None
 
 
+def pairs_fit_int16(q_weight: np.ndarray) -> bool:
+    """Whether every pair of consecutive input channels (axis 1: channels 2j and 2j + 1) of an int8 weight has
+    |w0| + |w1| <= 128 at every output channel and tap: vpmaddubsw's int16 pair sums of uint8 data then never
+    saturate (the packed int8 kernel pairs the channels so)."""
+    w = np.abs(q_weight.astype(np.int32))
+    if w.shape[1] % 2:
+        w = np.concatenate([w, np.zeros_like(w[:, :1])], axis=1)
+    return bool((w[:, 0::2] + w[:, 1::2]).max(initial=0) <= 128)
+
+
 def _integer_conv(call: Call, dq: Dequantized, q_weight: np.ndarray) -> Expr | None:
     attrs = call.attrs
     layouts = (str(attrs.get("data_layout", "NCHW")), str(attrs.get("kernel_layout", "OIHW")),
@@ -185,14 +205,15 @@ def _integer_dense(call: Call, dq: Dequantized, q_weight: np.ndarray) -> Expr:
     return acc
 
 
-def integer_product(call: Call, rebuilt: Call | None = None) -> Expr | None:
+def integer_product(call: Call, rebuilt: Call | None = None, fitting_pairs_only: bool = False) -> Expr | None:
     """The integer form of `call` (a typed `nn.conv2d` or `nn.dense` of dequantized data and an int8-grid float
     weight, float32 out), built on the arguments of `rebuilt` (a copy of `call` with rewritten arguments; `call`
-    itself when None), or None when `call` is not one."""
+    itself when None), or None when `call` is not one (or, with `fitting_pairs_only`, when its weight's pairs do
+    not fit int16: see `pairs_fit_int16`)."""
     if call.op_name not in ("nn.conv2d", "nn.dense"):
         return None
     if _dtype(call) == "int32":
-        return _narrowed_product(call, rebuilt or call)
+        return _narrowed_product(call, rebuilt or call, fitting_pairs_only)
     if _dtype(call) != "float32" or str(call.attrs.get("out_dtype") or "float32") != "float32":
         return None
     dq = match_dequantized(call.args[0])
@@ -206,6 +227,8 @@ def integer_product(call: Call, rebuilt: Call | None = None) -> Expr | None:
     if recovered is None:
         return None
     q_weight, scales = recovered
+    if fitting_pairs_only and not pairs_fit_int16(q_weight):
+        return None
     dq = dq.on((rebuilt or call).args[0])
     acc = _integer_conv(call, dq, q_weight) if call.op_name == "nn.conv2d" else _integer_dense(call, dq, q_weight)
     if acc is None:
@@ -216,7 +239,7 @@ def integer_product(call: Call, rebuilt: Call | None = None) -> Expr | None:
     return call_op("multiply", call_op("cast", acc, dtype="float32"), Constant(multiplier))
 
 
-def _narrowed_product(call: Call, rebuilt: Call) -> Expr | None:
+def _narrowed_product(call: Call, rebuilt: Call, fitting_pairs_only: bool) -> Expr | None:
     """An int32 product of widened 8-bit operands (`(cast(q) - zq) * (w - zw)` with `w - zw` an int32 constant)
     on the 8-bit operands themselves, when the weight's values fit int8."""
     dq = match_widened(call.args[0])
@@ -228,8 +251,29 @@ def _narrowed_product(call: Call, rebuilt: Call) -> Expr | None:
     if weight.data.size and (weight.data.min() < -128 or weight.data.max() > 127):
         return None
     q_weight = weight.data.astype(np.int8)
+    if fitting_pairs_only and not pairs_fit_int16(q_weight):
+        return None
     dq = dq.on(rebuilt.args[0])
     return _integer_conv(call, dq, q_weight) if call.op_name == "nn.conv2d" else _integer_dense(call, dq, q_weight)
+
+
+def _fold_requantize_divide(call: Call, scaled: set[int]) -> Expr | None:
+    """`cast(acc) * (m / s)` for `divide(cast(acc) * m, s)` with `s` a positive scalar constant, where `cast(acc) * m`
+    is an integer product built here: the QuantizeLinear that follows a product divides by its output scale, and one
+    multiplier is what onnxruntime's requantization applies too (a float division per output element cost about as
+    much as a 64-channel 1x1 convolution's products). Rounding can differ from the division's only at ties of the
+    following `round`, within one quantization step."""
+    if call.op_name != "divide" or id(call.args[0]) not in scaled:
+        return None
+    divisor = _scalar(call.args[1])
+    product = call.args[0]
+    if divisor is None or not divisor > 0 or not isinstance(product, Call):
+        return None
+    multiplier = product.args[1]
+    if not isinstance(multiplier, Constant):
+        return None
+    folded = (multiplier.data.astype(np.float64) / divisor).astype(np.float32)
+    return call_op("multiply", product.args[0], Constant(folded))
 
 
 @register_pass
@@ -239,23 +283,29 @@ class QuantizedProducts(Pass):
     (see the module docstring)."""
 
     name: ClassVar[str] = "QuantizedProducts"
-    # Opt-in (opt_level=4): the integer results are exact, as onnxruntime's int8 kernels are, but on the current
-    # templates (no pmaddubsw-style packing) they run slower than the float products with the weights
-    # dequantized at build time, which is what opt_level 3 builds.
-    opt_level: ClassVar[int] = 4
+    # At opt_level 3 only the products whose weight pairs fit int16 (see the module docstring: measured faster than
+    # the float products on AVX2); every product from opt_level 4 on.
+    opt_level: ClassVar[int] = 3
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
-        new_mod, changed = map_functions(mod, self._rewrite_function)
+        fitting_only = config.opt_level < 4
+        new_mod, changed = map_functions(mod, lambda f: self._rewrite_function(f, fitting_only))
         return retype(new_mod, changed)
 
-    def _rewrite_function(self, func: Function) -> Function:
+    def _rewrite_function(self, func: Function, fitting_pairs_only: bool) -> Function:
+        scaled: set[int] = set()  # ids of the `cast(acc) * multiplier` expressions built here
+
         def visit(orig: Expr, new: Expr) -> Expr:
             # match on the typed original (its arguments carry checked types); rebuild from the new arguments
             if isinstance(orig, Call) and isinstance(new, Call):
-                rewritten = integer_product(orig, new)
+                rewritten = integer_product(orig, new, fitting_pairs_only)
                 if rewritten is not None:
+                    scaled.add(id(rewritten))
                     return rewritten
+                folded = _fold_requantize_divide(new, scaled)
+                if folded is not None:
+                    return folded
             return new
 
         result = rewrite_dataflow(func, visit)

@@ -19,6 +19,7 @@ by side, registered in one table.
 | `conv2d_nhwc`            | `channel_last` | NHWC convolutions                                                   |
 | `depthwise_conv2d_nchw`  | `depthwise`    | NCHW depthwise convolutions                                         |
 | `conv2d_nchwc`           | `conv2d_nchwc` | `nn.contrib_conv2d_NCHWc` (channel-blocked layouts)                 |
+| `conv2d_nchwc_int8`      | `conv2d_nchwc_int8` | `nn.contrib_conv2d_NCHWc_int8` (u8 x s8, packed for dot products) |
 | `depthwise_conv2d_nchwc` | `depthwise`    | depthwise convolutions on channel-blocked layouts                   |
 | `reduction`              | `reduction`    | every other reduction: pooling, softmax, normalisations, ...        |
 
@@ -37,6 +38,7 @@ from search_space.families.channel_last import CONV2D_NCHW_CL, CONV2D_NHWC
 from search_space.families.common import Family, anchor_stage
 from search_space.families.conv2d_nchw import CONV2D_NCHW
 from search_space.families.conv2d_nchwc import CONV2D_NCHWC
+from search_space.families.conv2d_nchwc_int8 import CONV2D_NCHWC_INT8
 from search_space.families.dense import BATCH_MATMUL, DENSE
 from search_space.families.depthwise import DEPTHWISE_CONV2D_NCHW, DEPTHWISE_CONV2D_NCHWC
 from search_space.families.group_conv import GROUP_CONV2D_NCHW
@@ -48,7 +50,7 @@ __all__ = ["FAMILIES", "FAMILY_TABLE", "Family", "family_for", "family_named", "
 
 FAMILY_TABLE: tuple[Family, ...] = (
     WINOGRAD, INJECTIVE, DENSE, BATCH_MATMUL, CONV2D_NCHW, GROUP_CONV2D_NCHW, CONV2D_NCHW_CL, CONV2D_NHWC,
-    DEPTHWISE_CONV2D_NCHW, CONV2D_NCHWC, DEPTHWISE_CONV2D_NCHWC, REDUCTION,
+    DEPTHWISE_CONV2D_NCHW, CONV2D_NCHWC, CONV2D_NCHWC_INT8, DEPTHWISE_CONV2D_NCHWC, REDUCTION,
 )
 """Every CPU family, in the order `family_for` asks them."""
 

@@ -1,0 +1,159 @@
+"""The four-term uint8 x int8 dot products (`tir.DOT4_INTRINSICS`) as LLVM IR.
+
+Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result (`n` lanes). Three lowerings:
+
+- `vpdpbusd` (AVX512-VNNI, AVX-VNNI): one instruction per register of lanes, exact, and it adds into the
+  accumulator itself;
+- `vpmaddubsw` + `vpmaddwd` with ones (SSSE3 / AVX2 / AVX512BW): the first multiplies bytes and sums pairs into
+  int16 with saturation, so it runs once for `dot4_u8s8_i32_pairs16`, whose pairs the caller proved to fit, and
+  twice for `dot4_u8s8_i32`, on the two halves of the weight bytes (`b >> 1` and the rest: each in [-64, 64]);
+- generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact.
+
+The x86 forms work on whole registers: the operand bytes are padded with zeros to a multiple of the register (a
+zero byte adds nothing) and the lanes of the result taken back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+
+from relay_tune.target import Target
+
+I8 = ir.IntType(8)
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+
+Declare = Callable[[str, ir.Type, list[ir.Type]], ir.Function]
+
+
+@dataclass(frozen=True)
+class DotFeatures:
+    """What the target offers for byte dot products: register width in bytes and the instruction sets."""
+
+    register_bytes: int = 16
+    vnni: bool = False  # vpdpbusd at `register_bytes` (AVX512-VNNI with the width's AVX-512 parts, or AVX-VNNI)
+    pmaddubsw: bool = False  # vpmaddubsw / vpmaddwd at `register_bytes` (SSSE3, AVX2, AVX512BW)
+
+    @staticmethod
+    def for_target(target: Target) -> DotFeatures:
+        """The features of an LLVM CPU target: its listed features, or those its CPU name implies."""
+        implied = _IMPLIED.get(target.mcpu, frozenset())
+
+        def has(name: str) -> bool:
+            if f"-{name}" in target.mattr:
+                return False
+            return target.has_feature(name) or name in implied
+
+        vector_bits = target.vector_bits
+        if vector_bits >= 512 and has("avx512bw"):
+            return DotFeatures(64, has("avx512vnni"), True)
+        if vector_bits >= 256 and has("avx2"):
+            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True)
+        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"))
+
+
+def _cpus(names: str, features: str) -> dict[str, frozenset[str]]:
+    return {name: frozenset(features.split()) for name in names.split()}
+
+
+# Byte dot-product features of CPUs named without a feature list (`llvm -mcpu=icelake-server`); targets built from
+# the host (`Target.host()`) list their features and need no table.
+_IMPLIED: dict[str, frozenset[str]] = {
+    **_cpus("skylake-avx512 x86-64-v4", "avx512bw avx512vl"),
+    **_cpus("cascadelake cooperlake icelake-client icelake-server tigerlake rocketlake znver4 znver5",
+            "avx512bw avx512vl avx512vnni"),
+    **_cpus("sapphirerapids emeraldrapids graniterapids graniterapids-d diamondrapids",
+            "avx512bw avx512vl avx512vnni avxvnni"),
+    **_cpus("alderlake raptorlake meteorlake arrowlake arrowlake-s lunarlake pantherlake gracemont sierraforest "
+            "grandridge clearwaterforest", "avxvnni"),
+}
+
+
+def _vector(element: ir.Type, lanes: int) -> ir.VectorType:
+    return ir.VectorType(element, lanes)
+
+
+def _pick(builder: ir.IRBuilder, value: ir.Value, indices: list[int]) -> ir.Value:
+    """Elements of `value` at `indices`; an index past its end reads zero."""
+    size = value.type.count
+    zero = ir.Constant(value.type, None)
+    mask = ir.Constant(_vector(I32, len(indices)), [i if i < size else size for i in indices])
+    return builder.shuffle_vector(value, zero, mask)
+
+
+def generic_dot4(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: int) -> ir.Value:
+    """`<lanes x i32>` sums of four u8 x s8 products, exact, as plain integer IR."""
+    wide = _vector(I32, 4 * lanes)
+    products = builder.mul(builder.zext(a, wide), builder.sext(b, wide))
+    total: ir.Value | None = None
+    for k in range(4):
+        term = _pick(builder, products, [4 * lane + k for lane in range(lanes)])
+        total = term if total is None else builder.add(total, term)
+    assert total is not None
+    return total
+
+
+def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: ir.Value, b: ir.Value, lanes: int,
+             pairs_fit_int16: bool, acc: ir.Value | None) -> ir.Value | None:
+    """`acc + dot` (`acc` may be None) with vpdpbusd or vpmaddubsw + vpmaddwd on whole registers, or None when the
+    target has neither for this intrinsic (the caller then lowers it generically)."""
+    if not (features.vnni or features.pmaddubsw):
+        return None
+    if not features.vnni and not pairs_fit_int16:
+        # b = high + low with high = b >> 1 (arithmetic) and low = b - high, both in [-64, 64]: every pair of either
+        # half has |w0| + |w1| <= 128, so two saturating products are exact. The halves of a weight row are
+        # computed once per row (the tile's columns share the row, and LLVM merges the copies).
+        high = builder.ashr(b, ir.Constant(b.type, [1] * b.type.count))
+        low = builder.sub(b, high)
+        first = x86_dot4(builder, declare, features, a, high, lanes, True, acc)
+        return x86_dot4(builder, declare, features, a, low, lanes, True, first)
+    total_bytes = 4 * lanes
+    width = 16
+    while width < total_bytes and width < features.register_bytes:
+        width *= 2
+    chunks = -(-total_bytes // width)
+    per = width // 4  # int32 lanes per register
+    pieces: list[ir.Value] = []
+    for chunk in range(chunks):
+        span = list(range(chunk * width, (chunk + 1) * width))
+        ca, cb = _pick(builder, a, span), _pick(builder, b, span)
+        cacc = None
+        if acc is not None:
+            cacc = _pick(builder, acc, list(range(chunk * per, (chunk + 1) * per)))
+        if features.vnni:
+            pieces.append(_vpdpbusd(builder, declare, ca, cb, cacc, width))
+            continue
+        pairs = builder.call(declare(_PMADDUBSW[width], _vector(I16, width // 2), [ca.type, cb.type]), [ca, cb])
+        ones = ir.Constant(_vector(I16, width // 2), [1] * (width // 2))
+        sums = builder.call(declare(_PMADDWD[width], _vector(I32, per), [pairs.type, pairs.type]), [pairs, ones])
+        pieces.append(sums if cacc is None else builder.add(cacc, sums))
+    while len(pieces) > 1:  # concatenate the registers' lanes, pairs of equal width at a time
+        if len(pieces) % 2:
+            pieces.append(ir.Constant(pieces[0].type, None))
+        size = pieces[0].type.count
+        joined = ir.Constant(_vector(I32, 2 * size), list(range(2 * size)))
+        pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], joined) for i in range(0, len(pieces), 2)]
+    result = pieces[0]
+    if result.type.count != lanes:
+        result = _pick(builder, result, list(range(lanes)))
+    return result
+
+
+_PMADDUBSW = {16: "llvm.x86.ssse3.pmadd.ub.sw.128", 32: "llvm.x86.avx2.pmadd.ub.sw",
+              64: "llvm.x86.avx512.pmaddubs.w.512"}
+_PMADDWD = {16: "llvm.x86.sse2.pmadd.wd", 32: "llvm.x86.avx2.pmadd.wd", 64: "llvm.x86.avx512.pmaddw.d.512"}
+
+
+def _vpdpbusd(builder: ir.IRBuilder, declare: Declare, a: ir.Value, b: ir.Value, acc: ir.Value | None,
+              width: int) -> ir.Value:
+    """vpdpbusd over one register: `acc` plus the four-byte dot products of every int32 lane (exact)."""
+    per = width // 4
+    acc_type = _vector(I32, per)
+    if acc is None:
+        acc = ir.Constant(acc_type, None)
+    # LLVM 22 declares the byte operands as `<4n x i8>` (earlier versions as `<n x i32>`)
+    fn = declare(f"llvm.x86.avx512.vpdpbusd.{width * 8}", acc_type, [acc_type, a.type, b.type])
+    return builder.call(fn, [acc, a, b])

@@ -1,0 +1,143 @@
+"""`nn.contrib_conv2d_NCHWc_int8`: a uint8 x int8 -> int32 convolution on channel-blocked layouts with the weight
+packed for four-byte dot products.
+
+    data    (N, C / bi, H, W, bi)                     uint8, `NCHW{bi}c`, bi a multiple of 4
+    weight  (O / bo, C / bi, KH, KW, bi / 4, bo, 4)   int8: input channel `ci` of block `cb` and output channel
+                                                      `o` at `[o // bo, cb, kh, kw, ci // 4, o % bo, ci % 4]`
+    output  (N, O / bo, OH, OW, bo)                   int32, `NCHW{bo}c`
+
+Four consecutive input channels of one pixel are one 32-bit value, broadcast to every output lane; the weight row
+of those four channels for `bo` output channels is `4 * bo` contiguous bytes, so one step of the reduction is one
+dot-product instruction sequence per register of output lanes (`tir.DOT4_INTRINSICS`). The sums are exact.
+
+Attributes: `strides`, `padding` (top, left, bottom, right) filled with `pad_value` (the data's zero point: the
+padding of the float convolution this stands for is the quantized zero), `pairs_fit_int16` (every weight pair
+`w[.., 2j]`, `w[.., 2j + 1]` of a quad has |w0| + |w1| <= 128, so the saturating vpmaddubsw is exact; checked by
+`pack_int8_weight`, which also packs the weight at build time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from relay_tune.errors import RelayTypeError
+from relay_tune.ir.attrs import Attrs
+from relay_tune.ir.types import ANY, TensorType, Type
+from relay_tune.op.nn import _ints, _padding, _tensor_arg, fmt_shape
+from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
+
+OP_NAME = "nn.contrib_conv2d_NCHWc_int8"
+PAIR_LIMIT = 128
+"""|w0| + |w1| <= 128 keeps `255 * (|w0| + |w1|)` inside int16: vpmaddubsw's pair sums never saturate."""
+
+register_op(
+    OP_NAME, 2, OpPattern.OUT_ELEMWISE_FUSABLE,
+    {"strides": (1, 1), "padding": (0, 0, 0, 0), "pad_value": 0, "pairs_fit_int16": False},
+    "relay.attrs.Conv2DInt8Attrs",
+    description="uint8 x int8 -> int32 conv2d on NCHW[x]c data with a weight packed for 4-byte dot products",
+)
+
+
+def pack_int8_weight(weight: np.ndarray, bi: int, bo: int) -> tuple[np.ndarray, bool]:
+    """An OIHW int8 weight packed as `(O / bo, I / bi, KH, KW, bi / 4, bo, 4)`, with zeros appended to its output
+    and input channels up to multiples of `bo` and `bi`; and whether every pair of a quad satisfies
+    |w0| + |w1| <= PAIR_LIMIT."""
+    if bi % 4:
+        raise ValueError(f"the input channel block {bi} is not a multiple of 4")
+    o, i, kh, kw = weight.shape
+    full = np.zeros((-(-o // bo) * bo, -(-i // bi) * bi, kh, kw), dtype=np.int8)
+    full[:o, :i] = weight
+    ob, cb = full.shape[0] // bo, full.shape[1] // bi
+    packed = full.reshape(ob, bo, cb, bi // 4, 4, kh, kw).transpose(0, 2, 5, 6, 3, 1, 4)
+    pairs = np.abs(packed.astype(np.int32)).reshape(*packed.shape[:-1], 2, 2).sum(axis=-1)
+    return np.ascontiguousarray(packed), bool(pairs.max(initial=0) <= PAIR_LIMIT)
+
+
+def unpack_int8_weight(packed: np.ndarray) -> np.ndarray:
+    """The OIHW weight of a packed one (channels as packed, padding included)."""
+    ob, cb, kh, kw, q, bo, four = packed.shape
+    return packed.transpose(0, 5, 1, 4, 6, 2, 3).reshape(ob * bo, cb * q * four, kh, kw)
+
+
+@type_relation(OP_NAME)
+def conv2d_nchwc_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    data = _tensor_arg(arg_types[0], OP_NAME, "data")
+    weight = _tensor_arg(arg_types[1], OP_NAME, "weight")
+    if data.dtype != "uint8" or weight.dtype != "int8":
+        raise RelayTypeError(f"needs uint8 data and an int8 weight, got {data.dtype} and {weight.dtype}",
+                             op_name=OP_NAME)
+    if data.ndim != 5 or weight.ndim != 7:
+        raise RelayTypeError(f"needs 5-D data (N, C/b, H, W, b) and a 7-D packed weight, got "
+                             f"{fmt_shape(data.shape)} and {fmt_shape(weight.shape)}", op_name=OP_NAME)
+    n, cb, h, w, bi = data.shape
+    ob, wcb, kh, kw, quads, bo, four = weight.shape
+    if (bi is not ANY and (bi % 4 or (quads is not ANY and quads * 4 != bi))) or four != 4 \
+            or (cb is not ANY and wcb is not ANY and cb != wcb):
+        raise RelayTypeError(f"data {fmt_shape(data.shape)} and packed weight {fmt_shape(weight.shape)} do not "
+                             "match: the weight must be (O/bo, C/bi, KH, KW, bi/4, bo, 4)", op_name=OP_NAME)
+    sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
+    (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
+    if sh < 1 or sw < 1:
+        raise RelayTypeError(f"strides must be >= 1, got {[sh, sw]}", op_name=OP_NAME)
+    if h is ANY or w is ANY or kh is ANY or kw is ANY:
+        return TensorType((n, ob, ANY, ANY, bo), "int32")
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    if oh < 1 or ow < 1:
+        raise RelayTypeError(f"the {kh}x{kw} kernel does not fit the padded {h}x{w} map", op_name=OP_NAME)
+    return TensorType((n, ob, oh, ow, bo), "int32")
+
+
+@reference(OP_NAME)
+def conv2d_nchwc_int8_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndarray:
+    data, packed = inputs
+    n, cb, h, w, bi = data.shape
+    weight = unpack_int8_weight(packed).astype(np.int64)
+    o, _, kh, kw = weight.shape
+    x = data.transpose(0, 1, 4, 2, 3).reshape(n, cb * bi, h, w).astype(np.int64)
+    sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
+    (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
+    x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=int(attrs["pad_value"]))  # type: ignore[arg-type]
+    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+    out = np.einsum("ncyxhw,ochw->noyx", windows, weight, optimize=True)
+    bo = packed.shape[5]
+    oh, ow = out.shape[2:]
+    return out.reshape(n, o // bo, bo, oh, ow).transpose(0, 1, 3, 4, 2).astype(np.int32)
+
+
+# ================================================================================================
+# Tensor-expression compute
+# ================================================================================================
+# Imported here, not at the top: the kernel layer is only needed once kernels are built.
+from relay_tune.kernel import te, tir  # noqa: E402
+from relay_tune.kernel.compute_blocks import LayoutMap, const_expr, named, static_shape  # noqa: E402
+from relay_tune.op.nn import _pad_axes  # noqa: E402
+from relay_tune.op.registry import compute  # noqa: E402
+
+TAG = "conv2d_nchwc_int8"
+
+
+@compute(OP_NAME)
+def _conv2d_nchwc_int8_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """Sums over `(rcb, rh, rw, rq)`: channel blocks, kernel taps, quads of a block; each step one dot product of
+    the quad `x[n, rcb, iy, ix, 4 rq : 4 rq + 4]` with `w[f, rcb, rh, rw, rq, c, 0:4]`."""
+    data, weight = inputs
+    sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
+    (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
+    fill = const_expr(int(attrs["pad_value"]), "uint8")  # type: ignore[arg-type]
+    padded = _pad_axes(data, {2: (pt, pb), 3: (pl, pr)}, fill, LayoutMap.parse(f"NCHW{data.shape[4]}c"))
+    _, cb, kh, kw, quads, _, _ = weight.shape
+    rcb, rh, rw, rq = (te.reduce_axis(cb, "rcb"), te.reduce_axis(kh, "rh"), te.reduce_axis(kw, "rw"),
+                       te.reduce_axis(quads, "rq"))
+    pairs = bool(attrs["pairs_fit_int16"])
+
+    def body(b: tir.PrimExpr, f: tir.PrimExpr, y: tir.PrimExpr, x: tir.PrimExpr, c: tir.PrimExpr) -> tir.PrimExpr:
+        iy = (y * sh if sh != 1 else y) + rh
+        ix = (x * sw if sw != 1 else x) + rw
+        quad = [padded[b, rcb, iy, ix, rq * 4 + k] for k in range(4)]
+        row = [weight[f, rcb, rh, rw, rq, c, k] for k in range(4)]
+        return te.sum(te.dot4_u8s8_i32(quad, row, pairs), axis=[rcb, rh, rw, rq])
+
+    shape = static_shape(out_type, "output")
+    return te.compute(shape, named(["n", "oc", "oh", "ow", "oc_i"], body), "conv", TAG)
