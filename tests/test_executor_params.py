@@ -140,3 +140,28 @@ def test_a_record_slower_in_the_graph_than_the_default_is_not_used(monkeypatch: 
     np.testing.assert_allclose(strict.run(x), want, rtol=1e-4, atol=1e-4)
     # without logs there is nothing to check: a plain build
     assert "tuned_check" not in relay_tune.build(mod, ONE_CORE, params={"w": w}, check_tuned=True).build_info
+
+
+def test_the_end_to_end_choice_follows_the_medians_it_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay_tune.compile.check_tuned as check_tuned
+
+    mod = parse_module(SLOW_DENSE)
+    w = (0.1 * np.random.default_rng(4).standard_normal((256, 256))).astype("float32")
+
+    def lookup(key: str, _target: object) -> list[object] | None:
+        return []
+
+    def in_graph_seconds(models: tuple[object, object], *_args: object, **_kwargs: object) -> list[dict[str, float]]:
+        tuned, default = models
+        return [{t.key: 1e-3 for t in tuned.plan.tasks}, {t.key: 1e-3 for t in default.plan.tasks}]  # type: ignore[attr-defined]
+
+    def end_to_end(default: object, tuned: object, _inputs: object, rounds: int) -> LatencyComparison:
+        # the records' build is faster by its medians (0.8 against 1 ms); one lucky default sample is faster still
+        return LatencyComparison(((1e-3, 1e-3, 0.4e-3),) * rounds, ((0.8e-3,) * 3,) * rounds)
+
+    monkeypatch.setattr(check_tuned, "interleaved_task_seconds", in_graph_seconds)
+    monkeypatch.setattr(check_tuned, "compare_latency", end_to_end)
+    checked = relay_tune.build(mod, ONE_CORE, params={"w": w}, logs=lookup, check_tuned=True)
+    report = checked.build_info["tuned_check"]
+    assert not report["kept_default"]
+    assert report["tuned_e2e_s"] == pytest.approx(0.8e-3) and report["default_e2e_s"] == pytest.approx(1e-3)

@@ -66,7 +66,9 @@ def check_tuned_records(
     result = _without_records(mod, target, params, logs, opt_level, slower, relaxed) if slower else tuned
     # End to end: tuned <= default, measured here rather than assumed from the per-task sums.
     timed = compare_latency(default, result, inputs, rounds=max(rounds, 9))
-    kept_default = (min(s for r in timed.candidate for s in r) > min(s for r in timed.baseline for s in r))
+    # The medians decide, the statistic the tuner prints: deciding by the fastest samples once kept the default
+    # build beside a printed "records 1.46x faster" (one lucky default sample on a busy host).
+    kept_default = timed.candidate_s > timed.baseline_s
     check.update(tuned_e2e_s=timed.candidate_s, default_e2e_s=timed.baseline_s, kept_default=kept_default,
                  e2e_rounds={"default": [list(r) for r in timed.baseline], "tuned": [list(r) for r in timed.candidate]})
     chosen = default if kept_default else result
