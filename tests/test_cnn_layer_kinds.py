@@ -1,0 +1,37 @@
+"""The layer kinds of the classic CNNs (AlexNet, ZFNet, Inception v1, ShuffleNet v1) where relay-tune's default
+kernels were behind OpenVINO's: each computed form against the numpy reference on odd shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from relay_tune.compile.primitive import build_primitive
+from relay_tune.interpreter import evaluate
+from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
+from relay_tune.op.registry import get_op
+from relay_tune.type_infer import infer_types
+
+
+def check_op(name: str, shape: tuple[int, ...], attrs: dict[str, Any], seed: int = 0, rtol: float = 1e-5) -> None:
+    """`name` on one random non-zero input of `shape`, its default kernel against the reference interpreter."""
+    x = Var("x", TensorType(shape, "float32"))
+    mod = infer_types(IRModule({"main": Function((x,), Call(op(name), (x,), get_op(name).make_attrs(attrs)))}))
+    rng = np.random.default_rng(seed)
+    data = (rng.standard_normal(shape) * 3).astype(np.float32)
+    want = evaluate(mod, [data])
+    got = build_primitive(mod["main"].with_attrs(Primitive=1))(data)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6)
+
+
+# beta 0.75 and 0.5 (square roots), 1 (a division), 0.6 (exp and log), bias 0 (the general power).
+@pytest.mark.parametrize("beta, bias", [(0.75, 1.0), (0.75, 2.0), (0.5, 1.5), (1.0, 0.7), (0.6, 1.0), (0.75, 0.0)])
+def test_lrn_powers_match_the_reference(beta: float, bias: float) -> None:
+    check_op("nn.lrn", (1, 11, 5, 13), {"size": 5, "alpha": 0.3, "beta": beta, "bias": bias})
+
+
+def test_lrn_even_window_and_last_axis() -> None:
+    check_op("nn.lrn", (2, 3, 7, 9), {"size": 4, "axis": 3, "alpha": 0.2, "beta": 0.75, "bias": 1.0})
