@@ -35,3 +35,18 @@ def test_lrn_powers_match_the_reference(beta: float, bias: float) -> None:
 
 def test_lrn_even_window_and_last_axis() -> None:
     check_op("nn.lrn", (2, 3, 7, 9), {"size": 4, "axis": 3, "alpha": 0.2, "beta": 0.75, "bias": 1.0})
+
+
+# Padded pools: the padding stage's row test is a branch, its column test a mask (codegen's guard split).
+@pytest.mark.parametrize("name, shape, attrs", [
+    ("nn.max_pool2d", (1, 13, 9, 11), {"pool_size": (3, 3), "strides": (1, 1), "padding": (1, 1, 1, 1)}),
+    ("nn.max_pool2d", (2, 5, 17, 19), {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)}),
+    ("nn.max_pool2d", (1, 7, 13, 13), {"pool_size": (3, 3), "strides": (2, 2), "padding": (0, 0, 1, 1),
+                                       "ceil_mode": True}),
+    ("nn.max_pool2d", (1, 3, 10, 21), {"pool_size": (2, 3), "strides": (1, 1), "padding": (1, 2, 0, 1)}),
+    ("nn.avg_pool2d", (1, 9, 11, 7), {"pool_size": (3, 3), "strides": (1, 1), "padding": (1, 1, 1, 1),
+                                      "count_include_pad": True}),
+    ("nn.avg_pool2d", (1, 9, 11, 7), {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)}),
+])
+def test_padded_windows_match_the_reference(name: str, shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
+    check_op(name, shape, attrs)
