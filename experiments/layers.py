@@ -5,16 +5,17 @@
 
 relay-tune builds the network with default schedules and profiles it (`CompiledModel.profile_calls`: timestamps
 the executor takes between kernel calls); OpenVINO's CPU plugin runs it with `PERF_COUNT` on (f32, `--threads`
-threads, one stream, latency hint) and reports each executed node's `real_time`. Both are medians over `--repeat`
-runs of the same random input.
+threads, one stream, latency hint) and reports each executed node's `real_time`. The two run in turn, `--repeat`
+times each on the same random input (a busy spell of a shared host falls on both); times are medians.
 
 Layers are matched by the ONNX nodes they compute: an OpenVINO node is named after its ONNX node (or that node's
 output), suffixes such as `/WithoutBiases` aside; a relay-tune kernel is matched to the next ONNX node, in graph
-order, of the same kind (convolution, pooling, LRN, dense, ...) with as many output elements. What stays unmatched
+order, of the same kind (convolution, pooling, LRN, dense, ...) with as many output elements (a Winograd
+convolution's input transform and batched products count towards its output transform's node). What stays unmatched
 gets a row of its own: relay-tune's layout transforms and fused element-wise kernels, OpenVINO's reorders. The
 table lists the layers by the gap (relay-tune minus OpenVINO, largest first), then the sums per kind of layer.
-The two engines' counters do not cost the same (OpenVINO's counters slow its run a little): compare layers, and
-take whole-network latencies from `python -m experiments models`.
+Per-layer timing adds a little time to both engines' runs: compare layers here, and take whole-network latencies
+from `python -m experiments models`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ ONNX_KINDS: dict[str, str] = {
     "Softmax": "softmax", "Concat": "concat", "BatchNormalization": "batch_norm", "Transpose": "transpose",
 }
 _RELAY_KINDS: tuple[tuple[str, str], ...] = (
+    ("winograd_input", "winograd_input"), ("winograd_output", "conv"),
     ("conv2d_transpose", "conv_transpose"), ("conv", "conv"), ("dense", "dense"), ("matmul", "dense"),
     ("global", "global_pool"), ("adaptive", "global_pool"), ("max_pool", "max_pool"), ("avg_pool", "avg_pool"),
     ("lrn", "lrn"), ("softmax", "softmax"), ("concatenate", "concat"), ("layout_transform", "layout"),
@@ -81,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
     onnx_model = builders[args.model]()
     inputs = random_inputs(onnx_model, args.seed)
     nodes = onnx_nodes(onnx_model)
-    relay_calls = relay_profile(onnx_model, inputs, args.threads, args.repeat)
-    ov_nodes = openvino_profile(onnx_model, inputs, args.threads, args.repeat)
+    relay_calls, ov_nodes = profile_both(onnx_model, inputs, args.threads, args.repeat)
     layers = match_layers(nodes, relay_calls, ov_nodes)
     print_layers(args.model, layers, args.top)
     return 0
@@ -129,10 +130,14 @@ def relay_kind(description: str) -> str:
     return next((kind for token, kind in _RELAY_KINDS if token in anchor), anchor)
 
 
-def relay_profile(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: int
-                  ) -> list[tuple[str, int, float]]:
-    """(description, output elements, seconds) of every kernel call of relay-tune's default build, in call order."""
+def profile_both(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: int
+                 ) -> tuple[list[tuple[str, int, float]], list[tuple[str, str, float]]]:
+    """relay-tune's default build and OpenVINO, profiled in alternating runs (so that a busy spell of a shared
+    host falls on both): (description, output elements, seconds) of every relay-tune kernel call in call order,
+    and (node name, node type, seconds) of every node OpenVINO executed; medians over `repeat` runs."""
     import math
+
+    import onnx
 
     import relay_tune
     from relay_tune.frontend import from_onnx
@@ -140,38 +145,31 @@ def relay_profile(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat:
 
     mod, _ = from_onnx(onnx_model)
     model = relay_tune.build(mod, target=Target.host(num_cores=threads))
-    plan = model.plan
-    rows = []
-    for call, seconds in zip(plan.calls, model.profile_calls(repeat=repeat, inputs=inputs)):
-        description = plan.tasks[call.task].description if 0 <= call.task < len(plan.tasks) else "weight packing"
-        rows.append((description, math.prod(plan.values[call.args[-1]].shape), seconds))
-    return rows
-
-
-def openvino_profile(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: int
-                     ) -> list[tuple[str, str, float]]:
-    """(node name, node type, seconds) of every node OpenVINO executed, median over `repeat` runs."""
-    import onnx
-
     core = openvino_core()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
         onnx.save(onnx_model, str(path))
-        model = core.read_model(str(path))
+        ov_model = core.read_model(str(path))
     config = {"PERF_COUNT": True, "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
               "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-    request = core.compile_model(model, "CPU", config).create_infer_request()
+    request = core.compile_model(ov_model, "CPU", config).create_infer_request()
     request.infer(inputs)  # warm-up
-    runs: list[dict[str, float]] = []
+    relay_runs: list[list[float]] = []
+    ov_runs: list[dict[str, float]] = []
     kinds: dict[str, str] = {}
     for _ in range(repeat):
+        relay_runs.append(model.profile_calls(repeat=1, inputs=inputs))
         request.infer(inputs)
-        times: dict[str, float] = {}
-        for info in request.profiling_info:
-            times[info.node_name] = info.real_time.total_seconds()
-            kinds[info.node_name] = f"{info.node_type}"
-        runs.append(times)
-    return [(name, kinds[name], statistics.median(run.get(name, 0.0) for run in runs)) for name in kinds]
+        ov_runs.append({info.node_name: info.real_time.total_seconds() for info in request.profiling_info})
+        kinds.update((info.node_name, str(info.node_type)) for info in request.profiling_info)
+    plan = model.plan
+    relay_calls = []
+    for i, call in enumerate(plan.calls):
+        description = plan.tasks[call.task].description if 0 <= call.task < len(plan.tasks) else "weight packing"
+        seconds = statistics.median(run[i] for run in relay_runs)
+        relay_calls.append((description, math.prod(plan.values[call.args[-1]].shape), seconds))
+    ov_nodes = [(name, kind, statistics.median(run.get(name, 0.0) for run in ov_runs)) for name, kind in kinds.items()]
+    return relay_calls, ov_nodes
 
 
 def match_layers(nodes: Sequence[OnnxNode], relay_calls: Sequence[tuple[str, int, float]],
@@ -193,17 +191,24 @@ def match_layers(nodes: Sequence[OnnxNode], relay_calls: Sequence[tuple[str, int
         layers[key].openvino += seconds
         layers[key].openvino_nodes += 1
     taken: set[str] = set()
+    pending: list[float] = []  # a Winograd convolution's input transform and products, until its output transform
     for description, elements, seconds in relay_calls:
         kind = relay_kind(description)
+        if kind == "winograd_input" or (kind == "dense" and pending):
+            pending.append(seconds)
+            continue
         node = next((n for n in nodes if n.name not in taken and ONNX_KINDS.get(n.op_type) == kind
                      and n.elements == elements), None)
         if node is None:
-            extra.append(Layer(f"{description} (relay-tune only)", kind, relay=seconds, relay_calls=1))
+            extra.append(Layer(f"{description} (relay-tune only)", kind, relay=seconds + sum(pending),
+                               relay_calls=1 + len(pending)))
+            pending.clear()
             continue
         taken.add(node.name)
-        layers[node.name].relay += seconds
-        layers[node.name].relay_calls += 1
-        layers[node.name].name += f"  [{_short(description)}]"
+        layers[node.name].relay += seconds + sum(pending)
+        layers[node.name].relay_calls += 1 + len(pending)
+        layers[node.name].name += f"  [{_short(description)}{' (Winograd)' if pending else ''}]"
+        pending.clear()
     rows = [layer for layer in (*layers.values(), *extra) if layer.relay or layer.openvino]
     rows.sort(key=lambda layer: -layer.gap)
     return rows

@@ -47,6 +47,13 @@ def test_lrn_even_window_and_last_axis() -> None:
     ("nn.avg_pool2d", (1, 9, 11, 7), {"pool_size": (3, 3), "strides": (1, 1), "padding": (1, 1, 1, 1),
                                       "count_include_pad": True}),
     ("nn.avg_pool2d", (1, 9, 11, 7), {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)}),
+    # channel-blocked (Inception v1's pools inside its modules): a padded copy at stride 1, a guard at stride 2
+    ("nn.max_pool2d", (1, 3, 13, 11, 8), {"pool_size": (3, 3), "strides": (1, 1), "padding": (1, 1, 1, 1),
+                                          "layout": "NCHW8c"}),
+    ("nn.max_pool2d", (1, 2, 15, 9, 4), {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1),
+                                         "layout": "NCHW4c"}),
+    ("nn.avg_pool2d", (1, 3, 7, 5, 8), {"pool_size": (3, 3), "strides": (1, 1), "padding": (1, 1, 1, 1),
+                                        "layout": "NCHW8c"}),
 ])
 def test_padded_windows_match_the_reference(name: str, shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
     check_op(name, shape, attrs)
