@@ -1,5 +1,6 @@
-"""The layer kinds of the classic CNNs (AlexNet, ZFNet, Inception v1, ShuffleNet v1) where relay-tune's default
-kernels were behind OpenVINO's: each computed form against the numpy reference on odd shapes."""
+"""The layer kinds of the classic CNNs (AlexNet, ZFNet, Inception v1) where relay-tune's default kernels were behind
+OpenVINO's (LRN, padded pools, grouped convolutions on blocked layouts): each computed form against the numpy
+reference on odd shapes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from relay_tune.compile.primitive import build_primitive
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
 from relay_tune.op.registry import get_op
+from relay_tune.text import parse_module
 from relay_tune.type_infer import infer_types
 
 
@@ -57,3 +59,43 @@ def test_lrn_even_window_and_last_axis() -> None:
 ])
 def test_padded_windows_match_the_reference(name: str, shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
     check_op(name, shape, attrs)
+
+
+def check_blocked_grouped_conv(channels: tuple[int, int], groups: int, block: int, size: tuple[int, int],
+                               kernel: int, stride: int, pad: int) -> None:
+    """A grouped `nn.contrib_conv2d_NCHWc` (blocks inside every group, bias and ReLU fused) against the
+    reference."""
+    c_in, c_out = channels
+    h, w = size
+    oh, ow = (h + 2 * pad - kernel) // stride + 1, (w + 2 * pad - kernel) // stride + 1
+    source = f"""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {c_in // block}, {h}, {w}, {block}), float32],
+          %w: Tensor[({c_out // block}, {c_in // groups // block}, {kernel}, {kernel}, {block}, {block}), float32],
+          %b: Tensor[({c_out // block}, 1, 1, {block}), float32]) {{
+  %0 = nn.contrib_conv2d_NCHWc(%x, %w, strides=[{stride}, {stride}], padding=[{pad}, {pad}, {pad}, {pad}],
+                               groups={groups}, channels={c_out}, kernel_size=[{kernel}, {kernel}],
+                               data_layout="NCHW{block}c", kernel_layout="OIHW{block}i{block}o",
+                               out_layout="NCHW{block}c");
+  nn.relu(add(%0, %b))
+}}
+"""
+    mod = infer_types(parse_module(source))
+    assert tuple(mod["main"].checked_type.ret_type.shape) == (1, c_out // block, oh, ow, block)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(tuple(int(d) for d in p.checked_type.shape)).astype(np.float32)
+              for p in mod["main"].params]
+    want = evaluate(mod, inputs)
+    got = build_primitive(mod["main"].with_attrs(Primitive=1))(*inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# AlexNet's two-group 5x5 and 3x3 convolutions in small, odd sizes; three groups; stride 2 with padding.
+@pytest.mark.parametrize("channels, groups, block, size, kernel, stride, pad", [
+    ((16, 24), 2, 4, (9, 7), 5, 1, 2),
+    ((16, 16), 2, 8, (5, 5), 3, 1, 1),
+    ((24, 12), 3, 4, (11, 6), 3, 2, 1),
+])
+def test_grouped_blocked_convolution_matches_the_reference(channels: tuple[int, int], groups: int, block: int,
+                                                           size: tuple[int, int], kernel: int, stride: int,
+                                                           pad: int) -> None:
+    check_blocked_grouped_conv(channels, groups, block, size, kernel, stride, pad)

@@ -226,6 +226,25 @@ def test_narrow_stem_into_grouped_convolutions_stays_nchw() -> None:
     check_golden(source, source)
 
 
+def test_grouped_spatial_convolution_with_whole_blocks_per_group_is_blocked() -> None:
+    # AlexNet's two-group 3x3 convolution (32 channels in blocks of 16); a two-group 1x1 one stays NCHW.
+    check_golden("""def @main(%x: Tensor[(1, 32, 6, 5), float32], %w: Tensor[(32, 16, 3, 3), float32],
+          %v: Tensor[(32, 16, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=2, channels=32, kernel_size=[3, 3]);
+  %1 = nn.relu(%0);
+  nn.conv2d(%1, %v, groups=2, channels=32, kernel_size=[1, 1])
+}""", """def @main(%x: Tensor[(1, 32, 6, 5), float32], %w: Tensor[(32, 16, 3, 3), float32],
+          %v: Tensor[(32, 16, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
+  %1 = layout_transform(%w, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, padding=[1, 1, 1, 1], groups=2, channels=32, kernel_size=[3, 3],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %3 = nn.relu(%2);
+  %4 = layout_transform(%3, src_layout="NCHW16c", dst_layout="NCHW");
+  nn.conv2d(%4, %v, groups=2, channels=32, kernel_size=[1, 1])
+}""")
+
+
 def test_flatten_dense_tail_gets_nchw_after_blocked_global_pooling() -> None:
     check_golden("""def @main(%x: Tensor[(1, 16, 4, 4), float32], %w: Tensor[(32, 16, 1, 1), float32],
           %d: Tensor[(10, 32), float32]) {
