@@ -9,7 +9,8 @@ threads, one stream, latency hint) and reports each executed node's `real_time`.
 times each on the same random input (a busy spell of a shared host falls on both); times are medians.
 
 Layers are matched by the ONNX nodes they compute: an OpenVINO node is named after its ONNX node (or that node's
-output), suffixes such as `/WithoutBiases` aside; a relay-tune kernel is matched to the next ONNX node, in graph
+output), suffixes such as `/WithoutBiases` aside, or, when a fusion renamed it, the next ONNX node of its kind
+that no OpenVINO node is named after; a relay-tune kernel is matched to the next ONNX node, in graph
 order, of the same kind (convolution, pooling, LRN, dense, ...) with as many output elements (a Winograd
 convolution's input transform and batched products count towards its output transform's node). What stays unmatched
 gets a row of its own: relay-tune's layout transforms and fused element-wise kernels, OpenVINO's reorders. The
@@ -37,6 +38,11 @@ ONNX_KINDS: dict[str, str] = {
     "Conv": "conv", "ConvTranspose": "conv_transpose", "Gemm": "dense", "MatMul": "dense", "MaxPool": "max_pool",
     "AveragePool": "avg_pool", "GlobalAveragePool": "global_pool", "GlobalMaxPool": "global_pool", "LRN": "lrn",
     "Softmax": "softmax", "Concat": "concat", "BatchNormalization": "batch_norm", "Transpose": "transpose",
+}
+OPENVINO_KINDS: dict[str, str] = {
+    "Convolution": "conv", "GroupConvolution": "conv", "Deconvolution": "conv_transpose", "FullyConnected": "dense",
+    "MatMul": "dense", "MaxPool": "max_pool", "AvgPool": "avg_pool", "LRN": "lrn", "Softmax": "softmax",
+    "Concat": "concat", "ShuffleChannels": "transpose",
 }
 _RELAY_KINDS: tuple[tuple[str, str], ...] = (
     ("winograd_input", "winograd_input"), ("winograd_output", "conv"),
@@ -179,11 +185,20 @@ def match_layers(nodes: Sequence[OnnxNode], relay_calls: Sequence[tuple[str, int
               for node in nodes}
     by_output = {out: node.name for node in nodes for out in node.outputs}
     extra: list[Layer] = []
+    named = {base for name, _, _ in ov_nodes for base in [name.split("/")[0]] if base in layers or base in by_output}
+    ov_taken = {base if base in layers else by_output[base] for base in named}
     for name, node_type, seconds in ov_nodes:
         if seconds <= 0:
             continue
         base = name.split("/")[0]
         key = base if base in layers else by_output.get(base)
+        if key is None and OPENVINO_KINDS.get(node_type):
+            # Renamed by a fusion (a convolution with its batch norm folded in becomes `Multiply_123`): the next
+            # ONNX node of its kind that no OpenVINO node is named after.
+            kind = OPENVINO_KINDS[node_type]
+            key = next((n.name for n in nodes if n.name not in ov_taken and ONNX_KINDS.get(n.op_type) == kind), None)
+            if key is not None:
+                ov_taken.add(key)
         if node_type == "Reorder" or key is None:
             extra.append(Layer(f"{name} ({node_type}, OpenVINO only)", "layout" if node_type == "Reorder"
                                else node_type, openvino=seconds, openvino_nodes=1))

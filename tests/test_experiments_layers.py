@@ -22,7 +22,7 @@ def test_relay_kinds_of_task_descriptions() -> None:
 def test_kernels_and_openvino_nodes_meet_at_their_onnx_nodes() -> None:
     nodes = [OnnxNode("n0", "Conv", ("r0",), 96 * 54 * 54), OnnxNode("n1", "Relu", ("r1",), 96 * 54 * 54),
              OnnxNode("n2", "LRN", ("r2",), 96 * 54 * 54), OnnxNode("n3", "Conv", ("r3",), 64 * 27 * 27),
-             OnnxNode("n4", "Conv", ("r4",), 64 * 27 * 27)]
+             OnnxNode("n4", "Conv", ("r4",), 64 * 27 * 27), OnnxNode("n5", "Conv", ("r5",), 64 * 27 * 27)]
     relay = [("conv2d_nchw+bias+relu 1x3x224x224 * 96x3x11x11 s4 p0", 96 * 54 * 54, 4e-3),
              ("lrn 1x96x54x54", 96 * 54 * 54, 3e-3),
              ("layout_transform 1x96x54x54", 96 * 54 * 54, 1e-3),
@@ -33,12 +33,13 @@ def test_kernels_and_openvino_nodes_meet_at_their_onnx_nodes() -> None:
              ("winograd_output_transform 36x49x64", 64 * 27 * 27, 1e-3)]
     openvino = [("n0/WithoutBiases", "Convolution", 5e-3), ("n0_abcd_acdb_n2", "Reorder", 0.5e-3),
                 ("r2", "LRN", 0.5e-3), ("n3/WithoutBiases", "Convolution", 2e-3), ("n4", "Convolution", 3e-3),
-                ("n1", "Relu", 0.0)]
+                ("n1", "Relu", 0.0), ("Multiply_9", "GroupConvolution", 1.5e-3)]  # renamed by a fusion
     rows = {row.name.split(" ")[0]: row for row in match_layers(nodes, relay, openvino)}
     assert rows["n0"].relay == pytest.approx(4e-3) and rows["n0"].openvino == pytest.approx(5e-3)
     assert rows["n2"].relay == pytest.approx(3e-3) and rows["n2"].openvino == pytest.approx(0.5e-3)  # by output
     assert rows["n3"].relay == pytest.approx(2e-3) and rows["n3"].openvino == pytest.approx(2e-3)
     assert rows["n4"].relay == pytest.approx(4e-3) and rows["n4"].relay_calls == 3
+    assert rows["n5"].openvino == pytest.approx(1.5e-3) and rows["n5"].relay == 0
     assert rows["layout_transform"].openvino == 0 and rows["n0_abcd_acdb_n2"].relay == 0
     assert "n1" not in rows  # neither engine spent time on it
     ordered = list(match_layers(nodes, relay, openvino))
