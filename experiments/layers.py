@@ -132,8 +132,8 @@ def onnx_nodes(onnx_model: Any) -> list[OnnxNode]:
 
 def relay_kind(description: str) -> str:
     """The kind of layer of a relay-tune kernel, from its task description ("conv2d_nchw+bias+relu 1x3x...")."""
-    anchor = description.split(" ")[0].split("+")[0]
-    return next((kind for token, kind in _RELAY_KINDS if token in anchor), anchor)
+    ops = description.split(" ")[0]  # the fused ops ("reshape+transpose+reshape+conv2d_nchw+bias"): the heaviest
+    return next((kind for token, kind in _RELAY_KINDS if token in ops), ops.split("+")[0])
 
 
 def profile_both(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: int

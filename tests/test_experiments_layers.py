@@ -17,6 +17,8 @@ def test_relay_kinds_of_task_descriptions() -> None:
     assert relay_kind("lrn 1x96x54x54") == "lrn"
     assert relay_kind("layout_transform 1x256x12x12") == "layout"
     assert relay_kind("winograd_output_transform+bias+relu 36x196x192") == "conv"
+    assert relay_kind("reshape+transpose+reshape+conv2d_nchw+bias 1x272x14x14 * 272x1x3x3 s1 p1 g272") == "conv"
+    assert relay_kind("concatenate+relu ") == "concat"
 
 
 def test_kernels_and_openvino_nodes_meet_at_their_onnx_nodes() -> None:
