@@ -22,6 +22,8 @@ from `python -m experiments models`.
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import re
 import statistics
 import tempfile
@@ -97,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
 
 def network_builders() -> dict[str, Any]:
     """Network name -> a function that returns its ONNX model: the networks `python -m experiments models` knows."""
-    import functools
-
     from relay_tune.testing.onnx_light import LIGHT, light_model
     from relay_tune.testing.onnx_zoo import RELATIVES, SMALL, ZOO
 
@@ -115,8 +115,6 @@ class OnnxNode:
 
 def onnx_nodes(onnx_model: Any) -> list[OnnxNode]:
     """The graph's nodes in order, with their first output's element count (ONNX shape inference)."""
-    import math
-
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(onnx_model)
@@ -141,8 +139,6 @@ def profile_both(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: 
     """relay-tune's default build and OpenVINO, profiled in alternating runs (so that a busy spell of a shared
     host falls on both): (description, output elements, seconds) of every relay-tune kernel call in call order,
     and (node name, node type, seconds) of every node OpenVINO executed; medians over `repeat` runs."""
-    import math
-
     import onnx
 
     import relay_tune
