@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "search": ("search", "search efficiency: trials each strategy (random, Optuna TPE, XGBoost) needs"),
     "curve": ("curve", "tuning curve: a model's end-to-end latency against tuning time"),
     "models": ("models", "whole ONNX models against onnxruntime (and OpenVINO when installed)"),
+    "layers": ("layers", "one network layer by layer: relay-tune's kernel times beside OpenVINO's per-layer counters"),
     "build-time": ("build_time", "whole-model build time: first, second (kernel cache), build-cache hit, import"),
     "grouped-conv": ("grouped_conv", "ShuffleNet v1: before and after a change, onnxruntime, OpenVINO"),
     "recurrent": ("recurrent", "a stacked bidirectional LSTM: build time and latency against onnxruntime"),

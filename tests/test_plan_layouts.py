@@ -195,6 +195,56 @@ def test_without_the_stem_rule_the_stem_stays_nchw_and_its_output_is_transformed
 }""", stem=False)
 
 
+def test_wide_stem_before_an_lrn_is_blocked_and_its_output_transformed_back() -> None:
+    # AlexNet's, ZFNet's and Inception v1's stems: a 7x7 kernel, then ReLU and an LRN (which needs NCHW).
+    check_golden("""def @main(%x: Tensor[(1, 3, 19, 19), float32], %w: Tensor[(16, 3, 7, 7), float32]) {
+  %0 = nn.conv2d(%x, %w, strides=[2, 2], channels=16, kernel_size=[7, 7]);
+  %1 = nn.relu(%0);
+  nn.lrn(%1, size=5, alpha=0.0001f, beta=0.75f, bias=1f)
+}""", """def @main(%x: Tensor[(1, 3, 19, 19), float32], %w: Tensor[(16, 3, 7, 7), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW3c");
+  %1 = layout_transform(%w, src_layout="OIHW", dst_layout="OIHW3i16o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, strides=[2, 2], channels=16, kernel_size=[7, 7],
+                               data_layout="NCHW3c", kernel_layout="OIHW3i16o", out_layout="NCHW16c");
+  %3 = nn.relu(%2);
+  %4 = layout_transform(%3, src_layout="NCHW16c", dst_layout="NCHW");
+  nn.lrn(%4, size=5, alpha=0.0001f, beta=0.75f, bias=1f)
+}""")
+
+
+def test_narrow_stem_into_grouped_convolutions_stays_nchw() -> None:
+    # ShuffleNet v1: a 3x3 stem feeding only grouped (NCHW) convolutions; a 7x7 stem with 24 output channels (no
+    # full block of 16) stays NCHW as well.
+    source = """def @main(%x: Tensor[(1, 3, 17, 17), float32], %w: Tensor[(16, 3, 3, 3), float32],
+          %g: Tensor[(16, 4, 1, 1), float32], %v: Tensor[(24, 3, 7, 7), float32]) {
+  %0 = nn.conv2d(%x, %w, strides=[2, 2], padding=[1, 1, 1, 1], channels=16, kernel_size=[3, 3]);
+  %1 = nn.relu(%0);
+  %2 = nn.conv2d(%1, %g, groups=4, channels=16, kernel_size=[1, 1]);
+  %3 = nn.conv2d(%x, %v, strides=[2, 2], channels=24, kernel_size=[7, 7]);
+  (%2, %3)
+}"""
+    check_golden(source, source)
+
+
+def test_grouped_spatial_convolution_with_whole_blocks_per_group_is_blocked() -> None:
+    # AlexNet's two-group 3x3 convolution (32 channels in blocks of 16); a two-group 1x1 one stays NCHW.
+    check_golden("""def @main(%x: Tensor[(1, 32, 6, 5), float32], %w: Tensor[(32, 16, 3, 3), float32],
+          %v: Tensor[(32, 16, 1, 1), float32]) {
+  %0 = nn.conv2d(%x, %w, padding=[1, 1, 1, 1], groups=2, channels=32, kernel_size=[3, 3]);
+  %1 = nn.relu(%0);
+  nn.conv2d(%1, %v, groups=2, channels=32, kernel_size=[1, 1])
+}""", """def @main(%x: Tensor[(1, 32, 6, 5), float32], %w: Tensor[(32, 16, 3, 3), float32],
+          %v: Tensor[(32, 16, 1, 1), float32]) {
+  %0 = layout_transform(%x, src_layout="NCHW", dst_layout="NCHW16c");
+  %1 = layout_transform(%w, src_layout="OIHW", dst_layout="OIHW16i16o");
+  %2 = nn.contrib_conv2d_NCHWc(%0, %1, padding=[1, 1, 1, 1], groups=2, channels=32, kernel_size=[3, 3],
+                               data_layout="NCHW16c", kernel_layout="OIHW16i16o", out_layout="NCHW16c");
+  %3 = nn.relu(%2);
+  %4 = layout_transform(%3, src_layout="NCHW16c", dst_layout="NCHW");
+  nn.conv2d(%4, %v, groups=2, channels=32, kernel_size=[1, 1])
+}""")
+
+
 def test_flatten_dense_tail_gets_nchw_after_blocked_global_pooling() -> None:
     check_golden("""def @main(%x: Tensor[(1, 16, 4, 4), float32], %w: Tensor[(32, 16, 1, 1), float32],
           %d: Tensor[(10, 32), float32]) {

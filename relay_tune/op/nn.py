@@ -1307,8 +1307,9 @@ def _blocked_conv_compute(padded: te.Tensor, weight: te.Tensor, dl: LayoutMap, k
     Dense (groups 1; `NCHW{bi}c` x `OIHW{bi}i{bo}o` -> `NCHW{bo}c`): the input-channel reduction is two axes, the
     block `rcb` and the channel inside it `rci`, in the order the template reads them (`rcb, rh, rw, rci`): an
     input value is `x[n, rcb, y, x, rci]` and a weight row `w[ocb, rcb, rh, rw, rci, 0:bo]`, contiguous along the
-    output block, which is the vector. Depthwise (groups = channels; `NCHW{b}c` x `OIHW1i{b}o` -> `NCHW{b}c`):
-    each output block reads the same block of the input, lane for lane."""
+    output block, which is the vector. Grouped (blocks inside every group): the same, each output block reading
+    its group's input blocks. Depthwise (groups = channels; `NCHW{b}c` x `OIHW1i{b}o` -> `NCHW{b}c`): each output
+    block reads the same block of the input, lane for lane."""
     factors = _blocked_factors(dl, kl, ol)
     if factors is None:
         return None
@@ -1335,6 +1336,21 @@ def _blocked_conv_compute(padded: te.Tensor, weight: te.Tensor, dl: LayoutMap, k
                  c: tir.PrimExpr) -> tir.PrimExpr:
             iy, ix = position(y, x)
             return te.sum(te.cast(acc, padded[b, rcb, iy, ix, rci]) * te.cast(acc, weight[f, rcb, rh, rw, rci, c]),
+                          axis=[rcb, rh, rw, rci])
+    elif (1 < groups < channels and bi == ki and ko == bo and channels % (groups * bi) == 0
+          and out_shape[1] % groups == 0):
+        # Grouped (AlexNet's two-group 5x5 and 3x3 convolutions): output block `f` belongs to group
+        # `f // out_blocks`, whose input channels are the `in_blocks` blocks from `group * in_blocks` on; the same
+        # loops and reads as the dense case, offset by the group.
+        tag = "conv2d_nchwc"
+        in_blocks, out_blocks = icb // groups, out_shape[1] // groups
+        rcb, rci = te.reduce_axis(in_blocks, "rcb"), te.reduce_axis(bi, "rci")
+
+        def body(b: tir.PrimExpr, f: tir.PrimExpr, y: tir.PrimExpr, x: tir.PrimExpr,
+                 c: tir.PrimExpr) -> tir.PrimExpr:
+            iy, ix = position(y, x)
+            block = (f // out_blocks) * in_blocks + rcb
+            return te.sum(te.cast(acc, padded[b, block, iy, ix, rci]) * te.cast(acc, weight[f, rcb, rh, rw, rci, c]),
                           axis=[rcb, rh, rw, rci])
     elif groups == channels and ki == 1 and bi == ko == bo and out_shape[1] == icb:
         tag = "depthwise_conv2d_nchwc"
@@ -1696,10 +1712,25 @@ def _lrn_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> t
 
     total = te.compute(x.shape, named(names, window), "sum", "norm")
     bias, alpha, beta = float(attrs["bias"]), float(attrs["alpha"]), float(attrs["beta"])
+    positive = bias > 0 and alpha >= 0  # the base is then positive: its power needs no C library pow
+
+    def denominator(base: tir.PrimExpr) -> tir.PrimExpr:
+        # base ** beta without `pow`, which LLVM computes one lane at a time through the C library. The usual
+        # beta = 0.75 (AlexNet, ZFNet, Inception v1) is sqrt(base * sqrt(base)): two vector square roots, several
+        # times faster than exp(beta * log(base)), which covers every other positive base.
+        if beta == 0.75:
+            return te.sqrt(base * te.sqrt(base))
+        if beta == 0.5:
+            return te.sqrt(base)
+        if beta == 1.0:
+            return base
+        if positive:
+            return te.exp(const_expr(beta, acc) * te.log(base))
+        return te.power(base, const_expr(beta, acc))
 
     def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
-        scale = te.power(const_expr(bias, acc) + const_expr(alpha / size, acc) * total[idx], const_expr(beta, acc))
-        return te.cast(x.dtype, te.cast(acc, x[idx]) / scale)
+        base = const_expr(bias, acc) + const_expr(alpha / size, acc) * total[idx]
+        return te.cast(x.dtype, te.cast(acc, x[idx]) / denominator(base))
 
     return te.compute(x.shape, named(names, body), "lrn", "norm")
 

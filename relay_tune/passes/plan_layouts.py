@@ -41,9 +41,15 @@ transform becomes one transform from the first layout, or cancels when it leads 
   block of all its channels (`NCHW3c`, pixel-major like NHWC, kernel `OIHW3i{bo}o`) and writes `NCHW{bo}c`: the
   transform of the 3-channel image is smaller than one of the stem's output, and the stem's ReLU and pooling run
   blocked (`stem=False`: the stem stays NCHW and its output is transformed where the first blocked consumer needs
-  it). A stem feeding only NCHW convolutions (ShuffleNet v1's grouped ones) stays NCHW.
+  it). A stem with a kernel of 5x5 or more whose output channels have the full block is blocked wherever its output
+  goes (AlexNet's, ZFNet's and Inception v1's stems feed an LRN, which needs NCHW): there the blocked kernel's speed
+  pays for the transform of its output. A 3x3 stem feeding only NCHW convolutions (ShuffleNet v1's grouped ones)
+  stays NCHW.
+- A grouped convolution with a spatial kernel (3x3 and up) whose groups hold whole blocks of `b` input and output
+  channels (AlexNet's two-group 5x5 and 3x3 convolutions) becomes a grouped `nn.contrib_conv2d_NCHWc` in `NCHW{b}c`,
+  `OIHW{b}i{b}o` kernel (each output block reads its group's input blocks).
 - Any other convolution (output channels with no block, ShuffleNet's 58 or 116; input channels that `b` does not
-  divide, coming from NCHW; grouped convolutions) stays `nn.conv2d` in NCHW.
+  divide, coming from NCHW; other grouped convolutions) stays `nn.conv2d` in NCHW.
 - Element-wise ops follow their input. A binary broadcast op (`add`, `multiply`, comparisons...) or `nn.bias_add`
   on axis 1 is blocked when one operand is blocked, in the widest block of its operands (one in blocks of 8 and one
   in blocks of 16 meet in NCHW16c: the other is transformed), and every other operand fits the blocked output: a
@@ -118,6 +124,11 @@ def _is_unary_elementwise(name: str) -> bool:
 def _static_4d(node: Expr) -> TensorType | None:
     ty = tensor_type_of(node)
     return ty if ty is not None and ty.ndim == 4 else None
+
+
+def _kernel_taps(weight: TensorType) -> int:
+    """The taps of a convolution kernel (9 for 3x3)."""
+    return int(weight.shape[2]) * int(weight.shape[3])  # type: ignore[arg-type]  # static: _static_4d
 
 
 def _channels(ty: TensorType) -> int:
@@ -236,14 +247,28 @@ class _Planner:
                 return None
             if bi:
                 data_block, kernel_layout = bi, f"OIHW{bi}i{bo}o"
-            elif self.stem and c_in < self.block and id(call) in self.feeds_blocked:
+            elif self.stem and c_in < self.block and (id(call) in self.feeds_blocked
+                                                       or (bo == self.block and _kernel_taps(weight) >= 25)):
                 # A stem (3 RGB channels): all its input channels form one block (NCHW3c, pixel-major like NHWC),
                 # so it writes NCHW{bo}c directly; transforming the 3-channel image costs less than its output.
-                # Only where its output reaches a blocked convolution: ShuffleNet v1's stem feeds grouped
-                # convolutions (NCHW), where a blocked stem costs a transform into every unit and one out of it.
+                # Where its output reaches a blocked convolution; or where its kernel is wide (5x5 and up): then
+                # the blocked stem is twice as fast as the NCHW one (ZFNet's and Inception v1's 7x7 stride-2 stems,
+                # 80-90 GFLOPS against 35-45 on one AVX2 core), far more than the transform of its output back to
+                # NCHW costs, where the LRN after AlexNet's, ZFNet's and Inception v1's stems needs it. A 3x3 stem
+                # feeding only NCHW convolutions (ShuffleNet v1's grouped ones) stays NCHW: blocked, it costs a
+                # transform into every unit and one out of it.
                 data_block, kernel_layout = c_in, f"OIHW{c_in}i{bo}o"
             else:
                 return None
+        elif (groups > 1 and _kernel_taps(weight) >= 9 and (c_in // groups) % self.block == 0
+              and (c_out // groups) % self.block == 0):
+            # A grouped convolution whose groups hold whole blocks, with a spatial kernel (AlexNet's 5x5 and 3x3
+            # convolutions in two groups): as the dense blocked kernel, group by group, it runs at three times the
+            # speed of the grouped NCHW one (384x12x12, 3x3, two groups: 93 against 31 GFLOPS on one AVX2 core),
+            # which pays for transforms around it. Grouped 1x1 convolutions (ShuffleNet v1) do too few FLOPs per
+            # value for that and stay NCHW.
+            data_block = bo = self.block
+            kernel_layout = f"OIHW{bo}i{bo}o"
         elif (self.depthwise and have and groups == c_in == c_out and int(weight.shape[1]) == 1):  # type: ignore[arg-type]
             # A depthwise convolution does a few FLOPs per byte: blocking it cannot pay for a transform of its
             # input, so it is blocked only where its input already is, in its input's block.
