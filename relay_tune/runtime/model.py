@@ -862,15 +862,7 @@ def _mapped_npy(archive: zipfile.ZipFile, name: str, mapped: mmap.mmap) -> np.nd
     if zlib.crc32(member) != info.CRC:
         raise zipfile.BadZipFile(f"bad CRC-32 of {name}")
     stream = io.BytesIO(member[: min(len(member), _NPY_HEADER_LIMIT)])
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-    else:
-        raise ValueError(f"unsupported .npy version {version}")
-    if dtype.hasobject:
-        raise ValueError("object arrays are not allowed in a model file")
+    shape, fortran, dtype = _npy_header(stream)
     count = math.prod(shape)
     if stream.tell() + count * dtype.itemsize != len(member):
         raise ValueError(f"{name}: the array does not fill its member")
@@ -880,9 +872,8 @@ def _mapped_npy(archive: zipfile.ZipFile, name: str, mapped: mmap.mmap) -> np.nd
     return array.reshape(shape)
 
 
-def _read_npy(stream: Any) -> np.ndarray:
-    """Read one .npy array (pickled object arrays are refused). The model copies it into its constants' block
-    (`relay_tune.runtime.pages.pack`), which gives the alignment kernels need."""
+def _npy_header(stream: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """Shape, Fortran order and dtype of the .npy array `stream` starts with (object arrays refused)."""
     version = np.lib.format.read_magic(stream)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
@@ -892,6 +883,13 @@ def _read_npy(stream: Any) -> np.ndarray:
         raise ValueError(f"unsupported .npy version {version}")
     if dtype.hasobject:
         raise ValueError("object arrays are not allowed in a model file")
+    return shape, fortran, dtype
+
+
+def _read_npy(stream: Any) -> np.ndarray:
+    """Read one .npy array (pickled object arrays are refused). The model copies it into its constants' block
+    (`relay_tune.runtime.pages.pack`), which gives the alignment kernels need."""
+    shape, fortran, dtype = _npy_header(stream)
     array = np.empty(shape, dtype)
     view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
     filled = 0
