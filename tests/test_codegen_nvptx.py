@@ -44,6 +44,7 @@ from relay_tune.ir import (
 )
 from relay_tune.kernel import tir
 from relay_tune.kernel.compute import primitive_compute
+from relay_tune.kernel.recurrent import FIXED_KERNELS
 from relay_tune.op.registry import all_ops, get_op
 from relay_tune.runtime.cuda import EmulatedDevice, run_function
 from relay_tune.target import Target
@@ -456,6 +457,14 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
         "broadcast_to": ([var("b", 3, 1)], call("broadcast_to", var("b", 3, 1), shape=(2, 3, 4))),
         "cast": ([x], call("cast", x, dtype="int32")),
         "reinterpret": ([x], call("reinterpret", x, dtype="int32")),
+        "nn.contrib_conv2d_NCHWc_int8": (
+            [var("q", 1, 2, 6, 6, 4, dtype="uint8"), var("qw", 2, 2, 3, 3, 1, 8, 4, dtype="int8")],
+            call("nn.contrib_conv2d_NCHWc_int8", var("q", 1, 2, 6, 6, 4, dtype="uint8"),
+                 var("qw", 2, 2, 3, 3, 1, 8, 4, dtype="int8"), padding=(1, 1, 1, 1), pad_value=3)),
+        "nn.lstm_sequence": (
+            [var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4), var("c0", 2, 1, 4)],
+            call("nn.lstm_sequence", var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4),
+                 var("c0", 2, 1, 4), hidden=4, reverse=(False, True))),
         "clip": ([x], call("clip", x, a_min=0.5, a_max=1.2)),
         "collapse_sum_like": ([x, var("s", 3, 1, 8)], call("collapse_sum_like", x, var("s", 3, 1, 8))),
         "concatenate": ([x, y], call("concatenate", Tuple([x, y]), axis=1)),
@@ -541,6 +550,8 @@ OP_NAMES = sorted(o.name for o in all_ops())
 CPU_ONLY_OPS = {"sin", "cos", "tan", "asin", "acos", "atan"}
 # Operators built on those: the C library function they use.
 CPU_ONLY_USERS = {"signal.window": "cos", "signal.dft": "cos"}
+# Operators lowered by a hand-written CPU loop kernel (`relay_tune.kernel.recurrent.FIXED_KERNELS`): no GPU kernel.
+CPU_LOOP_KERNELS = set(FIXED_KERNELS)
 
 
 def test_the_operator_table_covers_every_registered_operator() -> None:
@@ -556,13 +567,17 @@ def test_every_operator_runs_correctly_with_its_default_gpu_schedule(name: str) 
         with pytest.raises(CompileError, match=f"{CPU_ONLY_USERS.get(name, name)} is not available on NVPTX"):
             emulate(func, mod, re.sub(r"\W", "_", name))
         return
+    if name in CPU_LOOP_KERNELS:
+        with pytest.raises(UnsupportedError, match=f"operator {name} has no tensor-expression compute"):
+            emulate(func, mod, re.sub(r"\W", "_", name))
+        return
     emulate(func, mod, re.sub(r"\W", "_", name))
 
 
 @needs_ptxas
 def test_ptxas_accepts_every_operator() -> None:
     funcs = []
-    for name in sorted(set(OP_NAMES) - CPU_ONLY_OPS - set(CPU_ONLY_USERS)):
+    for name in sorted(set(OP_NAMES) - CPU_ONLY_OPS - set(CPU_ONLY_USERS) - CPU_LOOP_KERNELS):
         params, body = _op_case(name)
         func, _ = primitive(params, body)
         primfunc, _ = lower_gpu(func, re.sub(r"\W", "_", name))

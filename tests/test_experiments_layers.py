@@ -57,6 +57,6 @@ def test_unknown_network_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 def test_a_small_network_layer_by_layer(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("openvino")
-    assert main(["layers", "--model", "small_cnn", "--repeat", "2", "--top", "5"]) == 0
+    assert main(["layers", "--model", "small_cnn", "--repeat", "2", "--top", "50"])  # every node: the order is timing == 0
     out = capsys.readouterr().out
     assert "summed kernel time relay-tune" in out and "(Conv)" in out and "kind of layer" in out
