@@ -57,6 +57,7 @@ def test_unknown_network_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 def test_a_small_network_layer_by_layer(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("openvino")
-    assert main(["layers", "--model", "small_cnn", "--repeat", "2", "--top", "50"])  # every node: the order is timing == 0
+    # every node: which ones come first depends on the timings
+    assert main(["layers", "--model", "small_cnn", "--repeat", "2", "--top", "50"]) == 0
     out = capsys.readouterr().out
     assert "summed kernel time relay-tune" in out and "(Conv)" in out and "kind of layer" in out
