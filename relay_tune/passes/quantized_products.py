@@ -25,6 +25,14 @@ The int32 products the importer builds for ConvInteger, QLinearConv and MatMulIn
 times a constant int32 weight) are narrowed the same way when the weight's values fit int8: the product reads the
 8-bit tensors (a quarter of the bytes) and the zero point becomes padding and a constant correction.
 
+Those whose weight does not fit int8 (onnxruntime's dynamically quantized models: uint8 weights with zero points
+near 128, so `w - zw` spans about [-180, 140]) run as the float32 product of the same small integers, cast back to
+int32: `cast(nn.conv2d(cast(q, "float32") - zq, float32(W)), "int32")`, the zero point constant or computed at run
+time (DynamicQuantizeLinear's), so the fast float32 templates and layout planning take them. With K terms per sum,
+the sums are exact while K * max|q - zq| * max|W| < 2^24 (every partial sum is then an integer float32 holds);
+beyond that a sum may round, by a relative 2^-24 per addition, far below a quantization step of the requantized
+result. Products whose bound reaches 2^31 stay int32, where the sums wrap as onnxruntime's do.
+
 The result differs from the float graph only by float rounding (the integer sums are exact where the float
 convolution rounds), well inside one quantization step.
 
