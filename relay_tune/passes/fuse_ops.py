@@ -25,6 +25,8 @@ The algorithm, per function:
      convolution that reads it, whose template computes it one channel plane at a time;
    - phase 2: injective nodes join an intermediate tuple that was itself fused into an injective consumer
      (`concatenate((reshape(a), reshape(b)))`).
+   A call with a one-element result (a scalar computed from data: DynamicQuantizeLinear's scale and zero point) never
+   joins a group whose root has more elements: it is computed once in its own kernel, not once per element.
    Reductions never start a merge, so element-wise ops after a reduction are not absorbed.
 5. **Rewrite.** Each group becomes `Function((p0, p1, ...), body, Primitive=1)` called at the group's root, the
    parameters allocated in first-use order for each distinct outside value. Non-scalar constants are parameters
@@ -88,6 +90,14 @@ _SIMPLE_SCALAR_DTYPES = frozenset({"int32", "int64", "float32", "float64", "bool
 def is_inline_scalar(node: Expr) -> bool:
     """Scalar constants that fused functions keep as literals (the kinds a kernel can embed)."""
     return isinstance(node, Constant) and node.data.ndim == 0 and str(node.data.dtype) in _SIMPLE_SCALAR_DTYPES
+
+
+def _one_element(expr: Expr) -> bool:
+    """Whether `expr` is a call whose result is one tensor of one element (of static shape)."""
+    if not isinstance(expr, Call) or not expr.has_type():
+        return False
+    ty = expr.checked_type
+    return isinstance(ty, TensorType) and all(isinstance(d, int) and d == 1 for d in ty.shape)
 
 
 def op_pattern(name: str) -> OpPattern:
@@ -342,6 +352,10 @@ class GraphPartitioner:
 
             sink_group = self.groups[sink.index]
             if group.find_root() is sink_group.find_root():
+                continue
+            if _one_element(node.expr) and not _one_element(sink.expr):
+                # A scalar computed from data (DynamicQuantizeLinear's zero point) stays a kernel of its own,
+                # computed once, rather than once per element of its consumer.
                 continue
             if sink_group.pattern == TUPLE:
                 continue

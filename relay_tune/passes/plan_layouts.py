@@ -60,9 +60,11 @@ transform becomes one transform from the first layout, or cancels when it leads 
 - Max/avg pooling and global pooling of a blocked input take `layout="NCHW{k}c"` in its block; `concatenate` on the
   channel axis, when one of its inputs is blocked, concatenates along the outer block axis in the widest block (b,
   else b/2) that divides every input's channel count (24 + 32 channels: blocks of 8), or stays NCHW.
-- Every other operator (reshape, flatten, dense, softmax, transpose, slices, reductions, pad, calls of functions),
-  tuples and projections get their inputs in the original layout, and the function returns its results in their
-  original layouts: callers see the same signature.
+- `min` and `max` of every element of a blocked input (keepdims off) read it in its block: the same elements, one
+  scalar, no transform (DynamicQuantizeLinear's range of a convolution's output).
+- Every other operator (reshape, flatten, dense, softmax, transpose, slices, other reductions, pad, calls of
+  functions), tuples and projections get their inputs in the original layout, and the function returns its results
+  in their original layouts: callers see the same signature.
 
 Functions with `let` bindings, `if` or nested function literals are left as they are (the walk plans data-flow
 graphs; imported and zoo models are graphs). The rewritten function computes the same values as the original
@@ -80,6 +82,7 @@ from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorT
 from relay_tune.ir.expr import If
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
 from relay_tune.op.quantized import pack_int8_weight
+from relay_tune.op.reduce import reduce_axes
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
     Pass,
@@ -98,6 +101,8 @@ _BINARY_OPS = frozenset({
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
 })
+# Reductions whose result over every element does not depend on the elements' order (a sum's rounding would).
+_FULL_REDUCTIONS = frozenset({"min", "max"})
 _POOL_OPS = frozenset({"nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d"})
 _CONV_DTYPE = "float32"
 _MIN_HALF_BLOCK = 8  # half blocks narrower than this are not planned (see `_Planner.half`)
@@ -209,6 +214,8 @@ class _Planner:
             return self._concatenate(call)
         if name in _BINARY_OPS or name == "nn.bias_add":
             return self._broadcast(call)
+        if name in _FULL_REDUCTIONS:
+            return self._full_reduction(call)
         if _is_unary_elementwise(name) and len(call.args) == 1:
             block = self.block_of(call.args[0])
             if block:
@@ -351,6 +358,18 @@ class _Planner:
             updates["out_layout"] = _layout(block)
         x = self.get(call.args[0], block)
         return Call(call.op, (x,), attrs.with_updates(**updates), call.span), block
+
+    def _full_reduction(self, call: Call) -> tuple[Expr, int] | None:
+        """`min`/`max` of every element of a blocked input, read in its block: the same elements in another order
+        (the block divides the channels, so no padding is read), one result, with no transform of the input."""
+        ty = _static_4d(call.args[0])
+        block = self.block_of(call.args[0])
+        if not block or ty is None or _channels(ty) % block:
+            return None
+        if reduce_axes(4, call.attrs.get("axis"), bool(call.attrs.get("exclude"))) != (0, 1, 2, 3) \
+                or call.attrs.get("keepdims"):
+            return None
+        return Call(call.op, (self.get(call.args[0], block),), call.attrs, call.span), 0
 
     def _concatenate(self, call: Call) -> tuple[Expr, int] | None:
         fields_node = call.args[0]

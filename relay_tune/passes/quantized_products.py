@@ -25,6 +25,14 @@ The int32 products the importer builds for ConvInteger, QLinearConv and MatMulIn
 times a constant int32 weight) are narrowed the same way when the weight's values fit int8: the product reads the
 8-bit tensors (a quarter of the bytes) and the zero point becomes padding and a constant correction.
 
+Those whose weight does not fit int8 (onnxruntime's dynamically quantized models: uint8 weights with zero points
+near 128, so `w - zw` spans about [-180, 140]) run as the float32 product of the same small integers, cast back to
+int32: `cast(nn.conv2d(cast(q, "float32") - zq, float32(W)), "int32")`, the zero point constant or computed at run
+time (DynamicQuantizeLinear's), so the fast float32 templates and layout planning take them. With K terms per sum,
+the sums are exact while K * max|q - zq| * max|W| < 2^24 (every partial sum is then an integer float32 holds);
+beyond that a sum may round, by a relative 2^-24 per addition, far below a quantization step of the requantized
+result. Products whose bound reaches 2^31 stay int32, where the sums wrap as onnxruntime's do.
+
 The result differs from the float graph only by float rounding (the integer sums are exact where the float
 convolution rounds), well inside one quantization step.
 
@@ -55,6 +63,8 @@ _GRID_PEAKS = (127, 64)
 # Relative distance from the grid still taken as on it: the dequantized float32 weight is `q * s` rounded once.
 _GRID_TOLERANCE = 1e-5
 _QUANTIZED_DTYPES = ("uint8", "int8")
+# Integer products whose sums could reach this are left in int32, whose sums wrap as onnxruntime's do.
+_INT32_LIMIT = 2**31
 
 
 @dataclass(frozen=True)
@@ -213,7 +223,8 @@ def integer_product(call: Call, rebuilt: Call | None = None, fitting_pairs_only:
     if call.op_name not in ("nn.conv2d", "nn.dense"):
         return None
     if _dtype(call) == "int32":
-        return _narrowed_product(call, rebuilt or call, fitting_pairs_only)
+        narrowed = _narrowed_product(call, rebuilt or call, fitting_pairs_only)
+        return narrowed if narrowed is not None else _float_product(call, rebuilt or call)
     if _dtype(call) != "float32" or str(call.attrs.get("out_dtype") or "float32") != "float32":
         return None
     dq = match_dequantized(call.args[0])
@@ -255,6 +266,49 @@ def _narrowed_product(call: Call, rebuilt: Call, fitting_pairs_only: bool) -> Ex
         return None
     dq = dq.on(rebuilt.args[0])
     return _integer_conv(call, dq, q_weight) if call.op_name == "nn.conv2d" else _integer_dense(call, dq, q_weight)
+
+
+def _small_integers(orig: Expr, new: Expr) -> tuple[Expr, int, int] | None:
+    """`new` (a rebuilt copy of the typed `orig`) computed in float32, with the bounds of its values, when it is
+    made of 8-bit tensors widened to int32, integer scalar constants and their differences (`cast(q, "int32")`,
+    `cast(q, "int32") - zq` with a constant or a dynamic 8-bit zero point): None for anything else."""
+    if isinstance(orig, Constant) and isinstance(new, Constant) and orig.data.size == 1 \
+            and orig.data.dtype.kind in "iu":
+        value = int(orig.data.reshape(()))
+        return Constant(np.asarray(value, dtype=np.float32)), value, value
+    if not (isinstance(orig, Call) and isinstance(new, Call) and orig.op_name == new.op_name):
+        return None
+    if orig.op_name == "cast" and _dtype(orig) == "int32" and _dtype(orig.args[0]) in _QUANTIZED_DTYPES:
+        lo, hi = (0, 255) if _dtype(orig.args[0]) == "uint8" else (-128, 127)
+        return call_op("cast", new.args[0], dtype="float32"), lo, hi
+    if orig.op_name == "subtract":
+        left = _small_integers(orig.args[0], new.args[0])
+        right = _small_integers(orig.args[1], new.args[1])
+        if left is None or right is None:
+            return None
+        return call_op("subtract", left[0], right[0]), left[1] - right[2], left[2] - right[1]
+    return None
+
+
+def _float_product(call: Call, rebuilt: Call) -> Expr | None:
+    """An int32 product of widened 8-bit data (`cast(q, "int32") - zq`, see `_small_integers`) and an int32
+    constant weight as the float32 product of the same small integers, cast back to int32, when the sums cannot
+    overflow int32 (see the module docstring: exact while their bound is below 2^24)."""
+    weight = call.args[1]
+    expected_ndim = 4 if call.op_name == "nn.conv2d" else 2
+    if not isinstance(weight, Constant) or weight.data.dtype != np.int32 or weight.data.ndim != expected_ndim \
+            or not weight.data.size:
+        return None
+    data = _small_integers(call.args[0], rebuilt.args[0])
+    if data is None:
+        return None
+    data_f, lo, hi = data
+    terms = int(np.prod(weight.data.shape[1:]))  # per output: the input channels (of a group) times the taps
+    if terms * max(abs(lo), abs(hi)) * int(np.abs(weight.data.astype(np.int64)).max()) >= _INT32_LIMIT:
+        return None  # the int32 sums could wrap (as onnxruntime's do); the float32 ones would not
+    attrs = {key: value for key, value in call.attrs.items() if key != "out_dtype"}
+    product = call_op(call.op_name, data_f, Constant(weight.data.astype(np.float32)), **attrs)
+    return call_op("cast", product, dtype="int32")
 
 
 def _fold_requantize_divide(call: Call, scaled: set[int]) -> Expr | None:
