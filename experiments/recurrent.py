@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
     parser.add_argument("--repeat", type=int, default=5, help="timed inferences per engine and round (default 5)")
+    parser.add_argument("--settle", type=float, default=0.2,
+                        help="at most this many seconds to wait for an idle process before each engine's turn "
+                             "(onnxruntime's threads spin on after a call and slow the engine timed next)")
     parser.add_argument("--trials", type=int, default=0,
                         help="tune the model's tasks with this many trials in all and time the tuned build too "
                              "(default 0: no tuning)")
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         worst = max(worst, error)
     engines: dict[str, Any] = {"onnxruntime": lambda: session.run(None, {"X": x})}
     engines.update(builds)
-    timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs={"X": x})
+    timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs={"X": x}, settle_s=args.settle)
     for name, samples in timed.items():
         print(f"  {name}: {samples.describe()}")
     for name in builds:

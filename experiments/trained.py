@@ -172,8 +172,8 @@ def baseline_build(tree: Path, model: TrainedModel, path: Path, threads: int) ->
         return load_model(saved)
 
 
-def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None
-            ) -> dict[str, Any]:
+def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,
+            settle_s: float = 0.2) -> dict[str, Any]:
     """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
     with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too."""
     import relay_tune
@@ -201,7 +201,7 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         baseline = baseline_build(baseline_tree, model, path, threads)
         row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
         engines["baseline"] = lambda: baseline.run(**inputs)
-    samples = interleaved(engines, rounds=rounds, repeat=repeat)
+    samples = interleaved(engines, rounds=rounds, repeat=repeat, settle_s=settle_s)
     ort, ours = samples["onnxruntime"], samples["relay-tune"]
     row["ort_ms"] = round(ort.median * 1e3, 3)
     row["relay_tune_ms"] = round(ours.median * 1e3, 3)
@@ -248,6 +248,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads of both engines (default 2)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per engine and round (default 5)")
+    parser.add_argument("--settle", type=float, default=0.2,
+                        help="at most this many seconds to wait for an idle process before each engine's turn "
+                             "(onnxruntime's threads spin on after a call and slow the engine timed next)")
     parser.add_argument("--csv", type=Path, help="write one row per model to this CSV file")
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also check and time each model as the relay-tune checkout in DIR builds it (default "
@@ -272,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     rows = []
     for name in names:
-        row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree)
+        row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:
