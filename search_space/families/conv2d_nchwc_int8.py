@@ -16,9 +16,7 @@ import dataclasses
 from typing import Any
 
 from search_space.families.common import CpuWorkload, Family
-from search_space.families.conv2d_nchwc import _default as _blocked_default
-from search_space.families.conv2d_nchwc import _knobs as _blocked_knobs
-from search_space.families.conv2d_nchwc import _template_conv2d_nchwc
+from search_space.families.conv2d_nchwc import CONV2D_NCHWC
 from search_space.families.convolution import analyse_blocked_conv, tagged
 from search_space.knobs import Knob
 from search_space.space import Constraint
@@ -45,12 +43,12 @@ def _with_dot_registers(workload: CpuWorkload) -> CpuWorkload:
 
 
 def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
-    return _blocked_knobs(_with_dot_registers(workload))
+    return CONV2D_NCHWC.knobs(_with_dot_registers(workload))
 
 
 def _default(workload: CpuWorkload) -> dict[str, Any]:
-    return _blocked_default(_with_dot_registers(workload))
+    return CONV2D_NCHWC.default_values(_with_dot_registers(workload))
 
 
 CONV2D_NCHWC_INT8 = Family("conv2d_nchwc_int8", tagged("conv2d_nchwc_int8"), _analyse, _knobs, _default,
-                           _template_conv2d_nchwc)
+                           CONV2D_NCHWC.template)
