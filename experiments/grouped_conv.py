@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from experiments import UsageError
-from experiments.models import first_output, matches, openvino_core, openvino_engine, ort_session, random_inputs
+from experiments.models import (
+    built_by_tree,
+    first_output,
+    matches,
+    openvino_core,
+    openvino_engine,
+    ort_session,
+    random_inputs,
+)
 from experiments.timing import interleaved
 
 _BUILD_AND_SAVE = """
@@ -102,17 +106,6 @@ def @main(%x: Tensor[(1, {channels}, {size}, {size}), float32],
     return 0 if good else 1
 
 
-def _baseline(tree: Path, threads: int, folder: Path) -> Any:
-    """The model built by the code in `tree`, loaded into this process."""
-    from relay_tune.runtime.vm import load_model
-
-    path = folder / "before.rtmod"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-c", _BUILD_AND_SAVE, str(threads), str(path)], check=True, env=env,
-                   cwd=str(tree))
-    return load_model(path)
-
-
 def run(args: argparse.Namespace) -> int:
     import relay_tune
     from relay_tune.frontend import from_onnx
@@ -131,33 +124,32 @@ def run(args: argparse.Namespace) -> int:
     want = first_output(session.run(None, inputs))
     engines: dict[str, Any] = {"onnxruntime": lambda: session.run(None, inputs)}
     builds: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        if args.baseline_tree is not None:
-            builds["before"] = _baseline(args.baseline_tree, args.threads, Path(folder))
-        mod, _ = from_onnx(onnx_model)
-        builds["after"] = relay_tune.build(mod, target=Target.host(num_cores=args.threads))
-        engines.update(builds)
-        if openvino_core() is not None:
-            engines["openvino"] = functools.partial(openvino_engine(onnx_model, args.threads, "f32"), inputs)
-        good = True
-        for label, engine in engines.items():
-            got = first_output(engine.run(**inputs) if label in builds else engine())
-            ok, error = matches(got, want, args.rtol)
-            good = good and ok
-            print(f"{label:12s} output error relative to onnxruntime {error:.2e}{'' if ok else '  MISMATCH'}")
-        timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs=inputs, settle_s=args.settle)
-        base = timed["onnxruntime"].median
-        vino = timed["openvino"].median if "openvino" in timed else None
-        print(f"\nlight_shufflenet, {args.threads} threads, {args.rounds} rounds x {args.repeat}")
-        print(f"{'engine':12s} {'median ms':>10s} {'rel IQR':>8s} {'/ ort':>7s} {'/ openvino':>10s}")
-        for label, samples in timed.items():
-            ratio_vino = f"{samples.median / vino:10.2f}" if vino else f"{'-':>10s}"
-            print(f"{label:12s} {samples.median * 1e3:10.2f} {samples.spread:8.2f} "
-                  f"{samples.median / base:7.2f} {ratio_vino}")
-        if "before" in timed:
-            print(f"after / before: {timed['after'].median / timed['before'].median:.2f}")
-        for label, build in builds.items():
-            print(f"\n{label}: slowest tasks (in-graph ms, calls)")
-            for row in build.profile(repeat=5)[:10]:
-                print(f"  {row.seconds * 1e3:7.3f} {row.calls:3d}  {row.description}")
+    if args.baseline_tree is not None:
+        builds["before"] = built_by_tree(args.baseline_tree, _BUILD_AND_SAVE, [str(args.threads)])
+    mod, _ = from_onnx(onnx_model)
+    builds["after"] = relay_tune.build(mod, target=Target.host(num_cores=args.threads))
+    engines.update(builds)
+    if openvino_core() is not None:
+        engines["openvino"] = functools.partial(openvino_engine(onnx_model, args.threads, "f32"), inputs)
+    good = True
+    for label, engine in engines.items():
+        got = first_output(engine.run(**inputs) if label in builds else engine())
+        ok, error = matches(got, want, args.rtol)
+        good = good and ok
+        print(f"{label:12s} output error relative to onnxruntime {error:.2e}{'' if ok else '  MISMATCH'}")
+    timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs=inputs, settle_s=args.settle)
+    base = timed["onnxruntime"].median
+    vino = timed["openvino"].median if "openvino" in timed else None
+    print(f"\nlight_shufflenet, {args.threads} threads, {args.rounds} rounds x {args.repeat}")
+    print(f"{'engine':12s} {'median ms':>10s} {'rel IQR':>8s} {'/ ort':>7s} {'/ openvino':>10s}")
+    for label, samples in timed.items():
+        ratio_vino = f"{samples.median / vino:10.2f}" if vino else f"{'-':>10s}"
+        print(f"{label:12s} {samples.median * 1e3:10.2f} {samples.spread:8.2f} "
+              f"{samples.median / base:7.2f} {ratio_vino}")
+    if "before" in timed:
+        print(f"after / before: {timed['after'].median / timed['before'].median:.2f}")
+    for label, build in builds.items():
+        print(f"\n{label}: slowest tasks (in-graph ms, calls)")
+        for row in build.profile(repeat=5)[:10]:
+            print(f"  {row.seconds * 1e3:7.3f} {row.calls:3d}  {row.description}")
     return 0 if good else 1

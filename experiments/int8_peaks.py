@@ -89,11 +89,11 @@ exit:
 
 def _sequences(lanes: int, vnni: bool) -> dict[str, tuple[str, int]]:
     """Per sequence: its loop's IR and the ops of one chain's iteration."""
+    from relay_tune.codegen.llvm_dot import PMADDUBSW_INTRINSICS, PMADDWD_INTRINSICS
+
     vec, b8, w16, fvec = f"<{lanes} x i32>", f"<{4 * lanes} x i8>", f"<{2 * lanes} x i16>", f"<{lanes} x float>"
     bits = 32 * lanes
-    ubsw = {128: "llvm.x86.ssse3.pmadd.ub.sw.128", 256: "llvm.x86.avx2.pmadd.ub.sw",
-            512: "llvm.x86.avx512.pmaddubs.w.512"}[bits]
-    wd = {128: "llvm.x86.sse2.pmadd.wd", 256: "llvm.x86.avx2.pmadd.wd", 512: "llvm.x86.avx512.pmaddw.d.512"}[bits]
+    ubsw, wd = PMADDUBSW_INTRINSICS[bits // 8], PMADDWD_INTRINSICS[bits // 8]
     fma = f"llvm.fma.v{lanes}f32"
     ones = f"<{', '.join('i16 1' for _ in range(2 * lanes))}>"
     seqs = {

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,24 +167,30 @@ import sys, onnx, relay_tune
 from relay_tune.frontend import from_onnx
 from relay_tune.target import Target
 mod, _ = from_onnx(onnx.load(sys.argv[1]))
-relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[3]))).save(sys.argv[2])
+relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[2]))).save(sys.argv[3])
 """
 
 
-def baseline_build(tree: Path, onnx_model: Any, threads: int) -> Any:
-    """`onnx_model` built by the relay-tune code in `tree` (a subprocess with `tree` first on PYTHONPATH), loaded
-    into this process."""
-    import onnx
-
+def built_by_tree(tree: Path, script: str, args: Sequence[str]) -> Any:
+    """The model that `script` builds with the relay-tune code in `tree` (a subprocess with `tree` first on
+    PYTHONPATH) and saves at the path given as its last argument after `args`, loaded into this process."""
     from relay_tune.runtime.vm import load_model
 
     with tempfile.TemporaryDirectory() as folder:
-        source, saved = Path(folder) / "model.onnx", Path(folder) / "baseline.rtmod"
-        onnx.save(onnx_model, str(source))
+        saved = Path(folder) / "baseline.rtmod"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
-        subprocess.run([sys.executable, "-c", _BASELINE_BUILD, str(source), str(saved), str(threads)], check=True,
-                       env=env, cwd=str(tree))
+        subprocess.run([sys.executable, "-c", script, *args, str(saved)], check=True, env=env, cwd=str(tree))
         return load_model(saved)
+
+
+def baseline_build(tree: Path, onnx_model: Any, threads: int) -> Any:
+    """`onnx_model` built by the relay-tune code in `tree` (`built_by_tree`), loaded into this process."""
+    import onnx
+
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "model.onnx"
+        onnx.save(onnx_model, str(source))
+        return built_by_tree(tree, _BASELINE_BUILD, [str(source), str(threads)])
 
 
 def random_inputs(onnx_model: Any, seed: int) -> dict[str, np.ndarray]:

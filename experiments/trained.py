@@ -151,25 +151,20 @@ from relay_tune.target import Target
 shapes, fixed = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 params = {k: np.array(v, dtype=np.int64) for k, v in fixed.items()}
 mod, _ = from_onnx(sys.argv[1], shape_overrides={k: tuple(v) for k, v in shapes.items()})
-relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[5])), params=params or None).save(sys.argv[4])
+relay_tune.build(mod, target=Target.host(num_cores=int(sys.argv[4])), params=params or None).save(sys.argv[5])
 """
 
 
 def baseline_build(tree: Path, model: TrainedModel, path: Path, threads: int) -> Any:
-    """The model built by the relay-tune code in `tree` (a subprocess with `tree` first on PYTHONPATH), loaded into
-    this process."""
+    """The model built by the relay-tune code in `tree` (`experiments.models.built_by_tree`), loaded into this
+    process."""
     import json
-    import tempfile
 
-    from relay_tune.runtime.vm import load_model
+    from experiments.models import built_by_tree
 
     shapes = {**{k: list(v) for k, v in model.shapes.items()}, **{k: [] for k, _ in model.fixed}}
-    with tempfile.TemporaryDirectory() as folder:
-        saved = Path(folder) / "baseline.rtmod"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
-        subprocess.run([sys.executable, "-c", _BASELINE_BUILD, str(path), json.dumps(shapes),
-                        json.dumps(dict(model.fixed)), str(saved), str(threads)], check=True, env=env, cwd=str(tree))
-        return load_model(saved)
+    return built_by_tree(tree, _BASELINE_BUILD, [str(path), json.dumps(shapes), json.dumps(dict(model.fixed)),
+                                                 str(threads)])
 
 
 def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,

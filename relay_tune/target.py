@@ -47,6 +47,22 @@ _AVX2_CPUS = frozenset(
 _AVX_CPUS = frozenset({"sandybridge", "ivybridge", "bdver1", "bdver2", "bdver3", "btver2"})
 
 
+def _cpus(names: str, features: str) -> dict[str, frozenset[str]]:
+    return {name: frozenset(features.split()) for name in names.split()}
+
+
+# The byte dot-product features (`relay_tune.codegen.llvm_dot`) CPU names imply: AVX512BW/VL, AVX512-VNNI, AVX-VNNI.
+_DOT_FEATURES_OF_CPU: dict[str, frozenset[str]] = {
+    **_cpus("skylake-avx512 x86-64-v4", "avx512bw avx512vl"),
+    **_cpus("cascadelake cooperlake icelake-client icelake-server tigerlake rocketlake znver4 znver5",
+            "avx512bw avx512vl avx512vnni"),
+    **_cpus("sapphirerapids emeraldrapids graniterapids graniterapids-d diamondrapids",
+            "avx512bw avx512vl avx512vnni avxvnni"),
+    **_cpus("alderlake raptorlake meteorlake arrowlake arrowlake-s lunarlake pantherlake gracemont sierraforest "
+            "grandridge clearwaterforest", "avxvnni"),
+}
+
+
 class TargetError(RelayTuneError):
     """A malformed or unsupported target string."""
 
@@ -305,13 +321,14 @@ def _did_you_mean(word: str, choices: frozenset[str]) -> str:
 
 
 def _features_of_cpu(mcpu: str) -> frozenset[str]:
+    dot = _DOT_FEATURES_OF_CPU.get(mcpu, frozenset())
     if mcpu in _AVX512_CPUS:
-        return frozenset({"avx512f", "avx2", "avx", "fma"})
+        return frozenset({"avx512f", "avx2", "avx", "fma"}) | dot
     if mcpu in _AVX2_CPUS:
-        return frozenset({"avx2", "avx", "fma"})
+        return frozenset({"avx2", "avx", "fma"}) | dot
     if mcpu in _AVX_CPUS:
         return frozenset({"avx"})
-    return frozenset()
+    return dot
 
 
 def _dtype_bits(dtype: str) -> int:

@@ -40,36 +40,13 @@ class DotFeatures:
     @staticmethod
     def for_target(target: Target) -> DotFeatures:
         """The features of an LLVM CPU target: its listed features, or those its CPU name implies."""
-        implied = _IMPLIED.get(target.mcpu, frozenset())
-
-        def has(name: str) -> bool:
-            if f"-{name}" in target.mattr:
-                return False
-            return target.has_feature(name) or name in implied
-
+        has = target.has_feature
         vector_bits = target.vector_bits
         if vector_bits >= 512 and has("avx512bw"):
             return DotFeatures(64, has("avx512vnni"), True)
         if vector_bits >= 256 and has("avx2"):
             return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True)
         return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"))
-
-
-def _cpus(names: str, features: str) -> dict[str, frozenset[str]]:
-    return {name: frozenset(features.split()) for name in names.split()}
-
-
-# Byte dot-product features of CPUs named without a feature list (`llvm -mcpu=icelake-server`); targets built from
-# the host (`Target.host()`) list their features and need no table.
-_IMPLIED: dict[str, frozenset[str]] = {
-    **_cpus("skylake-avx512 x86-64-v4", "avx512bw avx512vl"),
-    **_cpus("cascadelake cooperlake icelake-client icelake-server tigerlake rocketlake znver4 znver5",
-            "avx512bw avx512vl avx512vnni"),
-    **_cpus("sapphirerapids emeraldrapids graniterapids graniterapids-d diamondrapids",
-            "avx512bw avx512vl avx512vnni avxvnni"),
-    **_cpus("alderlake raptorlake meteorlake arrowlake arrowlake-s lunarlake pantherlake gracemont sierraforest "
-            "grandridge clearwaterforest", "avxvnni"),
-}
 
 
 def _vector(element: ir.Type, lanes: int) -> ir.VectorType:
@@ -126,9 +103,11 @@ def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
         if features.vnni:
             pieces.append(_vpdpbusd(builder, declare, ca, cb, cacc, width))
             continue
-        pairs = builder.call(declare(_PMADDUBSW[width], _vector(I16, width // 2), [ca.type, cb.type]), [ca, cb])
+        pairs = builder.call(declare(PMADDUBSW_INTRINSICS[width], _vector(I16, width // 2), [ca.type, cb.type]),
+                             [ca, cb])
         ones = ir.Constant(_vector(I16, width // 2), [1] * (width // 2))
-        sums = builder.call(declare(_PMADDWD[width], _vector(I32, per), [pairs.type, pairs.type]), [pairs, ones])
+        sums = builder.call(declare(PMADDWD_INTRINSICS[width], _vector(I32, per), [pairs.type, pairs.type]),
+                            [pairs, ones])
         pieces.append(sums if cacc is None else builder.add(cacc, sums))
     while len(pieces) > 1:  # concatenate the registers' lanes, pairs of equal width at a time
         if len(pieces) % 2:
@@ -142,9 +121,11 @@ def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
     return result
 
 
-_PMADDUBSW = {16: "llvm.x86.ssse3.pmadd.ub.sw.128", 32: "llvm.x86.avx2.pmadd.ub.sw",
-              64: "llvm.x86.avx512.pmaddubs.w.512"}
-_PMADDWD = {16: "llvm.x86.sse2.pmadd.wd", 32: "llvm.x86.avx2.pmadd.wd", 64: "llvm.x86.avx512.pmaddw.d.512"}
+PMADDUBSW_INTRINSICS = {16: "llvm.x86.ssse3.pmadd.ub.sw.128", 32: "llvm.x86.avx2.pmadd.ub.sw",
+                        64: "llvm.x86.avx512.pmaddubs.w.512"}
+"""vpmaddubsw by register bytes."""
+PMADDWD_INTRINSICS = {16: "llvm.x86.sse2.pmadd.wd", 32: "llvm.x86.avx2.pmadd.wd", 64: "llvm.x86.avx512.pmaddw.d.512"}
+"""vpmaddwd by register bytes."""
 
 
 def _vpdpbusd(builder: ir.IRBuilder, declare: Declare, a: ir.Value, b: ir.Value, acc: ir.Value | None,

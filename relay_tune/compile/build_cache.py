@@ -42,7 +42,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
-from relay_tune.compile.kernel_cache import compiler_identity
+from relay_tune.compile.kernel_cache import cache_enabled, compiler_identity
 from relay_tune.compile.lookup import BuildWarning, SpecLookup
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import IRModule
@@ -70,7 +70,7 @@ class BuildCache:
     @classmethod
     def default(cls) -> BuildCache | None:
         """The per-user cache, or None when `RELAY_TUNE_BUILD_CACHE` is 0 (or off/false/no)."""
-        if os.environ.get(BUILD_CACHE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        if not cache_enabled(BUILD_CACHE_ENV):
             return None
         return cls(default_cache_dir() / "models")
 

@@ -63,25 +63,21 @@ def build(
     options: dict[str, Any] = dict(jobs=jobs, require_tuned=require_tuned, threading_runtime=threading_runtime,
                                    layout_planning=layout_planning, winograd=winograd, kernel_cache=kernel_cache)
 
+    checked = check_tuned and logs is not None
+
+    def compile_it() -> CompiledModel | VMModel:
+        if checked:
+            return check_tuned_records(mod, target, params, logs, opt_level, **options)
+        return compile_model(mod, target, params, logs, opt_level, **options)
+
     module = IRModule({"main": mod}) if isinstance(mod, Function) else mod
-    cache = BuildCache.default() if build_cache and isinstance(module, IRModule) and "main" in module else None
+    cache = BuildCache.default() if build_cache and "main" in module else None
     if cache is not None:
         start = time.perf_counter()
         # What changes the code; `jobs`, `kernel_cache` and `threading_runtime` do not.
-        decisive = dict(opt_level=opt_level, require_tuned=require_tuned, check_tuned=check_tuned and logs is not None,
+        decisive = dict(opt_level=opt_level, require_tuned=require_tuned, check_tuned=checked,
                         layout_planning=layout_planning, winograd=winograd)
         key = build_key(module, resolve_target(target), params, logs, decisive)
         if key is not None:
-            return cached_build(
-                cache, key, lambda: _compile(mod, target, params, logs, opt_level, check_tuned, options),
-                threading_runtime, start)
-    if check_tuned and logs is not None:
-        return check_tuned_records(mod, target, params, logs, opt_level, **options)
-    return compile_model(mod, target, params, logs, opt_level, **options)
-
-
-def _compile(mod: IRModule | Function, target: str | Target | None, params: Mapping[str, Any] | None, logs: Any,
-             opt_level: int, check_tuned: bool, options: Mapping[str, Any]) -> CompiledModel | VMModel:
-    if check_tuned and logs is not None:
-        return check_tuned_records(mod, target, params, logs, opt_level, **options)
-    return compile_model(mod, target, params, logs, opt_level, **options)
+            return cached_build(cache, key, compile_it, threading_runtime, start)
+    return compile_it()

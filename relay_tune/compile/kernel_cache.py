@@ -129,9 +129,14 @@ class KernelObjectCache:
         return removed
 
 
+def cache_enabled(variable: str) -> bool:
+    """Whether the environment variable `variable` leaves its cache on (unset, or anything but 0/off/false/no)."""
+    return os.environ.get(variable, "").strip().lower() not in ("0", "off", "false", "no")
+
+
 def kernel_cache_enabled() -> bool:
-    """Whether `RELAY_TUNE_KERNEL_CACHE` leaves the kernel cache on (anything but 0/off/false/no)."""
-    return os.environ.get(KERNEL_CACHE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+    """Whether `RELAY_TUNE_KERNEL_CACHE` leaves the kernel cache on."""
+    return cache_enabled(KERNEL_CACHE_ENV)
 
 
 def loop_nest_digest(func: tir.PrimFunc) -> str:

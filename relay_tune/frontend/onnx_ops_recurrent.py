@@ -288,10 +288,7 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     if kind == "LSTM" and _loop_kernel_fits(node, acts, clip, masks, peepholes, dtype):
         looped = _lstm_sequence(imp, x2d, w, r, b, initial_h, initial_c, seq, batch, hidden,
                                 [direction == "reverse" or d == 1 for d in range(directions)])
-        if layout:  # Y as (batch, seq, directions, hidden), the states as (batch, directions, hidden)
-            return [imp.call("transpose", [looped[0]], axes=[2, 0, 1, 3]),
-                    *(imp.call("transpose", [state], axes=[1, 0, 2]) for state in looped[1:])]
-        return list(looped)
+        return _in_layout(imp, *looped, layout)
 
     ys, hs, cs = [], [], []
     for d in range(directions):
@@ -347,6 +344,12 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     y = imp.call("stack", [Tuple(tuple(ys))], axis=1)  # (seq, directions, batch, hidden)
     y_h = imp.call("stack", [Tuple(tuple(hs))], axis=0)  # (directions, batch, hidden)
     y_c = imp.call("stack", [Tuple(tuple(cs))], axis=0) if cs else None
+    return _in_layout(imp, y, y_h, y_c, layout)
+
+
+def _in_layout(imp: Importer, y: Expr, y_h: Expr, y_c: Expr | None, layout: int) -> list[Expr]:
+    """The node's outputs from `Y (seq, directions, batch, hidden)` and the states `(directions, batch, hidden)`:
+    with `layout` 1, Y as (batch, seq, directions, hidden) and the states as (batch, directions, hidden)."""
     if layout:
         y = imp.call("transpose", [y], axes=[2, 0, 1, 3])
         y_h = imp.call("transpose", [y_h], axes=[1, 0, 2])

@@ -51,8 +51,18 @@ def pack_int8_weight(weight: np.ndarray, bi: int, bo: int) -> tuple[np.ndarray, 
     full[:o, :i] = weight
     ob, cb = full.shape[0] // bo, full.shape[1] // bi
     packed = full.reshape(ob, bo, cb, bi // 4, 4, kh, kw).transpose(0, 2, 5, 6, 3, 1, 4)
-    pairs = np.abs(packed.astype(np.int32)).reshape(*packed.shape[:-1], 2, 2).sum(axis=-1)
-    return np.ascontiguousarray(packed), bool(pairs.max(initial=0) <= PAIR_LIMIT)
+    # a quad's pairs are input channels (2j, 2j + 1): the pairs `pairs_fit_int16` checks
+    return np.ascontiguousarray(packed), pairs_fit_int16(full)
+
+
+def pairs_fit_int16(weight: np.ndarray) -> bool:
+    """Whether every pair of consecutive input channels (axis 1: channels 2j and 2j + 1) of an OIHW (or OI) int8
+    weight has |w0| + |w1| <= PAIR_LIMIT at every output channel and tap: vpmaddubsw's int16 pair sums of uint8
+    data then never saturate."""
+    w = np.abs(weight.astype(np.int32))
+    if w.shape[1] % 2:
+        w = np.concatenate([w, np.zeros_like(w[:, :1])], axis=1)
+    return bool((w[:, 0::2] + w[:, 1::2]).max(initial=0) <= PAIR_LIMIT)
 
 
 def unpack_int8_weight(packed: np.ndarray) -> np.ndarray:

@@ -53,6 +53,7 @@ from typing import ClassVar
 import numpy as np
 
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule
+from relay_tune.op.quantized import pairs_fit_int16
 from relay_tune.passes.base import Pass, PassConfig, call_op, map_functions, register_pass, retype, rewrite_dataflow
 
 # The largest weight magnitude of onnxruntime's symmetric int8 weights (-128 is never produced), and the grid ends
@@ -170,16 +171,6 @@ def recover_int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray] | N
             if q is not None:
                 return q.reshape(weight.shape), scales
     return None
-
-
-def pairs_fit_int16(q_weight: np.ndarray) -> bool:
-    """Whether every pair of consecutive input channels (axis 1: channels 2j and 2j + 1) of an int8 weight has
-    |w0| + |w1| <= 128 at every output channel and tap: vpmaddubsw's int16 pair sums of uint8 data then never
-    saturate (the packed int8 kernel pairs the channels so)."""
-    w = np.abs(q_weight.astype(np.int32))
-    if w.shape[1] % 2:
-        w = np.concatenate([w, np.zeros_like(w[:, :1])], axis=1)
-    return bool((w[:, 0::2] + w[:, 1::2]).max(initial=0) <= 128)
 
 
 def _integer_conv(call: Call, dq: Dequantized, q_weight: np.ndarray) -> Expr | None:
