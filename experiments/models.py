@@ -227,23 +227,34 @@ def openvino_precisions() -> list[tuple[str, str]]:
     return [("openvino", "f32")] + ([(f"openvino_{default}", default)] if default != "f32" else [])
 
 
-def openvino_engine(onnx_model: Any, threads: int, precision: str = "f32") -> Callable[[dict[str, np.ndarray]], Any]:
+def openvino_engine(onnx_model: Any, threads: int, precision: str = "f32",
+                    shapes: dict[str, tuple[int, ...]] | None = None,
+                    all_outputs: bool = False) -> Callable[[dict[str, np.ndarray]], Any]:
     """One inference through OpenVINO's CPU plugin at `precision` on `threads` threads (a callable of the
-    inputs)."""
+    inputs). `onnx_model` is a ModelProto or an ONNX file's path; `shapes` fixes inputs' shapes (as relay-tune
+    compiles for static shapes); the callable returns the first output, or with `all_outputs` every output."""
     import onnx
 
     core = openvino_core()
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.onnx"
-        onnx.save(onnx_model, str(path))
-        model = core.read_model(str(path))
+    if isinstance(onnx_model, (str, Path)):
+        model = core.read_model(str(onnx_model))
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "model.onnx"
+            onnx.save(onnx_model, str(path))
+            model = core.read_model(str(path))
+    if shapes:
+        model.reshape({name: list(shape) for name, shape in shapes.items()})
     config = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
               "PERFORMANCE_HINT": "LATENCY"}
     compiled = core.compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
+    count = len(compiled.outputs)
 
     def infer(inputs: dict[str, np.ndarray]) -> Any:
         request.infer(inputs)
+        if all_outputs:
+            return [request.get_output_tensor(i).data for i in range(count)]
         return request.get_output_tensor(0).data
 
     return infer

