@@ -56,6 +56,7 @@ class TrainedModel:
     shapes: dict[str, tuple[int, ...]]
     kind: str  # what the model is, for the table
     value_range: tuple[float, float] = (-1.0, 1.0)  # inputs are drawn uniformly from this range
+    dtype: str = "float32"  # of every input; integer inputs are drawn from the range's integers, ends included
     fixed: tuple[tuple[str, int], ...] = ()  # integer inputs with one meaningful value (a sample rate), bound
     # A stateful model runs step after step: (output index, input name) pairs feed each step's state to the next.
     carry: tuple[tuple[int, str], ...] = ()
@@ -67,7 +68,10 @@ class TrainedModel:
     def input_arrays(self, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
         low, high = self.value_range
-        return {name: rng.uniform(low, high, size=shape).astype(np.float32) for name, shape in self.shapes.items()}
+        if np.issubdtype(np.dtype(self.dtype), np.integer):
+            return {name: rng.integers(int(low), int(high), size=shape, endpoint=True).astype(self.dtype)
+                    for name, shape in self.shapes.items()}
+        return {name: rng.uniform(low, high, size=shape).astype(self.dtype) for name, shape in self.shapes.items()}
 
     def fixed_arrays(self) -> dict[str, np.ndarray]:
         return {name: np.array(value, dtype=np.int64) for name, value in self.fixed}
@@ -92,6 +96,10 @@ MODELS: tuple[TrainedModel, ...] = (
     TrainedModel("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
                  {"input": (1, 512), "state": (2, 1, 128)}, "voice-activity detector (LSTM, If), 16 steps",
                  fixed=(("sr", 16000),), carry=((1, "state"),), steps=16),
+    TrainedModel("nudenet_320n", "nudenet==3.4.2", "nudenet/320n.onnx", {"images": (1, 3, 320, 320)},
+                 "YOLOv8n detector (Resize, Split, distribution-focal box head)", (0.0, 1.0)),
+    TrainedModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", {"bytes": (1, 2048)},
+                 "file-type classifier over raw bytes (int32 input, 256 = padding)", (0, 256), dtype="int32"),
 )
 
 

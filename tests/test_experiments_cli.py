@@ -476,6 +476,17 @@ def test_trained_names_what_openvino_cannot_convert() -> None:
     assert _openvino_failure(ValueError("bad shape\nmore")) == "ValueError: bad shape"
 
 
+def test_trained_integer_inputs_cover_their_range() -> None:
+    from experiments import trained
+
+    model = trained.TrainedModel("ints", "not-a-package==0", "m.onnx", {"bytes": (4, 2048)}, "test", (0, 256),
+                                 dtype="int32")
+    arrays = model.input_arrays(seed=3)
+    assert arrays["bytes"].dtype == np.int32 and arrays["bytes"].shape == (4, 2048)
+    assert arrays["bytes"].min() == 0 and arrays["bytes"].max() == 256  # both ends drawn (256: magika's padding)
+    assert not np.array_equal(arrays["bytes"], model.input_arrays(seed=4)["bytes"])
+
+
 def test_trained_quantization_step_is_one_8_bit_step_of_the_range() -> None:
     from experiments import trained
 
