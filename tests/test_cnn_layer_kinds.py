@@ -12,6 +12,7 @@ import pytest
 from relay_tune.compile.primitive import build_primitive
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var, op
+from relay_tune.kernel.compute import primitive_compute
 from relay_tune.op.registry import get_op
 from relay_tune.text import parse_module
 from relay_tune.type_infer import infer_types
@@ -99,3 +100,42 @@ def test_grouped_blocked_convolution_matches_the_reference(channels: tuple[int, 
                                                            size: tuple[int, int], kernel: int, stride: int,
                                                            pad: int) -> None:
     check_blocked_grouped_conv(channels, groups, block, size, kernel, stride, pad)
+
+
+# Softmax across a middle axis: YOLOv8's box head (distribution focal loss: softmax over axis 1 of [1, 16, 4, A])
+# and channel softmax on NCHW. The reductions run across that axis, one tile of the innermost axis at a time.
+ACROSS = [((1, 16, 4, 37), 1), ((2, 5, 3, 19), 1), ((3, 7, 21), 0), ((2, 6, 5, 9), 2)]
+
+
+@pytest.mark.parametrize("shape, axis", ACROSS)
+def test_softmax_across_a_middle_axis_every_config(shape: tuple[int, ...], axis: int) -> None:
+    from relay_tune.compile import resolve_target
+    from relay_tune.tuning.relay_task import tasks_from_module
+    from search_space.families.reduction import _reduction_mode
+
+    x = Var("x", TensorType(shape, "float32"))
+    body = Call(op("nn.softmax"), (x,), get_op("nn.softmax").make_attrs({"axis": axis}))
+    mod = infer_types(IRModule({"main": Function((x,), body)}))
+    (task,) = tasks_from_module(mod, resolve_target("llvm -num-cores=2"))
+    assert _reduction_mode(primitive_compute(task.func), task.target_info) == ("across", shape[-1])
+    rng = np.random.default_rng(1)
+    data = (rng.standard_normal(shape) * 4).astype(np.float32)
+    want = evaluate(mod, [data])
+    for config in task.space.enumerate():
+        got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(config))(data)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(config))
+
+
+def test_softmax_across_computes_each_exponential_once() -> None:
+    from relay_tune.compile.primitive import lower_primitive
+    from relay_tune.kernel.analysis import format_func
+
+    x = Var("x", TensorType((1, 16, 4, 2100), "float32"))
+    body = Call(op("nn.softmax"), (x,), get_op("nn.softmax").make_attrs({"axis": 1}))
+    func = infer_types(IRModule({"main": Function((x,), body)}))["main"]
+    prim, _ = lower_primitive(func.with_attrs(Primitive=1))
+    # The exponentials of one tile live in a local buffer holding all 16 positions of the reduced axis: computed
+    # once per tile, not once per output row.
+    text = format_func(prim)
+    exp_buffers = [line for line in text.splitlines() if "alloc" in line and ".exp" in line]
+    assert exp_buffers and all("[1x16x1x" in line for line in exp_buffers), text[:2000]

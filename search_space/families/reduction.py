@@ -1,6 +1,7 @@
 """The `reduction` family: pooling, reductions, softmax, normalisations, and convolutions no other family takes.
 
-Knobs: `vector` (tile width along the innermost output axis) where the reductions read it contiguously,
+Knobs: `vector` (tile width along the innermost output axis) where the reductions read it contiguously
+(also where they run across another axis: softmax over channels),
 `parallel`; on `NCHW{b}c` pooling that axis is the block, one vector of channels; `pad` where a pooling window is
 padded (the padded input written ahead, or read through a guard).
 """
@@ -82,9 +83,37 @@ def _reduction_mode(prim: Any, target: Any) -> tuple[str, int]:
                   and _reads_contiguously(st, st.op.axes[-1]) for st in reductions)
     if last >= 4 and aligned and reductions:
         return "tiles", last
+    if last >= 4 and len(leaves) == len(out.op.axes) and _across_axis(out, reductions) is not None:
+        return "across", last
     if last >= 4 and len(leaves) >= 2:
         return "rows", last
     return "flat", last
+
+
+def _across_axis(out: Any, reductions: list[Any]) -> int | None:
+    """The output axis that every reduction runs across, where it is not the innermost one: softmax over the
+    channels of [N, C, H, W], YOLOv8's box head (softmax over axis 1 of [1, 16, 4, A]). Each reduction has the
+    output's axes but that one (matched by name, else by extent where that is unambiguous) and reads its own last
+    axis contiguously; None otherwise."""
+    axes = out.op.axes
+    if not reductions:
+        return None
+    found: set[int] = set()
+    for st in reductions:
+        mine = st.op.axes
+        if not mine or len(mine) != len(axes) - 1 or not _reads_contiguously(st, mine[-1]):
+            return None
+        names = [a.name for a in mine]
+        by_name = [d for d in range(len(axes)) if [a.name for i, a in enumerate(axes) if i != d] == names]
+        by_extent = [d for d in range(len(axes))
+                     if [a.extent for i, a in enumerate(axes) if i != d] == [a.extent for a in mine]]
+        candidates = by_name or (by_extent if len(by_extent) == 1 else [])
+        if len(candidates) != 1:
+            return None
+        found.add(candidates[0])
+    if len(found) != 1 or found == {len(axes) - 1}:
+        return None
+    return found.pop()
 
 
 # -- space and default -------------------------------------------------------------------------------------------
@@ -93,7 +122,7 @@ def _reduction_mode(prim: Any, target: Any) -> tuple[str, int]:
 def _vector_choices(workload: CpuWorkload) -> list[int] | None:
     """The `vector` knob's choices, None where the space has no such knob."""
     mode, last, lanes = workload.extras["mode"], workload.dims["last"], workload.lanes
-    if mode == "tiles":
+    if mode in ("tiles", "across"):
         return vector_choices(last, lanes)
     if mode == "rows" and last > lanes:
         return vector_choices(last - 1, lanes)
@@ -124,7 +153,7 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     lanes, mode = workload.lanes, workload.extras["mode"]
     vectors = _vector_choices(workload)
     if vectors is not None:
-        wanted = min(workload.dims["last"], 2 * lanes) if mode == "tiles" else lanes
+        wanted = min(workload.dims["last"], 2 * lanes) if mode in ("tiles", "across") else lanes
         values["vector"] = max((c for c in vectors if c <= wanted), default=vectors[0])
     if mode != "scalar":
         values["parallel"] = default_parallel(workload, 1)
@@ -195,6 +224,22 @@ def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> Non
         mine.vectorize(out.name, wi)
         for st in inner:
             mine.compute_at(st.name, out.name, wo)
+            _reduction_inside(mine, st, vectorize=True)
+    elif mode == "across":
+        # One tile of the innermost axis at a time, every position of the reduced axis inside it: the reductions
+        # (max, sum) and the element-wise stages are computed once per tile, vectorised along the innermost axis,
+        # instead of once per output row (which repeats them for every position of the reduced axis).
+        vx = int(config["vector"])  # type: ignore[arg-type]
+        across = leaves[_across_axis(out, [st for st in inner if st.op.is_reduction])]  # type: ignore[index]
+        wo, wi = mine.split(out.name, leaves[-1], factor=vx)
+        outer = [lp for lp in leaves[:-1] if lp != across]
+        mine.reorder(out.name, *outer, wo, across, wi)
+        tile = mine.fuse(out.name, *outer, wo) if outer else wo
+        if parallel:
+            mine.parallel(out.name, tile)
+        mine.vectorize(out.name, wi)
+        for st in inner:
+            mine.compute_at(st.name, out.name, tile)
             _reduction_inside(mine, st, vectorize=True)
     elif mode == "rows":
         lanes = int(config["vector"]) if "vector" in config else target.vector_lanes(out.tensor.dtype)  # type: ignore[arg-type]
