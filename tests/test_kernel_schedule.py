@@ -486,6 +486,34 @@ def test_tails_are_peeled_not_guarded() -> None:
     assert sorted({f.extent for f in fors(func) if f.kind is tir.ForKind.UNROLLED}) == [5, 8]
 
 
+def _selects(func: tir.PrimFunc) -> int:
+    return sum(isinstance(e, tir.Select) for st in stmts_of(func, tir.Store) for e in te.iter_exprs(st.value))
+
+
+def test_concatenation_loops_are_cut_where_the_input_changes() -> None:
+    """A concatenation along its innermost axis (then along a middle one) is a chain of selects on the loop
+    variable: lowering cuts the loop at each input's edge, so every part copies from one input, vectorised, with
+    no per-element choice; where the edge moves with an enclosing loop (`i + j < 7`), the selects stay."""
+    a, b, c = te.placeholder((3, 5), "float32", "A"), te.placeholder((3, 11), "float32", "B"), \
+        te.placeholder((3, 2), "float32", "C")
+
+    # reads in a branch not taken are clamped into their buffer by lowering (speculative loads)
+    out = te.compute((3, 18), lambda i, j: te.if_then_else(j < 5, a[i, j], te.if_then_else(j < 16, b[i, j - 5],
+                                                                                             c[i, j - 16])), "cat")
+    s = Schedule(out)
+    s.vectorize(out, "j")
+    func = lower(s)
+    x, y, z = rand(3, 5), rand(3, 11), rand(3, 2)
+    check(func, [x, y, z], [np.concatenate([x, y, z], axis=1)])
+    assert _selects(func) == 0
+    assert sorted(f.extent for f in fors(func) if f.kind is tir.ForKind.VECTORIZED) == [2, 5, 11]
+    moving = te.compute((3, 18), lambda i, j: te.if_then_else(i + j < 7, a[i, j % 5], 0.0), "moving")
+    func = lower(Schedule(moving))
+    want = np.where(np.add.outer(np.arange(3), np.arange(18)) < 7, x[:, np.arange(18) % 5], 0.0)
+    check(func, [x], [want.astype(np.float32)])
+    assert _selects(func) == 1
+
+
 def _versions(func: tir.PrimFunc) -> list[tir.IfThenElse]:
     return [s for s in stmts_of(func, tir.IfThenElse) if s.else_body is not None]  # type: ignore[misc]
 

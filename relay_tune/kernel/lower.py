@@ -36,7 +36,10 @@ over the spatial loops that come after that point, then accumulates. So `reorder
 `IfThenElse` at the innermost loop the condition involves. Wherever a guard is affine in a loop
 variable, that loop is partitioned instead: a main part where the guard provably holds (no test) and
 a tail, with the tail's constant substituted (so an inner vectorized loop gets a shorter constant
-extent instead of a test per lane). Iterations where the guard can never hold are dropped.
+extent instead of a test per lane). Iterations where the guard can never hold are dropped. A non-reduction
+stage's loops are also cut where a `Select` condition that is affine in them flips, the enclosing loops fixing
+the rest of it (a concatenation's inputs along its axis): each part takes one branch, decided by the simplifier
+from the part's range, so it copies from one input without a per-element choice.
 Where the guard's offset is not fixed by the enclosing loops (a tail block under a fused loop:
 `(f // 7) * 16 + j < 6625`), the nest below is versioned instead: `if` the guard holds at every
 iteration of the loops below, a copy without the test runs, `else` the guarded copy (CPU kernels; a
@@ -55,6 +58,7 @@ back end does not launch a new dimension); sequential execution of such nests is
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import ChainMap
 from collections.abc import Callable
@@ -135,6 +139,9 @@ class _StageCtx:
     init: PrimExpr | None = None  # reduction stages
     update: PrimExpr | None = None
     attached: dict[str, list[_StageCtx]] = field(default_factory=dict)
+    # Comparisons `lin <= threshold` that choose a `Select` branch (a concatenation's "which input"): loops are
+    # cut where one flips, so each part reads one input without a per-element choice.
+    select_cuts: list[tuple[Lin, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -397,6 +404,8 @@ class _Lowering:
         else:
             buffer = tir.Buffer(st.name, st.shape, st.tensor.dtype, st.scope or Scope.GLOBAL)
         ctx = _StageCtx(st, loops, abs_axes, base, tuple(region), buffer, guards, abs_body, reduce_start)
+        if reduce_start is None:
+            ctx.select_cuts = self._select_cuts(abs_body, leaf_vars)
         ctx.store_index = [self.ssimp.simplify(rel[name]) for name in st.axis_names[: len(spatial)]]
         return ctx
 
@@ -413,6 +422,23 @@ class _Lowering:
                 nested |= analysis.uses_vars(a)
         mentioned = (direct | nested) & leaf_vars
         return _Guard(lin, lin.to_expr(), frozenset(mentioned), frozenset(nested), bool(mentioned & reduce_vars))
+
+    def _select_cuts(self, body: PrimExpr, leaf_vars: set[tir.LoopVar]) -> list[tuple[Lin, int]]:
+        """The `Select` conditions of `body` that compare an affine function of the stage's loops with a bound, as
+        (lin, threshold): the branch taken is the true one where `lin <= threshold`."""
+        thresholds = {"lt": -1, "ge": -1, "le": 0, "gt": 0}  # `a < b` is `a - b <= -1`; `ge` and `gt` flip them
+        cuts: list[tuple[Lin, int]] = []
+        for node in te.iter_exprs(body):
+            cond = node.cond if isinstance(node, tir.Select) else None
+            if not (isinstance(cond, tir.BinaryOp) and cond.op in thresholds and cond.a.dtype != "bool"):
+                continue
+            a, b = self.ssimp.linear(cond.a), self.ssimp.linear(cond.b)
+            if not (isinstance(a, Lin) and isinstance(b, Lin)):
+                continue
+            diff = a.add(b, -1)
+            if any(isinstance(atom, tir.LoopVar) and atom in leaf_vars for atom in diff.coeffs):
+                cuts.append((diff, thresholds[cond.op]))
+        return cuts
 
     def _relation_exprs(
         self, st: Stage, svars: dict[str, tir.LoopVar], extents: dict[str, int]
@@ -593,7 +619,7 @@ class _Lowering:
             return versioned[0]
         spec = loops[i]
         out: list[tir.Stmt] = []
-        for start, stop in self._partition(spec, env, pending):
+        for start, stop in self._cut_at_selects(spec, env, self._partition(spec, env, pending), ctx.select_cuts):
             n = stop - start
             var: tir.LoopVar | None = None
             if n == 1 and spec.kind is not ForKind.THREAD_BINDING:
@@ -720,6 +746,38 @@ class _Lowering:
             return [(0, possible)]
         self.peels_left -= 1
         return [(0, main), (main, possible)]
+
+    def _cut_at_selects(self, spec: _LoopSpec, env: _Env, ranges: list[tuple[int, int]],
+                        cuts: list[tuple[Lin, int]]) -> list[tuple[int, int]]:
+        """`ranges` cut further where a `Select` condition of the stage flips along this loop, the enclosing
+        loops fixing the rest of it (a concatenation's inputs along its axis): each part then takes one branch,
+        which the simplifier decides from the part's range."""
+        if not cuts or spec.kind is ForKind.THREAD_BINDING:
+            return ranges
+        points: set[int] = set()
+        for lin, threshold in cuts:
+            c = lin.coeffs.get(spec.svar, 0)
+            if not c:
+                continue
+            lo, hi = self._lin_interval(Lin({a: k for a, k in lin.coeffs.items() if a is not spec.svar}, lin.const),
+                                        env)
+            if lo != hi or math.isinf(lo):
+                continue  # the rest of the condition varies inside this loop: no single cut
+            bound = threshold - int(lo)  # the condition is c * v <= bound
+            # the part where it holds ends (c > 0: v <= bound / c) or starts (c < 0: v >= bound / c) here
+            points.add(bound // c + 1 if c > 0 else -(-bound // c))
+        if not points:
+            return ranges
+        cut: list[tuple[int, int]] = []
+        for start, stop in ranges:
+            inner = sorted(p for p in points if start < p < stop)
+            if len(inner) > self.peels_left:
+                cut.append((start, stop))
+                continue
+            self.peels_left -= len(inner)
+            edges = [start, *inner, stop]
+            cut += list(itertools.pairwise(edges))
+        return cut
 
     def _lin_interval(self, lin: Lin, env: _Env) -> Interval:
         ranges = ChainMap(env.ivals, self.struct_ranges)  # type: ignore[arg-type]
