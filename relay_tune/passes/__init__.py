@@ -21,6 +21,7 @@ from relay_tune.passes.base import (
     register_pass,
     registered_passes,
 )
+from relay_tune.passes.column_conv import ColumnConvAsRow
 from relay_tune.passes.conv1d import Conv1dAsConv2d
 from relay_tune.passes.conv_transpose import ConvTransposeAsConv
 from relay_tune.passes.dead_code import DeadCodeElimination
@@ -44,6 +45,7 @@ from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "ColumnConvAsRow",
     "Conv1dAsConv2d",
     "ConvTransposeAsConv",
     "LAYOUT_PLANNING_DEFAULT",

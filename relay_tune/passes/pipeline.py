@@ -7,6 +7,7 @@ from typing import Any
 
 from relay_tune.ir import IRModule
 from relay_tune.passes.base import InferType, Pass, PassConfig, Sequential
+from relay_tune.passes.column_conv import ColumnConvAsRow
 from relay_tune.passes.conv1d import Conv1dAsConv2d
 from relay_tune.passes.conv_transpose import ConvTransposeAsConv
 from relay_tune.passes.dead_code import DeadCodeElimination
@@ -55,16 +56,17 @@ def winograd_mode(winograd: str | None = None) -> str:
 
 
 def default_pipeline() -> Sequential:
-    """InferType, SimplifyInference, Conv1dAsConv2d, ConvTransposeAsConv, EliminateCommonSubexpr, FoldConstant,
-    QuantizedProducts, FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination, FuseOps,
-    InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: at 3 on the products whose
-    int8 weight pairs fit int16, at 4 on all; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv
+    """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
+    FoldConstant, QuantizedProducts, FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination,
+    FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: at 3 on the products
+    whose int8 weight pairs fit int16, at 4 on all; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv
     only when `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into
     their blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
         Conv1dAsConv2d(),
+        ColumnConvAsRow(),
         ConvTransposeAsConv(),
         EliminateCommonSubexpr(),
         FoldConstant(),
