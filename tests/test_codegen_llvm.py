@@ -387,6 +387,30 @@ def test_row_sum_reduction_with_vector_accumulator(fast_math: bool) -> None:
     np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+def test_serial_reduction_loops_become_vector_code(op: str) -> None:
+    """A reduction written as a serial loop (`acc = acc + f(x[k])`: the reduction family's rows, keepdims
+    outputs) may be reordered, so LLVM runs it on vectors with partial accumulators; the result still matches."""
+    rows, cols = 7, 509  # a row length with a tail after any vector width
+    a, out = Buffer("a", (rows, cols)), Buffer("out", (rows,))
+    acc = Buffer("acc", (1,), scope=tir.Scope.LOCAL)
+    r, k = LoopVar("r"), LoopVar("k")
+    x = Call("tanh", (a[r, k],), "float32") * a[r, k]
+    update = {"add": acc[0] + x, "max": tir.maximum(acc[0], x), "min": tir.minimum(acc[0], x)}[op]
+    init = {"add": 0.0, "max": -np.inf, "min": np.inf}[op]
+    body = tir.seq(Store(acc, (0,), tir.FloatImm(init)), For(k, cols, Store(acc, (0,), update)),
+                   Store(out, (r,), acc[0]))
+    func = PrimFunc(f"row_{op}", (a, out), For(r, rows, tir.Allocate(acc, body)))
+    ir_text = emit_llvm_ir([func], SERIAL_HOST)
+    assert ("fadd contract reassoc nsz" in ir_text) if op == "add" else (f"llvm.{op}num.f32" in ir_text)
+    assert re.search(r"v(add|max|min)ps\s+%[yz]mm", emit_assembly([func], SERIAL_HOST)), "the loop stayed scalar"
+    data = random_array((rows, cols), "float32", -3, 3)
+    got = np.zeros(rows, np.float32)
+    run(func, data, got)
+    want = {"add": np.sum, "max": np.max, "min": np.min}[op](np.tanh(data) * data, axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
 def test_nested_parallel_and_vectorized_loops() -> None:
     d0, d1, d2 = 7, 5, 40
     a, bias, out = Buffer("a", (d0, d1, d2)), Buffer("bias", (d2,)), Buffer("out", (d0, d1, d2))

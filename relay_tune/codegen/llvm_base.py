@@ -590,7 +590,8 @@ class LLVMCodegenBase:
         pointer = self.buffer_pointer(buf)
         self._check_rank(stmt.indices, buf)
         self.begin_statement()
-        value = self.cast(self.eval(stmt.value), stmt.value.dtype, buf.dtype)
+        update = self._reduction_update(stmt)
+        value = self.cast(update if update is not None else self.eval(stmt.value), stmt.value.dtype, buf.dtype)
         if buf.dtype == "bool":
             value = b.zext(value, with_lanes(I8, lanes_of(value)))
         value_bits = dtype_info(buf.dtype).value_bits
@@ -630,6 +631,26 @@ class LLVMCodegenBase:
         else:
             self._scatter(value, self.lane_pointers(pointer, self.lane_offsets(stmt.indices, buf, stride)),
                           ctx.mask, align)
+
+    def _reduction_update(self, stmt: tir.Store) -> ir.Value | None:
+        """`acc = acc + x` (or max, min) on a float accumulator, outside any vectorized loop: the update of a
+        reduction. It is emitted with the freedom to reorder it (`reassoc` on the add, `maxnum` / `minnum` for
+        max and min), so that LLVM's loop vectorizer can run the reduction loop on vectors with several
+        partial accumulators, as a blocked sum does; None for any other store."""
+        value = stmt.value
+        if self.ctx.vector is not None or not isinstance(value, tir.BinaryOp) or value.op not in ("add", "max", "min"):
+            return None
+        if not dtype_info(value.dtype).is_float or value.dtype != stmt.buffer.dtype:
+            return None
+        acc, other = (value.a, value.b) if isinstance(value.a, tir.Load) else (value.b, value.a)
+        if not (isinstance(acc, tir.Load) and acc.buffer is stmt.buffer and acc.indices == stmt.indices):
+            return None
+        a, x = self.eval(acc), self.eval(other)
+        bld = self.builder
+        if value.op == "add":
+            return bld.fadd(a, x, flags=(*self._float_flags, "reassoc", "nsz"))
+        name = "llvm.maxnum" if value.op == "max" else "llvm.minnum"
+        return bld.call(self.intrinsic(name, a.type, 2), [a, x])
 
     # -- expressions ----------------------------------------------------------------------------------
 
