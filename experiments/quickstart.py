@@ -5,9 +5,9 @@
 Each time, in a new temporary folder with a new, empty tuning cache and compiled-kernel cache
 (`RELAY_TUNE_CACHE`) and, where this process may, the page cache dropped first:
 
-1. the README's Quickstart command, `relay-tune small_cnn.relay --trials N`, in a fresh process; its printed
+1. the README's Quickstart command, `relay-tune small_resnet.relay --trials N`, in a fresh process; its printed
    "end-to-end latency: A with default schedules, B tuned (...)" line is read;
-2. `relay-tune build small_cnn.relay --no-cache` writes the default build;
+2. `relay-tune build small_resnet.relay --no-cache` writes the default build;
 3. `relay-tune run` of the default build and of the tuned model the Quickstart wrote, `--runs` times each,
    alternating, every one a fresh process; the median of each build's printed medians gives the ratio a user
    would measure.
@@ -31,7 +31,7 @@ from typing import Any
 
 from experiments.timing import write_rows
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "relay_tune" / "examples" / "small_cnn.relay"
+EXAMPLE = Path(__file__).resolve().parent.parent / "relay_tune" / "examples" / "small_resnet.relay"
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 _E2E = re.compile(r"end-to-end latency: ([\d.]+) (us|ms|s) with default schedules, ([\d.]+) (us|ms|s) "
                   r"(tuned|with the records) \((.*)\)")
