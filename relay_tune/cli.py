@@ -417,14 +417,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"wrote {args.output}")
     if args.repeat is None or args.repeat > 0:
         # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
-        from relay_tune.runtime.benchmark import steady_latency, warm_up
+        from relay_tune.runtime.benchmark import WARMUP_S, steady_latency, warm_up
 
-        # Warmed first, then single runs over about a second (as the tuner's before/after timing measures each
-        # build): ten cold runs of a 50 us model spread by 30% from one process to the next.
+        # Warmed first, then rounds of single runs over about a second, as the tuner's before/after timing measures
+        # each build: ten cold runs of a 50 us model spread by 30% from one process to the next.
         if args.repeat is None and args.number == 1:
             costs = steady_latency(model, inputs)
         else:
-            warm_up(model, inputs, 0.2)
+            warm_up(model, inputs, WARMUP_S)
             costs = model.benchmark(repeat=args.repeat or 10, number=args.number, inputs=inputs, warmup=0).costs
         console.print(f"latency: median {statistics.median(costs) * 1e3:.3f} ms, min {min(costs) * 1e3:.3f} ms "
                       f"({len(costs)} x {args.number} runs, warmed up)")
@@ -986,6 +986,10 @@ every measurement to a JSON-lines tuning log, and builds the model from the best
 
     relay-tune model.relay --trials 500
 
+The bundled example (the README's Quickstart), from the repository root:
+
+    relay-tune relay_tune/examples/small_resnet.relay --trials 64
+
 Other commands work on models and logs; `relay-tune COMMAND --help` explains each.
 """
 
@@ -1071,8 +1075,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", metavar="FILE.npz", help="input arrays by input name (default: random inputs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--repeat", type=int, default=None,
-                   help="timed runs after a 0.2 s warm-up (default: as many single runs as fill a second, at least "
-                        "10; 0: no timing)")
+                   help="timed runs after a 0.2 s warm-up (default: nine rounds of single runs that fill about a "
+                        "second, at least 5 a round, timed as the tuner times each build; 0: no timing)")
     p.add_argument("--number", type=int, default=1, help="back-to-back runs per timing (default 1)")
     p.add_argument("--profile", type=int, nargs="?", const=10, default=0, metavar="N",
                    help="also print the N slowest kernels (default 10): their time in the model")

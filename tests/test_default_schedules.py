@@ -95,6 +95,7 @@ _CORPUS_MODELS = ("tvm_menagerie_mnist", "tvm_menagerie_mobilenet", "tvm_menager
 MODELS: dict[str, Callable[[], IRModule]] = {
     "families": _families,
     "small_cnn": _file(REPO_ROOT / "relay_tune" / "examples" / "small_cnn.relay"),
+    "small_resnet": _file(REPO_ROOT / "relay_tune" / "examples" / "small_resnet.relay"),
     # every model of the zoo at its test size (always there), and the corpus programs where the corpus is
     **{f"zoo:{name}": functools.partial(zoo.small, name) for name in zoo.MODELS},
     **{name: _file(CORPUS_DIR / f"{name}.relay") for name in _CORPUS_MODELS

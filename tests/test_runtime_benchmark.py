@@ -83,13 +83,39 @@ def test_rounds_of_a_fast_model_fill_their_time() -> None:
 def test_warmed_timings_are_many_single_calls(model: CompiledModel) -> None:
     per_call = warm_up(model, None, 0.01)
     assert per_call > 0
-    costs = steady_latency(model, seconds=0.02, warmup_s=0.01)
-    # about 0.02 s of calls, at least ten, every one timed alone
-    assert len(costs) >= 10 and all(c > 0 for c in costs)
+    costs = steady_latency(model, rounds=3, warmup_s=0.01, round_s=0.005)
+    # three rounds of about 0.005 s of calls, at least five each, every one timed alone
+    assert len(costs) >= 15 and all(c > 0 for c in costs)
     assert sum(costs) < 1.0
 
 
-def test_compare_latency_sizes_rounds_from_the_slower_model(model: CompiledModel) -> None:
-    timed = compare_latency(model, model, rounds=3, warmup_s=0.01, round_s=0.005)
-    sizes = {len(r) for r in timed.baseline + timed.candidate}
-    assert len(sizes) == 1 and sizes.pop() >= 5  # the same number of calls for both, every round
+class _FixedCost:
+    """A stand-in model whose every call 'takes' `seconds` (what its `benchmark` reports), counting its calls."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls: list[int] = []
+
+    def benchmark(self, repeat: int, inputs: object = None) -> list[float]:
+        self.calls.append(repeat)
+        return [self.seconds] * repeat
+
+
+def test_relay_tune_run_times_a_build_as_the_tuner_times_each_side() -> None:
+    """`steady_latency` (`relay-tune run`) and `compare_latency` (the tuner's before/after) time a build the same
+    way: the same warm-up, then the same rounds, each filled with that build's own calls."""
+    slow, fast = _FixedCost(1e-3), _FixedCost(0.25e-3)
+    timed = compare_latency(slow, fast, rounds=4, warmup_s=0.001, round_s=0.01)
+    assert [len(r) for r in timed.baseline] == [10] * 4  # 10 calls of 1 ms fill 10 ms
+    assert [len(r) for r in timed.candidate] == [40] * 4  # the faster build: its own 10 ms, not the slower's count
+    alone = _FixedCost(0.25e-3)
+    costs = steady_latency(alone, rounds=4, warmup_s=0.001, round_s=0.01)
+    assert costs == tuple(c for r in timed.candidate for c in r)
+    assert alone.calls[-4:] == fast.calls[-4:] == [40] * 4
+
+
+def test_compare_latency_takes_a_fixed_repeat_for_both(model: CompiledModel) -> None:
+    timed = compare_latency(model, model, rounds=3, repeat=6, warmup_s=0.01)
+    assert {len(r) for r in timed.baseline + timed.candidate} == {6}
+    sized = compare_latency(model, model, rounds=3, warmup_s=0.01, round_s=0.005)
+    assert all(len(r) >= 5 for r in sized.baseline + sized.candidate)  # at least five calls every round

@@ -88,6 +88,15 @@ class LatencyComparison:
         return f"{self.ratio:.2f}x faster" if self.ratio > 1 else f"{1 / self.ratio:.2f}x slower"
 
 
+# How a build's latency is measured, by `relay-tune run` and by the tuner's before/after timing alike: run for
+# WARMUP_S seconds, then ROUNDS rounds of single timed calls that fill ROUND_S seconds each (the median of every
+# call). The same method on both sides lets the ratio the tuner prints be checked with `relay-tune run`
+# (`python -m experiments quickstart`).
+WARMUP_S = 0.2
+ROUNDS = 9
+ROUND_S = 1.0 / ROUNDS  # about a second of timed calls per build
+
+
 def warm_up(model: Any, inputs: Mapping[str, Any] | None, seconds: float, min_calls: int = 3) -> float:
     """Run `model` for at least `seconds` and `min_calls` calls (cold caches, lazily mapped pages, a thread team
     still asleep and a clock still ramping up); the median seconds per call of the last half of those calls."""
@@ -106,28 +115,31 @@ def calls_per_round(per_call_s: float, round_s: float, least: int = 5, most: int
     return max(least, min(most, math.ceil(round_s / per_call_s)))
 
 
-def compare_latency(baseline: Any, candidate: Any, inputs: Mapping[str, Any] | None = None, rounds: int = 9,
-                    repeat: int | None = None, warmup_s: float = 0.2, round_s: float = 0.05) -> LatencyComparison:
+def compare_latency(baseline: Any, candidate: Any, inputs: Mapping[str, Any] | None = None, rounds: int = ROUNDS,
+                    repeat: int | None = None, warmup_s: float = WARMUP_S,
+                    round_s: float = ROUND_S) -> LatencyComparison:
     """Time two models in `rounds` interleaved rounds, after running each for at least `warmup_s` seconds (one
     cold timing once decided a 40x "speedup" that a rerun measured at 1.2x). Each round times `repeat` calls of
-    each model; by default as many as fill `round_s` seconds of the slower model (at least 5)."""
+    each model; by default as many as fill `round_s` seconds of that model (at least 5), so that each side is
+    timed as `steady_latency` times a model alone."""
     per_call = [warm_up(model, inputs, warmup_s) for model in (baseline, candidate)]
-    if repeat is None:
-        repeat = calls_per_round(max(per_call), round_s)
+    base_repeat, cand_repeat = (repeat, repeat) if repeat is not None else (
+        calls_per_round(per_call[0], round_s), calls_per_round(per_call[1], round_s))
     base_rounds: list[tuple[float, ...]] = []
     cand_rounds: list[tuple[float, ...]] = []
     for _ in range(rounds):
-        base_rounds.append(_timed_calls(baseline, repeat, inputs))
-        cand_rounds.append(_timed_calls(candidate, repeat, inputs))
+        base_rounds.append(_timed_calls(baseline, base_repeat, inputs))
+        cand_rounds.append(_timed_calls(candidate, cand_repeat, inputs))
     return LatencyComparison(tuple(base_rounds), tuple(cand_rounds))
 
 
-def steady_latency(model: Any, inputs: Mapping[str, Any] | None = None, seconds: float = 1.0,
-                   warmup_s: float = 0.2, least: int = 10) -> tuple[float, ...]:
-    """Seconds of single timed calls of a warmed model over about `seconds` (at least `least` calls): what
-    `relay-tune run` reports, measured as `compare_latency` measures each side."""
+def steady_latency(model: Any, inputs: Mapping[str, Any] | None = None, rounds: int = ROUNDS,
+                   warmup_s: float = WARMUP_S, round_s: float = ROUND_S) -> tuple[float, ...]:
+    """Seconds of every timed call of a warmed model over `rounds` rounds of `round_s` seconds each (at least 5
+    calls a round): what `relay-tune run` reports, measured as `compare_latency` measures each side."""
     per_call = warm_up(model, inputs, warmup_s)
-    return _timed_calls(model, calls_per_round(per_call, seconds, least=least, most=100_000), inputs)
+    repeat = calls_per_round(per_call, round_s)
+    return tuple(cost for _ in range(rounds) for cost in _timed_calls(model, repeat, inputs))
 
 
 def _timed_calls(model: Any, repeat: int, inputs: Mapping[str, Any] | None) -> tuple[float, ...]:
