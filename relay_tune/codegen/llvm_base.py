@@ -17,7 +17,9 @@ not depend on the lane) or an `<N x T>` vector; scalars are broadcast where they
 accesses are classified with `affine.lane_stride`: stride 0 is a scalar access, stride 1 a contiguous
 vector load/store, anything else a gather/scatter. An `IfThenElse` whose condition depends on the lane
 narrows an execution mask, and the accesses inside become masked loads/stores, which is how tails
-guarded by the schedule layer (`if vo * 16 + vi < n`) are handled without a scalar remainder loop.
+guarded by the schedule layer (`if vo * 16 + vi < n`) are handled without a scalar remainder loop. Accesses
+to a buffer on the function's own stack whose every lane stays inside it are plain loads and blended stores
+instead (`own_vector_access`), so that SROA can still keep such a buffer (an accumulator tile) in registers.
 """
 
 from __future__ import annotations
