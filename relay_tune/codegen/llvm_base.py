@@ -17,7 +17,9 @@ not depend on the lane) or an `<N x T>` vector; scalars are broadcast where they
 accesses are classified with `affine.lane_stride`: stride 0 is a scalar access, stride 1 a contiguous
 vector load/store, anything else a gather/scatter. An `IfThenElse` whose condition depends on the lane
 narrows an execution mask, and the accesses inside become masked loads/stores, which is how tails
-guarded by the schedule layer (`if vo * 16 + vi < n`) are handled without a scalar remainder loop.
+guarded by the schedule layer (`if vo * 16 + vi < n`) are handled without a scalar remainder loop. Accesses
+to a buffer on the function's own stack whose every lane stays inside it are plain loads and blended stores
+instead (`own_vector_access`), so that SROA can still keep such a buffer (an accumulator tile) in registers.
 """
 
 from __future__ import annotations
@@ -252,6 +254,8 @@ class FunctionContext:
     # (id -> (node, value); the node is kept so that its id cannot be reused).
     memo: dict[int, tuple[tir.PrimExpr, ir.Value]] = field(default_factory=dict)
     memo_lane0: dict[int, tuple[tir.PrimExpr, ir.Value]] = field(default_factory=dict)
+    # Buffers this function put on its own stack (`stack_allocate`): private to the thread running it.
+    stack_buffers: set[tir.Buffer] = field(default_factory=set)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -581,7 +585,20 @@ class LLVMCodegenBase:
         entry_builder = self.entry_builder()
         slot = entry_builder.alloca(ir.ArrayType(memory_type(buffer.dtype), max(buffer.size, 1)), name=buffer.name)
         slot.align = 64
+        self.ctx.stack_buffers.add(buffer)
         return entry_builder.bitcast(slot, memory_type(buffer.dtype).as_pointer(), name=f"{buffer.name}.ptr")
+
+    def own_vector_access(self, buf: tir.Buffer, indices: tuple[tir.PrimExpr, ...]) -> bool:
+        """Whether a contiguous vector access `buf[indices]` may touch its masked-off lanes: `buf` is on this
+        function's stack (no other thread sees it) and every lane of every chunk of the vectorized loop, at every
+        value of the enclosing loops, lies inside it. Such an access is then a plain load (and select) or a load,
+        select and store: SROA cannot promote a buffer that a masked intrinsic reads or writes, and an
+        accumulator tile left in memory costs a store per FMA (a dense tile with a column tail, 2x slower)."""
+        ctx = self.ctx
+        if buf not in ctx.stack_buffers:
+            return False
+        span = affine.bounds(affine.flat_form(indices, buf.shape, ctx.extents), ctx.extents)
+        return span is not None and span[0] >= 0 and span[1] < buf.size
 
     def emit_store(self, stmt: tir.Store) -> None:
         ctx = self.ctx
@@ -626,6 +643,9 @@ class LLVMCodegenBase:
             vector_pointer = b.bitcast(address, value.type.as_pointer())
             if ctx.mask is None:
                 b.store(value, vector_pointer, align=align)
+            elif self.own_vector_access(buf, stmt.indices):
+                kept = b.load(vector_pointer, align=align)
+                b.store(b.select(ctx.mask, value, kept), vector_pointer, align=align)
             else:
                 self._masked_store(value, vector_pointer, ctx.mask, align)
         else:
@@ -1157,6 +1177,9 @@ class LLVMCodegenBase:
             vector_pointer = b.bitcast(address, vtype.as_pointer())
             if ctx.mask is None:
                 value = b.load(vector_pointer, align=align)
+            elif self.own_vector_access(buf, node.indices):
+                # masked-off lanes read as zero, as from a masked load
+                value = b.select(ctx.mask, b.load(vector_pointer, align=align), ir.Constant(vtype, None))
             else:
                 value = self._masked_load(vector_pointer, ctx.mask, align)
         elif stride is not None and 1 < stride <= self.max_strided_load and vec.lanes * stride <= 128:

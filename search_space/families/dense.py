@@ -15,6 +15,13 @@ read front to back), the parallel loop gives each core a contiguous half of the 
 `MATVEC_CHAINS` vectors wide: as many independent accumulator chains as keep both FMA units busy, so the loop is
 never bound by FMA latency, whatever rate the weights arrive at (the tiled default's two accumulators cap a core at
 two vectors per FMA latency). `python -m experiments matvec` measures it against a STREAM triad.
+
+A product of a few rows (at most `BLOCKED_MAX_ROWS`, more than one register tile of them) by such a streamed weight
+whose panels overflow L1 (a classifier over time steps: 32 x 1024 by 8210 x 1024) defaults to the K-blocked order:
+each block of a panel's weights (`k_block` x `bn` floats, at most `BLOCK_BYTES`) comes from memory once and serves
+every row tile from L1, so the weight stream overlaps the arithmetic instead of stalling the first row tile of every
+panel. `python -m
+experiments kernels --only 8210` times it against numpy.
 """
 
 from __future__ import annotations
@@ -66,6 +73,12 @@ cores, the independent chains it takes to retire one FMA per unit per cycle."""
 MATVEC_MIN_WEIGHTS = 1 << 18
 """Weight elements (1 MiB of float32, a core's L2) from which a one-row dense counts as a streamed matrix-vector
 product (`MATVEC_CHAINS`-wide panels); below it the weight is cache-resident and the tiled default applies."""
+BLOCKED_MAX_ROWS = 64
+"""Rows up to which a product by a streamed weight defaults to the K-blocked order: its scratch column panel (rows x
+panel width floats) stays in L1 beside the weight block."""
+BLOCK_BYTES = 16 * 1024
+"""Bytes of weights one K block of a panel holds by default: half of the smallest L1 data cache of current x86
+cores (32 KiB), the rest left to the rows' inputs and the scratch panel."""
 
 
 def weight_input(anchor: Any) -> Any:
@@ -187,6 +200,25 @@ def is_matvec(workload: CpuWorkload) -> bool:
             and dims["n"] * dims["k"] >= MATVEC_MIN_WEIGHTS and dims["n"] >= 2 * workload.lanes)
 
 
+def is_blocked_stream(workload: CpuWorkload, rows: int, columns: int) -> bool:
+    """A product of a few rows by a streamed weight, for the K-blocked default: more than `rows` (one register tile)
+    and at most `BLOCKED_MAX_ROWS` rows, a packable constant weight of at least `MATVEC_MIN_WEIGHTS` elements, and
+    panels of `columns` whose weights overflow `BLOCK_BYTES` (a shorter panel stays in L1 for every row tile
+    unblocked), with a reduction long enough for a block (`K_BLOCKS`)."""
+    dims = workload.dims
+    return (workload.family == "dense" and workload.constant_weight and rows < dims["m"] <= BLOCKED_MAX_ROWS
+            and dims["n"] * dims["k"] >= MATVEC_MIN_WEIGHTS and dims["k"] * columns * 4 > BLOCK_BYTES
+            and bool(_k_blocks(workload)))
+
+
+def _default_k_block(workload: CpuWorkload, columns: int) -> int:
+    """The longest K block (of `_k_blocks`) whose weights, `columns` wide, fit `BLOCK_BYTES` (the shortest one
+    where none does)."""
+    blocks = _k_blocks(workload)
+    fitting = [b for b in blocks if b * columns * 4 <= BLOCK_BYTES]
+    return max(fitting) if fitting else min(blocks)
+
+
 def _matvec_columns(n: int, lanes: int, budget: int) -> int:
     """The panel width of a matrix-vector product: `MATVEC_CHAINS` vectors (fewer where the registers hold fewer),
     or the widest of half to all of those that divides the row (1000 columns at 8 lanes: 5 vectors, 40 columns,
@@ -200,7 +232,8 @@ def _matvec_columns(n: int, lanes: int, budget: int) -> int:
 
 def _default(workload: CpuWorkload) -> dict[str, Any]:
     """`default_columns` columns (`_matvec_columns` for a matrix-vector product), as many rows as the registers
-    hold (8 at most), the reduction unrolled by 4, the weight packed."""
+    hold (8 at most), the reduction unrolled by 4, the weight packed; K-blocked and parallel over column panels for
+    a few rows by a streamed weight (`is_blocked_stream`)."""
     lanes, dims = workload.lanes, workload.dims
     n, m, k = dims["n"], dims["m"], dims["k"]
     if is_matvec(workload):
@@ -215,6 +248,10 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
                               "parallel": default_parallel(workload, 2)}
     if _k_blocks(workload):
         values["k_block"] = 0
+        if is_blocked_stream(workload, mr, bn):
+            # the K-blocked template accumulates whole column panels: parallel over panels at most
+            values["k_block"] = _default_k_block(workload, bn)
+            values["parallel"] = min(1, values["parallel"])
     if workload.constant_weight:
         values["pack_b"] = True
     return values
