@@ -83,7 +83,7 @@ import numpy as np
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorType, Tuple, op
 from relay_tune.ir.expr import If
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
-from relay_tune.op.quantized import pack_int16_weight, pack_int8_weight
+from relay_tune.op.quantized import pack_int8_weight, pack_int16_weight
 from relay_tune.op.reduce import reduce_axes
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
