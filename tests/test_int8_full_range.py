@@ -49,10 +49,11 @@ from tests.test_int8_kernels import (
 RNG = np.random.default_rng(20261208)
 
 
-def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool) -> tir.PrimFunc:
+def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str = "uint8") -> tir.PrimFunc:
     """`O[r, l] = sum_c dot2(X[r, 2c:2c+2], W[c, l, 0:2])` over a vectorized `l`; with `weight_rows=False` the
-    weight is `V[c, k, l]` (the two values of a lane `lanes` apart: the generic interleaving path)."""
-    x = tir.Buffer("X", (rows, 2 * pairs), "uint8")
+    weight is `V[c, k, l]` (the two values of a lane `lanes` apart: the generic interleaving path); `data`: uint8,
+    or int16 holding uint8 values (the widened copy the int16-weight convolution reads)."""
+    x = tir.Buffer("X", (rows, 2 * pairs), data)
     w = tir.Buffer("W", (pairs, lanes, 2) if weight_rows else (pairs, 2, lanes), "int16")
     o = tir.Buffer("O", (rows, lanes), "int32")
     r, lane, c = tir.LoopVar("r"), tir.LoopVar("l"), tir.LoopVar("c")
@@ -66,10 +67,11 @@ def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool) -> tir.Pr
 @pytest.mark.parametrize("target", ["llvm", *(["llvm -mcpu=x86-64"] if X86 else [])])
 @pytest.mark.parametrize("lanes", [1, 3, 8, 13, 16, 32])
 @pytest.mark.parametrize("weight_rows", [True, False])
-def test_dot2_intrinsic_is_exact(target: str, lanes: int, weight_rows: bool) -> None:
+@pytest.mark.parametrize("data", ["uint8", "int16"])
+def test_dot2_intrinsic_is_exact(target: str, lanes: int, weight_rows: bool, data: str) -> None:
     rows, pairs = 3, 5
-    func = _dot2_kernel(rows, pairs, lanes, weight_rows)
-    x = RNG.integers(0, 256, (rows, 2 * pairs)).astype(np.uint8)
+    func = _dot2_kernel(rows, pairs, lanes, weight_rows, data)
+    x = RNG.integers(0, 256, (rows, 2 * pairs)).astype(data)
     w = RNG.integers(-128, 128, (pairs, lanes, 2)).astype(np.int16)
     w[0, 0], w[1, -1], w[2, 0] = (-128, -128), (127, -128), (-32768, 32767)  # int8's extremes, int16's too
     x[0], x[1, :4] = 255, (255, 0, 255, 255)

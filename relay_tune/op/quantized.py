@@ -159,8 +159,12 @@ def _conv2d_nchwc_int8_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_ty
     sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
     (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
     fill = const_expr(int(attrs["pad_value"]), "uint8")  # type: ignore[arg-type]
-    padded = _pad_axes(data, {2: (pt, pb), 3: (pl, pr)}, fill, LayoutMap.parse(f"NCHW{data.shape[4]}c"))
     _, cb, kh, kw, groups, _, terms = weight.shape
+    layout = LayoutMap.parse(f"NCHW{data.shape[4]}c")
+    if terms == 2:
+        padded = _padded_int16(data, {2: (pt, pb), 3: (pl, pr)}, fill, layout)
+    else:
+        padded = _pad_axes(data, {2: (pt, pb), 3: (pl, pr)}, fill, layout)
     rcb, rh, rw, rq = (te.reduce_axis(cb, "rcb"), te.reduce_axis(kh, "rh"), te.reduce_axis(kw, "rw"),
                        te.reduce_axis(groups, "rq"))
     pairs = bool(attrs["pairs_fit_int16"])
@@ -175,3 +179,28 @@ def _conv2d_nchwc_int8_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_ty
 
     shape = static_shape(out_type, "output")
     return te.compute(shape, named(["n", "oc", "oh", "ow", "oc_i"], body), "conv", TAG)
+
+
+def _padded_int16(x: te.Tensor, pads: dict[int, tuple[int, int]], fill: tir.PrimExpr,
+                  layout: LayoutMap) -> te.Tensor:
+    """`x` padded by `(before, after)` on the given axes with `fill` and widened to int16, a "pad" stage even without
+    padding: computed once at the root (the template's default), it holds every channel pair as one 32-bit value,
+    which the int16 weight's steps broadcast straight from memory (widening the uint8 pair at each step costs the
+    broadcast a shuffle and a vpmovzxbw)."""
+    shape = tuple(s + sum(pads.get(d, (0, 0))) for d, s in enumerate(x.shape))
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        conds: list[tir.PrimExpr] = []
+        src: list[tir.PrimExpr] = []
+        for d, i in enumerate(idx):
+            before, after = pads.get(d, (0, 0))
+            if before:
+                conds.append(i >= before)
+            if after:
+                conds.append(i < before + x.shape[d])
+            src.append(i - before if before else i)
+        value = x[tuple(src)] if not conds else te.if_then_else(te.all_of(*conds), x[tuple(src)], fill)
+        return te.cast("int16", value)
+
+    names = layout.axis_names({"N": "n", "C": "c", "D": "d", "H": "h", "W": "w"})
+    return te.compute(shape, named(names, body), "pad", "pad")
