@@ -1,7 +1,7 @@
 """An int8 (QDQ) ResNet-50 against our fp32 build and onnxruntime, and the int8 convolution kernels against the peak.
 
-    python -m experiments int8 [--per-channel] [--weights full reduced] [--rounds 5] [--repeat 3] [--threads 2]
-                               [--skip-model] [--skip-kernels] [--verbose]
+    python -m experiments int8 [--per-channel] [--weights full reduced] [--baseline-tree DIR] [--rounds 5]
+                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose]
 
 1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), quantized by onnxruntime's `quantize_static`
    (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images) with full-range weights
@@ -12,8 +12,9 @@
    build (every product on the integers where the target has an exact path: int16 pairs and vpmaddwd on AVX2 for
    full-range weights, see `relay_tune.passes.quantized_products`), the same build without the full-range path
    (`full_range_int8="float"`: float products where a weight's pairs do not fit int16) and onnxruntime int8; and
-   onnxruntime fp32 (same threads, all optimisations); prints the medians and the ratios the issue asks about
-   (int8 speed-up over our fp32; our int8 against onnxruntime's int8), and how far our int8 output is from
+   onnxruntime fp32 (same threads, all optimisations); with `--baseline-tree DIR` also the default int8 builds of
+   that checkout (built in a subprocess with it first on PYTHONPATH); prints the medians and the ratios the issue
+   asks about (int8 speed-up over our fp32; our int8 against onnxruntime's int8), and how far our int8 output is from
    onnxruntime's unoptimised QDQ graph (exact float semantics) and from its optimised int8 kernels;
 3. measures the per-core peaks of this CPU (`experiments.int8_peaks`: fp32 FMA, vpmaddwd, vpmaddubsw + vpmaddwd,
    vpdpbusd where VNNI exists), then builds ResNet-50's convolution shapes and a 2048 -> 1000 dense product as fp32
@@ -117,7 +118,8 @@ def model_comparison(args: argparse.Namespace) -> None:
         for weights in args.weights:
             dst = Path(tmp) / f"r50.int8.{weights}.onnx"
             quantize_model(src, dst, name, shape, args.per_channel, RANGES[weights])
-            qmodel = from_onnx(onnx.load(str(dst)))[0]
+            quantized = onnx.load(str(dst))
+            qmodel = from_onnx(quantized)[0]
             int8 = build(qmodel, "llvm")  # the default build: the target's exact path for every product
             # the default without an exact full-range path: float products where a weight's pairs do not fit int16
             float_products = build(qmodel, "llvm", full_range_int8="float")
@@ -133,6 +135,11 @@ def model_comparison(args: argparse.Namespace) -> None:
             engines[f"relay-tune int8 {weights}"] = functools.partial(int8.run, **feeds)
             engines[f"relay-tune int8 {weights} float"] = functools.partial(float_products.run, **feeds)
             engines[f"onnxruntime int8 {weights}"] = functools.partial(ort_int8.run, None, feeds)
+            if args.baseline_tree is not None:  # the default build of the unchanged code, in a subprocess
+                from experiments.models import baseline_build
+
+                before = baseline_build(args.baseline_tree, quantized, args.threads)
+                engines[f"relay-tune int8 {weights} baseline"] = functools.partial(before.run, **feeds)
     samples = interleaved(engines, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
     width = max(len(engine) for engine in samples)
     for engine, sample in samples.items():
@@ -141,11 +148,14 @@ def model_comparison(args: argparse.Namespace) -> None:
     med = {k: v.median for k, v in samples.items()}
     for weights in args.weights:
         ours = med[f"relay-tune int8 {weights}"]
-        print(f"{weights}-range weights: speed-up over our fp32 {med['relay-tune fp32'] / ours:.2f}x (target >= 1.6x); "
-              f"our int8 / onnxruntime int8 latency {ours / med[f'onnxruntime int8 {weights}']:.2f} (target <= 1.0); "
-              f"our int8 / float-products build {ours / med[f'relay-tune int8 {weights} float']:.2f}; "
-              f"onnxruntime int8 speed-up over its fp32 "
-              f"{med['onnxruntime fp32'] / med[f'onnxruntime int8 {weights}']:.2f}x")
+        parts = [f"speed-up over our fp32 {med['relay-tune fp32'] / ours:.2f}x (target >= 1.6x)",
+                 f"our int8 / onnxruntime int8 latency {ours / med[f'onnxruntime int8 {weights}']:.2f} (target <= 1.0)",
+                 f"our int8 / float-products build {ours / med[f'relay-tune int8 {weights} float']:.2f}"]
+        if args.baseline_tree is not None:
+            parts.append(f"our int8 / baseline tree's build {ours / med[f'relay-tune int8 {weights} baseline']:.2f}")
+        parts.append(f"onnxruntime int8 speed-up over its fp32 "
+                     f"{med['onnxruntime fp32'] / med[f'onnxruntime int8 {weights}']:.2f}x")
+        print(f"{weights}-range weights: " + "; ".join(parts))
 
 
 def _integer_share(model: Any) -> str:
@@ -264,6 +274,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", nargs="+", choices=list(RANGES), default=list(RANGES),
                         help="weight ranges of the quantized models timed (default both): full (8-bit, onnxruntime's "
                              "default) and reduced (`reduce_range`: 7-bit, its u8 x s8 AVX2 kernels never saturate)")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="also time the default int8 builds of another checkout (e.g. /work/main)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
