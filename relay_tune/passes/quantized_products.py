@@ -56,16 +56,7 @@ import numpy as np
 
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule
 from relay_tune.op.quantized import pairs_fit_int16
-from relay_tune.passes.base import (
-    Pass,
-    PassConfig,
-    call_op,
-    dataflow_post_order,
-    map_functions,
-    register_pass,
-    retype,
-    rewrite_dataflow,
-)
+from relay_tune.passes.base import Pass, PassConfig, call_op, map_functions, register_pass, retype, rewrite_dataflow
 
 # The largest weight magnitude of onnxruntime's symmetric int8 weights (-128 is never produced), and the grid ends
 # tried when recovering them: the full range [-127, 127] and the reduced range [-64, 64] (`reduce_range=True`,
@@ -332,80 +323,6 @@ def _fold_requantize_divide(call: Call, scaled: set[int]) -> Expr | None:
     return call_op("multiply", product.args[0], Constant(folded))
 
 
-_AFFINE_OPS = ("multiply", "divide", "add", "subtract")
-
-
-def _affine_step(node: Expr) -> tuple[int, np.ndarray] | None:
-    """Which argument of `node` (a float32 multiply/divide/add/subtract) is the variable one, and the other, a
-    finite float32 constant (non-zero for a divisor); None for anything else."""
-    if not (isinstance(node, Call) and node.op_name in _AFFINE_OPS and _dtype(node) == "float32"):
-        return None
-    for variable, constant in ((0, 1), (1, 0)):
-        other = node.args[constant]
-        if variable == 1 and node.op_name == "divide":
-            return None  # c / x is not affine in x
-        if isinstance(other, Constant) and other.data.dtype == np.float32 and np.all(np.isfinite(other.data)) \
-                and not isinstance(node.args[variable], Constant):
-            if node.op_name == "divide" and not np.all(other.data != 0):
-                return None
-            return variable, other.data.astype(np.float64)
-    return None
-
-
-def _fold_requantize_chain(orig: Call, new: Call, uses: dict[int, int]) -> Expr | None:
-    """`round(x * m + k)` for `round(f(x))`, `f` a chain of at least two float32 multiplies, divides, adds and
-    subtracts by constants (`new` the rebuilt copy of the typed `orig`): what a QDQ graph leaves between an integer
-    product's requantization and the next one (dequantize, a float batch norm's scale and shift, the next
-    quantize's divide), one multiply-add instead of a divide and four more operations per element. The constants
-    are composed in float64; the result differs from the chain's float32 evaluation by a few ulps, so the `round`
-    can differ only at ties, by one quantization step (the tolerance of `_fold_requantize_divide`). Intermediate
-    values with other users are left alone, and so are chains whose constants would broadcast `x` to more elements."""
-    if orig.op_name != "round":
-        return None
-    steps: list[tuple[str, int, np.ndarray]] = []
-    node_o, node_n = orig.args[0], new.args[0]
-    while True:
-        step = _affine_step(node_o)
-        if step is None or (steps and uses.get(id(node_o), 0) != 1):
-            break
-        variable, constant = step
-        steps.append((node_o.op_name, variable, constant))  # type: ignore[attr-defined]
-        node_o, node_n = node_o.args[variable], node_n.args[variable]  # type: ignore[attr-defined]
-    if len(steps) < 2 or _dtype(node_o) != "float32":
-        return None
-    leaf_shape = tuple(int(d) for d in node_o.checked_type.shape)  # type: ignore[union-attr]
-    scale, shift = np.ones((), np.float64), np.zeros((), np.float64)
-    for op_name, variable, constant in reversed(steps):  # from the leaf up: value = leaf * scale + shift
-        if op_name == "multiply":
-            scale, shift = scale * constant, shift * constant
-        elif op_name == "divide":
-            scale, shift = scale / constant, shift / constant
-        elif op_name == "add":
-            shift = shift + constant
-        elif variable == 0:  # x - c
-            shift = shift - constant
-        else:  # c - x
-            scale, shift = -scale, constant - shift
-    try:
-        if np.broadcast_shapes(leaf_shape, scale.shape, shift.shape) != leaf_shape:
-            return None
-    except ValueError:
-        return None
-    value: Expr = call_op("multiply", node_n, Constant(scale.astype(np.float32)))
-    if np.any(shift):
-        value = call_op("add", value, Constant(shift.astype(np.float32)))
-    return call_op("round", value)
-
-
-def _use_counts(func: Function) -> dict[int, int]:
-    """How many times each node of `func`'s body is an argument of another."""
-    uses: dict[int, int] = {}
-    for node in dataflow_post_order(func.body):
-        for child in node.children():
-            uses[id(child)] = uses.get(id(child), 0) + 1
-    return uses
-
-
 @register_pass
 @dataclass(frozen=True)
 class QuantizedProducts(Pass):
@@ -422,26 +339,7 @@ class QuantizedProducts(Pass):
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
         fitting_only = config.opt_level < 4 and config.full_range_int8 == "float"
         new_mod, changed = map_functions(mod, lambda f: self._rewrite_function(f, fitting_only))
-        new_mod = retype(new_mod, changed)
-        if not changed:  # no integer products: float models keep their float arithmetic as it is
-            return new_mod
-        folded_mod, folded = map_functions(new_mod, self._fold_chains)
-        return retype(folded_mod, folded)
-
-    @staticmethod
-    def _fold_chains(func: Function) -> Function:
-        uses = _use_counts(func)
-
-        def visit(orig: Expr, new: Expr) -> Expr:
-            if isinstance(orig, Call) and isinstance(new, Call):
-                folded = _fold_requantize_chain(orig, new, uses)
-                if folded is not None:
-                    return folded
-            return new
-
-        result = rewrite_dataflow(func, visit)
-        assert isinstance(result, Function)
-        return result
+        return retype(new_mod, changed)
 
     def _rewrite_function(self, func: Function, fitting_pairs_only: bool) -> Function:
         scaled: set[int] = set()  # ids of the `cast(acc) * multiplier` expressions built here
