@@ -19,7 +19,8 @@
 3. measures the per-core peaks of this CPU (`experiments.int8_peaks`: fp32 FMA, vpmaddwd, vpmaddubsw + vpmaddwd,
    vpdpbusd where VNNI exists), then builds ResNet-50's convolution shapes and a 2048 -> 1000 dense product as fp32
    and as int8 models (uint8 x int8 -> int32: the packed `conv2d_nchwc_int8` kernel, `int8` with weights in
-   [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the exact path) and
+   [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the target's exact
+   path: int16 pairs and vpmaddwd on x86 without VNNI, vpdpbusd with it) and
    prints each product kernel's GOPS (its in-graph time from the profiler, the models alternating round by round)
    against the measured peak.
 """
