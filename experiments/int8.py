@@ -1,22 +1,26 @@
 """An int8 (QDQ) ResNet-50 against our fp32 build and onnxruntime, and the int8 convolution kernels against the peak.
 
-    python -m experiments int8 [--per-channel] [--reduce-range] [--rounds 5] [--repeat 3] [--threads 2]
-                               [--skip-model] [--skip-kernels] [--verbose]
+    python -m experiments int8 [--per-channel] [--weights full reduced] [--baseline-tree DIR] [--rounds 5]
+                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose]
 
 1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), quantized by onnxruntime's `quantize_static`
-   (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images);
-2. builds it with relay-tune (`QuantizedProducts` turns its convolutions into int8 products, `PlanLayouts` into
+   (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images) with full-range weights
+   (its default) and with `reduce_range` (7-bit weights), by default both;
+2. builds each with relay-tune (`QuantizedProducts` turns its convolutions into int8 products, `PlanLayouts` into
    the packed `nn.contrib_conv2d_NCHWc_int8` with the requantization fused) and the float model too, and times,
-   interleaved in the same run (`experiments.timing`): relay-tune fp32, relay-tune int8 (opt_level 4: every product
-   on the integers), relay-tune's default build (opt_level 3: integer products where the weight's pairs fit int16,
-   see `relay_tune.passes.quantized_products`), onnxruntime fp32 and onnxruntime int8 (same threads, all
-   optimisations); prints the medians and the ratios the issue asks about
-   (int8 speed-up over our fp32; our int8 against onnxruntime's int8), and how far our int8 output is from
+   interleaved in the same run (`experiments.timing`): relay-tune fp32; per weight range relay-tune's default
+   build (every product on the integers where the target has an exact path: int16 pairs and vpmaddwd on AVX2 for
+   full-range weights, see `relay_tune.passes.quantized_products`), the same build without the full-range path
+   (`full_range_int8="float"`: float products where a weight's pairs do not fit int16) and onnxruntime int8; and
+   onnxruntime fp32 (same threads, all optimisations); with `--baseline-tree DIR` also the default int8 builds of
+   that checkout (built in a subprocess with it first on PYTHONPATH); prints the medians and the ratios the issue
+   asks about (int8 speed-up over our fp32; our int8 against onnxruntime's int8), and how far our int8 output is from
    onnxruntime's unoptimised QDQ graph (exact float semantics) and from its optimised int8 kernels;
 3. measures the per-core peaks of this CPU (`experiments.int8_peaks`: fp32 FMA, vpmaddwd, vpmaddubsw + vpmaddwd,
    vpdpbusd where VNNI exists), then builds ResNet-50's convolution shapes and a 2048 -> 1000 dense product as fp32
    and as int8 models (uint8 x int8 -> int32: the packed `conv2d_nchwc_int8` kernel, `int8` with weights in
-   [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the exact path) and
+   [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the target's exact
+   path: int16 pairs and vpmaddwd on x86 without VNNI, vpdpbusd with it) and
    prints each product kernel's GOPS (its in-graph time from the profiler, the models alternating round by round)
    against the measured peak.
 """
@@ -87,6 +91,10 @@ def ort_session(path: Path, threads: int, optimize: bool = True) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+RANGES = {"full": False, "reduced": True}
+"""onnxruntime's weight ranges by name: `reduce_range` off (8-bit weights, its default) or on (7-bit)."""
+
+
 def model_comparison(args: argparse.Namespace) -> None:
     import onnx
 
@@ -97,41 +105,58 @@ def model_comparison(args: argparse.Namespace) -> None:
     model = light_model("resnet50")
     name = model.graph.input[0].name
     shape = (1, 3, 224, 224)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "r50.onnx", Path(tmp) / "r50.int8.onnx"
-        onnx.save(model, str(src))
-        quantize_model(src, dst, name, shape, args.per_channel, args.reduce_range)
-        qmodel = onnx.load(str(dst))
-        fp32 = build(from_onnx(model)[0], "llvm")
-        int8 = build(from_onnx(qmodel)[0], "llvm", opt_level=4)  # every product on the integers
-        # the default: integer products where the weight pairs fit int16, float products (dequantized weights) else
-        default = build(from_onnx(qmodel)[0], "llvm")
-        ort_fp32, ort_int8 = ort_session(src, args.threads), ort_session(dst, args.threads)
-        ort_reference = ort_session(dst, args.threads, optimize=False)
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    ours = int8.run(**{name: x})
-    exact = ort_reference.run(None, {name: x})[0]
-    theirs = ort_int8.run(None, {name: x})[0]
-    print(f"int8 output: max |ours - onnxruntime unoptimised QDQ| = {np.abs(ours - exact).max():.3g}, "
-          f"max |ours - onnxruntime int8| = {np.abs(ours - theirs).max():.3g}, "
-          f"max |onnxruntime int8 - unoptimised| = {np.abs(theirs - exact).max():.3g}")
     feeds = {name: x}
-    samples = interleaved({
-        "relay-tune fp32": lambda: fp32.run(**feeds),
-        "relay-tune int8": lambda: int8.run(**feeds),
-        "relay-tune default": lambda: default.run(**feeds),
-        "onnxruntime fp32": lambda: ort_fp32.run(None, feeds),
-        "onnxruntime int8": lambda: ort_int8.run(None, feeds),
-    }, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
-    for engine, s in samples.items():
-        print(f"{engine:18} {s.describe()}")
-    print(f"int8 products: {_integer_share(int8)}; default build: {_integer_share(default)}")
+    engines: dict[str, Any] = {}
+    shares: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "r50.onnx"
+        onnx.save(model, str(src))
+        fp32 = build(from_onnx(model)[0], "llvm")
+        engines["relay-tune fp32"] = lambda: fp32.run(**feeds)
+        ort_fp32 = ort_session(src, args.threads)
+        engines["onnxruntime fp32"] = lambda: ort_fp32.run(None, feeds)
+        for weights in args.weights:
+            dst = Path(tmp) / f"r50.int8.{weights}.onnx"
+            quantize_model(src, dst, name, shape, args.per_channel, RANGES[weights])
+            quantized = onnx.load(str(dst))
+            qmodel = from_onnx(quantized)[0]
+            int8 = build(qmodel, "llvm")  # the default build: the target's exact path for every product
+            # the default without an exact full-range path: float products where a weight's pairs do not fit int16
+            float_products = build(qmodel, "llvm", full_range_int8="float")
+            ort_int8 = ort_session(dst, args.threads)
+            ours, exact = int8.run(**feeds), ort_session(dst, args.threads, optimize=False).run(None, feeds)[0]
+            theirs = ort_int8.run(None, feeds)[0]
+            print(f"int8 {weights}-range output: max |ours - onnxruntime unoptimised QDQ| = "
+                  f"{np.abs(ours - exact).max():.3g}, max |ours - onnxruntime int8| = "
+                  f"{np.abs(ours - theirs).max():.3g}, max |onnxruntime int8 - unoptimised| = "
+                  f"{np.abs(theirs - exact).max():.3g}")
+            shares.append(f"{weights}: {_integer_share(int8)} "
+                          f"(float-products build: {_integer_share(float_products)})")
+            engines[f"relay-tune int8 {weights}"] = functools.partial(int8.run, **feeds)
+            engines[f"relay-tune int8 {weights} float"] = functools.partial(float_products.run, **feeds)
+            engines[f"onnxruntime int8 {weights}"] = functools.partial(ort_int8.run, None, feeds)
+            if args.baseline_tree is not None:  # the default build of the unchanged code, in a subprocess
+                from experiments.models import baseline_build
+
+                before = baseline_build(args.baseline_tree, quantized, args.threads)
+                engines[f"relay-tune int8 {weights} baseline"] = functools.partial(before.run, **feeds)
+    samples = interleaved(engines, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
+    width = max(len(engine) for engine in samples)
+    for engine, sample in samples.items():
+        print(f"{engine:{width}} {sample.describe()}")
+    print("int8 products: " + "; ".join(shares))
     med = {k: v.median for k, v in samples.items()}
-    print(f"int8 speed-up over our fp32: {med['relay-tune fp32'] / med['relay-tune int8']:.2f}x (target >= 1.6x)")
-    print(f"our int8 / onnxruntime int8 latency: {med['relay-tune int8'] / med['onnxruntime int8']:.2f} "
-          f"(target <= 1.0)")
-    print(f"onnxruntime int8 speed-up over its fp32: {med['onnxruntime fp32'] / med['onnxruntime int8']:.2f}x")
-    print(f"int8 (every product) / default build latency: {med['relay-tune int8'] / med['relay-tune default']:.2f}")
+    for weights in args.weights:
+        ours = med[f"relay-tune int8 {weights}"]
+        parts = [f"speed-up over our fp32 {med['relay-tune fp32'] / ours:.2f}x (target >= 1.6x)",
+                 f"our int8 / onnxruntime int8 latency {ours / med[f'onnxruntime int8 {weights}']:.2f} (target <= 1.0)",
+                 f"our int8 / float-products build {ours / med[f'relay-tune int8 {weights} float']:.2f}"]
+        if args.baseline_tree is not None:
+            parts.append(f"our int8 / baseline tree's build {ours / med[f'relay-tune int8 {weights} baseline']:.2f}")
+        parts.append(f"onnxruntime int8 speed-up over its fp32 "
+                     f"{med['onnxruntime fp32'] / med[f'onnxruntime int8 {weights}']:.2f}x")
+        print(f"{weights}-range weights: " + "; ".join(parts))
 
 
 def _integer_share(model: Any) -> str:
@@ -247,8 +272,11 @@ def kernel_comparison(args: argparse.Namespace) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-channel", action="store_true", help="per-channel weight scales (default per tensor)")
-    parser.add_argument("--reduce-range", action="store_true",
-                        help="7-bit weights (onnxruntime's u8 x s8 AVX2 kernels then never saturate)")
+    parser.add_argument("--weights", nargs="+", choices=list(RANGES), default=list(RANGES),
+                        help="weight ranges of the quantized models timed (default both): full (8-bit, onnxruntime's "
+                             "default) and reduced (`reduce_range`: 7-bit, its u8 x s8 AVX2 kernels never saturate)")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="also time the default int8 builds of another checkout (e.g. /work/main)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))

@@ -161,10 +161,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.fused:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
         from relay_tune.compile import resolve_target
-        from relay_tune.passes import layout_block, optimize
+        from relay_tune.passes import full_range_int8_mode, layout_block, optimize
 
-        block = layout_block(resolve_target("llvm"), args.layout_planning)  # as `build` would for this CPU
-        mod = optimize(mod, opt_level=args.opt_level, layout_block=block, winograd=args.winograd)
+        host = resolve_target("llvm")
+        block = layout_block(host, args.layout_planning)  # as `build` would for this CPU
+        mod = optimize(mod, opt_level=args.opt_level, layout_block=block, winograd=args.winograd,
+                       full_range_int8=full_range_int8_mode(host))
     if args.summary:
         _print_summary(mod, args.model, elapsed)
         return 0
@@ -215,7 +217,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
     from relay_tune.compile import model_tasks, resolve_target
-    from relay_tune.passes import layout_block, optimize
+    from relay_tune.passes import full_range_int8_mode, layout_block, optimize
 
     loaded = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
@@ -232,7 +234,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     block = layout_block(target, args.layout_planning)  # the workloads tuning and builds see
     # the tasks whose kernels the build calls: no aliases, no concatenations written in place
-    fused = optimize(loaded, opt_level=args.opt_level, layout_block=block, winograd=args.winograd)
+    fused = optimize(loaded, opt_level=args.opt_level, layout_block=block, winograd=args.winograd,
+                     full_range_int8=full_range_int8_mode(target))
     tasks = model_tasks(fused, target).kernels  # the whole module: kernels in branches and other functions too
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)

@@ -338,3 +338,23 @@ def _dtype_bits(dtype: str) -> int:
     if not digits:
         raise TargetError(f"unknown dtype {dtype!r}")
     return int(digits)
+
+
+@dataclass(frozen=True)
+class DotFeatures:
+    """What the target offers for byte dot products: register width in bytes and the instruction sets."""
+
+    register_bytes: int = 16
+    vnni: bool = False  # vpdpbusd at `register_bytes` (AVX512-VNNI with the width's AVX-512 parts, or AVX-VNNI)
+    pmaddubsw: bool = False  # vpmaddubsw / vpmaddwd at `register_bytes` (SSSE3, AVX2, AVX512BW)
+
+    @staticmethod
+    def for_target(target: Target) -> DotFeatures:
+        """The features of an LLVM CPU target: its listed features, or those its CPU name implies."""
+        has = target.has_feature
+        vector_bits = target.vector_bits
+        if vector_bits >= 512 and has("avx512bw"):
+            return DotFeatures(64, has("avx512vnni"), True)
+        if vector_bits >= 256 and has("avx2"):
+            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True)
+        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"))

@@ -343,7 +343,7 @@ def test_packed_int8_conv_is_exact(cin: int, cout: int, k: int, stride: int, h: 
     # every sampled config of the space against the numpy reference, on random data and weights of the same range
     rng = np.random.default_rng(cin * 100 + cout)
     inputs = [rng.integers(0, 256, spec.shape).astype(np.uint8) if spec.dtype == "uint8"
-              else rng.integers(-limit + 1, limit, spec.shape).astype(np.int8)
+              else rng.integers(-limit + 1, limit, spec.shape).astype(spec.dtype)  # int8, or int16 pairs
               for spec in task.input_specs()]
     expected = task.reference(inputs)[0]
     for config in [task.default_config()] + [task.space.sample(rng) for _ in range(4)]:

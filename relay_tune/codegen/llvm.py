@@ -43,7 +43,7 @@ from relay_tune.codegen.llvm_base import (
     dtype_info,
     memory_type,
 )
-from relay_tune.codegen.llvm_dot import DotFeatures, x86_dot4
+from relay_tune.codegen.llvm_dot import DotFeatures, x86_dot2, x86_dot4
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.target import Target
@@ -179,6 +179,11 @@ class CPUCodegen(LLVMCodegenBase):
         fast = x86_dot4(self.builder, self.declare, self.dot_features, a, b, lanes,
                         name == "dot4_u8s8_i32_pairs16", acc)
         return fast if fast is not None else super().dot4_product(name, a, b, lanes, acc)
+
+    def dot2_product(self, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
+        """vpmaddwd on x86, else generic IR."""
+        fast = x86_dot2(self.builder, self.declare, self.dot_features, a, b, lanes, acc)
+        return fast if fast is not None else super().dot2_product(a, b, lanes, acc)
 
     # -- kernels ------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from relay_tune.codegen import affine
-from relay_tune.codegen.llvm_dot import generic_dot4
+from relay_tune.codegen.llvm_dot import generic_dot2, generic_dot4
 from relay_tune.codegen.llvm_lowp import LowPrecision
 from relay_tune.codegen.llvm_math import Float32Math
 from relay_tune.errors import CompileError, UnsupportedError
@@ -1043,7 +1043,7 @@ class LLVMCodegenBase:
             for dot, other in ((node.b, node.a), (node.a, node.b)):
                 if isinstance(dot, tir.Call) and dot.name in tir.DOT4_INTRINSICS:
                     # the dot product already emitted without the accumulator is left for LLVM to delete
-                    return self.lower_dot4(dot, self.cast(self.value_of(other), other.dtype, "int32"))
+                    return self.lower_dot(dot, self.cast(self.value_of(other), other.dtype, "int32"))
         if op in tir.COMPARE_OPS:
             dtype = unify_dtypes(node.a.dtype, node.b.dtype)
         else:
@@ -1283,8 +1283,8 @@ class LLVMCodegenBase:
     def lower_call(self, node: tir.Call) -> ir.Value:
         name = node.name
         dtype = node.dtype
-        if name in tir.DOT4_INTRINSICS:
-            return self.lower_dot4(node)
+        if name in tir.DOT_INTRINSICS:
+            return self.lower_dot(node)
         info = dtype_info(dtype)
         if info.kind == "lowfloat":  # computed in float32, rounded back to the type
             wide = self.lower_call(tir.Call(name, node.args, "float32"))
@@ -1323,23 +1323,27 @@ class LLVMCodegenBase:
             return self._in_float32(dtype, args, lambda v: getattr(math, name)(v[0]))
         raise CompileError(f"unknown intrinsic {name}")
 
-    # -- four-byte dot products ------------------------------------------------------------------------
+    # -- integer dot products -----------------------------------------------------------------------
 
     dot4_fuses_accumulator = False
     """Whether `dot4_product` adds an accumulator in the same instruction (vpdpbusd): `acc + dot4(...)` then passes
     `acc` in instead of adding after."""
 
-    def lower_dot4(self, node: tir.Call, acc: ir.Value | None = None) -> ir.Value:
-        """`acc + dot4(a, b)` (see `tir.DOT4_INTRINSICS`) over the current vector's lanes (1 outside one)."""
+    def lower_dot(self, node: tir.Call, acc: ir.Value | None = None) -> ir.Value:
+        """`acc + dot(a, b)` (see `tir.DOT_INTRINSICS`) over the current vector's lanes (1 outside one)."""
         vec = self.ctx.vector
         lanes = vec.lanes if vec is not None else 1
-        a = self._dot4_operand(node.args[:4], lanes)
-        b = self._dot4_operand(node.args[4:], lanes)
+        terms = len(node.args) // 2
+        a = self._dot_operand(node.args[:terms], lanes)
+        b = self._dot_operand(node.args[terms:], lanes)
         if acc is not None and lanes == 1:  # the products are computed as one-lane vectors
             acc = self.builder.insert_element(ir.Constant(ir.VectorType(I32, 1), None), acc, ir.Constant(I32, 0))
         elif acc is not None:
             acc = self.broadcast(acc, lanes)
-        value = self.dot4_product(node.name, a, b, lanes, acc)
+        if node.name == tir.DOT2_INTRINSIC:
+            value = self.dot2_product(a, b, lanes, acc)
+        else:
+            value = self.dot4_product(node.name, a, b, lanes, acc)
         if lanes == 1:
             return self.builder.extract_element(value, ir.Constant(I32, 0))
         return value
@@ -1350,58 +1354,72 @@ class LLVMCodegenBase:
         total = generic_dot4(self.builder, a, b, lanes)
         return total if acc is None else self.builder.add(acc, total)
 
-    def _dot4_operand(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value:
-        """The four byte operands of every lane as one `<4 * lanes x i8>` vector, lane by lane."""
+    def dot2_product(self, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
+        """`<lanes x i32>` sums of the two products per lane of `a` (`<2 lanes x i8>`, u8) and `b`
+        (`<2 lanes x i16>`, s16), plus `acc` when given; targets with vpmaddwd override this."""
+        total = generic_dot2(self.builder, a, b, lanes)
+        return total if acc is None else self.builder.add(acc, total)
+
+    def _dot_operand(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value:
+        """The `k = len(args)` operands of every lane as one `<k * lanes x T>` vector, lane by lane (`T` the
+        operands' integer type)."""
         b = self.builder
-        contiguous = self._dot4_contiguous(args, lanes)
+        k = len(args)
+        contiguous = self._dot_contiguous(args, lanes)
         if contiguous is not None:
             return contiguous
+        element = scalar_type(args[0].dtype)
         values = [self.value_of(arg) for arg in args]
         if all(lanes_of(v) == 1 for v in values):
-            quad: ir.Value = ir.Constant(ir.VectorType(I8, 4), None)
-            for k, v in enumerate(values):
-                quad = b.insert_element(quad, v, ir.Constant(I32, k))
+            group: ir.Value = ir.Constant(ir.VectorType(element, k), None)
+            for i, v in enumerate(values):
+                group = b.insert_element(group, v, ir.Constant(I32, i))
             if lanes == 1:
-                return quad
-            word = self.broadcast(b.bitcast(quad, I32), lanes)
-            return b.bitcast(word, ir.VectorType(I8, 4 * lanes))
-        v0, v1, v2, v3 = (self.broadcast(v, lanes) for v in values)
-        pair = ir.VectorType(I32, 2 * lanes)
-        low = b.shuffle_vector(v0, v1, ir.Constant(pair, list(range(2 * lanes))))
-        high = b.shuffle_vector(v2, v3, ir.Constant(pair, list(range(2 * lanes))))
-        # byte 4l + k of the result is lane l of v_k: v0, v1 are `low[l]`, `low[n + l]`; v2, v3 the same in `high`
-        order = [lane + (k % 2) * lanes + (k // 2) * 2 * lanes for lane in range(lanes) for k in range(4)]
-        return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 4 * lanes), order))
+                return group
+            word = self.broadcast(b.bitcast(group, ir.IntType(k * element.width)), lanes)
+            return b.bitcast(word, ir.VectorType(element, k * lanes))
+        parts = [self.broadcast(v, lanes) for v in values]
+        while len(parts) > 2:  # v0..v3 -> (v0 v1), (v2 v3): value i's lanes start at i * lanes throughout
+            size = parts[0].type.count
+            joined = ir.Constant(ir.VectorType(I32, 2 * size), list(range(2 * size)))
+            parts = [b.shuffle_vector(parts[i], parts[i + 1], joined) for i in range(0, len(parts), 2)]
+        # element k l + i of the result is lane l of value i, at i * lanes + l of the two parts joined
+        order = [i * lanes + lane for lane in range(lanes) for i in range(k)]
+        return b.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(I32, k * lanes), order))
 
-    def _dot4_contiguous(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value | None:
-        """One load of the operand bytes when the four values are consecutive elements of one buffer and the lanes
-        either share them (a 4-byte load broadcast) or step by 4 (a `4 * lanes`-byte vector load); else None."""
+    def _dot_contiguous(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value | None:
+        """One load of the operands when the `k = len(args)` values are consecutive elements of one buffer and the
+        lanes either share them (a `k`-element load broadcast) or step by `k` (a `k * lanes`-element vector load);
+        else None."""
         ctx = self.ctx
         vec = ctx.vector
         if vec is None or ctx.mask is not None or not all(isinstance(a, tir.Load) for a in args):
             return None
         loads: list[tir.Load] = [a for a in args if isinstance(a, tir.Load)]
         buf = loads[0].buffer
-        if any(load.buffer is not buf for load in loads) or dtype_info(buf.dtype).itemsize != 1 \
-                or dtype_info(buf.dtype).value_bits:
+        info = dtype_info(buf.dtype)
+        if any(load.buffer is not buf for load in loads) or info.kind not in ("int", "uint") or info.value_bits:
             return None
         first = affine.flat_form(loads[0].indices, buf.shape, ctx.extents)
         for k, load in enumerate(loads[1:], start=1):
             step = affine.flat_form(load.indices, buf.shape, ctx.extents).plus(first, -1)
             if not (step.is_constant and step.const == k):
                 return None
+        count = len(loads)
         stride = affine.lane_stride(loads[0].indices, buf.shape, vec.var, ctx.extents)
-        if stride not in (0, 4):
+        if stride not in (0, count):
             return None
         b = self.builder
+        element = scalar_type(buf.dtype)
         pointer = self.buffer_pointer(buf)
         varies = any(affine.contains_var(i, vec.var) for i in loads[0].indices)
         offset = self.eval_lane0(loads[0].indices, buf) if varies else self.offset(loads[0].indices, buf)
         address = b.gep(pointer, [offset])
-        if stride == 4:
-            return b.load(b.bitcast(address, ir.VectorType(I8, 4 * lanes).as_pointer()), align=1)
-        word = b.load(b.bitcast(address, I32.as_pointer()), align=1)
-        return b.bitcast(self.broadcast(word, lanes), ir.VectorType(I8, 4 * lanes))
+        if stride == count:
+            return b.load(b.bitcast(address, ir.VectorType(element, count * lanes).as_pointer()), align=1)
+        word_type = ir.IntType(count * element.width)
+        word = b.load(b.bitcast(address, word_type.as_pointer()), align=1)
+        return b.bitcast(self.broadcast(word, lanes), ir.VectorType(element, count * lanes))
 
     def _in_float32(self, dtype: str, args: list[ir.Value], emit: Callable[[list[ir.Value]], ir.Value]) -> ir.Value:
         """Compute half-precision math in float32 (as numpy does) and round the result back."""

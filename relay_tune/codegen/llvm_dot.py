@@ -9,6 +9,9 @@ Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result 
   twice for `dot4_u8s8_i32`, on the two halves of the weight bytes (`b >> 1` and the rest: each in [-64, 64]);
 - generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact.
 
+The two-term uint8 x int16 product (`tir.DOT2_INTRINSIC`, full-range int8 weights stored as int16 pairs) is one
+`vpmaddwd` per register of lanes on x86 (exact: two int16 products summed into int32), generic IR elsewhere.
+
 The x86 forms work on whole registers: the operand bytes are padded with zeros to a multiple of the register (a
 zero byte adds nothing) and the lanes of the result taken back.
 """
@@ -16,37 +19,16 @@ zero byte adds nothing) and the lanes of the result taken back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
-from relay_tune.target import Target
+from relay_tune.target import DotFeatures
 
 I8 = ir.IntType(8)
 I16 = ir.IntType(16)
 I32 = ir.IntType(32)
 
 Declare = Callable[[str, ir.Type, list[ir.Type]], ir.Function]
-
-
-@dataclass(frozen=True)
-class DotFeatures:
-    """What the target offers for byte dot products: register width in bytes and the instruction sets."""
-
-    register_bytes: int = 16
-    vnni: bool = False  # vpdpbusd at `register_bytes` (AVX512-VNNI with the width's AVX-512 parts, or AVX-VNNI)
-    pmaddubsw: bool = False  # vpmaddubsw / vpmaddwd at `register_bytes` (SSSE3, AVX2, AVX512BW)
-
-    @staticmethod
-    def for_target(target: Target) -> DotFeatures:
-        """The features of an LLVM CPU target: its listed features, or those its CPU name implies."""
-        has = target.has_feature
-        vector_bits = target.vector_bits
-        if vector_bits >= 512 and has("avx512bw"):
-            return DotFeatures(64, has("avx512vnni"), True)
-        if vector_bits >= 256 and has("avx2"):
-            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True)
-        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"))
 
 
 def _vector(element: ir.Type, lanes: int) -> ir.VectorType:
@@ -109,16 +91,7 @@ def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
         sums = builder.call(declare(PMADDWD_INTRINSICS[width], _vector(I32, per), [pairs.type, pairs.type]),
                             [pairs, ones])
         pieces.append(sums if cacc is None else builder.add(cacc, sums))
-    while len(pieces) > 1:  # concatenate the registers' lanes, pairs of equal width at a time
-        if len(pieces) % 2:
-            pieces.append(ir.Constant(pieces[0].type, None))
-        size = pieces[0].type.count
-        joined = ir.Constant(_vector(I32, 2 * size), list(range(2 * size)))
-        pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], joined) for i in range(0, len(pieces), 2)]
-    result = pieces[0]
-    if result.type.count != lanes:
-        result = _pick(builder, result, list(range(lanes)))
-    return result
+    return _joined(builder, pieces, lanes)
 
 
 PMADDUBSW_INTRINSICS = {16: "llvm.x86.ssse3.pmadd.ub.sw.128", 32: "llvm.x86.avx2.pmadd.ub.sw",
@@ -138,3 +111,51 @@ def _vpdpbusd(builder: ir.IRBuilder, declare: Declare, a: ir.Value, b: ir.Value,
     # LLVM 22 declares the byte operands as `<4n x i8>` (earlier versions as `<n x i32>`)
     fn = declare(f"llvm.x86.avx512.vpdpbusd.{width * 8}", acc_type, [acc_type, a.type, b.type])
     return builder.call(fn, [acc, a, b])
+
+
+def generic_dot2(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: int) -> ir.Value:
+    """`<lanes x i32>` sums of the two products per lane of `a` (`<2 lanes x i8>`, u8, or `<2 lanes x i16>`) and
+    `b` (`<2 lanes x i16>`, s16), exact, as plain integer IR."""
+    wide = _vector(I32, 2 * lanes)
+    products = builder.mul(builder.zext(a, wide) if a.type.element == I8 else builder.sext(a, wide),
+                           builder.sext(b, wide))
+    even = _pick(builder, products, [2 * lane for lane in range(lanes)])
+    odd = _pick(builder, products, [2 * lane + 1 for lane in range(lanes)])
+    return builder.add(even, odd)
+
+
+def x86_dot2(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: ir.Value, b: ir.Value, lanes: int,
+             acc: ir.Value | None) -> ir.Value | None:
+    """`acc + dot2` (`acc` may be None) with one vpmaddwd per register of lanes (`a` zero-extended to int16 when
+    it is uint8), or None when the target has no vpmaddwd (the caller then lowers it generically)."""
+    if not features.pmaddubsw:  # every x86 target with vpmaddubsw has vpmaddwd at the same width
+        return None
+    a16 = builder.zext(a, _vector(I16, 2 * lanes)) if a.type.element == I8 else a
+    total_bytes = 4 * lanes  # two int16 per int32 lane
+    width = 16
+    while width < total_bytes and width < features.register_bytes:
+        width *= 2
+    per = width // 4
+    pieces: list[ir.Value] = []
+    for chunk in range(-(-total_bytes // width)):
+        span = list(range(chunk * 2 * per, (chunk + 1) * 2 * per))
+        ca, cb = _pick(builder, a16, span), _pick(builder, b, span)
+        sums = builder.call(declare(PMADDWD_INTRINSICS[width], _vector(I32, per), [ca.type, cb.type]), [ca, cb])
+        if acc is not None:
+            sums = builder.add(_pick(builder, acc, list(range(chunk * per, (chunk + 1) * per))), sums)
+        pieces.append(sums)
+    return _joined(builder, pieces, lanes)
+
+
+def _joined(builder: ir.IRBuilder, pieces: list[ir.Value], lanes: int) -> ir.Value:
+    """The first `lanes` lanes of the registers `pieces` (equal `<n x i32>` vectors) concatenated."""
+    while len(pieces) > 1:  # pairs of equal width at a time
+        if len(pieces) % 2:
+            pieces.append(ir.Constant(pieces[0].type, None))
+        size = pieces[0].type.count
+        joined = ir.Constant(_vector(I32, 2 * size), list(range(2 * size)))
+        pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], joined) for i in range(0, len(pieces), 2)]
+    result = pieces[0]
+    if result.type.count != lanes:
+        result = _pick(builder, result, list(range(lanes)))
+    return result

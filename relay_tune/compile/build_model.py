@@ -32,6 +32,7 @@ def build(
     winograd: str | None = None,
     kernel_cache: bool = True,
     build_cache: bool = True,
+    full_range_int8: str | None = None,
 ) -> CompiledModel | VMModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`); a program with control
     flow (`if`, calls of other global functions such as recursive loops, closures) into a `VMModel`, its kernels
@@ -59,9 +60,13 @@ def build(
     build_cache: load the finished model from the per-user build cache when the same module, weights, tuning
         records, target and options were built before on this machine, and store what is built there
         (`relay_tune.compile.build_cache`; `RELAY_TUNE_BUILD_CACHE=0` turns it off everywhere).
+    full_range_int8: how int8 weights whose pairs would saturate vpmaddubsw are multiplied ("float", "dot4",
+        "int16": `relay_tune.passes.PassConfig`); None: from the target (`relay_tune.passes.full_range_int8_mode`).
+        Tuning derives it from the target, so records of another setting may not match.
     """
     options: dict[str, Any] = dict(jobs=jobs, require_tuned=require_tuned, threading_runtime=threading_runtime,
-                                   layout_planning=layout_planning, winograd=winograd, kernel_cache=kernel_cache)
+                                   layout_planning=layout_planning, winograd=winograd, kernel_cache=kernel_cache,
+                                   full_range_int8=full_range_int8)
 
     checked = check_tuned and logs is not None
 
@@ -76,7 +81,7 @@ def build(
         start = time.perf_counter()
         # What changes the code; `jobs`, `kernel_cache` and `threading_runtime` do not.
         decisive = dict(opt_level=opt_level, require_tuned=require_tuned, check_tuned=checked,
-                        layout_planning=layout_planning, winograd=winograd)
+                        layout_planning=layout_planning, winograd=winograd, full_range_int8=full_range_int8)
         key = build_key(module, resolve_target(target), params, logs, decisive)
         if key is not None:
             return cached_build(cache, key, compile_it, threading_runtime, start)

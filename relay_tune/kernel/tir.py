@@ -166,7 +166,7 @@ class Cast(PrimExpr):
 
 INTRINSICS = frozenset(
     {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "fabs", "pow", "floor", "ceil", "round",
-     "fma", "sin", "cos", "tan", "asin", "acos", "atan", *("dot4_u8s8_i32", "dot4_u8s8_i32_pairs16")}
+     "fma", "sin", "cos", "tan", "asin", "acos", "atan", *("dot4_u8s8_i32", "dot4_u8s8_i32_pairs16", "dot2_u8s16_i32")}
 )
 
 DOT4_INTRINSICS = frozenset({"dot4_u8s8_i32", "dot4_u8s8_i32_pairs16"})
@@ -176,6 +176,15 @@ CPU back end lowers it to one multiply-add instruction sequence over 4 bytes per
 vpmaddubsw + vpmaddwd without) when `a` and `b` are four consecutive elements of a buffer. `dot4_u8s8_i32_pairs16`
 promises more: each pair `a0*b0 + a1*b1` and `a2*b2 + a3*b3` lies in int16 (so |b0| + |b1| <= 128 suffices), which
 lets the back end use the saturating vpmaddubsw; the value is the same."""
+
+DOT2_INTRINSIC = "dot2_u8s16_i32"
+"""The two-term dot product `Call("dot2_u8s16_i32", (a0, a1, b0, b1), "int32")`: `a0*b0 + a1*b1`, exact, with `a`
+uint8 (or int16 holding uint8 values: widened already) and `b` int16. With `b` two consecutive int16 elements per
+lane the x86 back ends lower it to one vpmaddwd per register of lanes (a uint8 pair widened to int16 on load): exact
+for any int8 weight, where a full-range weight pair may saturate vpmaddubsw."""
+
+DOT_INTRINSICS = DOT4_INTRINSICS | {DOT2_INTRINSIC}
+"""Every integer dot-product intrinsic: `len(args) // 2` products of `a = args[:k]` and `b = args[k:]`, summed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,6 +161,7 @@ _INTRINSICS: dict[str, Callable[..., Any]] = {
     "atan": lambda x: math.atan(x) if x == x else math.nan,
     "dot4_u8s8_i32": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:4], v[4:])),
     "dot4_u8s8_i32_pairs16": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:4], v[4:])),
+    "dot2_u8s16_i32": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:2], v[2:])),
 }
 
 _PY_OPS = {

@@ -1,19 +1,23 @@
 """`nn.contrib_conv2d_NCHWc_int8`: a uint8 x int8 -> int32 convolution on channel-blocked layouts with the weight
-packed for four-byte dot products.
+packed for four-byte dot products, or, where the int8 weight's pairs would saturate vpmaddubsw on a CPU without
+VNNI, widened to int16 and packed for two-term products.
 
     data    (N, C / bi, H, W, bi)                     uint8, `NCHW{bi}c`, bi a multiple of 4
     weight  (O / bo, C / bi, KH, KW, bi / 4, bo, 4)   int8: input channel `ci` of block `cb` and output channel
                                                       `o` at `[o // bo, cb, kh, kw, ci // 4, o % bo, ci % 4]`
+         or (O / bo, C / bi, KH, KW, bi / 2, bo, 2)   int16 (int8 values): the same with pairs for quads
     output  (N, O / bo, OH, OW, bo)                   int32, `NCHW{bo}c`
 
 Four consecutive input channels of one pixel are one 32-bit value, broadcast to every output lane; the weight row
 of those four channels for `bo` output channels is `4 * bo` contiguous bytes, so one step of the reduction is one
-dot-product instruction sequence per register of output lanes (`tir.DOT4_INTRINSICS`). The sums are exact.
+dot-product instruction sequence per register of output lanes (`tir.DOT4_INTRINSICS`). With the int16 weight a step
+takes two channels: their uint8 values widened to an int16 pair and broadcast, the weight row `2 * bo` int16, one
+vpmaddwd per register of lanes (`tir.DOT2_INTRINSIC`). The sums are exact either way.
 
 Attributes: `strides`, `padding` (top, left, bottom, right) filled with `pad_value` (the data's zero point: the
 padding of the float convolution this stands for is the quantized zero), `pairs_fit_int16` (every weight pair
 `w[.., 2j]`, `w[.., 2j + 1]` of a quad has |w0| + |w1| <= 128, so the saturating vpmaddubsw is exact; checked by
-`pack_int8_weight`, which also packs the weight at build time).
+`pack_int8_weight`, which also packs the weight at build time; always False for an int16 weight).
 """
 
 from __future__ import annotations
@@ -65,28 +69,46 @@ def pairs_fit_int16(weight: np.ndarray) -> bool:
     return bool((w[:, 0::2] + w[:, 1::2]).max(initial=0) <= PAIR_LIMIT)
 
 
+def pack_int16_weight(weight: np.ndarray, bi: int, bo: int) -> np.ndarray:
+    """An OIHW int8 weight widened to int16 and packed as `(O / bo, I / bi, KH, KW, bi / 2, bo, 2)` (pairs of input
+    channels for vpmaddwd), with zeros appended to its output and input channels up to multiples of `bo` and `bi`."""
+    if bi % 2:
+        raise ValueError(f"the input channel block {bi} is not a multiple of 2")
+    o, i, kh, kw = weight.shape
+    full = np.zeros((-(-o // bo) * bo, -(-i // bi) * bi, kh, kw), dtype=np.int16)
+    full[:o, :i] = weight
+    ob, cb = full.shape[0] // bo, full.shape[1] // bi
+    return np.ascontiguousarray(full.reshape(ob, bo, cb, bi // 2, 2, kh, kw).transpose(0, 2, 5, 6, 3, 1, 4))
+
+
 def unpack_int8_weight(packed: np.ndarray) -> np.ndarray:
-    """The OIHW weight of a packed one (channels as packed, padding included)."""
-    ob, cb, kh, kw, q, bo, four = packed.shape
-    return packed.transpose(0, 5, 1, 4, 6, 2, 3).reshape(ob * bo, cb * q * four, kh, kw)
+    """The OIHW weight of a packed one, int8 or int16 (channels as packed, padding included)."""
+    ob, cb, kh, kw, groups, bo, terms = packed.shape
+    return packed.transpose(0, 5, 1, 4, 6, 2, 3).reshape(ob * bo, cb * groups * terms, kh, kw)
+
+
+_TERMS = {"int8": 4, "int16": 2}
+"""Input channels per dot-product step by weight dtype: quads of int8, pairs of int16."""
 
 
 @type_relation(OP_NAME)
 def conv2d_nchwc_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     data = _tensor_arg(arg_types[0], OP_NAME, "data")
     weight = _tensor_arg(arg_types[1], OP_NAME, "weight")
-    if data.dtype != "uint8" or weight.dtype != "int8":
-        raise RelayTypeError(f"needs uint8 data and an int8 weight, got {data.dtype} and {weight.dtype}",
+    if data.dtype != "uint8" or weight.dtype not in _TERMS:
+        raise RelayTypeError(f"needs uint8 data and an int8 (or int16) weight, got {data.dtype} and {weight.dtype}",
                              op_name=OP_NAME)
     if data.ndim != 5 or weight.ndim != 7:
         raise RelayTypeError(f"needs 5-D data (N, C/b, H, W, b) and a 7-D packed weight, got "
                              f"{fmt_shape(data.shape)} and {fmt_shape(weight.shape)}", op_name=OP_NAME)
     n, cb, h, w, bi = data.shape
-    ob, wcb, kh, kw, quads, bo, four = weight.shape
-    if (bi is not ANY and (bi % 4 or (quads is not ANY and quads * 4 != bi))) or four != 4 \
+    ob, wcb, kh, kw, groups, bo, terms = weight.shape
+    k = _TERMS[weight.dtype]
+    if (bi is not ANY and (bi % 4 or (groups is not ANY and groups * k != bi))) or terms != k \
             or (cb is not ANY and wcb is not ANY and cb != wcb):
-        raise RelayTypeError(f"data {fmt_shape(data.shape)} and packed weight {fmt_shape(weight.shape)} do not "
-                             "match: the weight must be (O/bo, C/bi, KH, KW, bi/4, bo, 4)", op_name=OP_NAME)
+        raise RelayTypeError(f"data {fmt_shape(data.shape)} and packed {weight.dtype} weight "
+                             f"{fmt_shape(weight.shape)} do not match: the weight must be "
+                             f"(O/bo, C/bi, KH, KW, bi/{k}, bo, {k})", op_name=OP_NAME)
     sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
     (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
     if sh < 1 or sw < 1:
@@ -130,24 +152,55 @@ TAG = "conv2d_nchwc_int8"
 
 @compute(OP_NAME)
 def _conv2d_nchwc_int8_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
-    """Sums over `(rcb, rh, rw, rq)`: channel blocks, kernel taps, quads of a block; each step one dot product of
-    the quad `x[n, rcb, iy, ix, 4 rq : 4 rq + 4]` with `w[f, rcb, rh, rw, rq, c, 0:4]`."""
+    """Sums over `(rcb, rh, rw, rq)`: channel blocks, kernel taps, quads (int16 weight: pairs) of a block; each step
+    one dot product of the quad `x[n, rcb, iy, ix, 4 rq : 4 rq + 4]` with `w[f, rcb, rh, rw, rq, c, 0:4]` (pairs:
+    2 for 4)."""
     data, weight = inputs
     sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
     (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
     fill = const_expr(int(attrs["pad_value"]), "uint8")  # type: ignore[arg-type]
-    padded = _pad_axes(data, {2: (pt, pb), 3: (pl, pr)}, fill, LayoutMap.parse(f"NCHW{data.shape[4]}c"))
-    _, cb, kh, kw, quads, _, _ = weight.shape
+    _, cb, kh, kw, groups, _, terms = weight.shape
+    layout = LayoutMap.parse(f"NCHW{data.shape[4]}c")
+    if terms == 2:
+        padded = _padded_int16(data, {2: (pt, pb), 3: (pl, pr)}, fill, layout)
+    else:
+        padded = _pad_axes(data, {2: (pt, pb), 3: (pl, pr)}, fill, layout)
     rcb, rh, rw, rq = (te.reduce_axis(cb, "rcb"), te.reduce_axis(kh, "rh"), te.reduce_axis(kw, "rw"),
-                       te.reduce_axis(quads, "rq"))
+                       te.reduce_axis(groups, "rq"))
     pairs = bool(attrs["pairs_fit_int16"])
 
     def body(b: tir.PrimExpr, f: tir.PrimExpr, y: tir.PrimExpr, x: tir.PrimExpr, c: tir.PrimExpr) -> tir.PrimExpr:
         iy = (y * sh if sh != 1 else y) + rh
         ix = (x * sw if sw != 1 else x) + rw
-        quad = [padded[b, rcb, iy, ix, rq * 4 + k] for k in range(4)]
-        row = [weight[f, rcb, rh, rw, rq, c, k] for k in range(4)]
-        return te.sum(te.dot4_u8s8_i32(quad, row, pairs), axis=[rcb, rh, rw, rq])
+        group = [padded[b, rcb, iy, ix, rq * terms + k] for k in range(terms)]
+        row = [weight[f, rcb, rh, rw, rq, c, k] for k in range(terms)]
+        dot = te.dot2_u8s16_i32(group, row) if terms == 2 else te.dot4_u8s8_i32(group, row, pairs)
+        return te.sum(dot, axis=[rcb, rh, rw, rq])
 
     shape = static_shape(out_type, "output")
     return te.compute(shape, named(["n", "oc", "oh", "ow", "oc_i"], body), "conv", TAG)
+
+
+def _padded_int16(x: te.Tensor, pads: dict[int, tuple[int, int]], fill: tir.PrimExpr,
+                  layout: LayoutMap) -> te.Tensor:
+    """`x` padded by `(before, after)` on the given axes with `fill` and widened to int16, a "pad" stage even without
+    padding: computed once at the root (the template's default), it holds every channel pair as one 32-bit value,
+    which the int16 weight's steps broadcast straight from memory (widening the uint8 pair at each step costs the
+    broadcast a shuffle and a vpmovzxbw)."""
+    shape = tuple(s + sum(pads.get(d, (0, 0))) for d, s in enumerate(x.shape))
+
+    def body(*idx: tir.PrimExpr) -> tir.PrimExpr:
+        conds: list[tir.PrimExpr] = []
+        src: list[tir.PrimExpr] = []
+        for d, i in enumerate(idx):
+            before, after = pads.get(d, (0, 0))
+            if before:
+                conds.append(i >= before)
+            if after:
+                conds.append(i < before + x.shape[d])
+            src.append(i - before if before else i)
+        value = x[tuple(src)] if not conds else te.if_then_else(te.all_of(*conds), x[tuple(src)], fill)
+        return te.cast("int16", value)
+
+    names = layout.axis_names({"N": "n", "C": "c", "D": "d", "H": "h", "W": "w"})
+    return te.compute(shape, named(names, body), "pad", "pad")

@@ -26,6 +26,9 @@ from relay_tune.type_infer import infer_types
 WINOGRAD_MODES = ("off", "auto", "on", "f2", "f4")
 """Settings of `PassConfig.winograd` (see `relay_tune.passes.winograd`)."""
 
+FULL_RANGE_INT8_MODES = ("float", "dot4", "int16")
+"""Settings of `PassConfig.full_range_int8` (see `relay_tune.passes.quantized_products`)."""
+
 
 @dataclass(frozen=True)
 class PassConfig:
@@ -42,6 +45,11 @@ class PassConfig:
             vector lanes); 0 leaves every activation in its original layout.
         winograd: which blocked 3x3 stride-1 convolutions `WinogradConv` rewrites into Winograd form: "off",
             "auto", "on", "f2", "f4" (see `relay_tune.passes.winograd`).
+        full_range_int8: how the target multiplies int8 weights whose channel pairs would saturate vpmaddubsw
+            (`relay_tune.passes.quantized_products`): "float" (no exact fast path: QuantizedProducts leaves them
+            float below opt_level 4, PlanLayouts packs them for four-byte products), "dot4" (exact four-byte
+            products: VNNI's vpdpbusd) or "int16" (the weight widened to int16 pairs for vpmaddwd: x86 without
+            VNNI); the last two take them at opt_level 3.
     """
 
     opt_level: int = 2
@@ -50,6 +58,7 @@ class PassConfig:
     fold_small_result_elements: int = 4096
     layout_block: int = 0
     winograd: str = "off"
+    full_range_int8: str = "float"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disabled_passes", frozenset(self.disabled_passes))
@@ -59,6 +68,9 @@ class PassConfig:
             raise ValueError(f"layout_block must be 0 (off) or positive, got {self.layout_block}")
         if self.winograd not in WINOGRAD_MODES:
             raise ValueError(f"winograd must be one of {', '.join(WINOGRAD_MODES)}; got {self.winograd!r}")
+        if self.full_range_int8 not in FULL_RANGE_INT8_MODES:
+            raise ValueError(f"full_range_int8 must be one of {', '.join(FULL_RANGE_INT8_MODES)}; "
+                             f"got {self.full_range_int8!r}")
 
 
 DEFAULT_CONFIG = PassConfig()

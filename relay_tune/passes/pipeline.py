@@ -19,6 +19,7 @@ from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.winograd import WinogradConv
+from relay_tune.target import DotFeatures
 
 # Whether CPU builds plan blocked layouts when the caller does not say (`layout_planning=None`). On: with default
 # schedules it made ResNet-50, SqueezeNet 1.1 and an Inception-style net 7-17% faster end to end
@@ -47,6 +48,18 @@ def layout_block(target: Any, layout_planning: bool | None = None) -> int:
         return 0
     lanes = int(target.vector_lanes("float32"))
     return lanes if lanes >= _MIN_BLOCK else 0
+
+
+def full_range_int8_mode(target: Any) -> str:
+    """The `PassConfig.full_range_int8` for `target` (a resolved `relay_tune.target.Target`): "dot4" on CPUs with
+    VNNI (vpdpbusd sums four u8 x s8 products exactly), "int16" on other x86 CPUs (vpmaddwd on the weight widened to
+    int16), "float" elsewhere (GPU targets, CPUs without either)."""
+    if target is None or getattr(target, "kind", None) != "llvm":
+        return "float"
+    features = DotFeatures.for_target(target)
+    if features.vnni:
+        return "dot4"
+    return "int16" if features.pmaddubsw else "float"
 
 
 def winograd_mode(winograd: str | None = None) -> str:
@@ -83,16 +96,20 @@ def default_pipeline() -> Sequential:
 
 
 def optimize(mod: IRModule, opt_level: int = 3, config: PassConfig | None = None, *,
-             layout_block: int | None = None, winograd: str | None = None) -> IRModule:
+             layout_block: int | None = None, winograd: str | None = None,
+             full_range_int8: str | None = None) -> IRModule:
     """Optimise and fuse `mod`: the result calls one `Primitive=1` function per fused group and is fully typed.
 
     `config` overrides other settings (its `opt_level` is replaced by the argument, its `layout_block` by
     `layout_block` when given: see `layout_block(target, layout_planning)` for a target's block; its `winograd`
-    by `winograd_mode(winograd)` unless a `config` is given and `winograd` is not).
+    by `winograd_mode(winograd)` unless a `config` is given and `winograd` is not; its `full_range_int8` by
+    `full_range_int8` when given: see `full_range_int8_mode(target)`).
     """
     run_config = replace(config or PassConfig(), opt_level=opt_level)
     if layout_block is not None:
         run_config = replace(run_config, layout_block=layout_block)
+    if full_range_int8 is not None:
+        run_config = replace(run_config, full_range_int8=full_range_int8)
     if winograd is not None or config is None:
         run_config = replace(run_config, winograd=winograd_mode(winograd))
     return default_pipeline().run(mod, run_config)

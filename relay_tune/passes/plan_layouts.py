@@ -29,7 +29,9 @@ transform becomes one transform from the first layout, or cancels when it leads 
 - An 8-bit `nn.conv2d` (uint8 data, a constant int8 weight, int32 sums; what `QuantizedProducts` builds) becomes
   `nn.contrib_conv2d_NCHWc_int8` (`relay_tune.op.quantized`): input in its block when blocked (else the full block,
   or blocks of 4 for fewer channels than a block, zero channels appended where the block does not divide them),
-  output in the full block, the weight packed here for four-byte dot products. A zero-point `nn.pad` of its input
+  output in the full block, the weight packed here for four-byte dot products (or, with
+  `PassConfig.full_range_int8 == "int16"`, a weight whose pairs would saturate vpmaddubsw widened to int16 pairs for
+  vpmaddwd). A zero-point `nn.pad` of its input
   (spatial axes only) becomes the convolution's own padding with that value, so the chain stays blocked. Output
   channels the block does not divide are computed padded and sliced off in NCHW. An 8-bit `nn.dense` (uint8 rows,
   a constant int8 weight, int32 sums) becomes the same convolution over its rows as a batch of 1x1 maps.
@@ -81,7 +83,7 @@ import numpy as np
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorType, Tuple, op
 from relay_tune.ir.expr import If
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
-from relay_tune.op.quantized import pack_int8_weight
+from relay_tune.op.quantized import pack_int8_weight, pack_int16_weight
 from relay_tune.op.reduce import reduce_axes
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
@@ -143,8 +145,9 @@ def _channels(ty: TensorType) -> int:
 class _Planner:
     """The forward walk over one function body (see the module docstring)."""
 
-    def __init__(self, block: int, depthwise: bool, stem: bool, half_blocks: bool) -> None:
+    def __init__(self, block: int, depthwise: bool, stem: bool, half_blocks: bool, int16_weights: bool) -> None:
         self.block = block
+        self.int16_weights = int16_weights
         # The half block, for channel counts the full block does not divide (24, 40, 56... on AVX-512): at least 8
         # lanes, so that a block still fills a vector of 8 (AVX2 targets, block 8, have none).
         self.half = block // 2 if half_blocks and block // 2 >= _MIN_HALF_BLOCK else 0
@@ -338,6 +341,8 @@ class _Planner:
             x = _transform(x, PLAIN, _layout(bi))
         bo = self.block
         packed, pairs = pack_int8_weight(weight, bi, bo)
+        if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int16 pairs for vpmaddwd
+            packed = pack_int16_weight(weight, bi, bo)
         conv: Expr = call_op(INT8_CONV, x, Constant(packed), strides=strides, padding=tuple(padding),
                              pad_value=int(pad_value), pairs_fit_int16=pairs)
         if c_out % bo == 0:
@@ -557,10 +562,10 @@ def _feeding_blocked(body: Expr, planner: _Planner) -> set[int]:
 
 
 def plan_function(func: Function, block: int, depthwise: bool = True, stem: bool = True,
-                  half_blocks: bool = True) -> Function:
+                  half_blocks: bool = True, int16_weights: bool = False) -> Function:
     """`func` with its activations planned in `NCHW{block}c` (or `NCHW{block/2}c`) where that keeps convolution
-    chains blocked."""
-    planner = _Planner(block, depthwise, stem, half_blocks)
+    chains blocked. `int16_weights`: int8 weights whose pairs do not fit int16 are packed as int16 pairs."""
+    planner = _Planner(block, depthwise, stem, half_blocks, int16_weights)
     if not _plannable(func, planner):
         return func
     if planner.half or planner.stem:
@@ -600,8 +605,9 @@ class PlanLayouts(Pass):
         block = config.layout_block if self.block is None else self.block
         if block <= 1:
             return mod
+        int16 = config.full_range_int8 == "int16"
         new_mod, changed = map_functions(
-            mod, lambda f: plan_function(f, block, self.depthwise, self.stem, self.half_blocks))
+            mod, lambda f: plan_function(f, block, self.depthwise, self.stem, self.half_blocks, int16))
         return retype(new_mod, changed)
 
 

@@ -38,11 +38,13 @@ convolution rounds), well inside one quantization step.
 
 Which products: at opt_level 4 every one it recognizes; at opt_level 3 (the default builds) those whose int8
 weight has every pair of consecutive input channels within |w0| + |w1| <= 128 (onnxruntime's `reduce_range`
-weights, |w| <= 64, always do). Layout planning turns the integer products into the packed int8 convolution
-(`relay_tune.op.quantized`), whose pairs then never saturate AVX2's vpmaddubsw: one multiply-add sequence per four
-bytes, faster than the float products. Full-range weights take the exact path there (two vpmaddubsw on the
-weight's halves, or vpdpbusd with VNNI), which on AVX2 is no faster than float FMAs, so float keeps them
-by default (`python -m experiments int8`, with and without `--reduce-range`, measures both).
+weights, |w| <= 64, always do), and the others too where the target multiplies full-range weights exactly and fast
+(`PassConfig.full_range_int8`, from the target: `full_range_int8_mode`). Layout planning turns the integer products
+into the packed int8 convolution (`relay_tune.op.quantized`), whose fitting pairs never saturate AVX2's vpmaddubsw:
+one multiply-add sequence per four bytes, faster than the float products. Full-range weights take vpdpbusd with
+VNNI ("dot4"); on x86 without VNNI ("int16") they are widened to int16 pairs and multiplied by vpmaddwd, exact and
+faster than the float products (`python -m experiments int8` times both weight ranges). Elsewhere ("float") they
+stay float by default; at opt_level 4 they take the exact two-halves vpmaddubsw path or generic code.
 """
 
 from __future__ import annotations
@@ -328,13 +330,14 @@ class QuantizedProducts(Pass):
     (see the module docstring)."""
 
     name: ClassVar[str] = "QuantizedProducts"
-    # At opt_level 3 only the products whose weight pairs fit int16 (see the module docstring: measured faster than
-    # the float products on AVX2); every product from opt_level 4 on.
+    # At opt_level 3 only the products whose weight pairs fit int16 unless the target has an exact fast path for
+    # the others (see the module docstring: both measured faster than the float products on AVX2); every product
+    # from opt_level 4 on.
     opt_level: ClassVar[int] = 3
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
-        fitting_only = config.opt_level < 4
+        fitting_only = config.opt_level < 4 and config.full_range_int8 == "float"
         new_mod, changed = map_functions(mod, lambda f: self._rewrite_function(f, fitting_only))
         return retype(new_mod, changed)
 

@@ -35,7 +35,7 @@ from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
 from relay_tune.ir.types import TupleType
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.passes import layout_block, optimize
+from relay_tune.passes import full_range_int8_mode, layout_block, optimize
 from relay_tune.passes.extract_tasks import constant_inputs
 from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
@@ -283,6 +283,6 @@ def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
     tuned in the layout it runs in."""
     resolved = _target(target)
     fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
-                     winograd=winograd)
+                     winograd=winograd, full_range_int8=full_range_int8_mode(resolved))
     return [RelayTuneTask(spec, resolved) for spec in model_tasks(fused, resolved).kernels]
 
