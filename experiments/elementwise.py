@@ -16,7 +16,8 @@ same code generator, parallel over the same cores), so it runs from the same lev
 counts the bytes every kernel must move: each input element read once, each output element written once (the
 triad: 12 bytes per element, as STREAM counts). The engines are timed in interleaved rounds
 (`experiments.timing`), each sample at least `--min-ms` long; figures are medians. `after` is checked against
-`before` on random inputs first. The functions are listed largest first (`--top` of them, 0: all), then the sums.
+`before` on random inputs first. The functions are listed largest first (`--top` of them, 0: all), then the sums;
+"code" says whether the two builds' LLVM IR is the same (a ratio away from 1 there is the host's noise).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from experiments import UsageError
 from experiments.layers import network_builders
 from experiments.matvec import TRIAD_BYTES_PER_ELEMENT, triad_kernel
 from experiments.timing import Samples, TimedCallable, interleaved
+from relay_tune.codegen.llvm import emit_llvm_ir
 from relay_tune.codegen.llvm_base import LLVMCodegenBase
 from relay_tune.compile.primitive import CompiledPrimitive, build_primitive
 from relay_tune.ir import Constant, TensorType
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.passes import PassConfig, TaskSpec, extract_tasks, layout_block, optimize
+from relay_tune.passes import PassConfig, TaskSpec, extract_tasks, layout_block, optimize, winograd_mode
 from relay_tune.target import Target
 from search_space.cpu import family_of
 
@@ -64,7 +66,7 @@ def injective_tasks(onnx_model: Any, target: Target, before: bool) -> list[TaskS
 
     mod, _ = from_onnx(onnx_model)
     config = PassConfig(disabled_passes=frozenset({"FoldScaleShift"} if before else set()))
-    fused = optimize(mod, 3, config, layout_block=layout_block(target))
+    fused = optimize(mod, 3, config, layout_block=layout_block(target), winograd=winograd_mode())
     return [task for task in extract_tasks(fused) if family_of(primitive_compute(task.func)) == "injective"]
 
 
@@ -110,9 +112,11 @@ def bench_pair(old: TaskSpec, new: TaskSpec, target: Target, args: argparse.Name
     LLVMCodegenBase.max_window_load = 0
     try:
         built_old = build_primitive(old.func, target)
+        code_old = emit_llvm_ir([built_old.prim_func], target).replace(built_old.prim_func.name, "kernel")
     finally:
         LLVMCodegenBase.max_window_load = saved
     built_new = build_primitive(new.func, target)
+    code_new = emit_llvm_ir([built_new.prim_func], target).replace(built_new.prim_func.name, "kernel")
     check_old, out_old = kernel_call(built_old, old_inputs)
     check_new, out_new = kernel_call(built_new, new_inputs)
     check_old()
@@ -125,7 +129,7 @@ def bench_pair(old: TaskSpec, new: TaskSpec, target: Target, args: argparse.Name
         number = _per_sample(call, args.min_ms / 1000.0)
         engines[name] = TimedCallable(call, number)
     samples: dict[str, Samples] = interleaved(engines, rounds=args.rounds, repeat=1)
-    return {"description": new.description, "bytes": _bytes(new),
+    return {"description": new.description, "bytes": _bytes(new), "same_code": code_old == code_new,
             "triad_bytes": TRIAD_BYTES_PER_ELEMENT * elements,
             **{name: s.median for name, s in samples.items()}}
 
@@ -157,11 +161,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {row['description'][:60]:60s} before {row['before'] * 1e3:7.3f} ms  after "
               f"{row['after'] * 1e3:7.3f} ms  triad {row['triad'] * 1e3:7.3f} ms", flush=True)
     print(f"\nmedians of {args.rounds} interleaved rounds; GB/s: bytes read and written once (triad: STREAM's count)")
-    print(f"{'function':60s} {'MB':>6} {'before':>8} {'after':>8} {'ratio':>6} {'GB/s':>6} {'triad':>6}")
+    print(f"{'function':60s} {'MB':>6} {'before':>8} {'after':>8} {'ratio':>6} {'GB/s':>6} {'triad':>6} code")
     for row in rows:
         print(f"{row['description'][:60]:60s} {row['bytes'] / 1e6:6.2f} {row['before'] * 1e3:8.3f} "
               f"{row['after'] * 1e3:8.3f} {row['after'] / row['before']:6.2f} {row['bytes'] / row['after'] / 1e9:6.1f} "
-              f"{row['triad_bytes'] / row['triad'] / 1e9:6.1f}")
+              f"{row['triad_bytes'] / row['triad'] / 1e9:6.1f} {'same' if row['same_code'] else 'new'}")
     before, after = sum(r["before"] for r in rows), sum(r["after"] for r in rows)
     print(f"{'sum':60s} {sum(r['bytes'] for r in rows) / 1e6:6.2f} {before * 1e3:8.3f} {after * 1e3:8.3f} "
           f"{after / before:6.2f}")
