@@ -80,7 +80,7 @@ def call_inputs(task: TaskSpec, seed: int = 0) -> list[np.ndarray]:
             inputs.append(np.ascontiguousarray(arg.data))
         else:
             assert isinstance(ty, TensorType)
-            inputs.append(rng.standard_normal([int(d) for d in ty.shape]).astype(ty.dtype))
+            inputs.append(rng.standard_normal(ty.static_shape).astype(ty.dtype))
     return inputs
 
 

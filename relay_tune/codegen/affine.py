@@ -13,7 +13,8 @@ Floor division and modulo by a positive constant are common in split/fused loop 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from relay_tune.kernel import tir
@@ -190,10 +191,10 @@ def lane_stride(
     return stride
 
 
-_LANE_OPS = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b, "min": min, "max": max,
-}
+_LANE_OPS: dict[str, Callable[[int, int], int]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+    "floormod": operator.mod, "min": min, "max": max,
+}  # Python's // and % round towards minus infinity, as floordiv and floormod do
 
 
 def _value_at(expr: tir.PrimExpr, var: tir.LoopVar, value: int) -> int | None:
@@ -209,7 +210,7 @@ def _value_at(expr: tir.PrimExpr, var: tir.LoopVar, value: int) -> int | None:
         a, b = _value_at(expr.a, var, value), _value_at(expr.b, var, value)
         if a is None or b is None or (b == 0 and expr.op in ("floordiv", "floormod")):
             return None
-        return int(_LANE_OPS[expr.op](a, b))
+        return _LANE_OPS[expr.op](a, b)
     return None
 
 
