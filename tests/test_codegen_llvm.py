@@ -560,6 +560,58 @@ def test_strided_loads_read_a_span_and_shuffle(stride: int, n: int) -> None:
     assert "llvm.masked.gather" not in ir_text and "shufflevector" in ir_text
 
 
+@pytest.mark.parametrize("pattern", ["block", "reversed", "every_other"])
+@pytest.mark.parametrize("block", [4, 8])
+def test_window_loads_repeat_a_pattern(pattern: str, block: int) -> None:
+    """A row of `NCHW{b}c` blocks in vectors of four blocks reads a per-channel parameter at `[c, vi % b]` (or
+    `[c, b - 1 - vi % b]`, `[c, 2 * (vi % b)]`): one load of the span and a shuffle, no gather; the parameter
+    buffer ends at the last element read."""
+    channels, width, lanes = 3, 5, 4 * block
+    param_width = 2 * block - 1 if pattern == "every_other" else block
+    a, p = Buffer("a", (channels, width * block)), Buffer("p", (channels, param_width))
+    out = Buffer("out", (channels, width * block))
+    c, vo, vi, vt = LoopVar("c"), LoopVar("vo"), LoopVar("vi"), LoopVar("vt")
+
+    def column(v: LoopVar) -> tir.PrimExpr:
+        return {"block": v % block, "reversed": (block - 1) - v % block, "every_other": (v % block) * 2}[pattern]
+
+    row = width * block // lanes * lanes  # whole vectors; the rest of the row in a narrower vectorized loop
+    body = tir.seq(
+        For(vo, row // lanes, For(vi, lanes, Store(out, (c, vo * lanes + vi), a[c, vo * lanes + vi] * p[c, column(vi)]),
+                                  VEC)),
+        For(vt, width * block - row, Store(out, (c, vt + row), a[c, vt + row] * p[c, column(vt)]), VEC))
+    func = PrimFunc("window", (a, p, out), For(c, channels, body))
+    x, y = random_array((channels, width * block), "float32"), random_array((channels, param_width), "float32")
+    got = np.zeros((channels, width * block), np.float32)
+    run(func, x, y, got)
+    columns = np.arange(width * block) % block
+    picked = {"block": columns, "reversed": block - 1 - columns, "every_other": 2 * columns}[pattern]
+    np.testing.assert_array_equal(got, x * y[:, picked])
+    ir_text = emit_llvm_ir([func], SERIAL_HOST)
+    assert "llvm.masked.gather" not in ir_text and "shufflevector" in ir_text
+
+
+def test_window_loads_leave_masked_and_unknown_patterns_to_gathers() -> None:
+    """Under a lane mask (a guarded tail) or where the lane pattern depends on another loop, a load gathers, and
+    the results stay right."""
+    n, lanes = 29, 16
+    a, p, out = Buffer("a", (n,)), Buffer("p", (8,)), Buffer("out", (n,))
+    vo, vi = LoopVar("vo"), LoopVar("vi")
+    index = vo * lanes + vi
+    guarded = tir.IfThenElse(index < n, Store(out, (index,), a[index] * p[vi % 8]))
+    masked = For(vo, -(-n // lanes), For(vi, lanes, guarded, VEC))
+    func = PrimFunc("masked_window", (a, p, out), masked)
+    x, y = random_array((n,), "float32"), random_array((8,), "float32")
+    got = np.zeros(n, np.float32)
+    run(func, x, y, got)
+    np.testing.assert_array_equal(got, x * y[np.arange(n) % 16 % 8])
+    assert "llvm.masked.gather" in emit_llvm_ir([func], SERIAL_HOST)
+    extents = {vo: 2, vi: lanes}
+    assert affine.lane_deltas((index % 3,), (8,), vi, extents, range(lanes)) is None  # `vo` inside the atom
+    assert affine.lane_deltas((vi % 8,), (8,), vi, extents, range(4, 8)) == [0, 1, 2, 3]
+    assert affine.lane_deltas((vo, 7 - vi % 4), (2, 8), vi, extents, range(6)) == [0, -1, -2, -3, 0, -1]
+
+
 def test_strip_implied_clamps_uses_the_condition() -> None:
     w = LoopVar("w")
     extents = {w: 58}

@@ -61,6 +61,7 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     (["models", "--models", "mlp", "--baseline-tree", "/nonexistent"], "holds no relay_tune package"),
     (["models", "--models", "light_lenet"], "unknown network(s) light_lenet"),
     (["matvec", "--only", "nosuch"], "no workload name contains 'nosuch'"),
+    (["elementwise", "--model", "nosuch"], "unknown network 'nosuch'"),
     (["recurrent", "--seq", "0"], "must be at least 1"),
     (["fidelity", "--relay", "missing.relay", "--log", "missing.jsonl"], "no such file: missing.relay"),
 ])
@@ -141,6 +142,14 @@ def test_matvec_times_a_layer_against_the_triad(capsys: pytest.CaptureFixture[st
             if line.startswith("transformer ffn 768x3072") and "MiB" not in line}
     assert set(rows) == {"triad", "default", "tiled", "numpy"}
     assert float(rows["triad"][5]) == 1.0 and all(float(row[4]) > 0 for row in rows.values())  # GB/s, ratio
+
+
+def test_elementwise_times_a_densenet_scale_shift_before_and_after(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["elementwise", "--model", "light_densenet121", "--only", "relu 1x28x56x56x8", "--top", "1",
+                 "--rounds", "1", "--min-ms", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("multiply+bias+relu 1x28x56x56x8"))
+    assert row[-1] == "new" and all(float(value) > 0 for value in row[-7:-1])  # MB, before, after, ratio, GB/s
 
 
 def test_models_checks_and_times_a_small_network(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

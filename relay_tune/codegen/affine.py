@@ -13,7 +13,8 @@ Floor division and modulo by a positive constant are common in split/fused loop 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from relay_tune.kernel import tir
@@ -188,6 +189,58 @@ def lane_stride(
         elif not isinstance(atom, tir.LoopVar) and contains_var(atom, var):
             return None
     return stride
+
+
+_LANE_OPS: dict[str, Callable[[int, int], int]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+    "floormod": operator.mod, "min": min, "max": max,
+}  # Python's // and % round towards minus infinity, as floordiv and floormod do
+
+
+def _value_at(expr: tir.PrimExpr, var: tir.LoopVar, value: int) -> int | None:
+    """The integer `expr` evaluates to where `var` is `value`, or None when it reads anything else (another loop
+    variable, memory) or divides by zero."""
+    if isinstance(expr, tir.IntImm) and _is_int(expr.dtype):
+        return int(expr.value)
+    if expr is var:
+        return value
+    if isinstance(expr, tir.Cast) and _is_int(expr.dtype) and _is_int(expr.value.dtype):
+        return _value_at(expr.value, var, value)
+    if isinstance(expr, tir.BinaryOp) and _is_int(expr.dtype) and expr.op in _LANE_OPS:
+        a, b = _value_at(expr.a, var, value), _value_at(expr.b, var, value)
+        if a is None or b is None or (b == 0 and expr.op in ("floordiv", "floormod")):
+            return None
+        return _LANE_OPS[expr.op](a, b)
+    return None
+
+
+def lane_deltas(
+    indices: Sequence[tir.PrimExpr],
+    shape: Sequence[int],
+    var: tir.LoopVar,
+    extents: Mapping[tir.LoopVar, int],
+    values: Sequence[int],
+) -> list[int] | None:
+    """The flat offset of `buffer[indices]` where `var` takes each of `values`, less the offset at the first, when
+    every part of the offset that depends on `var` depends on nothing else (so the differences are constants);
+    None otherwise.
+
+    An access whose stride is not constant can still be a fixed pattern: a vector of 32 lanes over a row of
+    `NCHW8c` blocks reads a per-channel parameter at `[c, vi % 8]`, the same 8 elements four times over."""
+    form = flat_form(indices, shape, extents)
+    totals = [0] * len(values)
+    for atom, coef in form.terms.values():
+        if atom is var:
+            lane_values: list[int | None] = list(values)
+        elif contains_var(atom, var):
+            lane_values = [_value_at(atom, var, v) for v in values]
+        else:
+            continue
+        for i, lane_value in enumerate(lane_values):
+            if lane_value is None:
+                return None
+            totals[i] += coef * lane_value
+    return [t - totals[0] for t in totals]
 
 
 _FACT_OPS = ("ge", "gt", "le", "lt", "eq")

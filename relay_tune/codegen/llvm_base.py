@@ -280,6 +280,9 @@ class LLVMCodegenBase:
     # Loads whose lanes are this many elements apart or fewer (a stride-2 convolution or pooling window) read the
     # covering contiguous span and pick every stride-th element, instead of gathering lane by lane; 0 turns it off.
     max_strided_load = 4
+    # Loads whose lanes read a fixed pattern within a span of at most this many vectors (a per-channel parameter
+    # repeated along a row of NCHW{b}c blocks) read the span once and shuffle; 0 turns it off.
+    max_window_load = 4
 
     def __init__(self, module: ir.Module, options: CodegenOptions | None = None) -> None:
         self.module = module
@@ -1185,6 +1188,10 @@ class LLVMCodegenBase:
         elif stride is not None and 1 < stride <= self.max_strided_load and vec.lanes * stride <= 128:
             address = b.gep(pointer, [self.eval_lane0(node.indices, buf)])
             value = self._strided_load(address, stride, vec.lanes, memory_type(buf.dtype), ctx.mask, align)
+        elif (window := self.load_window(node.indices, buf)) is not None:
+            low, picks = window
+            address = b.gep(pointer, [b.add(self.eval_lane0(node.indices, buf), ir.Constant(I64, low))])
+            value = self._window_load(address, picks, memory_type(buf.dtype), align)
         else:
             value = self._gather(self.lane_pointers(pointer, self.lane_offsets(node.indices, buf, stride)),
                                  ctx.mask, align)
@@ -1241,6 +1248,45 @@ class LLVMCodegenBase:
         loaded = self._masked_load(b.bitcast(address, wide.as_pointer()), wide_mask, align)
         picks = ir.Constant(ir.VectorType(I32, lanes), [i * stride for i in range(lanes)])
         return b.shuffle_vector(loaded, ir.Constant(wide, ir.Undefined), picks)
+
+    def load_window(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer) -> tuple[int, list[int]] | None:
+        """(first element, element per lane) of a load whose lanes read a fixed pattern of a short span around lane
+        0's element (`affine.lane_deltas`), or None. The span is at most `max_window_load` vectors (and 128
+        elements) wide; the chunk must start at a constant lane and have no mask (a masked-off lane's element may
+        lie outside the buffer). A pattern that is not contiguous (`[0..7]` four times, reversed, every other
+        element) costs one load and a shuffle instead of a gather of single elements."""
+        ctx = self.ctx
+        vec = ctx.vector
+        if vec is None or ctx.mask is not None or self.max_window_load <= 0:
+            return None
+        base = int_constant_value(vec.base)
+        if base is None:
+            return None
+        deltas = affine.lane_deltas(indices, buf.shape, vec.var, ctx.extents, range(base, base + vec.lanes))
+        if deltas is None:
+            return None
+        low = min(deltas)
+        if max(deltas) - low + 1 > min(self.max_window_load * vec.lanes, 128):  # 128: as `_strided_load`'s span
+            return None
+        return low, [d - low for d in deltas]
+
+    def _window_load(self, address: ir.Value, picks: list[int], element: ir.Type, align: int) -> ir.Value:
+        """Lanes `address[picks[0]], address[picks[1]], ...`: one load of the span they cover (masked to the
+        elements some lane reads, so nothing else is touched), then a shuffle."""
+        b = self.builder
+        span = max(picks) + 1
+        wide = ir.VectorType(element, span)
+        used = set(picks)
+        pointer = b.bitcast(address, wide.as_pointer())
+        if len(used) == span:
+            loaded = b.load(pointer, align=align)
+        else:
+            mask = ir.Constant(ir.VectorType(I1, span), [int(j in used) for j in range(span)])
+            loaded = self._masked_load(pointer, mask, align)
+        if picks == list(range(span)):
+            return loaded
+        order = ir.Constant(ir.VectorType(I32, len(picks)), picks)
+        return b.shuffle_vector(loaded, ir.Constant(wide, ir.Undefined), order)
 
     def _masked_store(self, value: ir.Value, pointer: ir.Value, mask: ir.Value, align: int) -> None:
         if lanes_of(value) == 1:

@@ -442,6 +442,7 @@ class NVPTXCodegen(LLVMCodegenBase):
     """The NVIDIA GPU back end: `ptx_kernel` functions over global pointers, thread indices, shared memory."""
 
     max_strided_load = 0  # a GPU thread's lanes are few; a strided gather is what its loads are anyway
+    max_window_load = 0  # likewise: a short pattern of lanes is read element by element
 
     def __init__(self, module: ir.Module, arch: str = DEFAULT_ARCH, options: CodegenOptions | None = None) -> None:
         super().__init__(module, options or gpu_codegen_options())

@@ -1,5 +1,5 @@
 """Graph passes: type inference, inference simplification, constant folding, int8 products of quantized models,
-scale folding, layout planning, CSE, DCE, fusion.
+scale folding, scale-shift merging, layout planning, CSE, DCE, fusion.
 
     from relay_tune.passes import optimize
     fused = optimize(mod, opt_level=3)          # the default pipeline; one Primitive=1 function per fused group
@@ -29,6 +29,7 @@ from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
 from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
 from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
+from relay_tune.passes.fold_scale_shift import FoldScaleShift
 from relay_tune.passes.fuse_ops import FuseOps, fused_groups
 from relay_tune.passes.pipeline import (
     LAYOUT_PLANNING_DEFAULT,
@@ -54,6 +55,7 @@ __all__ = [
     "EliminateCommonSubexpr",
     "FoldConstant",
     "FoldScaleAxis",
+    "FoldScaleShift",
     "FuseOps",
     "InferType",
     "Pass",

@@ -14,6 +14,7 @@ from relay_tune.passes.dead_code import DeadCodeElimination
 from relay_tune.passes.eliminate_common_subexpr import EliminateCommonSubexpr
 from relay_tune.passes.fold_constant import FoldConstant
 from relay_tune.passes.fold_scale_axis import FoldScaleAxis
+from relay_tune.passes.fold_scale_shift import FoldScaleShift
 from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_products import QuantizedProducts
@@ -70,11 +71,11 @@ def winograd_mode(winograd: str | None = None) -> str:
 
 def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
-    FoldConstant, QuantizedProducts, FoldScaleAxis, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination,
-    FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: at 3 on the products
-    whose int8 weight pairs fit int16, at 4 on all; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv
-    only when `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into
-    their blocked layouts once, at build time."""
+    FoldConstant, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant,
+    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts:
+    see `relay_tune.passes.quantized_products` for which products it takes at 3 and 4; PlanLayouts only when
+    `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
+    after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
@@ -85,6 +86,7 @@ def default_pipeline() -> Sequential:
         FoldConstant(),
         QuantizedProducts(),
         FoldScaleAxis(),
+        FoldScaleShift(),
         PlanLayouts(),
         WinogradConv(),
         FoldConstant(),
