@@ -39,7 +39,12 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
-from relay_tune.codegen.thread_team import MAX_TEAM, NativeThreadTeam, native_team_supported, spin_count_from_environment
+from relay_tune.codegen.thread_team import (
+    MAX_TEAM,
+    NativeThreadTeam,
+    native_team_supported,
+    spin_count_from_environment,
+)
 from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.kernel import tir
 from relay_tune.kernel.analysis import iter_stmts
