@@ -386,15 +386,28 @@ def _threading_symbols(runtime: str) -> tuple[dict[str, int], ThreadTeam | None]
     return team.symbols(), team
 
 
+def threading_imports(obj: bytes, runtime: str = "auto") -> tuple[dict[str, int], ThreadTeam | None]:
+    """The OpenMP entry points to import when JIT-linking `obj` on `runtime` (none where it has no parallel loop or
+    the runtime is libgomp, whose symbols the process provides), and the team that must outlive the code."""
+    # Only objects with outlined parallel loops reference the OpenMP entry points (NUL-delimited in the
+    # object's string table).
+    if b"\x00GOMP_parallel\x00" not in obj:
+        return {}, None
+    return _threading_symbols(runtime)
+
+
 def native_thread_team() -> NativeThreadTeam:
-    """The process-wide native thread team, started on first use with one thread per core this process may run on
-    (its workers spin as libgomp's do: `DEFAULT_GOMP_SPINCOUNT`, or GOMP_SPINCOUNT / OMP_WAIT_POLICY)."""
+    """The process-wide native thread team, started on first use with as many threads as libgomp's default team
+    (OMP_NUM_THREADS where set, else the CPUs this process may run on); its workers spin as libgomp's do
+    (`DEFAULT_GOMP_SPINCOUNT`, or GOMP_SPINCOUNT / OMP_WAIT_POLICY)."""
     global _native_team
     with _native_lock:
         if _native_team is None:
             _native_team = NativeThreadTeam()
         if not _native_team.started:
-            threads = min(len(os.sched_getaffinity(0)), MAX_TEAM)
+            wanted = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+            threads = int(wanted) if wanted.isdigit() and int(wanted) > 0 else len(os.sched_getaffinity(0))
+            threads = min(threads, MAX_TEAM)
             _native_team.start(threads, spin_count_from_environment(DEFAULT_GOMP_SPINCOUNT))
         return _native_team
 
@@ -420,12 +433,7 @@ def load_object(
     """
     signatures = [_as_signature(k) for k in kernels]
     resolve_threading_runtime(threading_runtime)  # an unknown name is an error even for serial kernels
-    imports: dict[str, int] = {}
-    team: ThreadTeam | None = None
-    # Only objects with outlined parallel loops reference the OpenMP entry points (NUL-delimited in the
-    # object's string table).
-    if b"\x00GOMP_parallel\x00" in obj:
-        imports, team = _threading_symbols(threading_runtime)
+    imports, team = threading_imports(obj, threading_runtime)
     with _jit_lock:
         jit = _lljit()
         name = f"relay_tune_kernels_{os.getpid()}_{next(_library_ids)}"

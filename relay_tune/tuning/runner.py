@@ -72,7 +72,7 @@ from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
-from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT, threading_imports
 from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.op._shape import numpy_dtype
 from relay_tune.records.measure import ErrorKind, RunResult
@@ -477,6 +477,12 @@ class KernelLoader:
             self._jit = orcjit.create_lljit_compiler()
         self._counter += 1
         builder = orcjit.JITLibraryBuilder().add_object_img(artifact.code).add_current_process()
+        # the thread team models run their parallel loops on (`load_object`'s default runtime)
+        imports, team = threading_imports(artifact.code)
+        for symbol, address in imports.items():
+            builder.import_symbol(symbol, address)
+        if team is not None:
+            self._keep.append(team)
         for symbol in self._symbols(artifact):
             builder.export_symbol(symbol)
         library = builder.link(self._jit, f"candidate_{self._counter}")
