@@ -1038,10 +1038,11 @@ def _measure_batch(conn: multiprocessing.connection.Connection, artifacts: Seque
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
-    """Give libgomp the settings it has in a model's process (`relay_tune.codegen.jit.load_libgomp`); call
-    before libgomp is loaded (it reads them once). With libgomp's own default its workers spin some hundred times
-    longer between parallel regions than in a model, so the runner timed kernels under other conditions than the
-    ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies to both alike."""
+    """Give the thread team the settings it has in a model's process (`relay_tune.codegen.jit.load_libgomp`; the
+    native team reads the same spin count); call before libgomp is loaded (it reads them once). With libgomp's own
+    default its workers spin some hundred times longer between parallel regions than in a model, so the runner timed
+    kernels under other conditions than the ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies
+    to both alike."""
     if "GOMP_SPINCOUNT" not in environ and "OMP_WAIT_POLICY" not in environ:
         environ["GOMP_SPINCOUNT"] = str(DEFAULT_GOMP_SPINCOUNT)
 
