@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from experiments import UsageError
-from experiments.timing import Samples, interleaved, write_rows
+from experiments.timing import Samples, TimedCallable, interleaved, write_rows
 
 RUNTIMES = ("openmp", "native")
 REGIONS_PER_CALL = 1000  # the `region` workload: parallel regions per timed call
@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle", type=float, default=0.2,
                         help="seconds an engine waits at most for the process to go idle (default 0.2)")
     parser.add_argument("--onnxruntime", action="store_true", help="also time onnxruntime on the --models")
+    parser.add_argument("--native-spins", default="",
+                        help="more native engines, one per idle spin count (e.g. 0,100000): `native_spinN` runs the "
+                             "same build with the team's workers spinning N pause iterations before they sleep")
     parser.add_argument("--csv", type=Path, help="write one row per level and workload to this CSV file")
 
 
@@ -74,7 +77,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--busy takes comma-separated counts of processes: {err}") from err
     if not levels or min(levels) < 0 or args.threads < 1 or args.rounds < 1 or args.repeat < 1:
         raise UsageError("--busy needs counts >= 0; --threads, --rounds and --repeat at least 1")
+    try:
+        spins = [int(n) for n in args.native_spins.split(",") if n.strip()]
+    except ValueError as err:
+        raise UsageError(f"--native-spins takes comma-separated spin counts: {err}") from err
     workloads = build_workloads([m for m in args.models.split(",") if m], args.threads, args.onnxruntime)
+    if spins:
+        workloads = {name: with_spins(workload, spins) for name, workload in workloads.items()}
     rows: list[dict[str, Any]] = []
     for busy in levels:
         with busy_processes(busy):
@@ -85,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
                 timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs=inputs,
                                     settle_s=args.settle)
                 rows.append(report(name, busy, load, timed, scale))
-        ratios = [row["native_over_openmp"] for row in rows if row["busy"] == busy]
-        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"   geometric mean native / openmp with {busy} busy: {geomean:.3f}")
+        level = [row for row in rows if row["busy"] == busy]
+        for key in [k for k in level[0] if k.endswith("_over_openmp")]:
+            geomean = math.exp(sum(math.log(row[key]) for row in level) / len(level))
+            print(f"   geometric mean {key.removesuffix('_over_openmp')} / openmp with {busy} busy: {geomean:.3f}")
     if args.csv is not None:
         write_rows(args.csv, rows)
     return 0
@@ -103,10 +113,46 @@ def report(name: str, busy: int, load: str, timed: dict[str, Samples], scale: fl
     for label, samples in timed.items():
         row[f"{label}_{label_unit}"] = round(samples.median / unit, 4)
         parts.append(f"{label} {samples.describe(unit=unit, label=label_unit)}")
-    row["native_over_openmp"] = round(timed["native"].median / timed["openmp"].median, 3)
+    ratios = []
+    for label in timed:
+        if label.startswith("native"):
+            row[f"{label}_over_openmp"] = round(timed[label].median / timed["openmp"].median, 3)
+            ratios.append(f"{label}/openmp {row[f'{label}_over_openmp']:.3f}")
     per = " (per region)" if per_region else ""
-    print(f"  {name}{per}: {', '.join(parts)}; native/openmp {row['native_over_openmp']:.3f}", flush=True)
+    print(f"  {name}{per}: {', '.join(parts)}; {', '.join(ratios)}", flush=True)
     return row
+
+
+class _Spinning:
+    """An engine timed with the native team's workers spinning `spin` iterations when idle (set before its turn;
+    the default is put back for the engines after it)."""
+
+    def __init__(self, engine: Any, spin: int) -> None:
+        self.engine, self.spin = engine, spin
+
+    def _set(self, spin: int) -> None:
+        from relay_tune.codegen.jit import native_thread_team
+
+        native_thread_team().spin = spin
+
+    def benchmark(self, repeat: int = 3, inputs: Any = None) -> Any:
+        from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+        from relay_tune.codegen.thread_team import spin_count_from_environment
+
+        self._set(self.spin)
+        try:
+            if hasattr(self.engine, "benchmark"):
+                return self.engine.benchmark(repeat=repeat, inputs=inputs)
+            return TimedCallable(self.engine).benchmark(repeat=repeat)
+        finally:
+            self._set(spin_count_from_environment(DEFAULT_GOMP_SPINCOUNT))
+
+
+def with_spins(workload: Workload, spins: list[int]) -> Workload:
+    """`workload` with one more native engine per spin count."""
+    engines, inputs, scale = workload
+    more = {f"native_spin{spin}": _Spinning(engines["native"], spin) for spin in spins}
+    return {**engines, **more}, inputs, scale
 
 
 def _spin() -> None:

@@ -38,8 +38,8 @@ exist there.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
-import ctypes.util
 import os
 import platform
 import threading
@@ -435,6 +435,8 @@ class NativeThreadTeam:
         self._threads: list[threading.Thread] = []
         self._config: tuple[int, int, int] | None = None  # (size, spin, workers) of the running team
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+        # The workers run in this object's JIT-compiled code: end them before interpreter teardown frees it.
+        atexit.register(self.stop)
 
     def _word(self, name: str) -> Any:
         kind = ctypes.c_int64 if name == "joins" else ctypes.c_uint32
@@ -463,6 +465,16 @@ class NativeThreadTeam:
     def started(self) -> bool:
         return self._config is not None
 
+    @property
+    def spin(self) -> int:
+        """Idle spin iterations before a worker (or a caller waiting for workers) sleeps."""
+        return int(self._word("spin").value)
+
+    @spin.setter
+    def spin(self, count: int) -> None:
+        # workers read it at every idle iteration: takes effect at once, no restart
+        self._word("spin").value = max(0, min(int(count), 2**31 - 1))
+
     def start(self, threads: int, spin: int, workers: int | None = None) -> None:
         """(Re)start the team: regions of up to `threads` threads, workers that spin `spin` pause iterations before
         they sleep. `workers` (default threads - 1) may be fewer: the caller then runs the numbers no worker takes
@@ -474,7 +486,7 @@ class NativeThreadTeam:
             raise RelayTuneError(f"a team of {threads} threads has 0 to {threads - 1} workers, not {count}")
         with self._lock:
             self._stop_workers()
-            self._word("spin").value = max(0, min(int(spin), 2**31 - 1))
+            self.spin = spin
             self._word("size").value = threads
             self._start_workers(count)
             self._config = (threads, int(spin), count)
