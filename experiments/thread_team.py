@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             geomean = math.exp(sum(math.log(row[key]) for row in level) / len(level))
             print(f"   geometric mean {key.removesuffix('_over_openmp')} / openmp with {busy} busy: {geomean:.3f}")
     if args.csv is not None:
-        write_rows(args.csv, rows)
+        columns = {key: "" for row in rows for key in row}  # engines differ between workloads
+        write_rows(args.csv, [{**columns, **row} for row in rows])
     return 0
 
 
@@ -116,8 +117,8 @@ def report(name: str, busy: int, load: str, timed: dict[str, Samples], scale: fl
     ratios = []
     for label in timed:
         if label.startswith("native"):
-            row[f"{label}_over_openmp"] = round(timed[label].median / timed["openmp"].median, 3)
-            ratios.append(f"{label}/openmp {row[f'{label}_over_openmp']:.3f}")
+            row[f"{label}_over_openmp"] = float(f"{timed[label].median / timed['openmp'].median:.4g}")
+            ratios.append(f"{label}/openmp {row[f'{label}_over_openmp']:.4g}")
     per = " (per region)" if per_region else ""
     print(f"  {name}{per}: {', '.join(parts)}; {', '.join(ratios)}", flush=True)
     return row
