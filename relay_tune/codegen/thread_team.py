@@ -430,6 +430,11 @@ class NativeThreadTeam:
         except RuntimeError as err:
             raise CompileError(f"cannot load the thread team: {err}") from err
         self._addresses = {symbol: int(self._tracker[symbol]) for symbol in exported}
+        # The team lives as long as the process: its workers run in this code, and kernels linked against its entry
+        # points may run until the very end. Never freed, so no teardown order can free the JIT before the library
+        # it holds (a tracker does not keep its JIT alive; disposing of them in the wrong order corrupts the heap).
+        self._tracker.detach()
+        self._jit.detach()
         table = (ctypes.c_int64 * (len(_GLOBALS) + 1))()
         ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._addresses["relay_tune_team_globals"])(table)
         self._globals = {name: int(table[i]) for i, name in enumerate([*_GLOBALS, "size"])}
