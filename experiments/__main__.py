@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "recurrent": ("recurrent", "a stacked bidirectional LSTM: build time and latency against onnxruntime"),
     "trained": ("trained", "trained ONNX models shipped in pip wheels against onnxruntime (fetched, not committed)"),
     "spin-policy": ("spin_policy", "libgomp's idle spin count against trained models' latency on a busy host"),
+    "thread-team": ("thread_team", "the native thread team against libgomp, idle and with busy processes beside"),
     "fidelity": ("fidelity", "each task's logged time against its time inside the model"),
     "distributed": ("distributed", "distributed tuning: workers on one PostgreSQL, trials per second"),
     "fuzz": ("fuzz", "the fuzz campaign through parse, types, passes, the interpreter and LLVM"),

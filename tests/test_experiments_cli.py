@@ -167,6 +167,20 @@ def test_models_checks_and_times_a_small_network(tmp_path: Path, capsys: pytest.
         assert int(row["default_kernel_calls"]) > 0
 
 
+def test_thread_team_times_both_runtimes_idle_and_busy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "team.csv"
+    argv = ["thread-team", "--models", "", "--rounds", "1", "--repeat", "1", "--busy", "0,1", "--settle", "0",
+            "--native-spins", "0", "--csv", str(table)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1 busy processes" in out and "geometric mean native / openmp" in out
+    rows = list(csv.DictReader(table.open()))
+    assert [(r["workload"], r["busy"]) for r in rows] == [(w, b) for b in ("0", "1") for w in ("region", "pools",
+                                                                                                 "conv1x1")]
+    for row in rows:
+        assert float(row["native_over_openmp"]) > 0 and float(row["native_spin0_over_openmp"]) > 0
+
+
 def test_models_times_openvino_in_f32_when_installed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("openvino")
     table = tmp_path / "models.csv"

@@ -2,9 +2,15 @@
 
 `load_object` links an object file produced by `relay_tune.codegen.llvm.compile_object` into this
 process with LLVM's ORC JIT. Its undefined symbols resolve against the process (libm, libc) and, for
-parallel loops, libgomp. Where libgomp cannot be loaded, a thread team written in Python stands in for
-the three OpenMP entry points the generated code uses (it costs tens of microseconds per parallel
-region instead of about one).
+parallel loops, the three OpenMP entry points the generated code uses, from one of the threading runtimes
+(`THREADING_RUNTIMES`):
+
+- "native": `relay_tune.codegen.thread_team`, a thread team generated here that revokes the parts of a region no
+  thread has started (the caller runs them) instead of waiting for descheduled threads, as libgomp does;
+- "openmp": libgomp;
+- "python": a thread team written in Python (tens of microseconds per parallel region instead of about one);
+- "auto": the RELAY_TUNE_THREADING environment variable's choice when set, else "native" where this host can run
+  it, else libgomp, else the Python team (with a warning).
 
     lib = load_object(obj, [KernelSignature.from_primfunc(f) for f in funcs])
     kernel = lib.get("dense")
@@ -33,12 +39,19 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
+from relay_tune.codegen.thread_team import (
+    MAX_TEAM,
+    NativeThreadTeam,
+    native_team_supported,
+    spin_count_from_environment,
+)
 from relay_tune.errors import CompileError, RelayTuneError
 from relay_tune.kernel import tir
 from relay_tune.kernel.analysis import iter_stmts
 
 REPEAT_SUFFIX = "__repeat"
-THREADING_RUNTIMES = ("auto", "openmp", "python")
+THREADING_RUNTIMES = ("auto", "native", "openmp", "python")
+THREADING_ENV = "RELAY_TUNE_THREADING"  # what "auto" means: native, openmp or python
 _OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 
 
@@ -181,7 +194,7 @@ class KernelLibrary:
     def __init__(self, name: str, tracker: Any, signatures: Iterable[KernelSignature], team: Any = None) -> None:
         self.name = name
         self._tracker = tracker  # keeps the JIT-linked code mapped
-        self._team = team  # keeps the stand-in thread team's callbacks alive
+        self._team = team  # keeps the thread team (and the Python team's callbacks) alive
         self._kernels = {
             s.name: Kernel(s, tracker[s.name], tracker[s.name + REPEAT_SUFFIX], self) for s in signatures
         }
@@ -329,22 +342,74 @@ def _callback_address(callback: Any) -> int:
 
 
 _python_team: PythonThreadTeam | None = None
+_native_team: NativeThreadTeam | None = None
+_native_lock = threading.Lock()
+ThreadTeam = PythonThreadTeam | NativeThreadTeam
 
 
-def _threading_symbols(runtime: str) -> tuple[dict[str, int], PythonThreadTeam | None]:
-    """Symbols to define for the parallel runtime: none for libgomp, the stand-in team's otherwise."""
+def resolve_threading_runtime(runtime: str) -> str:
+    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else the native team where this
+    host can run it, else libgomp, else the Python team (with a warning)."""
     global _fallback_warned
-    if runtime in ("auto", "openmp") and load_libgomp() is not None:
-        return {}, None
-    if runtime == "openmp":
-        raise RelayTuneError("the OpenMP runtime (libgomp.so.1) cannot be loaded; install libgomp1 or use "
-                             "threading_runtime='python'")
-    if runtime == "auto" and not _fallback_warned:
+    if runtime not in THREADING_RUNTIMES:
+        raise RelayTuneError(
+            f"unknown threading runtime {runtime!r}; expected one of {', '.join(THREADING_RUNTIMES)}"
+        )
+    if runtime != "auto":
+        return runtime
+    chosen = os.environ.get(THREADING_ENV, "").strip().lower()
+    if chosen:
+        if chosen not in THREADING_RUNTIMES or chosen == "auto":
+            raise RelayTuneError(f"{THREADING_ENV}={chosen!r}: expected one of native, openmp, python")
+        return chosen
+    if native_team_supported():
+        return "native"
+    if load_libgomp() is not None:
+        return "openmp"
+    if not _fallback_warned:
         _fallback_warned = True
-        warnings.warn("libgomp is not available: parallel loops run on a Python thread team (slower dispatch)",
-                      RuntimeWarning, stacklevel=3)
-    team = python_thread_team()
+        warnings.warn("neither the native thread team nor libgomp is available: parallel loops run on a Python "
+                      "thread team (slower dispatch)", RuntimeWarning, stacklevel=4)
+    return "python"
+
+
+def _threading_symbols(runtime: str) -> tuple[dict[str, int], ThreadTeam | None]:
+    """Symbols to define for the parallel runtime: none for libgomp (the process provides them), the team's
+    otherwise."""
+    resolved = resolve_threading_runtime(runtime)
+    if resolved == "openmp":
+        if load_libgomp() is None:
+            raise RelayTuneError("the OpenMP runtime (libgomp.so.1) cannot be loaded; install libgomp1 or use "
+                                 "threading_runtime='native' or 'python'")
+        return {}, None
+    team: ThreadTeam = native_thread_team() if resolved == "native" else python_thread_team()
     return team.symbols(), team
+
+
+def threading_imports(obj: bytes, runtime: str = "auto") -> tuple[dict[str, int], ThreadTeam | None]:
+    """The OpenMP entry points to import when JIT-linking `obj` on `runtime` (none where it has no parallel loop or
+    the runtime is libgomp, whose symbols the process provides), and the team that must outlive the code."""
+    # Only objects with outlined parallel loops reference the OpenMP entry points (NUL-delimited in the
+    # object's string table).
+    if b"\x00GOMP_parallel\x00" not in obj:
+        return {}, None
+    return _threading_symbols(runtime)
+
+
+def native_thread_team() -> NativeThreadTeam:
+    """The process-wide native thread team, started on first use with as many threads as libgomp's default team
+    (OMP_NUM_THREADS where set, else the CPUs this process may run on); its workers spin as libgomp's do
+    (`DEFAULT_GOMP_SPINCOUNT`, or GOMP_SPINCOUNT / OMP_WAIT_POLICY)."""
+    global _native_team
+    with _native_lock:
+        if _native_team is None:
+            _native_team = NativeThreadTeam()
+        if not _native_team.started:
+            wanted = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+            threads = int(wanted) if wanted.isdigit() and int(wanted) > 0 else len(os.sched_getaffinity(0))
+            threads = min(threads, MAX_TEAM)
+            _native_team.start(threads, spin_count_from_environment(DEFAULT_GOMP_SPINCOUNT))
+        return _native_team
 
 
 def python_thread_team() -> PythonThreadTeam:
@@ -363,20 +428,12 @@ def load_object(
     """JIT-link an object file from `compile_object` into this process and look up its kernels.
 
     kernels: the kernels to expose, as signatures (argument checks), PrimFuncs, or bare names.
-    threading_runtime: "openmp" (libgomp, required), "python" (the stand-in thread team), or "auto"
-        (libgomp when it loads, else the stand-in with a warning).
+    threading_runtime: "native" (the native thread team), "openmp" (libgomp, required), "python" (the Python
+        thread team), or "auto" (see `resolve_threading_runtime`).
     """
     signatures = [_as_signature(k) for k in kernels]
-    if threading_runtime not in THREADING_RUNTIMES:
-        raise RelayTuneError(
-            f"unknown threading runtime {threading_runtime!r}; expected one of {', '.join(THREADING_RUNTIMES)}"
-        )
-    imports: dict[str, int] = {}
-    team: PythonThreadTeam | None = None
-    # Only objects with outlined parallel loops reference the OpenMP entry points (NUL-delimited in the
-    # object's string table).
-    if b"\x00GOMP_parallel\x00" in obj:
-        imports, team = _threading_symbols(threading_runtime)
+    resolve_threading_runtime(threading_runtime)  # an unknown name is an error even for serial kernels
+    imports, team = threading_imports(obj, threading_runtime)
     with _jit_lock:
         jit = _lljit()
         name = f"relay_tune_kernels_{os.getpid()}_{next(_library_ids)}"

@@ -14,10 +14,10 @@ buffer parameter (bool buffers are bytes), a plain C function that ctypes calls 
 For each kernel a companion `name__repeat(void** args, int64 n)` calls it `n` times, so timing loops
 run without Python in between.
 
-PARALLEL loops are outlined into a function run by every thread of an OpenMP team through libgomp's
+PARALLEL loops are outlined into a function run by every thread of a team through the OpenMP entry point
 `GOMP_parallel`; each thread first runs its own contiguous, balanced share of the iterations, in chunks, then
-takes the chunks other threads have not started (see `emit_parallel_loop`). Where libgomp is
-missing, the runtime substitutes a small thread team of its own for those symbols (see
+takes the chunks other threads have not started (see `emit_parallel_loop`). Which team provides the entry points
+(relay-tune's native team by default, libgomp, or a Python team) is chosen when the code is loaded (see
 `relay_tune.codegen.jit`).
 """
 

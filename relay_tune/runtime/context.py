@@ -4,14 +4,14 @@ In a model, a kernel's activation inputs were written by the kernel before it, o
 core holds its share of the lines dirty in its own cache. Called back to back on one buffer, as a timing loop calls
 it, a kernel finds its inputs in the reading core's own cache instead; memory-bound kernels (pooling, Winograd
 transforms, layout transforms) then ran 1.5-3x faster than in the model. So between two timed calls the timing loop
-here runs a *producer step*, untimed: every thread of the persistent thread team (libgomp's, the one the kernels
-use) writes its share of each input buffer, as a parallel producer would, and the buffers the kernel writes can be
-evicted from every cache first (clflush), as arena memory the rest of a model has pushed out since it was last
-used (which buffers, and which thread writes which share: the runner's `context_step`). It copies the values from a
-copy saved when the step was set up, so the kernel reads the same inputs at every call, the ones its outputs were
-checked with (even a kernel that wrote into its inputs would find them restored), and each line ends up dirty in
-the cache of the core that wrote it. The copy is made of volatile 64-byte loads and stores: a plain loop LLVM turns
-into `memcpy`, whose large copies write around the caches.
+here runs a *producer step*, untimed: every thread of the persistent thread team (the one the kernels use,
+`relay_tune.codegen.jit`) writes its share of each input buffer, as a parallel producer would, and the buffers the
+kernel writes can be evicted from every cache first (clflush), as arena memory the rest of a model has pushed out
+since it was last used (which buffers, and which thread writes which share: the runner's `context_step`). It copies
+the values from a copy saved when the step was set up, so the kernel reads the same inputs at every call, the ones
+its outputs were checked with (even a kernel that wrote into its inputs would find them restored), and each line
+ends up dirty in the cache of the core that wrote it. The copy is made of volatile 64-byte loads and stores: a plain
+loop LLVM turns into `memcpy`, whose large copies write around the caches.
 
 One native function does the whole loop (no Python between calls), and takes a timestamp right before and right
 after each kernel call, as the model's profiler does (`relay_tune.runtime.executor`, `run_profiled`), so only the
@@ -46,7 +46,7 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import numpy as np
 
-from relay_tune.codegen.jit import _jit_lock, _lljit, aligned_empty, load_libgomp
+from relay_tune.codegen.jit import _jit_lock, _lljit, aligned_empty, resolve_threading_runtime, threading_imports
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
 
@@ -137,8 +137,8 @@ class _Chunk:
 
 
 def context_ir(parallel: bool) -> str:
-    """LLVM IR of the producer step and the timing loop. `parallel`: the producer runs on libgomp's team
-    (`GOMP_parallel`); False: on the calling thread alone (where libgomp is missing)."""
+    """LLVM IR of the producer step and the timing loop. `parallel`: the producer runs on the kernels' thread team
+    (`GOMP_parallel`); False: on the calling thread alone (where only the Python team is available)."""
     module = ir.Module(name="relay_tune_context")
     body = _emit_body(module, parallel, _can_evict())
     produce = _emit_produce(module, body, parallel)
@@ -186,7 +186,7 @@ def _emit_body(module: ir.Module, parallel: bool, evicts: bool) -> ir.Function:
 
 
 def _emit_team(module: ir.Module, b: ir.IRBuilder, parallel: bool) -> _Team:
-    """The calling thread's number and team size: libgomp's where `parallel`, else thread 0 of 1."""
+    """The calling thread's number and team size: the team's where `parallel`, else thread 0 of 1."""
     if parallel:
         thread_num = ir.Function(module, ir.FunctionType(_I32, []), name="omp_get_thread_num")
         num_threads = ir.Function(module, ir.FunctionType(_I32, []), name="omp_get_num_threads")
@@ -299,7 +299,7 @@ def _emit_tail(b: ir.IRBuilder, body: ir.Function, blocks: _BodyBlocks, row: _To
 
 
 def _emit_produce(module: ir.Module, body: ir.Function, parallel: bool) -> ir.Function:
-    """produce(touch, ntouch): runs `body` on the touch list, on libgomp's team where `parallel`."""
+    """produce(touch, ntouch): runs `body` on the touch list, on the kernels' thread team where `parallel`."""
     produce = ir.Function(module, ir.FunctionType(_VOID, [_I64P, _I64]), name=PRODUCE)
     b = ir.IRBuilder(produce.append_basic_block("entry"))
     slot = b.alloca(_DATA_TYPE)
@@ -308,7 +308,7 @@ def _emit_produce(module: ir.Module, body: ir.Function, parallel: bool) -> ir.Fu
     if parallel:
         gomp_parallel = ir.Function(module, ir.FunctionType(_VOID, [body.type, _I8P, _I32, _I32]),
                                     name="GOMP_parallel")
-        # 0 threads: libgomp's default team, the one the kernels' parallel loops run on
+        # 0 threads: the team's default size, the team the kernels' parallel loops run on
         b.call(gomp_parallel, [body, b.bitcast(slot, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, 0)])
     else:
         b.call(body, [b.bitcast(slot, _I8P)])
@@ -403,6 +403,9 @@ class ContextLoop:
         obj = bytes(machine.emit_object(parsed))
         with _jit_lock:
             builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+            imports, self._team = threading_imports(obj)
+            for symbol, address in imports.items():
+                builder.import_symbol(symbol, address)
             for symbol in (CONTEXT_LOOP, PRODUCE, NOOP):
                 builder.export_symbol(symbol)
             try:
@@ -429,8 +432,9 @@ class ContextLoop:
 
 
 def context_loop() -> ContextLoop:
-    """This process's timing loop: the producer on libgomp's team where libgomp loads, else on the caller alone."""
-    parallel = load_libgomp() is not None
+    """This process's timing loop: the producer on the kernels' thread team (`load_object`'s default runtime), on
+    the caller alone where that is the Python team."""
+    parallel = resolve_threading_runtime("auto") != "python"
     with _lock:
         loop = _loops.get(parallel)
         if loop is None:
@@ -475,7 +479,7 @@ def _cpus(text: str) -> set[int]:
 
 
 def team_size() -> int:
-    """Threads in libgomp's default team: OMP_NUM_THREADS where set, else the CPUs this process may run on."""
+    """Threads in the kernels' default team: OMP_NUM_THREADS where set, else the CPUs this process may run on."""
     wanted = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     return int(wanted) if wanted.isdigit() and int(wanted) > 0 else len(os.sched_getaffinity(0))
 

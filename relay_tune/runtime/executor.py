@@ -14,17 +14,18 @@ JIT-linked, so building it costs a few milliseconds whatever the kernels' size a
 a run writes the input and output addresses into their slots and makes one ctypes call, so a kernel call costs
 what a C function call costs, not a Python loop iteration.
 
-Parallel kernels share one persistent thread team: libgomp's, whose workers stay alive between parallel regions
-and sleep as soon as they are idle, so a parallel kernel starts with a futex wake-up (see `relay_tune.codegen.jit`
-for the fallback team used where libgomp is missing); kernels too small to pay for that run serially
+Parallel kernels share one persistent thread team (`relay_tune.codegen.jit`: relay-tune's native team by default,
+or libgomp's), whose workers stay alive between parallel regions, spin briefly and then sleep, so a parallel kernel
+starts with at most a futex wake-up; kernels too small to pay for that run serially
 (`search_space.families.common.PARALLEL_MIN_WORK`).
 
-Sharing the cores. Idle threads do not spin (`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`): libgomp's default
-kept our workers spinning for milliseconds after a run, taking the cores from whatever ran next, and on a busy host
-a spinning thread takes the time slice its descheduled teammate needs. And a parallel
+Sharing the cores. Idle threads spin only briefly (`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`): libgomp's
+default kept our workers spinning for milliseconds after a run, taking the cores from whatever ran next. A parallel
 loop does not wait for a descheduled thread: each thread runs its own share in chunks, then takes the chunks the
-others have not started (`relay_tune.codegen.llvm`), so when another library's threads (onnxruntime's pool spins
-for about 60 ms after each of its runs) or other processes hold a core, the threads that do run finish the region.
+others have not started (`relay_tune.codegen.llvm`), and the native team (`relay_tune.codegen.thread_team`) also
+does not wait at the region's end for a thread that never started: its caller revokes that thread's part and runs
+it, so when another library's threads (onnxruntime's pool spins for about 60 ms after each of its runs) or other
+processes hold a core, a region costs the work of the threads that run instead of a scheduler time slice.
 """
 
 from __future__ import annotations

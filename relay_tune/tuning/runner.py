@@ -72,7 +72,7 @@ from llvmlite import binding as llvm
 from llvmlite.binding import orcjit
 from threadpoolctl import threadpool_limits
 
-from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT
+from relay_tune.codegen.jit import DEFAULT_GOMP_SPINCOUNT, threading_imports
 from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.op._shape import numpy_dtype
 from relay_tune.records.measure import ErrorKind, RunResult
@@ -477,6 +477,12 @@ class KernelLoader:
             self._jit = orcjit.create_lljit_compiler()
         self._counter += 1
         builder = orcjit.JITLibraryBuilder().add_object_img(artifact.code).add_current_process()
+        # the thread team models run their parallel loops on (`load_object`'s default runtime)
+        imports, team = threading_imports(artifact.code)
+        for symbol, address in imports.items():
+            builder.import_symbol(symbol, address)
+        if team is not None:
+            self._keep.append(team)
         for symbol in self._symbols(artifact):
             builder.export_symbol(symbol)
         library = builder.link(self._jit, f"candidate_{self._counter}")
@@ -1032,10 +1038,11 @@ def _measure_batch(conn: multiprocessing.connection.Connection, artifacts: Seque
 
 
 def model_thread_team(environ: MutableMapping[str, str]) -> None:
-    """Give libgomp the settings it has in a model's process (`relay_tune.codegen.jit.load_libgomp`); call
-    before libgomp is loaded (it reads them once). With libgomp's own default its workers spin some hundred times
-    longer between parallel regions than in a model, so the runner timed kernels under other conditions than the
-    ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies to both alike."""
+    """Give the thread team the settings it has in a model's process (`relay_tune.codegen.jit.load_libgomp`; the
+    native team reads the same spin count); call before libgomp is loaded (it reads them once). With libgomp's own
+    default its workers spin some hundred times longer between parallel regions than in a model, so the runner timed
+    kernels under other conditions than the ones they run in. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY applies
+    to both alike."""
     if "GOMP_SPINCOUNT" not in environ and "OMP_WAIT_POLICY" not in environ:
         environ["GOMP_SPINCOUNT"] = str(DEFAULT_GOMP_SPINCOUNT)
 

@@ -29,11 +29,12 @@ MAX_CONV_ROWS = 8
 MAX_CHANNEL_BLOCKS = 8  # output channel blocks of a blocked convolution's register tile
 PARALLEL_MIN_WORK = 1 << 14
 """Below this much work (output elements times reduction size) a default kernel runs on one core: starting a
-parallel region costs more than it saves. With libgomp's threads spinning briefly between regions
+parallel region costs more than it saves. With the team's threads spinning briefly between regions
 (`relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`) a region costs a few microseconds on an idle host. On a host with
-more runnable threads than cores a region can cost a scheduler time slice, and a threshold of 2^18 with no spin
-kept small models steady there (`python -m experiments spin-policy`), but made the zoo CNNs 1.3x slower on an idle
-host: this threshold is for the idle host."""
+more runnable threads than cores a libgomp region can cost a scheduler time slice, and a threshold of 2^18 with no
+spin kept small models steady there (`python -m experiments spin-policy`), but made the zoo CNNs 1.3x slower on an
+idle host: this threshold is for the idle host. The native thread team (the default runtime) does not wait for
+threads that have not started, so its regions stay cheap there (`python -m experiments thread-team`)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
