@@ -16,6 +16,7 @@ import relay_tune
 from relay_tune.codegen.jit import (
     DEFAULT_GOMP_SPINCOUNT,
     THREADING_ENV,
+    load_libgomp,
     load_object,
     native_thread_team,
     resolve_threading_runtime,
@@ -237,6 +238,8 @@ def test_forked_child_runs_regions_on_its_own_workers(team: NativeThreadTeam) ->
 
 def test_runtime_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(THREADING_ENV, raising=False)
+    assert resolve_threading_runtime("auto") == ("openmp" if load_libgomp() is not None else "native")
+    monkeypatch.setenv(THREADING_ENV, "native")
     assert resolve_threading_runtime("auto") == "native"
     monkeypatch.setenv(THREADING_ENV, "openmp")
     assert resolve_threading_runtime("auto") == "openmp"

@@ -348,8 +348,11 @@ ThreadTeam = PythonThreadTeam | NativeThreadTeam
 
 
 def resolve_threading_runtime(runtime: str) -> str:
-    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else the native team where this
-    host can run it, else libgomp, else the Python team (with a warning)."""
+    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else libgomp, else the native team
+    where this host can run it, else the Python team (with a warning). libgomp stays the default: on an idle host
+    the native team measured the same whole-model latency (light ResNet-50, DenseNet-121 and SqueezeNet 1.00,
+    1.04, 1.01x; `python -m experiments thread-team`), and one run of that experiment aborted at exit with a heap
+    error not yet explained; on a host with more runnable threads than cores it is much faster (see the README)."""
     global _fallback_warned
     if runtime not in THREADING_RUNTIMES:
         raise RelayTuneError(
@@ -362,10 +365,10 @@ def resolve_threading_runtime(runtime: str) -> str:
         if chosen not in THREADING_RUNTIMES or chosen == "auto":
             raise RelayTuneError(f"{THREADING_ENV}={chosen!r}: expected one of native, openmp, python")
         return chosen
-    if native_team_supported():
-        return "native"
     if load_libgomp() is not None:
         return "openmp"
+    if native_team_supported():
+        return "native"
     if not _fallback_warned:
         _fallback_warned = True
         warnings.warn("neither the native thread team nor libgomp is available: parallel loops run on a Python "
