@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from relay_tune.ir import Expr, Function, IRModule, TensorType
+import numpy as np
+
+from relay_tune.ir import Constant, Expr, Function, IRModule, TensorType
 from relay_tune.ir.expr import Call, op
 from relay_tune.op.registry import get_op
 from relay_tune.type_infer import infer_types
@@ -264,6 +266,22 @@ def tensor_type_of(node: Expr) -> TensorType | None:
     if isinstance(ty, TensorType) and ty.is_static:
         return ty
     return None
+
+
+def float_constant_operand(node: Call) -> tuple[int, Constant] | None:
+    """(index of the other operand, the constant) where `node` is a binary call on static floating-point tensors with
+    exactly one constant operand of the result's dtype (`x * scale`, `bias + x`); None otherwise."""
+    out_type = tensor_type_of(node)
+    if len(node.args) != 2 or out_type is None or not np.issubdtype(np.dtype(out_type.dtype), np.floating):
+        return None
+    lhs, rhs = node.args
+    if isinstance(rhs, Constant) and not isinstance(lhs, Constant):
+        data_index, constant = 0, rhs
+    elif isinstance(lhs, Constant) and not isinstance(rhs, Constant):
+        data_index, constant = 1, lhs
+    else:
+        return None
+    return (data_index, constant) if str(constant.data.dtype) == out_type.dtype else None
 
 
 def call_op_name(node: Expr) -> str | None:

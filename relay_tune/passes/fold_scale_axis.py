@@ -35,6 +35,7 @@ from relay_tune.passes.base import (
     Pass,
     PassConfig,
     dataflow_post_order,
+    float_constant_operand,
     map_functions,
     register_pass,
     retype,
@@ -119,20 +120,11 @@ def _plan_multiply(
     mul: Call, uses: dict[int, int]
 ) -> tuple[_Plan, int] | None:
     """A plan for folding `mul` and the index of its scaled (non-constant) operand, or None."""
-    if mul.op_name != "multiply" or len(mul.args) != 2:
+    found = float_constant_operand(mul) if mul.op_name == "multiply" else None
+    if found is None:
         return None
+    data_index, scale = found
     out_type = tensor_type_of(mul)
-    if out_type is None or not np.issubdtype(np.dtype(out_type.dtype), np.floating):
-        return None
-    lhs, rhs = mul.args
-    if isinstance(rhs, Constant) and not isinstance(lhs, Constant):
-        data_index, scale = 0, rhs
-    elif isinstance(lhs, Constant) and not isinstance(rhs, Constant):
-        data_index, scale = 1, lhs
-    else:
-        return None
-    if str(scale.data.dtype) != out_type.dtype:
-        return None
 
     leaves: list[Call] = []
     biases: list[tuple[Call, int]] = []

@@ -27,6 +27,7 @@ from relay_tune.passes.base import (
     Pass,
     PassConfig,
     call_op,
+    float_constant_operand,
     map_functions,
     register_pass,
     retype,
@@ -70,21 +71,12 @@ class _Affine:
 
 def _step(node: Call) -> tuple[int, Constant] | None:
     """(index of the non-constant operand, the constant) when `node` is one step of a chain, else None."""
-    if node.op_name not in _AFFINE_OPS or len(node.args) != 2:
+    if node.op_name not in _AFFINE_OPS:
         return None
-    out_type = tensor_type_of(node)
-    if out_type is None or not np.issubdtype(np.dtype(out_type.dtype), np.floating):
+    found = float_constant_operand(node)
+    if found is None or tensor_type_of(node.args[found[0]]) != tensor_type_of(node):
         return None
-    lhs, rhs = node.args
-    if isinstance(rhs, Constant) and not isinstance(lhs, Constant):
-        data_index, constant = 0, rhs
-    elif isinstance(lhs, Constant) and not isinstance(rhs, Constant):
-        data_index, constant = 1, lhs
-    else:
-        return None
-    if str(constant.data.dtype) != out_type.dtype or tensor_type_of(node.args[data_index]) != out_type:
-        return None
-    return data_index, constant
+    return found
 
 
 def fold_scale_shift(func: Function) -> Function:
