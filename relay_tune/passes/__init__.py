@@ -43,6 +43,7 @@ from relay_tune.passes.pipeline import (
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
+from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
 from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "PlanLayouts",
     "QuantizedProducts",
     "Sequential",
+    "StridedRowConvAsPhases",
     "SimplifyInference",
     "TaskSpec",
     "WINOGRAD_DEFAULT",

@@ -19,6 +19,7 @@ from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
+from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
 from relay_tune.passes.winograd import WinogradConv
 from relay_tune.target import DotFeatures
 
@@ -71,9 +72,10 @@ def winograd_mode(winograd: str | None = None) -> str:
 
 def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
-    FoldConstant, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant,
-    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts:
-    see `relay_tune.passes.quantized_products` for which products it takes at 3 and 4; PlanLayouts only when
+    FoldConstant, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant by then),
+    QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination,
+    FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: see
+    `relay_tune.passes.quantized_products` for which products it takes at 3 and 4; PlanLayouts only when
     `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
     after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
     passes: tuple[Pass, ...] = (
@@ -84,6 +86,7 @@ def default_pipeline() -> Sequential:
         ConvTransposeAsConv(),
         EliminateCommonSubexpr(),
         FoldConstant(),
+        StridedRowConvAsPhases(),
         QuantizedProducts(),
         FoldScaleAxis(),
         FoldScaleShift(),

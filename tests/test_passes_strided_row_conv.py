@@ -1,0 +1,87 @@
+"""StridedRowConvAsPhases: one-row convolutions with a long stride (an STFT as a convolution) become stride-1
+convolutions over the row's phases; the compiled model equals the reference interpreter's direct convolution (odd
+lengths, taps not a multiple of the stride, left/right padding, several input channels, random data, constant and
+run-time weights, fused bias and activation), and short strides, dilation, groups and two-row maps are left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import relay_tune
+from relay_tune.interpreter import Interpreter
+from relay_tune.ir import Call, IRModule, post_order
+from relay_tune.passes import PassConfig, Sequential, StridedRowConvAsPhases
+from relay_tune.text import parse_module
+from relay_tune.type_infer import infer_types
+
+
+def row_conv(channels: int, out: int, width: int, taps: int, attrs: str, height: int = 1, groups: int = 1) -> IRModule:
+    return parse_module(f"""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, {channels}, {height}, {width}), float32],
+          %w: Tensor[({out}, {channels // groups}, 1, {taps}), float32], %b: Tensor[({out}), float32]) {{
+  nn.relu(nn.bias_add(nn.conv2d(%x, %w, channels={out}, kernel_size=[1, {taps}], groups={groups}{attrs}), %b))
+}}""")
+
+
+def conv_inputs(mod: IRModule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(data shape, strides) of every convolution."""
+    typed = infer_types(mod)["main"]
+    return [(tuple(int(d) for d in n.args[0].checked_type.shape), tuple(int(s) for s in n.attrs["strides"]))
+            for n in post_order(typed) if isinstance(n, Call) and n.op_name == "nn.conv2d"]
+
+
+def rewritten(mod: IRModule) -> IRModule:
+    return Sequential((StridedRowConvAsPhases(),)).run(infer_types(mod), PassConfig(opt_level=3))
+
+
+def random_arrays(mod: IRModule, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    typed = infer_types(mod)["main"]
+    return {p.name_hint: rng.standard_normal(tuple(int(d) for d in p.checked_type.shape)).astype(np.float32)
+            for p in typed.params}
+
+
+# (input channels, output channels, width, taps, attrs): openwakeword's mel STFT (smaller: 64 taps every 20),
+# Silero's (taps twice the stride), taps shorter than the stride, a length that leaves a partial frame, padding,
+# two input channels
+SHAPES = [
+    (1, 33, 1000, 64, ", strides=[1, 20]"),
+    (1, 18, 517, 32, ", strides=[1, 16]"),
+    (1, 5, 203, 9, ", strides=[1, 12]"),
+    (1, 7, 331, 50, ", strides=[1, 8], padding=[0, 3, 0, 5]"),
+    (2, 6, 150, 21, ", strides=[1, 10]"),
+]
+
+
+@pytest.mark.parametrize("channels,out,width,taps,attrs", SHAPES)
+def test_a_long_stride_becomes_a_stride_1_convolution_of_phases(channels: int, out: int, width: int, taps: int,
+                                                                attrs: str) -> None:
+    stride = int(attrs.split("strides=[1, ")[1].split("]")[0])
+    (shape, strides), = conv_inputs(rewritten(row_conv(channels, out, width, taps, attrs)))
+    assert strides == (1, 1) and shape[:3] == (1, channels * stride, 1)
+
+
+@pytest.mark.parametrize("channels,out,width,taps,attrs", SHAPES)
+@pytest.mark.parametrize("constant_weight", [True, False])
+def test_compiled_matches_the_direct_convolution(channels: int, out: int, width: int, taps: int, attrs: str,
+                                                 constant_weight: bool) -> None:
+    mod = row_conv(channels, out, width, taps, attrs)
+    arrays = random_arrays(mod, seed=width + taps)
+    want = np.asarray(Interpreter(mod).run(arrays))
+    params = {"w": arrays["w"], "b": arrays["b"]} if constant_weight else None
+    inputs = {"x": arrays["x"]} if constant_weight else arrays
+    got = np.asarray(relay_tune.build(mod, params=params).run(**inputs))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs,height,groups", [
+    (", strides=[1, 4]", 1, 1),                      # a short stride: strided loads handle it
+    (", strides=[1, 16], dilation=[1, 2]", 1, 1),
+    (", strides=[1, 16]", 1, 2),
+    (", strides=[1, 16]", 2, 1),                     # two rows
+])
+def test_other_convolutions_are_left_alone(attrs: str, height: int, groups: int) -> None:
+    mod = row_conv(2, 4, 200, 32, attrs, height=height, groups=groups)
+    assert conv_inputs(rewritten(mod)) == conv_inputs(mod)
