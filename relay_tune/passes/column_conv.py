@@ -21,25 +21,17 @@ from typing import ClassVar
 
 from relay_tune.ir import Call, Expr, IRModule
 from relay_tune.passes.base import Pass, PassConfig, call_op, register_pass, rewrite_functions, tensor_type_of
-
-
-def _pairs(value: object, count: int) -> tuple[int, ...]:
-    values = (value,) if isinstance(value, int) else tuple(int(v) for v in value)  # type: ignore[attr-defined]
-    return values * count if len(values) == 1 else values
+from relay_tune.passes.conv_geometry import conv2d_padding, int_pair, plain_conv2d_types
 
 
 def rewritable(call: Call) -> bool:
     """Whether `call` (an `nn.conv2d`) convolves a static NCHW map one column wide with an OIHW kernel one column
     wide and no width padding: see the module docstring."""
-    data, weight, out = tensor_type_of(call.args[0]), tensor_type_of(call.args[1]), tensor_type_of(call)
-    if data is None or weight is None or out is None:
+    types = plain_conv2d_types(call)
+    if types is None:
         return False
-    attrs = call.attrs
-    layouts = (str(attrs["data_layout"]), str(attrs["kernel_layout"]), str(attrs["out_layout"] or "NCHW"))
-    if layouts != ("NCHW", "OIHW", "NCHW") or len(data.shape) != 4 or len(weight.shape) != 4:
-        return False
-    pads = _pairs(attrs["padding"], 2)
-    left, right = (pads[1], pads[1]) if len(pads) == 2 else (pads[1], pads[3])
+    data, weight, _ = types
+    _, left, _, right = conv2d_padding(call.attrs["padding"])
     return data.shape[3] == 1 and weight.shape[3] == 1 and left == right == 0 and data.shape[2] > 1
 
 
@@ -49,13 +41,12 @@ def as_row_conv(call: Call, data: Expr, weight: Expr) -> Expr:
     n, c, h, _ = tensor_type_of(call.args[0]).shape  # type: ignore[union-attr]
     o, i, kh, _ = tensor_type_of(call.args[1]).shape  # type: ignore[union-attr]
     out_h = tensor_type_of(call).shape[2]  # type: ignore[union-attr]
-    pads = _pairs(attrs["padding"], 2)
-    top, bottom = (pads[0], pads[0]) if len(pads) == 2 else (pads[0], pads[2])
+    top, _, bottom, _ = conv2d_padding(attrs["padding"])
     row_data = call_op("reshape", data, newshape=[n, c, 1, h])
     row_weight = call_op("reshape", weight, newshape=[o, i, 1, kh])
     conv = call_op(
         "nn.conv2d", row_data, row_weight,
-        strides=[1, _pairs(attrs["strides"], 2)[0]], dilation=[1, _pairs(attrs["dilation"], 2)[0]],
+        strides=[1, int_pair(attrs["strides"])[0]], dilation=[1, int_pair(attrs["dilation"])[0]],
         padding=[0, top, 0, bottom], groups=attrs["groups"], channels=attrs["channels"], kernel_size=[1, kh],
         out_dtype=str(attrs["out_dtype"] or ""))
     return call_op("reshape", conv, newshape=[n, o, out_h, 1])

@@ -27,11 +27,7 @@ from relay_tune.passes.base import (
     rewrite_functions,
     tensor_type_of,
 )
-
-
-def _pair(value: object) -> tuple[int, ...]:
-    items = tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),) * 2  # type: ignore[call-overload, arg-type]
-    return items * 2 if len(items) == 1 else items
+from relay_tune.passes.conv_geometry import int_pair
 
 
 def non_overlapping(call: Call) -> tuple[int, int] | None:
@@ -45,10 +41,10 @@ def non_overlapping(call: Call) -> tuple[int, int] | None:
             "NCHW", "IOHW", "NCHW"):
         return None
     kernel = tuple(int(k) for k in weight_type.shape[2:])
-    if int(attrs["groups"]) != 1 or _pair(attrs["strides"]) != kernel or any(_pair(attrs["dilation"])[i] != 1
+    if int(attrs["groups"]) != 1 or int_pair(attrs["strides"]) != kernel or any(int_pair(attrs["dilation"])[i] != 1
                                                                             for i in range(2)):
         return None
-    if any(_pair(attrs["output_padding"])) or any(int(p) for p in attrs["padding"]):  # type: ignore[union-attr]
+    if any(int_pair(attrs["output_padding"])) or any(int(p) for p in attrs["padding"]):  # type: ignore[union-attr]
         return None
     return kernel[0], kernel[1]
 

@@ -23,34 +23,25 @@ import numpy as np
 
 from relay_tune.ir import Call, Constant, Expr, IRModule
 from relay_tune.passes.base import Pass, PassConfig, call_op, register_pass, rewrite_functions, tensor_type_of
+from relay_tune.passes.conv_geometry import conv2d_padding, int_pair, plain_conv2d_types
 
 MIN_STRIDE = 8
 """Shorter strides keep the convolution: the code generator reads lanes up to 4 elements apart as one wide load and
 a shuffle, and at 8 a gather of 8 lanes costs about what the frames' transpose and zero taps do."""
 
 
-def _pairs(value: object) -> tuple[int, ...]:
-    values = (value,) if isinstance(value, int) else tuple(int(v) for v in value)  # type: ignore[attr-defined]
-    return values * 2 if len(values) == 1 else values
-
-
-def _padding(value: object) -> tuple[int, int, int, int]:
-    pads = _pairs(value)
-    return (pads[0], pads[1], pads[0], pads[1]) if len(pads) == 2 else pads  # type: ignore[return-value]
-
-
 def rewritable(call: Call) -> bool:
     """Whether `call` (an `nn.conv2d`) is a plain one-row convolution with a stride of at least `MIN_STRIDE` (see
     the module docstring)."""
-    data, weight, out = tensor_type_of(call.args[0]), tensor_type_of(call.args[1]), tensor_type_of(call)
-    if data is None or weight is None or out is None or len(data.shape) != 4 or len(weight.shape) != 4:
+    types = plain_conv2d_types(call)
+    if types is None:
         return False
+    data, weight, _ = types
     attrs = call.attrs
-    layouts = (str(attrs["data_layout"]), str(attrs["kernel_layout"]), str(attrs["out_layout"] or "NCHW"))
-    top, _, bottom, _ = _padding(attrs["padding"])
-    return (layouts == ("NCHW", "OIHW", "NCHW") and int(attrs["groups"]) == 1  # type: ignore[call-overload]
+    top, _, bottom, _ = conv2d_padding(attrs["padding"])
+    return (int(attrs["groups"]) == 1  # type: ignore[call-overload]
             and data.shape[2] == 1 and weight.shape[2] == 1 and top == bottom == 0
-            and _pairs(attrs["dilation"]) == (1, 1) and _pairs(attrs["strides"])[1] >= MIN_STRIDE
+            and int_pair(attrs["dilation"]) == (1, 1) and int_pair(attrs["strides"])[1] >= MIN_STRIDE
             and weight.shape[3] > 1 and np.issubdtype(np.dtype(data.dtype), np.floating))
 
 
@@ -60,8 +51,8 @@ def as_phases(call: Call, data: Expr, weight: Expr) -> Expr:
     o, _, _, taps = tensor_type_of(call.args[1]).shape  # type: ignore[union-attr]
     out_width = tensor_type_of(call).shape[3]  # type: ignore[union-attr]
     dtype = tensor_type_of(call.args[0]).dtype  # type: ignore[union-attr]
-    stride = _pairs(call.attrs["strides"])[1]
-    _, left, _, right = _padding(call.attrs["padding"])
+    stride = int_pair(call.attrs["strides"])[1]
+    _, left, _, right = conv2d_padding(call.attrs["padding"])
     frames = -(-(left + width + right) // stride)
     phases_per_tap = -(-taps // stride)  # q: taps of the new convolution
     zero = Constant(np.asarray(0, dtype=dtype))
