@@ -5,13 +5,11 @@ run-time weights, fused bias and activation), and short strides, dilation, group
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from conv_pass_checks import assert_compiled_matches, rewritten
 
-import relay_tune
-from relay_tune.interpreter import Interpreter
 from relay_tune.ir import Call, IRModule, post_order
-from relay_tune.passes import PassConfig, Sequential, StridedRowConvAsPhases
+from relay_tune.passes import StridedRowConvAsPhases
 from relay_tune.text import parse_module
 from relay_tune.type_infer import infer_types
 
@@ -31,17 +29,6 @@ def conv_inputs(mod: IRModule) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             for n in post_order(typed) if isinstance(n, Call) and n.op_name == "nn.conv2d"]
 
 
-def rewritten(mod: IRModule) -> IRModule:
-    return Sequential((StridedRowConvAsPhases(),)).run(infer_types(mod), PassConfig(opt_level=3))
-
-
-def random_arrays(mod: IRModule, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    typed = infer_types(mod)["main"]
-    return {p.name_hint: rng.standard_normal(tuple(int(d) for d in p.checked_type.shape)).astype(np.float32)
-            for p in typed.params}
-
-
 # (input channels, output channels, width, taps, attrs): openwakeword's mel STFT (smaller: 64 taps every 20),
 # Silero's (taps twice the stride), taps shorter than the stride, a length that leaves a partial frame, padding,
 # two input channels
@@ -58,7 +45,7 @@ SHAPES = [
 def test_a_long_stride_becomes_a_stride_1_convolution_of_phases(channels: int, out: int, width: int, taps: int,
                                                                 attrs: str) -> None:
     stride = int(attrs.split("strides=[1, ")[1].split("]")[0])
-    (shape, strides), = conv_inputs(rewritten(row_conv(channels, out, width, taps, attrs)))
+    (shape, strides), = conv_inputs(rewritten(row_conv(channels, out, width, taps, attrs), StridedRowConvAsPhases()))
     assert strides == (1, 1) and shape[:3] == (1, channels * stride, 1)
 
 
@@ -67,13 +54,7 @@ def test_a_long_stride_becomes_a_stride_1_convolution_of_phases(channels: int, o
 def test_compiled_matches_the_direct_convolution(channels: int, out: int, width: int, taps: int, attrs: str,
                                                  constant_weight: bool) -> None:
     mod = row_conv(channels, out, width, taps, attrs)
-    arrays = random_arrays(mod, seed=width + taps)
-    want = np.asarray(Interpreter(mod).run(arrays))
-    params = {"w": arrays["w"], "b": arrays["b"]} if constant_weight else None
-    inputs = {"x": arrays["x"]} if constant_weight else arrays
-    got = np.asarray(relay_tune.build(mod, params=params).run(**inputs))
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_compiled_matches(mod, width + taps, constant_weight)
 
 
 @pytest.mark.parametrize("attrs,height,groups", [
@@ -82,6 +63,8 @@ def test_compiled_matches_the_direct_convolution(channels: int, out: int, width:
     (", strides=[1, 16]", 1, 2),
     (", strides=[1, 16]", 2, 1),                     # two rows
 ])
+
+
 def test_other_convolutions_are_left_alone(attrs: str, height: int, groups: int) -> None:
     mod = row_conv(2, 4, 200, 32, attrs, height=height, groups=groups)
-    assert conv_inputs(rewritten(mod)) == conv_inputs(mod)
+    assert conv_inputs(rewritten(mod, StridedRowConvAsPhases())) == conv_inputs(mod)
