@@ -161,12 +161,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.fused:
         # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
         from relay_tune.compile import resolve_target
-        from relay_tune.passes import full_range_int8_mode, layout_block, optimize
+        from relay_tune.passes import full_range_int8_mode, layout_block, optimize, precision_mode
 
         host = resolve_target("llvm")
         block = layout_block(host, args.layout_planning)  # as `build` would for this CPU
         mod = optimize(mod, opt_level=args.opt_level, layout_block=block, winograd=args.winograd,
-                       full_range_int8=full_range_int8_mode(host))
+                       full_range_int8=full_range_int8_mode(host), precision=precision_mode(args.precision, host))
     if args.summary:
         _print_summary(mod, args.model, elapsed)
         return 0
@@ -217,7 +217,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the parser and passes (~0.1 s)
     from relay_tune.compile import model_tasks, resolve_target
-    from relay_tune.passes import full_range_int8_mode, layout_block, optimize
+    from relay_tune.passes import full_range_int8_mode, layout_block, optimize, precision_mode
 
     loaded = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
     if args.spaces:  # each task's template family and the size of its schedule space on --target
@@ -227,7 +227,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
         target = resolve_target(args.target)
         specs = tasks_from_module(loaded, target, opt_level=args.opt_level, layout_planning=args.layout_planning,
-                                  winograd=args.winograd)
+                                  winograd=args.winograd, precision=args.precision)
         print(f"{args.model}: {len(specs)} tasks on {target.log_name}")
         print(format_space_table([(t.description, t.family, t.space) for t in specs]))
         return 0
@@ -235,7 +235,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     block = layout_block(target, args.layout_planning)  # the workloads tuning and builds see
     # the tasks whose kernels the build calls: no aliases, no concatenations written in place
     fused = optimize(loaded, opt_level=args.opt_level, layout_block=block, winograd=args.winograd,
-                     full_range_int8=full_range_int8_mode(target))
+                     full_range_int8=full_range_int8_mode(target), precision=precision_mode(args.precision, target))
     tasks = model_tasks(fused, target).kernels  # the whole module: kernels in branches and other functions too
     total = sum(t.flops * t.occurrences for t in tasks) or 1
     table = Table(title=f"tuning tasks of {args.model}", show_edge=False)
@@ -303,8 +303,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     from relay_tune.resources import check_model_memory, check_writable_file
     from relay_tune.runtime.vm import VMModel
 
+    # start-up: imported on use, so `relay-tune --help` does not load the passes (~0.1 s)
+    from relay_tune.passes import precision_mode
+
     console = _console()
-    resolve_target(args.target)  # before anything else: a bad target is a usage error
+    # before anything else: a bad target is a usage error, bf16 on a CPU without it a clear error
+    precision_mode(args.precision, resolve_target(args.target))
     check_writable_file(args.output, "model file", append=False)
     mod = load_model(args.model, args.consts, params=args.params, shapes=args.shape, static=True)
     _require_main(mod, args.model)
@@ -335,7 +339,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             warnings.simplefilter("always", LogWarning)  # unreadable lines of --log files: one warning per log
             model = build(mod, target=args.target, logs=logs or None, opt_level=args.opt_level, jobs=args.jobs,
                           require_tuned=args.require_tuned, check_tuned=not args.no_check_tuned,
-                          layout_planning=args.layout_planning, winograd=args.winograd)
+                          layout_planning=args.layout_planning, winograd=args.winograd, precision=args.precision)
     path = model.save(args.output)
     table = Table(title=f"kernels of {args.model}", show_edge=False)
     for col, justify in (("#", "right"), ("key", "left"), ("workload", "left"), ("count", "right"),
@@ -371,6 +375,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         console.print(f"memory: {model.memory_report()}")
     console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for target {model.target.mcpu or 'llvm'} "
                   f"({model.target.num_cores} cores)")
+    if args.precision != "fp32":
+        # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
+        from relay_tune.compile.precision import relative_error_vs_fp32
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BuildWarning)
+            error = relative_error_vs_fp32(model, mod, args.target, opt_level=args.opt_level,
+                                           layout_planning=args.layout_planning, winograd=args.winograd)
+        label = " (emulated: pairs widened to fp32)" if args.precision == "bf16-emulated" else ""
+        console.print(f"precision {args.precision}{label}: relative error against the fp32 build {error:.2e} "
+                      "(worst output, L2 norm, seeded random inputs)")
     return 0
 
 
@@ -527,6 +542,8 @@ def _resume_command(args: argparse.Namespace, log: Path) -> str:
         words += ["--layout-planning" if args.layout_planning else "--no-layout-planning"]
     if getattr(args, "winograd", None) is not None:  # likewise
         words += ["--winograd", args.winograd]
+    if getattr(args, "precision", "fp32") != "fp32":  # likewise
+        words += ["--precision", args.precision]
     if getattr(args, "no_check", False):
         words += ["--no-check"]
     return " ".join(shlex.quote(w) for w in words)
@@ -550,7 +567,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
     from relay_tune.compile import resolve_target
 
-    resolve_target(args.target)  # a bad target fails here, before the model is loaded or a GPU looked for
+    # start-up: imported on use, so `relay-tune --help` does not load the passes (~0.1 s)
+    from relay_tune.passes import precision_mode
+
+    # a bad target fails here, before the model is loaded or a GPU looked for; bf16 on a CPU without it too
+    precision_mode(args.precision, resolve_target(args.target))
     log = Path(args.log) if args.log else default_log_path(args.model, args.target)
     output = Path(args.output) if args.output else log.with_suffix(".rtmod")
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
@@ -573,7 +594,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 cache=_tuning_cache(args), retune=args.retune),
                 measure=MeasureOptions(jobs=args.jobs, check=not args.no_check),
                 build=BuildOptions(opt_level=args.opt_level, layout_planning=args.layout_planning,
-                                   winograd=args.winograd, output=output))
+                                   winograd=args.winograd, precision=args.precision, output=output))
     except KeyboardInterrupt:
         progress.close()
         console.print(f"interrupted; every measurement so far is in {log}. Resume with:\n  "
@@ -1016,6 +1037,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="3x3 stride-1 convolutions on planned layouts as Winograd transforms around a batched product: "
                    "auto (the measured rule: maps of 14x14 or more, 64 input channels or more), on (all), off, f2 / "
                    "f4 (all, one tile size); default: auto. Like --layout-planning, tuning and builds must agree")
+    p.add_argument("--precision", choices=("fp32", "bf16", "bf16-emulated"), default="fp32",
+                   help="what convolutions and dense products compute in: fp32 (default), bf16 (bfloat16 weights "
+                   "and activations, fp32 sums; needs a CPU with AVX512_BF16), bf16-emulated (the same on any CPU, "
+                   "bf16 pairs widened to fp32: bf16's numerics, not its speed). Tuning and builds must agree")
 
 
 def _add_shape_arg(p: argparse.ArgumentParser) -> None:

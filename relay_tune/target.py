@@ -51,13 +51,14 @@ def _cpus(names: str, features: str) -> dict[str, frozenset[str]]:
     return {name: frozenset(features.split()) for name in names.split()}
 
 
-# The byte dot-product features (`relay_tune.codegen.llvm_dot`) CPU names imply: AVX512BW/VL, AVX512-VNNI, AVX-VNNI.
+# The dot-product features (`relay_tune.codegen.llvm_dot`) CPU names imply: AVX512BW/VL, AVX512-VNNI, AVX-VNNI,
+# AVX512_BF16.
 _DOT_FEATURES_OF_CPU: dict[str, frozenset[str]] = {
     **_cpus("skylake-avx512 x86-64-v4", "avx512bw avx512vl"),
-    **_cpus("cascadelake cooperlake icelake-client icelake-server tigerlake rocketlake znver4 znver5",
-            "avx512bw avx512vl avx512vnni"),
+    **_cpus("cascadelake icelake-client icelake-server tigerlake rocketlake", "avx512bw avx512vl avx512vnni"),
+    **_cpus("cooperlake znver4 znver5", "avx512bw avx512vl avx512vnni avx512bf16"),
     **_cpus("sapphirerapids emeraldrapids graniterapids graniterapids-d diamondrapids",
-            "avx512bw avx512vl avx512vnni avxvnni"),
+            "avx512bw avx512vl avx512vnni avxvnni avx512bf16"),
     **_cpus("alderlake raptorlake meteorlake arrowlake arrowlake-s lunarlake pantherlake gracemont sierraforest "
             "grandridge clearwaterforest", "avxvnni"),
 }
@@ -342,19 +343,23 @@ def _dtype_bits(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class DotFeatures:
-    """What the target offers for byte dot products: register width in bytes and the instruction sets."""
+    """What the target offers for byte and bfloat16 dot products: register width in bytes and the instruction
+    sets."""
 
     register_bytes: int = 16
     vnni: bool = False  # vpdpbusd at `register_bytes` (AVX512-VNNI with the width's AVX-512 parts, or AVX-VNNI)
     pmaddubsw: bool = False  # vpmaddubsw / vpmaddwd at `register_bytes` (SSSE3, AVX2, AVX512BW)
+    bf16: bool = False  # vdpbf16ps at `register_bytes` (AVX512_BF16; with AVX512VL below 512 bits)
 
     @staticmethod
     def for_target(target: Target) -> DotFeatures:
         """The features of an LLVM CPU target: its listed features, or those its CPU name implies."""
         has = target.has_feature
         vector_bits = target.vector_bits
+        bf16 = has("avx512bf16") and (vector_bits >= 512 or has("avx512vl"))
         if vector_bits >= 512 and has("avx512bw"):
-            return DotFeatures(64, has("avx512vnni"), True)
+            return DotFeatures(64, has("avx512vnni"), True, bf16)
         if vector_bits >= 256 and has("avx2"):
-            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True)
-        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"))
+            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True, bf16)
+        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"),
+                           bf16)

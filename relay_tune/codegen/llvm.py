@@ -43,7 +43,7 @@ from relay_tune.codegen.llvm_base import (
     dtype_info,
     memory_type,
 )
-from relay_tune.codegen.llvm_dot import DotFeatures, x86_dot2, x86_dot4
+from relay_tune.codegen.llvm_dot import DotFeatures, x86_dot2, x86_dot2_bf16, x86_dot4
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.kernel import tir
 from relay_tune.target import Target
@@ -184,6 +184,11 @@ class CPUCodegen(LLVMCodegenBase):
         """vpmaddwd on x86, else generic IR."""
         fast = x86_dot2(self.builder, self.declare, self.dot_features, a, b, lanes, acc)
         return fast if fast is not None else super().dot2_product(a, b, lanes, acc)
+
+    def bf16_dot_product(self, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
+        """vdpbf16ps (AVX512_BF16), else the widened pairs' fused multiply-adds."""
+        fast = x86_dot2_bf16(self.builder, self.declare, self.dot_features, a, b, lanes, acc)
+        return fast if fast is not None else super().bf16_dot_product(a, b, lanes, acc)
 
     # -- kernels ------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from relay_tune.codegen import affine
-from relay_tune.codegen.llvm_dot import generic_dot2, generic_dot4
+from relay_tune.codegen.llvm_dot import generic_dot2, generic_dot4, widened_dot2_bf16
 from relay_tune.codegen.llvm_lowp import LowPrecision
 from relay_tune.codegen.llvm_math import Float32Math
 from relay_tune.errors import CompileError, UnsupportedError
@@ -1047,6 +1047,11 @@ class LLVMCodegenBase:
                 if isinstance(dot, tir.Call) and dot.name in tir.DOT4_INTRINSICS:
                     # the dot product already emitted without the accumulator is left for LLVM to delete
                     return self.lower_dot(dot, self.cast(self.value_of(other), other.dtype, "int32"))
+        if op == "add" and node.dtype == "float32":
+            for dot, other in ((node.b, node.a), (node.a, node.b)):
+                if isinstance(dot, tir.Call) and dot.name == tir.DOT2_BF16_INTRINSIC and other.dtype == "float32":
+                    # the accumulator goes into the product's first multiply-add (vdpbf16ps adds it itself)
+                    return self.lower_dot_bf16(dot, self.value_of(other))
         if op in tir.COMPARE_OPS:
             dtype = unify_dtypes(node.a.dtype, node.b.dtype)
         else:
@@ -1331,6 +1336,8 @@ class LLVMCodegenBase:
         dtype = node.dtype
         if name in tir.DOT_INTRINSICS:
             return self.lower_dot(node)
+        if name == tir.DOT2_BF16_INTRINSIC:
+            return self.lower_dot_bf16(node)
         info = dtype_info(dtype)
         if info.kind == "lowfloat":  # computed in float32, rounded back to the type
             wide = self.lower_call(tir.Call(name, node.args, "float32"))
@@ -1406,6 +1413,27 @@ class LLVMCodegenBase:
         total = generic_dot2(self.builder, a, b, lanes)
         return total if acc is None else self.builder.add(acc, total)
 
+    def lower_dot_bf16(self, node: tir.Call, acc: ir.Value | None = None) -> ir.Value:
+        """`acc + a0*b0 + a1*b1` (`tir.DOT2_BF16_INTRINSIC`) over the current vector's lanes (1 outside one)."""
+        vec = self.ctx.vector
+        lanes = vec.lanes if vec is not None else 1
+        a = self._dot_operand(node.args[:2], lanes)
+        b = self._dot_operand(node.args[2:], lanes)
+        floats = ir.VectorType(ir.FloatType(), lanes)
+        if acc is not None and lanes == 1:  # the products are computed as one-lane vectors
+            acc = self.builder.insert_element(ir.Constant(floats, None), acc, ir.Constant(I32, 0))
+        elif acc is not None:
+            acc = self.broadcast(acc, lanes)
+        value = self.bf16_dot_product(a, b, lanes, acc)
+        if lanes == 1:
+            return self.builder.extract_element(value, ir.Constant(I32, 0))
+        return value
+
+    def bf16_dot_product(self, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
+        """`<lanes x float>` of `acc + a0*b0 + a1*b1` per lane, `a` and `b` `<2 lanes x i16>` bfloat16 codes: the
+        pairs widened to float32 and multiplied-added; targets with vdpbf16ps override this."""
+        return widened_dot2_bf16(self.builder, self.declare, a, b, lanes, acc)
+
     def _dot_operand(self, args: tuple[tir.PrimExpr, ...], lanes: int) -> ir.Value:
         """The `k = len(args)` operands of every lane as one `<k * lanes x T>` vector, lane by lane (`T` the
         operands' integer type)."""
@@ -1444,7 +1472,7 @@ class LLVMCodegenBase:
         loads: list[tir.Load] = [a for a in args if isinstance(a, tir.Load)]
         buf = loads[0].buffer
         info = dtype_info(buf.dtype)
-        if any(load.buffer is not buf for load in loads) or info.kind not in ("int", "uint") or info.value_bits:
+        if any(load.buffer is not buf for load in loads) or info.kind not in ("int", "uint", "lowfloat") or info.value_bits:
             return None
         first = affine.flat_form(loads[0].indices, buf.shape, ctx.extents)
         for k, load in enumerate(loads[1:], start=1):

@@ -12,6 +12,9 @@ Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result 
 The two-term uint8 x int16 product (`tir.DOT2_INTRINSIC`, full-range int8 weights stored as int16 pairs) is one
 `vpmaddwd` per register of lanes on x86 (exact: two int16 products summed into int32), generic IR elsewhere.
 
+The two-term bfloat16 product into float32 (`tir.DOT2_BF16_INTRINSIC`, bf16 builds) is one vdpbf16ps per register
+of lanes with AVX512_BF16, and elsewhere the pairs widened to float32 by a 16-bit shift and two fused multiply-adds.
+
 The x86 forms work on whole registers: the operand bytes are padded with zeros to a multiple of the register (a
 zero byte adds nothing) and the lanes of the result taken back.
 """
@@ -158,4 +161,83 @@ def _joined(builder: ir.IRBuilder, pieces: list[ir.Value], lanes: int) -> ir.Val
     result = pieces[0]
     if result.type.count != lanes:
         result = _pick(builder, result, list(range(lanes)))
+    return result
+
+
+# -- bfloat16 pairs into float32 lanes (`tir.DOT2_BF16_INTRINSIC`) ------------------------------------------------
+
+F32 = ir.FloatType()
+
+
+class _BFloat16Type(ir.Type):
+    """LLVM's `bfloat` element type (llvmlite has none): vdpbf16ps's intrinsic takes `<2n x bfloat>` operands."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+
+BF16 = _BFloat16Type()
+
+DPBF16PS_INTRINSICS = {16: "llvm.x86.avx512bf16.dpbf16ps.128", 32: "llvm.x86.avx512bf16.dpbf16ps.256",
+                       64: "llvm.x86.avx512bf16.dpbf16ps.512"}
+"""vdpbf16ps by register bytes."""
+
+
+def widened_dot2_bf16(builder: ir.IRBuilder, declare: Declare, a: ir.Value, b: ir.Value, lanes: int,
+                      acc: ir.Value | None) -> ir.Value:
+    """`<lanes x float>` of `acc + a0*b0 + a1*b1` per lane, `a` and `b` `<2 lanes x i16>` bfloat16 codes (the pair
+    of a lane adjacent), on any CPU: each pair is one 32-bit word, whose low code becomes a float32 by a 16-bit left
+    shift and whose high code by masking off the low half; then two fused multiply-adds (each product is exact in
+    float32, so only the additions round)."""
+    words = _vector(I32, lanes)
+    floats = _vector(F32, lanes)
+
+    def halves(value: ir.Value) -> tuple[ir.Value, ir.Value]:
+        word = builder.bitcast(value, words)
+        low = builder.shl(word, ir.Constant(words, [16] * lanes))
+        high = builder.and_(word, ir.Constant(words, [-65536] * lanes))  # 0xFFFF0000
+        return builder.bitcast(low, floats), builder.bitcast(high, floats)
+
+    a0, a1 = halves(a)
+    b0, b1 = halves(b)
+    fmuladd = declare(f"llvm.fmuladd.v{lanes}f32", floats, [floats, floats, floats])
+    start = acc if acc is not None else ir.Constant(floats, [0.0] * lanes)
+    return builder.call(fmuladd, [a1, b1, builder.call(fmuladd, [a0, b0, start])])
+
+
+def x86_dot2_bf16(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: ir.Value, b: ir.Value,
+                  lanes: int, acc: ir.Value | None) -> ir.Value | None:
+    """`acc + dot2` (`acc` may be None) with one vdpbf16ps per register of lanes (AVX512_BF16), or None when the
+    target has no vdpbf16ps (the caller then widens the operands)."""
+    if not features.bf16:
+        return None
+    total_bytes = 4 * lanes  # two bfloat16 per float32 lane
+    width = 16
+    while width < total_bytes and width < features.register_bytes:
+        width *= 2
+    per = width // 4
+    acc_type = _vector(F32, per)
+    pair_type = _vector(BF16, 2 * per)
+    fn = declare(DPBF16PS_INTRINSICS[width], acc_type, [acc_type, pair_type, pair_type])
+    pieces: list[ir.Value] = []
+    for chunk in range(-(-total_bytes // width)):
+        span = list(range(chunk * 2 * per, (chunk + 1) * 2 * per))
+        ca = builder.bitcast(_pick(builder, a, span), pair_type)
+        cb = builder.bitcast(_pick(builder, b, span), pair_type)
+        start = ir.Constant(acc_type, [0.0] * per)
+        if acc is not None:
+            lane_span = list(range(chunk * per, (chunk + 1) * per))
+            mask = ir.Constant(_vector(I32, per), [i if i < lanes else lanes for i in lane_span])
+            start = builder.shuffle_vector(acc, ir.Constant(acc.type, [0.0] * lanes), mask)
+        pieces.append(builder.call(fn, [start, ca, cb]))
+    while len(pieces) > 1:
+        if len(pieces) % 2:
+            pieces.append(ir.Constant(pieces[0].type, [0.0] * pieces[0].type.count))
+        size = pieces[0].type.count
+        joined = ir.Constant(_vector(I32, 2 * size), list(range(2 * size)))
+        pieces = [builder.shuffle_vector(pieces[i], pieces[i + 1], joined) for i in range(0, len(pieces), 2)]
+    result = pieces[0]
+    if result.type.count != lanes:
+        result = builder.shuffle_vector(result, ir.Constant(result.type, [0.0] * result.type.count),
+                                        ir.Constant(_vector(I32, lanes), list(range(lanes))))
     return result

@@ -33,6 +33,7 @@ def build(
     kernel_cache: bool = True,
     build_cache: bool = True,
     full_range_int8: str | None = None,
+    precision: str | None = None,
 ) -> CompiledModel | VMModel:
     """Compile `mod`'s `main` function into a `CompiledModel` (see `relay_tune.compile`); a program with control
     flow (`if`, calls of other global functions such as recursive loops, closures) into a `VMModel`, its kernels
@@ -63,10 +64,15 @@ def build(
     full_range_int8: how int8 weights whose pairs would saturate vpmaddubsw are multiplied ("float", "dot4",
         "int16": `relay_tune.passes.PassConfig`); None: from the target (`relay_tune.passes.full_range_int8_mode`).
         Tuning derives it from the target, so records of another setting may not match.
+    precision: "fp32" (None: the default), "bf16" (convolutions and dense products on bfloat16 weights and
+        activations with float32 sums, vdpbf16ps; a target without AVX512_BF16 raises `UnsupportedError`) or
+        "bf16-emulated" (the same products on any CPU, the pairs widened to float32: bf16's numerics without its
+        speed); see `relay_tune.passes.bf16`. Tuning must have used the same precision: the bf16 tasks are other
+        workloads.
     """
     options: dict[str, Any] = dict(jobs=jobs, require_tuned=require_tuned, threading_runtime=threading_runtime,
                                    layout_planning=layout_planning, winograd=winograd, kernel_cache=kernel_cache,
-                                   full_range_int8=full_range_int8)
+                                   full_range_int8=full_range_int8, precision=precision)
 
     checked = check_tuned and logs is not None
 
@@ -81,7 +87,8 @@ def build(
         start = time.perf_counter()
         # What changes the code; `jobs`, `kernel_cache` and `threading_runtime` do not.
         decisive = dict(opt_level=opt_level, require_tuned=require_tuned, check_tuned=checked,
-                        layout_planning=layout_planning, winograd=winograd, full_range_int8=full_range_int8)
+                        layout_planning=layout_planning, winograd=winograd, full_range_int8=full_range_int8,
+                        precision=precision)
         key = build_key(module, resolve_target(target), params, logs, decisive)
         if key is not None:
             return cached_build(cache, key, compile_it, threading_runtime, start)

@@ -23,7 +23,7 @@ from relay_tune.compile.vm_compiler import compile_vm_model, needs_vm
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir import Function, IRModule
 from relay_tune.kernel import tir
-from relay_tune.passes import full_range_int8_mode, layout_block, optimize
+from relay_tune.passes import full_range_int8_mode, layout_block, optimize, precision_mode
 from relay_tune.resources import check_memory
 from relay_tune.runtime.cuda import gpu_model_from_plan
 from relay_tune.runtime.model import CompiledModel, GraphPlan, TaskInfo, host_triple
@@ -48,12 +48,14 @@ def compile_model(
     winograd: str | None = None,
     kernel_cache: bool = True,
     full_range_int8: str | None = None,
+    precision: str | None = None,
 ) -> CompiledModel | VMModel:
     """Compile `mod`'s `main` function into a `CompiledModel`, or a `VMModel` when it has control flow (the
     arguments are `relay_tune.build`'s)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     resolved = resolve_target(target)
+    mode = precision_mode(precision, resolved)  # before anything is compiled: a clear error for bf16 without it
     lookup = task_lookup(logs)
     if isinstance(mod, Function):
         mod = IRModule({"main": mod})
@@ -62,7 +64,8 @@ def compile_model(
     mod = infer_types(mod)
     mod = infer_types(bind_params(mod, params or {}))
     fused = optimize(mod, opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
-                     winograd=winograd, full_range_int8=full_range_int8 or full_range_int8_mode(resolved))
+                     winograd=winograd, full_range_int8=full_range_int8 or full_range_int8_mode(resolved),
+                     precision=mode)
     timings["passes_s"] = time.perf_counter() - start
 
     found = model_tasks(fused, resolved)
@@ -88,6 +91,7 @@ def compile_model(
     info: dict[str, Any] = {
         "triple": host_triple(),
         "opt_level": opt_level,
+        "precision": precision or "fp32",
         "timings": timings,
         "kernels": len(funcs),
         "tuned_tasks": sum(t.tuned for t in task_list),

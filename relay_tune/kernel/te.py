@@ -455,6 +455,15 @@ def dot2_u8s16_i32(a: Sequence[PrimExpr], b: Sequence[PrimExpr]) -> PrimExpr:
     return tir.Call(tir.DOT2_INTRINSIC, (*a, *b), "int32")
 
 
+def dot2_bf16_f32(a: Sequence[PrimExpr], b: Sequence[PrimExpr]) -> PrimExpr:
+    """`a[0] * b[0] + a[1] * b[1]` in float32 of four bfloat16 values (see `tir.DOT2_BF16_INTRINSIC`)."""
+    if len(a) != 2 or len(b) != 2:
+        raise ValueError("dot2_bf16_f32 takes two values on each side")
+    if any(x.dtype != "bfloat16" for x in (*a, *b)):
+        raise ValueError("dot2_bf16_f32 multiplies bfloat16 values")
+    return tir.Call(tir.DOT2_BF16_INTRINSIC, (*a, *b), "float32")
+
+
 def fma(a: ExprLike, b: ExprLike, c: ExprLike) -> PrimExpr:
     x = tir.as_expr(a)
     return tir.Call("fma", (x, tir.as_expr(b, x.dtype), tir.as_expr(c, x.dtype)), x.dtype)

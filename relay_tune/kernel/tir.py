@@ -166,7 +166,8 @@ class Cast(PrimExpr):
 
 INTRINSICS = frozenset(
     {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "fabs", "pow", "floor", "ceil", "round",
-     "fma", "sin", "cos", "tan", "asin", "acos", "atan", *("dot4_u8s8_i32", "dot4_u8s8_i32_pairs16", "dot2_u8s16_i32")}
+     "fma", "sin", "cos", "tan", "asin", "acos", "atan", *("dot4_u8s8_i32", "dot4_u8s8_i32_pairs16", "dot2_u8s16_i32"),
+     "dot2_bf16_f32"}
 )
 
 DOT4_INTRINSICS = frozenset({"dot4_u8s8_i32", "dot4_u8s8_i32_pairs16"})
@@ -185,6 +186,13 @@ for any int8 weight, where a full-range weight pair may saturate vpmaddubsw."""
 
 DOT_INTRINSICS = DOT4_INTRINSICS | {DOT2_INTRINSIC}
 """Every integer dot-product intrinsic: `len(args) // 2` products of `a = args[:k]` and `b = args[k:]`, summed."""
+
+DOT2_BF16_INTRINSIC = "dot2_bf16_f32"
+"""The two-term bfloat16 dot product `Call("dot2_bf16_f32", (a0, a1, b0, b1), "float32")`: `a0*b0 + a1*b1` in
+float32, every operand bfloat16 (each product is exact in float32: 8-bit mantissas). With `a` and `b` two
+consecutive bfloat16 elements per lane the CPU back end lowers it to one vdpbf16ps per register of lanes on
+AVX512_BF16 targets (the accumulator added in the same instruction), and elsewhere to the operands widened to
+float32 by a 16-bit shift and two fused multiply-adds."""
 
 
 @dataclass(frozen=True, slots=True)

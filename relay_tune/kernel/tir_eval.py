@@ -162,6 +162,7 @@ _INTRINSICS: dict[str, Callable[..., Any]] = {
     "dot4_u8s8_i32": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:4], v[4:])),
     "dot4_u8s8_i32_pairs16": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:4], v[4:])),
     "dot2_u8s16_i32": lambda *v: sum(int(a) * int(b) for a, b in zip(v[:2], v[2:])),
+    "dot2_bf16_f32": lambda *v: v[0] * v[2] + v[1] * v[3],
 }
 
 _PY_OPS = {

@@ -5,6 +5,7 @@ can reach `relay_tune.op.registry`, whose package this is) makes the registry co
 """
 
 from relay_tune.op import (  # noqa: F401  (they register their operators)
+    bf16,
     elemwise,
     image,
     indexing,

@@ -13,6 +13,7 @@ Task extraction (one tuning task per distinct fused function): `extract_tasks(fu
 
 from relay_tune.passes.base import (
     DEFAULT_CONFIG,
+    PRECISIONS,
     InferType,
     Pass,
     PassConfig,
@@ -21,6 +22,7 @@ from relay_tune.passes.base import (
     register_pass,
     registered_passes,
 )
+from relay_tune.passes.bf16 import Bfloat16Products
 from relay_tune.passes.column_conv import ColumnConvAsRow
 from relay_tune.passes.conv1d import Conv1dAsConv2d
 from relay_tune.passes.conv_transpose import ConvTransposeAsConv
@@ -37,7 +39,9 @@ from relay_tune.passes.pipeline import (
     default_pipeline,
     full_range_int8_mode,
     layout_block,
+    PRECISION_OPTIONS,
     optimize,
+    precision_mode,
     winograd_mode,
 )
 from relay_tune.passes.plan_layouts import PlanLayouts
@@ -47,7 +51,10 @@ from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
 from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 __all__ = [
+    "Bfloat16Products",
     "DEFAULT_CONFIG",
+    "PRECISIONS",
+    "PRECISION_OPTIONS",
     "ColumnConvAsRow",
     "Conv1dAsConv2d",
     "ConvTransposeAsConv",
@@ -77,6 +84,7 @@ __all__ = [
     "get_pass",
     "layout_block",
     "optimize",
+    "precision_mode",
     "register_pass",
     "registered_passes",
     "winograd_mode",

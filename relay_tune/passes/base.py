@@ -31,6 +31,9 @@ WINOGRAD_MODES = ("off", "auto", "on", "f2", "f4")
 FULL_RANGE_INT8_MODES = ("float", "dot4", "int16")
 """Settings of `PassConfig.full_range_int8` (see `relay_tune.passes.quantized_products`)."""
 
+PRECISIONS = ("fp32", "bf16")
+"""Settings of `PassConfig.precision` (see `relay_tune.passes.bf16`)."""
+
 
 @dataclass(frozen=True)
 class PassConfig:
@@ -52,6 +55,8 @@ class PassConfig:
             float below opt_level 4, PlanLayouts packs them for four-byte products), "dot4" (exact four-byte
             products: VNNI's vpdpbusd) or "int16" (the weight widened to int16 pairs for vpmaddwd: x86 without
             VNNI); the last two take them at opt_level 3.
+        precision: what float32 convolutions and dense products compute in: "fp32", or "bf16" (bfloat16 weights
+            and activations, float32 sums: `relay_tune.passes.bf16`).
     """
 
     opt_level: int = 2
@@ -61,6 +66,7 @@ class PassConfig:
     layout_block: int = 0
     winograd: str = "off"
     full_range_int8: str = "float"
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disabled_passes", frozenset(self.disabled_passes))
@@ -73,6 +79,8 @@ class PassConfig:
         if self.full_range_int8 not in FULL_RANGE_INT8_MODES:
             raise ValueError(f"full_range_int8 must be one of {', '.join(FULL_RANGE_INT8_MODES)}; "
                              f"got {self.full_range_int8!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
 
 
 DEFAULT_CONFIG = PassConfig()

@@ -7,6 +7,7 @@ from typing import Any
 
 from relay_tune.ir import IRModule
 from relay_tune.passes.base import InferType, Pass, PassConfig, Sequential
+from relay_tune.passes.bf16 import Bfloat16Products
 from relay_tune.passes.column_conv import ColumnConvAsRow
 from relay_tune.passes.conv1d import Conv1dAsConv2d
 from relay_tune.passes.conv_transpose import ConvTransposeAsConv
@@ -21,6 +22,7 @@ from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
 from relay_tune.passes.winograd import WinogradConv
+from relay_tune.errors import UnsupportedError
 from relay_tune.target import DotFeatures
 
 # Whether CPU builds plan blocked layouts when the caller does not say (`layout_planning=None`). On: with default
@@ -64,6 +66,33 @@ def full_range_int8_mode(target: Any) -> str:
     return "int16" if features.pmaddubsw else "float"
 
 
+PRECISION_OPTIONS = ("fp32", "bf16", "bf16-emulated")
+"""What builds and tuning accept as a precision: "fp32" (the default), "bf16" (bfloat16 products on a CPU with
+AVX512_BF16: vdpbf16ps), "bf16-emulated" (the same bfloat16 products on any CPU target, their pairs widened to
+float32 where the CPU has no vdpbf16ps: bf16's numerics, not its speed)."""
+
+
+def precision_mode(precision: str | None, target: Any) -> str:
+    """The `PassConfig.precision` of a build or tuning run at `precision` (one of `PRECISION_OPTIONS`; None:
+    "fp32") for `target` (a resolved `relay_tune.target.Target`). Raises `UnsupportedError` for "bf16" on a target
+    without AVX512_BF16 (the message names the missing feature and the explicit "bf16-emulated"), and for either
+    bf16 setting on a target other than a CPU."""
+    choice = precision or "fp32"
+    if choice not in PRECISION_OPTIONS:
+        raise UnsupportedError(f"unknown precision {choice!r}; choose one of {', '.join(PRECISION_OPTIONS)}")
+    if choice == "fp32":
+        return "fp32"
+    if target is None or getattr(target, "kind", None) != "llvm":
+        raise UnsupportedError(f"precision {choice} is for CPU (llvm) targets, not {target}")
+    if choice == "bf16" and not DotFeatures.for_target(target).bf16:
+        raise UnsupportedError(
+            f"precision bf16 needs a CPU with AVX512_BF16 (vdpbf16ps); the target "
+            f"{target.mcpu or 'generic CPU'} does not have the avx512bf16 feature. Build for such a CPU "
+            "(e.g. -mcpu=sapphirerapids) or ask for precision bf16-emulated: the same bfloat16 products with the "
+            "pairs widened to float32, bf16's numerics without its speed")
+    return "bf16"
+
+
 def winograd_mode(winograd: str | None = None) -> str:
     """The `PassConfig.winograd` for a build (`None`: `WINOGRAD_DEFAULT`). It only acts where layout planning is on
     (it rewrites blocked convolutions), so GPU targets never see it."""
@@ -73,11 +102,12 @@ def winograd_mode(winograd: str | None = None) -> str:
 def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
     FoldConstant, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant by then),
-    QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant, DeadCodeElimination,
-    FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: see
+    QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant, Bfloat16Products,
+    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: see
     `relay_tune.passes.quantized_products` for which products it takes at 3 and 4; PlanLayouts only when
     `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
-    after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
+    after PlanLayouts packs constant weights into their blocked layouts once, at build time; Bfloat16Products acts
+    only when `PassConfig.precision` is "bf16" and repacks those weights as bfloat16 pairs."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
@@ -93,6 +123,7 @@ def default_pipeline() -> Sequential:
         PlanLayouts(),
         WinogradConv(),
         FoldConstant(),
+        Bfloat16Products(),
         DeadCodeElimination(),
         FuseOps(),
         InferType(),
@@ -102,19 +133,24 @@ def default_pipeline() -> Sequential:
 
 def optimize(mod: IRModule, opt_level: int = 3, config: PassConfig | None = None, *,
              layout_block: int | None = None, winograd: str | None = None,
-             full_range_int8: str | None = None) -> IRModule:
+             full_range_int8: str | None = None, precision: str | None = None) -> IRModule:
     """Optimise and fuse `mod`: the result calls one `Primitive=1` function per fused group and is fully typed.
 
     `config` overrides other settings (its `opt_level` is replaced by the argument, its `layout_block` by
     `layout_block` when given: see `layout_block(target, layout_planning)` for a target's block; its `winograd`
     by `winograd_mode(winograd)` unless a `config` is given and `winograd` is not; its `full_range_int8` by
-    `full_range_int8` when given: see `full_range_int8_mode(target)`).
+    `full_range_int8` when given: see `full_range_int8_mode(target)`; its `precision` by `precision` when given,
+    and a bf16 pipeline runs without Winograd unless `winograd` names a mode: Winograd-form convolutions would stay
+    float32).
     """
     run_config = replace(config or PassConfig(), opt_level=opt_level)
     if layout_block is not None:
         run_config = replace(run_config, layout_block=layout_block)
     if full_range_int8 is not None:
         run_config = replace(run_config, full_range_int8=full_range_int8)
+    if precision is not None:
+        run_config = replace(run_config, precision=precision)
     if winograd is not None or config is None:
-        run_config = replace(run_config, winograd=winograd_mode(winograd))
+        bf16 = run_config.precision == "bf16" and winograd is None
+        run_config = replace(run_config, winograd="off" if bf16 else winograd_mode(winograd))
     return default_pipeline().run(mod, run_config)

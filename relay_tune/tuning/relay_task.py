@@ -35,7 +35,7 @@ from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
 from relay_tune.ir.types import TupleType
 from relay_tune.kernel.compute import primitive_compute
-from relay_tune.passes import full_range_int8_mode, layout_block, optimize
+from relay_tune.passes import full_range_int8_mode, layout_block, optimize, precision_mode
 from relay_tune.passes.extract_tasks import constant_inputs
 from relay_tune.text import parse_module, print_module
 from relay_tune.tuning.task import BuildArtifact, KernelArg, LayoutStep, TensorSpec
@@ -275,14 +275,17 @@ register_workload_kind(WORKLOAD_KIND, RelayTuneTask.from_workload_spec)
 
 
 def tasks_from_module(mod: Any, target: Any, opt_level: int = 3,
-                      layout_planning: bool | None = None, winograd: str | None = None) -> list[RelayTuneTask]:
+                      layout_planning: bool | None = None, winograd: str | None = None,
+                      precision: str | None = None) -> list[RelayTuneTask]:
     """One task per distinct fused function that `relay_tune.build(mod, target, layout_planning=...)` compiles into
     a kernel, in order of first use, weighted by the calls that run it (`relay_tune.compile.model_tasks`, the
     build's own rule: memory views, which become aliases, and concatenations written in place by their producers
     are left out). Tasks are extracted after layout planning, the same pipeline as the build's, so a kernel is
-    tuned in the layout it runs in."""
+    tuned in the layout it runs in, and at the build's `precision` (bf16 products are other workloads, so their
+    records never mix with fp32 ones)."""
     resolved = _target(target)
     fused = optimize(infer_types(mod), opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
-                     winograd=winograd, full_range_int8=full_range_int8_mode(resolved))
+                     winograd=winograd, full_range_int8=full_range_int8_mode(resolved),
+                     precision=precision_mode(precision, resolved))
     return [RelayTuneTask(spec, resolved) for spec in model_tasks(fused, resolved).kernels]
 

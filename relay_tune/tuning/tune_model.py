@@ -37,6 +37,7 @@ from relay_tune.compile import BuildWarning, check_tuned_records, resolve_target
 from relay_tune.compile import build as compile_model
 from relay_tune.compile.lookup import LOOKUP_CANDIDATES
 from relay_tune.errors import RelayTuneError
+from relay_tune.passes import precision_mode
 from relay_tune.records.cache import TuningCache, records_since
 from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.records.log_format import LogEvent, LogWriter, read_records
@@ -231,16 +232,18 @@ class TuneModelResult:
 
 
 def _tasks_for(mod: Any, target: Any, opt_level: int,
-               layout_planning: bool | None = None, winograd: str | None = None) -> tuple[list[Any], Runner | None]:
+               layout_planning: bool | None = None, winograd: str | None = None,
+               precision: str | None = None) -> tuple[list[Any], Runner | None]:
     """The tuning tasks of `mod` on `target`, and the runner they need (None: the default CPU runner)."""
     if target.kind == "cuda":
         reason = cuda_available()
         if reason is not None:
             raise CudaUnavailableError(f"cannot tune for {target}: {reason}")
+        precision_mode(precision, target)  # bf16 on a GPU target: a clear error
         return list(gpu_tasks(mod, str(target))), CudaRunner()
 
     return tasks_from_module(mod, target, opt_level=opt_level, layout_planning=layout_planning,
-                             winograd=winograd), None
+                             winograd=winograd, precision=precision), None
 
 
 def _cuda_target(text: str | Any) -> Any:
@@ -394,13 +397,14 @@ class BuildOptions:
     """How the model is compiled (the tasks are extracted and the model is built with the same settings), and what
     comes out of the run.
 
-    opt_level, layout_planning, winograd: as in `relay_tune.build` (None: the pipeline's default). output: where
+    opt_level, layout_planning, winograd, precision: as in `relay_tune.build` (None: the pipeline's default). output: where
     to save the built model. measure_latency: time the model with default and with tuned schedules.
     """
 
     opt_level: int = 3
     layout_planning: bool | None = None
     winograd: str | None = None
+    precision: str | None = None
     output: str | os.PathLike[str] | None = None
     measure_latency: bool = True
 
@@ -474,7 +478,8 @@ def _plan(mod: Any, target: Any, total_trials: int, log_path: Path, search: Sear
           build: BuildOptions) -> _Plan:
     """The run's target, its tasks (filtered; those the tuning cache answers left out) and its storage."""
     resolved = _resolve(target)
-    tasks, gpu_runner = _tasks_for(mod, resolved, build.opt_level, build.layout_planning, build.winograd)
+    tasks, gpu_runner = _tasks_for(mod, resolved, build.opt_level, build.layout_planning, build.winograd,
+                                  build.precision)
     task_filter = search.task_filter
     if task_filter is not None:
         keep = task_filter if callable(task_filter) else \
@@ -558,7 +563,7 @@ def _build_and_time(mod: Any, plan: _Plan, result: TuneModelResult, database: An
                     build: BuildOptions) -> TuneModelResult:
     """Build the model from the log (and the cache, or the database) and time it against the default build."""
     compile_options: dict[str, Any] = {"opt_level": build.opt_level, "layout_planning": build.layout_planning,
-                                       "winograd": build.winograd}
+                                       "winograd": build.winograd, "precision": build.precision}
     untuned = compile_model(mod, target=plan.target, **compile_options) if build.measure_latency else None
     lookup, configs = _lookup(plan, database, cache)
     with warnings.catch_warnings():

@@ -20,6 +20,7 @@ by side, registered in one table.
 | `depthwise_conv2d_nchw`  | `depthwise`    | NCHW depthwise convolutions                                         |
 | `conv2d_nchwc`           | `conv2d_nchwc` | `nn.contrib_conv2d_NCHWc` (channel-blocked layouts)                 |
 | `conv2d_nchwc_int8`      | `conv2d_nchwc_int8` | `nn.contrib_conv2d_NCHWc_int8` (u8 x s8, packed for dot products) |
+| `conv2d_nchwc_bf16`      | `conv2d_nchwc_bf16` | `nn.contrib_conv2d_NCHWc_bf16` (bf16 pairs into fp32 lanes)      |
 | `depthwise_conv2d_nchwc` | `depthwise`    | depthwise convolutions on channel-blocked layouts                   |
 | `reduction`              | `reduction`    | every other reduction: pooling, softmax, normalisations, ...        |
 
@@ -38,6 +39,7 @@ from search_space.families.channel_last import CONV2D_NCHW_CL, CONV2D_NHWC
 from search_space.families.common import Family, anchor_stage
 from search_space.families.conv2d_nchw import CONV2D_NCHW
 from search_space.families.conv2d_nchwc import CONV2D_NCHWC
+from search_space.families.conv2d_nchwc_bf16 import CONV2D_NCHWC_BF16
 from search_space.families.conv2d_nchwc_int8 import CONV2D_NCHWC_INT8
 from search_space.families.dense import BATCH_MATMUL, DENSE
 from search_space.families.depthwise import DEPTHWISE_CONV2D_NCHW, DEPTHWISE_CONV2D_NCHWC
@@ -50,7 +52,7 @@ __all__ = ["FAMILIES", "FAMILY_TABLE", "Family", "family_for", "family_named", "
 
 FAMILY_TABLE: tuple[Family, ...] = (
     WINOGRAD, INJECTIVE, DENSE, BATCH_MATMUL, CONV2D_NCHW, GROUP_CONV2D_NCHW, CONV2D_NCHW_CL, CONV2D_NHWC,
-    DEPTHWISE_CONV2D_NCHW, CONV2D_NCHWC, CONV2D_NCHWC_INT8, DEPTHWISE_CONV2D_NCHWC, REDUCTION,
+    DEPTHWISE_CONV2D_NCHW, CONV2D_NCHWC, CONV2D_NCHWC_INT8, CONV2D_NCHWC_BF16, DEPTHWISE_CONV2D_NCHWC, REDUCTION,
 )
 """Every CPU family, in the order `family_for` asks them."""
 
