@@ -300,11 +300,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     # start-up: imported on use, so `relay-tune --help` does not load the compiler (~0.4 s with LLVM)
     from relay_tune.compile import BuildWarning, build, resolve_target
-    from relay_tune.resources import check_model_memory, check_writable_file
-    from relay_tune.runtime.vm import VMModel
 
     # start-up: imported on use, so `relay-tune --help` does not load the passes (~0.1 s)
     from relay_tune.passes import precision_mode
+    from relay_tune.resources import check_model_memory, check_writable_file
+    from relay_tune.runtime.vm import VMModel
 
     console = _console()
     # before anything else: a bad target is a usage error, bf16 on a CPU without it a clear error

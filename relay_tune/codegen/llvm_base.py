@@ -1472,7 +1472,9 @@ class LLVMCodegenBase:
         loads: list[tir.Load] = [a for a in args if isinstance(a, tir.Load)]
         buf = loads[0].buffer
         info = dtype_info(buf.dtype)
-        if any(load.buffer is not buf for load in loads) or info.kind not in ("int", "uint", "lowfloat") or info.value_bits:
+        # integer operands, or bfloat16 codes (`tir.DOT2_BF16_INTRINSIC`), whole bytes each
+        if any(load.buffer is not buf for load in loads) or info.kind not in ("int", "uint", "lowfloat") \
+                or info.value_bits:
             return None
         first = affine.flat_form(loads[0].indices, buf.shape, ctx.extents)
         for k, load in enumerate(loads[1:], start=1):

@@ -35,11 +35,11 @@ from relay_tune.passes.fold_scale_shift import FoldScaleShift
 from relay_tune.passes.fuse_ops import FuseOps, fused_groups
 from relay_tune.passes.pipeline import (
     LAYOUT_PLANNING_DEFAULT,
+    PRECISION_OPTIONS,
     WINOGRAD_DEFAULT,
     default_pipeline,
     full_range_int8_mode,
     layout_block,
-    PRECISION_OPTIONS,
     optimize,
     precision_mode,
     winograd_mode,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from relay_tune.errors import UnsupportedError
 from relay_tune.ir import IRModule
 from relay_tune.passes.base import InferType, Pass, PassConfig, Sequential
 from relay_tune.passes.bf16 import Bfloat16Products
@@ -22,7 +23,6 @@ from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
 from relay_tune.passes.winograd import WinogradConv
-from relay_tune.errors import UnsupportedError
 from relay_tune.target import DotFeatures
 
 # Whether CPU builds plan blocked layouts when the caller does not say (`layout_planning=None`). On: with default

@@ -397,8 +397,8 @@ class BuildOptions:
     """How the model is compiled (the tasks are extracted and the model is built with the same settings), and what
     comes out of the run.
 
-    opt_level, layout_planning, winograd, precision: as in `relay_tune.build` (None: the pipeline's default). output: where
-    to save the built model. measure_latency: time the model with default and with tuned schedules.
+    opt_level, layout_planning, winograd, precision: as in `relay_tune.build` (None: the pipeline's default).
+    output: where to save the built model. measure_latency: time the model with default and with tuned schedules.
     """
 
     opt_level: int = 3
