@@ -356,7 +356,8 @@ class DotFeatures:
         """The features of an LLVM CPU target: its listed features, or those its CPU name implies."""
         has = target.has_feature
         vector_bits = target.vector_bits
-        bf16 = has("avx512bf16") and (vector_bits >= 512 or has("avx512vl"))
+        # AVX512_BF16 needs AVX512F (turning it off turns off everything AVX-512), and AVX512VL below 512 bits
+        bf16 = has("avx512bf16") and has("avx512f") and (vector_bits >= 512 or has("avx512vl"))
         if vector_bits >= 512 and has("avx512bw"):
             return DotFeatures(64, has("avx512vnni"), True, bf16)
         if vector_bits >= 256 and has("avx2"):
