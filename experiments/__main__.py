@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "int8": ("int8", "a QDQ int8 ResNet-50 against our fp32 build and onnxruntime; int8 conv kernels against the peak"),
     "relay-vm": ("relay_vm", "an RNN as a recursive loop (the Relay VM) against the same RNN unrolled"),
     "elementwise": ("elementwise", "a network's element-wise kernels alone, before and after, against a STREAM triad"),
+    "bf16": ("bf16", "bf16 builds (widened on CPUs without AVX512_BF16): a batch-1 dense and ResNet-50 against fp32"),
     "matvec": ("matvec", "dense layers at batch 1 (matrix-vector) in GB/s against a STREAM triad of the same run"),
     "quickstart": ("quickstart", "the cold Quickstart: the printed ratio against `relay-tune run`"),
     "gpu-check": ("gpu_check", "the CUDA back end against the interpreter, cuDNN and cuBLAS (NVIDIA GPU)"),

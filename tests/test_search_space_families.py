@@ -50,6 +50,9 @@ def _tasks() -> list[RelayTuneTask]:
         # Winograd transforms: a 3x3 convolution on a blocked layout, forced on
         tasks += tasks_from_module(zoo.resnet(18, image=28, width=16, num_classes=10), target, layout_planning=True,
                                    winograd="on")
+        # a bf16 build: blocked convolutions and the classifier as bf16 products (`conv2d_nchwc_bf16`)
+        tasks += tasks_from_module(zoo.resnet(18, image=28, width=16, num_classes=16), target, layout_planning=True,
+                                   precision="bf16-emulated")
     return tasks
 
 
