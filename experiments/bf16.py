@@ -1,16 +1,17 @@
 """bf16 builds (`precision="bf16-emulated"` on a CPU without AVX512_BF16) against our fp32 build, same run.
 
-    python -m experiments bf16 [--only dense resnet50] [--baseline-tree DIR] [--rounds 5] [--repeat 3]
-                               [--threads 2]
+    python -m experiments bf16 [--only dense resnet50] [--dense 4096,9216] [--baseline-tree DIR] [--rounds 5]
+                               [--repeat 3] [--threads 2]
 
 A CPU without AVX512_BF16 runs bf16 products through the widening path (each bfloat16 pair widened to float32 by a
 shift and a mask, two FMAs: `relay_tune.codegen.llvm_dot.widened_dot2_bf16`); this measures what that gives, not
 what vdpbf16ps would:
 
-1. `dense`: AlexNet's fc6 at batch 1 (`nn.dense(x[1, 9216], W[4096, 9216])`, memory-bound: the bf16 weight is half
-   the fp32 weight's 151 MB, both far larger than the last-level cache), built as a model at fp32 (the dense
-   family's matrix-vector schedule) and at bf16 (`nn.contrib_conv2d_NCHWc_bf16` over the row as a 1x1 map), with
-   numpy's sgemv (OpenBLAS, `--threads` threads) beside them; GB/s counts each build's own weight bytes;
+1. `dense`: AlexNet's fc6 at batch 1 (`nn.dense(x[1, 9216], W[4096, 9216])`; `--dense N,K`: another shape),
+   memory-bound: the bf16 weight is half the fp32 weight's 151 MB, both far larger than the last-level cache;
+   built as a model at fp32 (the dense family's matrix-vector schedule) and at bf16
+   (`nn.contrib_conv2d_NCHWc_bf16` over the row as a 1x1 map), with numpy's sgemv (OpenBLAS, `--threads`
+   threads) beside them; GB/s counts each build's own weight bytes;
 2. `resnet50`: ResNet-50 with random weights (`relay_tune.testing.onnx_light`) at fp32 and bf16 (every blocked
    convolution and the classifier in bf16, the 3-channel stem in fp32), with `--baseline-tree DIR` also the fp32
    build of that checkout (built in a subprocess with it first on PYTHONPATH).
@@ -53,7 +54,7 @@ def dense_comparison(args: argparse.Namespace) -> None:
     from relay_tune import build
     from relay_tune.text import parse_module
 
-    n, k = 4096, 9216
+    n, k = args.dense
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
     x = rng.standard_normal((1, k)).astype(np.float32)
@@ -95,8 +96,20 @@ def resnet_comparison(args: argparse.Namespace) -> None:
     _report(samples, "relay-tune fp32")
 
 
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        n, k = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N,K (two integers), got {text!r}") from None
+    if n < 1 or k < 2 or k % 2:
+        raise argparse.ArgumentTypeError(f"N must be positive and K even and positive, got {text!r}")
+    return n, k
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default all)")
+    parser.add_argument("--dense", type=_shape, default=(4096, 9216), metavar="N,K",
+                        help="the dense product's weight shape (default 4096,9216: AlexNet's fc6)")
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also time the fp32 ResNet-50 build of another checkout (e.g. /work/main)")
     parser.add_argument("--rounds", type=int, default=5)
