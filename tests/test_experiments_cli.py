@@ -144,6 +144,19 @@ def test_matvec_times_a_layer_against_the_triad(capsys: pytest.CaptureFixture[st
     assert float(rows["triad"][5]) == 1.0 and all(float(row[4]) > 0 for row in rows.values())  # GB/s, ratio
 
 
+def test_bf16_times_a_dense_at_both_precisions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bf16", "--only", "dense", "--dense", "64,96", "--rounds", "1", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    error = float(out.split("bf16 relative error against fp32 ")[1].split()[0])
+    assert 2.0**-16 < error < 2.0**-6  # bfloat16's rounding, not fp32's nor a wrong result
+    assert "contrib_conv2d_NCHWc_bf16" in out
+    rows = [line for line in out.splitlines() if "ratio to relay-tune fp32" in line]
+    ratios = {row.split(" ms")[0].rsplit(" ", 1)[0].strip(): float(row.split("ratio to relay-tune fp32 ")[1].split()[0])
+              for row in rows}
+    assert set(ratios) == {"relay-tune fp32", "relay-tune bf16 (widened)", "numpy sgemv"}
+    assert ratios["relay-tune fp32"] == 1.0 and all(r > 0 for r in ratios.values())
+
+
 def test_elementwise_times_a_densenet_scale_shift_before_and_after(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["elementwise", "--model", "light_densenet121", "--only", "relu 1x28x56x56x8", "--top", "1",
                  "--rounds", "1", "--min-ms", "1"]) == 0
