@@ -205,3 +205,26 @@ def test_cli_bf16_without_the_feature_is_one_clear_message(tmp_path: Path) -> No
     assert len(lines) == 1 and lines[0].startswith("relay-tune: ") and "avx512bf16" in lines[0], result.stderr
     assert "bf16-emulated" in lines[0] and "Traceback" not in result.stdout + result.stderr
     assert not (tmp_path / "m.rtmod").exists()
+
+
+@pytest.mark.skipif(not X86, reason="x86 instructions")
+@pytest.mark.parametrize(("target", "present", "absent"), [
+    ("llvm -mcpu=sapphirerapids -num-cores=2", ("vdpbf16ps",), ()),
+    ("llvm -mcpu=haswell -num-cores=2", ("vfmadd",), ("vdpbf16ps",)),
+])
+def test_bf16_product_kernels_instructions(target: str, present: tuple[str, ...], absent: tuple[str, ...]) -> None:
+    """The whole template's kernels (pair broadcast, weight rows, fused epilogue) as the build lowers them: vdpbf16ps
+    where the target has it (assembly only: this host may not run it), widened FMAs elsewhere."""
+    from relay_tune.compile import bind_params
+
+    resolved = resolve_target(target)
+    precision = "bf16" if DotFeatures.for_target(resolved).bf16 else "bf16-emulated"
+    tasks = [t for t in tasks_from_module(bind_params(parse_module(MODEL), _model_params()), resolved,
+                                          precision=precision) if t.family == "conv2d_nchwc_bf16"]
+    assert len(tasks) == 3
+    for task in tasks:
+        asm = emit_assembly([task.lower(task.default_config())], resolved)
+        for instruction in present:
+            assert instruction in asm, (task.description, instruction)
+        for instruction in absent:
+            assert instruction not in asm, (task.description, instruction)
