@@ -347,6 +347,7 @@ class DotFeatures:
     register_bytes: int = 16
     vnni: bool = False  # vpdpbusd at `register_bytes` (AVX512-VNNI with the width's AVX-512 parts, or AVX-VNNI)
     pmaddubsw: bool = False  # vpmaddubsw / vpmaddwd at `register_bytes` (SSSE3, AVX2, AVX512BW)
+    vex: bool = False  # three-operand vector integer forms (vpaddd) at `register_bytes` (AVX, AVX2, AVX-512)
 
     @staticmethod
     def for_target(target: Target) -> DotFeatures:
@@ -354,7 +355,8 @@ class DotFeatures:
         has = target.has_feature
         vector_bits = target.vector_bits
         if vector_bits >= 512 and has("avx512bw"):
-            return DotFeatures(64, has("avx512vnni"), True)
+            return DotFeatures(64, has("avx512vnni"), True, True)
         if vector_bits >= 256 and has("avx2"):
-            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True)
-        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"))
+            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True, True)
+        return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"),
+                           has("avx"))
