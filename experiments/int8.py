@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import re
 import statistics
@@ -210,6 +211,15 @@ def @main(%x: Tensor[(1, {k}), {dtypes[0]}]) -> Tensor[(1, {n}), {dtypes[1]}] {{
     return parse_module(text, constants=[weight]), {"x": x}
 
 
+_BASELINE_KERNEL = """
+import json, sys, relay_tune
+import experiments.int8 as int8
+spec = json.loads(sys.argv[1])
+mod, _ = getattr(int8, spec["maker"])(*spec["args"], **spec["kwargs"])
+relay_tune.build(mod, "llvm").save(sys.argv[2])
+"""
+"""Builds one product module of `kernel_comparison` with another checkout's code (`models.built_by_tree`)."""
+
 _LAYOUT_OPS = ("layout_transform", "pad", "strided_slice", "reshape")
 
 
@@ -240,20 +250,27 @@ def kernel_comparison(args: argparse.Namespace) -> None:
     int8_peak, fp32_peak = peaks[int8_name].gops * cores, peaks["fma"].gops * cores
     print(f"  int8 / fp32 peak: {int8_peak / fp32_peak:.2f}x ({int8_name} against fma); "
           f"{cores}-thread peaks {int8_peak:.0f} GOPS int8, {fp32_peak:.0f} GFLOPS fp32")
-    shapes: list[tuple[str, Any, int]] = []
+    # (label, builder of the module, its positional arguments, operations)
+    shapes: list[tuple[str, str, tuple[int, ...], int]] = []
     for label, cin, cout, k, stride, size in CONV_SHAPES:
         out = (size + 2 * (k // 2) - k) // stride + 1
-        shapes.append((label, functools.partial(_conv_module, cin, cout, k, stride, size),
-                       2 * cin * cout * k * k * out * out))
-    shapes.append(("dense 2048->1000", functools.partial(_dense_module, 2048, 1000), 2 * 2048 * 1000))
-    for label, make, ops in shapes:
+        shapes.append((label, "_conv_module", (cin, cout, k, stride, size), 2 * cin * cout * k * k * out * out))
+    shapes.append(("dense 2048->1000", "_dense_module", (2048, 1000), 2 * 2048 * 1000))
+    builders = {"_conv_module": _conv_module, "_dense_module": _dense_module}
+    for label, maker, shape_args, ops in shapes:
         engines: dict[str, tuple[Any, dict[str, Any]]] = {}
         for kind in ("fp32", "int8", "int8 full"):
-            if kind == "int8 full" and "dense" in label:
+            if kind == "int8 full" and maker == "_dense_module":
                 continue
-            mod, inputs = make(kind != "fp32", **({"weight_limit": 65} if kind == "int8" and "dense" not in label
-                                                   else {}))
+            int8 = kind != "fp32"
+            kwargs = {"weight_limit": 65} if kind == "int8" and maker == "_conv_module" else {}
+            mod, inputs = builders[maker](*shape_args, int8, **kwargs)
             engines[kind] = (build(mod, "llvm"), inputs)
+            if args.baseline_tree is not None and int8:  # the same kernel built by the unchanged code
+                from experiments.models import built_by_tree
+
+                spec = json.dumps({"maker": maker, "args": [*shape_args, int8], "kwargs": kwargs})
+                engines[f"{kind} baseline"] = (built_by_tree(args.baseline_tree, _BASELINE_KERNEL, [spec]), inputs)
         times: dict[str, list[float]] = {kind: [] for kind in engines}
         described: dict[str, str] = {}
         for _ in range(args.rounds):
@@ -264,7 +281,10 @@ def kernel_comparison(args: argparse.Namespace) -> None:
         rate = {kind: ops / seconds / 1e9 for kind, seconds in med.items()}
         peak = {kind: fp32_peak if kind == "fp32" else int8_peak for kind in med}
         parts = [f"{kind} {rate[kind]:6.1f} GOPS ({100 * rate[kind] / peak[kind]:4.1f}%)" for kind in med]
-        print(f"{label:18} " + "  ".join(parts) + f"  fp32/int8 time {med['fp32'] / med['int8']:.2f}x")
+        parts.append(f"fp32/int8 time {med['fp32'] / med['int8']:.2f}x")
+        parts += [f"{kind}/ours time {med[kind] / med[kind.removesuffix(' baseline')]:.2f}x"
+                  for kind in med if kind.endswith(" baseline")]
+        print(f"{label:18} " + "  ".join(parts))
         if args.verbose:
             for kind, text in described.items():
                 print(f"    {kind}: {text}")
