@@ -1,7 +1,7 @@
 """An int8 (QDQ) ResNet-50 against our fp32 build and onnxruntime, and the int8 convolution kernels against the peak.
 
     python -m experiments int8 [--per-channel] [--weights full reduced] [--baseline-tree DIR] [--rounds 5]
-                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose]
+                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose] [--profile]
 
 1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), quantized by onnxruntime's `quantize_static`
    (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images) with full-range weights
@@ -134,6 +134,8 @@ def model_comparison(args: argparse.Namespace) -> None:
                   f"{np.abs(theirs - exact).max():.3g}")
             shares.append(f"{weights}: {_integer_share(int8)} "
                           f"(float-products build: {_integer_share(float_products)})")
+            if args.profile:
+                print_profile(f"int8 {weights}-range default build", int8, feeds, args.repeat)
             engines[f"relay-tune int8 {weights}"] = functools.partial(int8.run, **feeds)
             engines[f"relay-tune int8 {weights} float"] = functools.partial(float_products.run, **feeds)
             engines[f"onnxruntime int8 {weights}"] = functools.partial(ort_int8.run, None, feeds)
@@ -141,6 +143,8 @@ def model_comparison(args: argparse.Namespace) -> None:
                 from experiments.models import baseline_build
 
                 before = baseline_build(args.baseline_tree, quantized, args.threads)
+                if args.profile:
+                    print_profile(f"int8 {weights}-range baseline tree's build", before, feeds, args.repeat)
                 engines[f"relay-tune int8 {weights} baseline"] = functools.partial(before.run, **feeds)
     samples = interleaved(engines, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
     width = max(len(engine) for engine in samples)
@@ -158,6 +162,24 @@ def model_comparison(args: argparse.Namespace) -> None:
         parts.append(f"onnxruntime int8 speed-up over its fp32 "
                      f"{med['onnxruntime fp32'] / med[f'onnxruntime int8 {weights}']:.2f}x")
         print(f"{weights}-range weights: " + "; ".join(parts))
+
+
+def print_profile(title: str, model: Any, inputs: dict[str, Any], repeat: int, top: int = 10) -> None:
+    """Where a model's time goes: in-graph kernel time (`CompiledModel.profile`, median of `3 * repeat` runs) summed
+    by the first operator of each fused function, and its `top` slowest tasks."""
+    rows = model.profile(repeat=3 * repeat, inputs=inputs)
+    total = sum(r.seconds for r in rows)
+    kinds: dict[str, list[float]] = {}
+    for row in rows:
+        kind = kinds.setdefault(row.description.split("+")[0].split(" ")[0], [0.0, 0])
+        kind[0] += row.seconds
+        kind[1] += row.calls
+    ranked = sorted(kinds.items(), key=lambda item: -item[1][0])
+    print(f"{title}: {1e3 * total:.2f} ms of kernels; by first operator: "
+          + "; ".join(f"{kind} {100 * s / total:.1f}% ({int(n)} calls)" for kind, (s, n) in ranked))
+    for row in rows[:top]:
+        print(f"    {100 * row.seconds / total:5.1f}%  {1e3 * row.seconds:7.3f} ms  {row.calls:2d} calls  "
+              f"{row.description[:100]}")
 
 
 def _integer_share(model: Any) -> str:
@@ -303,6 +325,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-model", action="store_true", help="only the kernels")
     parser.add_argument("--skip-kernels", action="store_true", help="only the model")
     parser.add_argument("--verbose", action="store_true", help="name the kernels timed")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the default int8 builds' time goes (in-graph kernel times by operator)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""QuantizedPooling: max pooling of dequantized uint8/int8 data runs on the 8-bit tensor.
+"""QuantizedPooling (opt_level 4): max pooling of dequantized uint8/int8 data runs on the 8-bit tensor.
 
 - the rewritten module pools the 8-bit tensor (and dequantizes after) for plain, strided, padded and global max
   pools, and leaves pools it cannot prove exact (ceil_mode, padding as wide as the window, dilation) in float;
@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_pass_checks import rewritten
 
 import relay_tune
 from relay_tune.interpreter import Interpreter
 from relay_tune.ir import Call, IRModule, post_order
-from relay_tune.passes import QuantizedPooling
+from relay_tune.passes import PassConfig, QuantizedPooling, Sequential
 from relay_tune.text import parse_module
 from relay_tune.type_infer import infer_types
 
@@ -57,6 +56,11 @@ def @main(%x: Tensor[{shape}, {dtype}]) {{
 }}''')
 
 
+def rewritten(mod: IRModule, opt_level: int = 4) -> IRModule:
+    """`mod` after QuantizedPooling alone (it runs from opt_level 4 on)."""
+    return Sequential((QuantizedPooling(),)).run(infer_types(mod), PassConfig(opt_level=opt_level))
+
+
 def pooled_dtypes(mod: IRModule) -> list[str]:
     """The input dtype of every max pool of `mod`'s main function."""
     return [str(node.args[0].checked_type.dtype) for node in post_order(infer_types(mod)["main"])  # type: ignore[attr-defined]
@@ -75,13 +79,14 @@ def _data(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
 def test_max_pool_reads_the_quantized_tensor(pool: str, dtype: str, zero: int) -> None:
     mod = qdq_pool(pool, dtype, zero, 0.0371, quantize_after=True)
     assert pooled_dtypes(mod) == ["float32"]
-    assert pooled_dtypes(rewritten(mod, QuantizedPooling())) == [dtype]
+    assert pooled_dtypes(rewritten(mod)) == [dtype]
+    assert pooled_dtypes(rewritten(mod, opt_level=3)) == ["float32"]  # not in the default builds
 
 
 @pytest.mark.parametrize("pool", NOT_TAKEN)
 def test_pools_not_proven_exact_stay_float(pool: str) -> None:
     mod = qdq_pool(pool, "uint8", 9, 0.05, quantize_after=False)
-    assert pooled_dtypes(rewritten(mod, QuantizedPooling())) == ["float32"]
+    assert pooled_dtypes(rewritten(mod)) == ["float32"]
 
 
 @pytest.mark.parametrize("pool", POOLS + NOT_TAKEN[:1])
@@ -93,7 +98,7 @@ def test_compiled_equals_the_float_graph(pool: str, dtype: str, zero: int, quant
     mod = qdq_pool(pool, dtype, zero, 0.0371, quantize_after, shape)
     x = _data(dtype, shape)
     want = np.asarray(Interpreter(mod).run({"x": x}))
-    got = np.asarray(relay_tune.build(mod, "llvm", build_cache=False).run(x=x))
+    got = np.asarray(relay_tune.build(mod, "llvm", opt_level=4, build_cache=False).run(x=x))
     assert got.dtype == want.dtype
     if quantize_after:  # exact: the maximum commutes with the monotonic dequantize
         np.testing.assert_array_equal(got, want)
@@ -133,12 +138,12 @@ def test_qdq_onnx_model_pools_uint8(tmp_path: Path) -> None:
     quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
     mod = from_onnx(onnx.load(str(dst)))[0]
-    assert pooled_dtypes(rewritten(mod, QuantizedPooling())) == ["uint8"]
+    assert pooled_dtypes(rewritten(mod)) == ["uint8"]
     x = rng.standard_normal((1, 3, 15, 13)).astype(np.float32)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     want = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = np.asarray(relay_tune.build(mod, "llvm", build_cache=False).run(x=x))
+    got = np.asarray(relay_tune.build(mod, "llvm", opt_level=4, build_cache=False).run(x=x))
     scale = float(onnx.numpy_helper.to_array(next(i for i in onnx.load(str(dst)).graph.initializer
                                                   if i.name.startswith("y") and i.name.endswith("scale"))))
     assert np.abs(got - want).max() <= scale * 1.01  # one step of the output's quantization

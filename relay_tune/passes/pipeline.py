@@ -75,10 +75,11 @@ def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
     FoldConstant, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant by then),
     QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant,
-    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: see
-    `relay_tune.passes.quantized_products` for which products it takes at 3 and 4; PlanLayouts only when
-    `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
-    after PlanLayouts packs constant weights into their blocked layouts once, at build time."""
+    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedPooling
+    from 4 on; QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it takes at 3 and 4;
+    PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not
+    "off"). The FoldConstant after PlanLayouts packs constant weights into their blocked layouts once, at build
+    time."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
