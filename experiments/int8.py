@@ -22,7 +22,11 @@
    [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the target's exact
    path: int16 pairs and vpmaddwd on x86 without VNNI, vpdpbusd with it) and
    prints each product kernel's GOPS (its in-graph time from the profiler, the models alternating round by round)
-   against the measured peak.
+   against the measured peak; with `--baseline-tree DIR` also the int8 kernels built by that checkout, and their
+   time against ours.
+
+`--profile` prints, per weight range, where the default int8 build's kernel time goes (and the baseline tree's
+build's): in-graph time summed by each fused function's first operator, and the slowest tasks.
 """
 
 from __future__ import annotations
