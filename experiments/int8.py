@@ -1,7 +1,7 @@
 """An int8 (QDQ) ResNet-50 against our fp32 build and onnxruntime, and the int8 convolution kernels against the peak.
 
     python -m experiments int8 [--per-channel] [--weights full reduced] [--baseline-tree DIR] [--rounds 5]
-                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose]
+                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose] [--profile]
 
 1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), quantized by onnxruntime's `quantize_static`
    (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images) with full-range weights
@@ -22,13 +22,18 @@
    [-64, 64] whose pairs never saturate vpmaddubsw, `int8 full` with weights in [-127, 127], the target's exact
    path: int16 pairs and vpmaddwd on x86 without VNNI, vpdpbusd with it) and
    prints each product kernel's GOPS (its in-graph time from the profiler, the models alternating round by round)
-   against the measured peak.
+   against the measured peak; with `--baseline-tree DIR` also the int8 kernels built by that checkout, and their
+   time against ours.
+
+`--profile` prints, per weight range, where the default int8 build's kernel time goes (and the baseline tree's
+build's): in-graph time summed by each fused function's first operator, and the slowest tasks.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import re
 import statistics
@@ -133,6 +138,8 @@ def model_comparison(args: argparse.Namespace) -> None:
                   f"{np.abs(theirs - exact).max():.3g}")
             shares.append(f"{weights}: {_integer_share(int8)} "
                           f"(float-products build: {_integer_share(float_products)})")
+            if args.profile:
+                print_profile(f"int8 {weights}-range default build", int8, feeds, args.repeat)
             engines[f"relay-tune int8 {weights}"] = functools.partial(int8.run, **feeds)
             engines[f"relay-tune int8 {weights} float"] = functools.partial(float_products.run, **feeds)
             engines[f"onnxruntime int8 {weights}"] = functools.partial(ort_int8.run, None, feeds)
@@ -140,6 +147,8 @@ def model_comparison(args: argparse.Namespace) -> None:
                 from experiments.models import baseline_build
 
                 before = baseline_build(args.baseline_tree, quantized, args.threads)
+                if args.profile:
+                    print_profile(f"int8 {weights}-range baseline tree's build", before, feeds, args.repeat)
                 engines[f"relay-tune int8 {weights} baseline"] = functools.partial(before.run, **feeds)
     samples = interleaved(engines, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
     width = max(len(engine) for engine in samples)
@@ -157,6 +166,24 @@ def model_comparison(args: argparse.Namespace) -> None:
         parts.append(f"onnxruntime int8 speed-up over its fp32 "
                      f"{med['onnxruntime fp32'] / med[f'onnxruntime int8 {weights}']:.2f}x")
         print(f"{weights}-range weights: " + "; ".join(parts))
+
+
+def print_profile(title: str, model: Any, inputs: dict[str, Any], repeat: int, top: int = 10) -> None:
+    """Where a model's time goes: in-graph kernel time (`CompiledModel.profile`, median of `3 * repeat` runs) summed
+    by the first operator of each fused function, and its `top` slowest tasks."""
+    rows = model.profile(repeat=3 * repeat, inputs=inputs)
+    total = sum(r.seconds for r in rows)
+    kinds: dict[str, list[float]] = {}
+    for row in rows:
+        kind = kinds.setdefault(row.description.split("+")[0].split(" ")[0], [0.0, 0])
+        kind[0] += row.seconds
+        kind[1] += row.calls
+    ranked = sorted(kinds.items(), key=lambda item: -item[1][0])
+    print(f"{title}: {1e3 * total:.2f} ms of kernels; by first operator: "
+          + "; ".join(f"{kind} {100 * s / total:.1f}% ({int(n)} calls)" for kind, (s, n) in ranked))
+    for row in rows[:top]:
+        print(f"    {100 * row.seconds / total:5.1f}%  {1e3 * row.seconds:7.3f} ms  {row.calls:2d} calls  "
+              f"{row.description[:100]}")
 
 
 def _integer_share(model: Any) -> str:
@@ -210,6 +237,15 @@ def @main(%x: Tensor[(1, {k}), {dtypes[0]}]) -> Tensor[(1, {n}), {dtypes[1]}] {{
     return parse_module(text, constants=[weight]), {"x": x}
 
 
+_BASELINE_KERNEL = """
+import json, sys, relay_tune
+import experiments.int8 as int8
+spec = json.loads(sys.argv[1])
+mod, _ = getattr(int8, spec["maker"])(*spec["args"], **spec["kwargs"])
+relay_tune.build(mod, "llvm").save(sys.argv[2])
+"""
+"""Builds one product module of `kernel_comparison` with another checkout's code (`models.built_by_tree`)."""
+
 _LAYOUT_OPS = ("layout_transform", "pad", "strided_slice", "reshape")
 
 
@@ -240,20 +276,27 @@ def kernel_comparison(args: argparse.Namespace) -> None:
     int8_peak, fp32_peak = peaks[int8_name].gops * cores, peaks["fma"].gops * cores
     print(f"  int8 / fp32 peak: {int8_peak / fp32_peak:.2f}x ({int8_name} against fma); "
           f"{cores}-thread peaks {int8_peak:.0f} GOPS int8, {fp32_peak:.0f} GFLOPS fp32")
-    shapes: list[tuple[str, Any, int]] = []
+    # (label, builder of the module, its positional arguments, operations)
+    shapes: list[tuple[str, str, tuple[int, ...], int]] = []
     for label, cin, cout, k, stride, size in CONV_SHAPES:
         out = (size + 2 * (k // 2) - k) // stride + 1
-        shapes.append((label, functools.partial(_conv_module, cin, cout, k, stride, size),
-                       2 * cin * cout * k * k * out * out))
-    shapes.append(("dense 2048->1000", functools.partial(_dense_module, 2048, 1000), 2 * 2048 * 1000))
-    for label, make, ops in shapes:
+        shapes.append((label, "_conv_module", (cin, cout, k, stride, size), 2 * cin * cout * k * k * out * out))
+    shapes.append(("dense 2048->1000", "_dense_module", (2048, 1000), 2 * 2048 * 1000))
+    builders = {"_conv_module": _conv_module, "_dense_module": _dense_module}
+    for label, maker, shape_args, ops in shapes:
         engines: dict[str, tuple[Any, dict[str, Any]]] = {}
         for kind in ("fp32", "int8", "int8 full"):
-            if kind == "int8 full" and "dense" in label:
+            if kind == "int8 full" and maker == "_dense_module":
                 continue
-            mod, inputs = make(kind != "fp32", **({"weight_limit": 65} if kind == "int8" and "dense" not in label
-                                                   else {}))
+            int8 = kind != "fp32"
+            kwargs = {"weight_limit": 65} if kind == "int8" and maker == "_conv_module" else {}
+            mod, inputs = builders[maker](*shape_args, int8, **kwargs)
             engines[kind] = (build(mod, "llvm"), inputs)
+            if args.baseline_tree is not None and int8:  # the same kernel built by the unchanged code
+                from experiments.models import built_by_tree
+
+                spec = json.dumps({"maker": maker, "args": [*shape_args, int8], "kwargs": kwargs})
+                engines[f"{kind} baseline"] = (built_by_tree(args.baseline_tree, _BASELINE_KERNEL, [spec]), inputs)
         times: dict[str, list[float]] = {kind: [] for kind in engines}
         described: dict[str, str] = {}
         for _ in range(args.rounds):
@@ -264,7 +307,10 @@ def kernel_comparison(args: argparse.Namespace) -> None:
         rate = {kind: ops / seconds / 1e9 for kind, seconds in med.items()}
         peak = {kind: fp32_peak if kind == "fp32" else int8_peak for kind in med}
         parts = [f"{kind} {rate[kind]:6.1f} GOPS ({100 * rate[kind] / peak[kind]:4.1f}%)" for kind in med]
-        print(f"{label:18} " + "  ".join(parts) + f"  fp32/int8 time {med['fp32'] / med['int8']:.2f}x")
+        parts.append(f"fp32/int8 time {med['fp32'] / med['int8']:.2f}x")
+        parts += [f"{kind}/ours time {med[kind] / med[kind.removesuffix(' baseline')]:.2f}x"
+                  for kind in med if kind.endswith(" baseline")]
+        print(f"{label:18} " + "  ".join(parts))
         if args.verbose:
             for kind, text in described.items():
                 print(f"    {kind}: {text}")
@@ -283,6 +329,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-model", action="store_true", help="only the kernels")
     parser.add_argument("--skip-kernels", action="store_true", help="only the model")
     parser.add_argument("--verbose", action="store_true", help="name the kernels timed")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the default int8 builds' time goes (in-graph kernel times by operator)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -350,6 +350,7 @@ class DotFeatures:
     vnni: bool = False  # vpdpbusd at `register_bytes` (AVX512-VNNI with the width's AVX-512 parts, or AVX-VNNI)
     pmaddubsw: bool = False  # vpmaddubsw / vpmaddwd at `register_bytes` (SSSE3, AVX2, AVX512BW)
     bf16: bool = False  # vdpbf16ps at `register_bytes` (AVX512_BF16; with AVX512VL below 512 bits)
+    vex: bool = False  # three-operand vector integer forms (vpaddd) at `register_bytes` (AVX, AVX2, AVX-512)
 
     @staticmethod
     def for_target(target: Target) -> DotFeatures:
@@ -359,8 +360,8 @@ class DotFeatures:
         # AVX512_BF16 needs AVX512F (turning it off turns off everything AVX-512), and AVX512VL below 512 bits
         bf16 = has("avx512bf16") and has("avx512f") and (vector_bits >= 512 or has("avx512vl"))
         if vector_bits >= 512 and has("avx512bw"):
-            return DotFeatures(64, has("avx512vnni"), True, bf16)
+            return DotFeatures(64, has("avx512vnni"), True, bf16=bf16, vex=True)
         if vector_bits >= 256 and has("avx2"):
-            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True, bf16)
+            return DotFeatures(32, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), True, bf16=bf16, vex=True)
         return DotFeatures(16, has("avxvnni") or (has("avx512vnni") and has("avx512vl")), has("ssse3") or has("avx"),
-                           bf16)
+                           bf16=bf16, vex=has("avx"))

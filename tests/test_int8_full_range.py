@@ -1,7 +1,8 @@
 """Full-range int8 weights (pairs with |w0| + |w1| > 128, which saturate vpmaddubsw) on the integers.
 
 - the two-term uint8 x int16 dot product (`tir.DOT2_INTRINSIC`) is exact on every lane count and operand layout,
-  including the extremes, and lowers to vpmaddwd (no vpmaddubsw) on x86;
+  including the extremes, and lowers to vpmaddwd (no vpmaddubsw) on x86, its accumulator added by an inline-assembly
+  vpaddd where the target has VEX forms (so LLVM cannot regroup the accumulation);
 - `full_range_int8_mode` derives the path from the target: int16 pairs on x86 without VNNI, four-byte products
   (vpdpbusd) with VNNI, float elsewhere;
 - the packed int8 convolution with an int16 weight (what PlanLayouts makes of a full-range weight on such a target)
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ import pytest
 from onnx import numpy_helper
 
 from relay_tune import build
-from relay_tune.codegen.llvm import build_llvm, emit_assembly
+from relay_tune.codegen.llvm import build_llvm, emit_assembly, emit_llvm_ir
 from relay_tune.compile import resolve_target
 from relay_tune.compile.primitive import build_primitive
 from relay_tune.frontend import from_onnx
@@ -64,7 +66,10 @@ def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str
     return tir.PrimFunc("dot2", (x, w, o), tir.For(r, rows, tir.For(lane, lanes, body, tir.ForKind.VECTORIZED)))
 
 
-@pytest.mark.parametrize("target", ["llvm", *(["llvm -mcpu=x86-64"] if X86 else [])])
+# x86-64: no vpmaddwd path (generic IR); core2: vpmaddwd with plain adds (no VEX); sandybridge: 128-bit VEX, the
+# accumulator added by inline-assembly vpaddd on xmm; the host (AVX2 or AVX-512): ymm or zmm
+@pytest.mark.parametrize("target", ["llvm", *(["llvm -mcpu=x86-64", "llvm -mcpu=core2", "llvm -mcpu=sandybridge"]
+                                              if X86 else [])])
 @pytest.mark.parametrize("lanes", [1, 3, 8, 13, 16, 32])
 @pytest.mark.parametrize("weight_rows", [True, False])
 @pytest.mark.parametrize("data", ["uint8", "int16"])
@@ -93,6 +98,20 @@ def test_dot2_intrinsic_is_vpmaddwd(target: str, register: str) -> None:
     assert "vpmaddwd" in asm
     assert register in asm
     assert "vpmaddubsw" not in asm
+
+
+@pytest.mark.skipif(not X86, reason="x86 instructions")
+@pytest.mark.parametrize(("target", "register", "opaque"), [
+    ("llvm -mcpu=core2", "xmm", False), ("llvm -mcpu=sandybridge", "xmm", True), ("llvm -mcpu=haswell", "ymm", True),
+    ("llvm -mcpu=skylake-avx512", "zmm", True)])
+def test_dot2_accumulator_add_is_opaque_where_vex(target: str, register: str, opaque: bool) -> None:
+    # the accumulator adds are inline assembly on VEX targets, so the machine combiner cannot regroup them
+    lanes = {"xmm": 4, "ymm": 8, "zmm": 16}[register]
+    func = _dot2_kernel(2, 8, lanes, True)
+    ir_text = emit_llvm_ir([func], resolve_target(target))
+    assert ("asm" in ir_text and "vpaddd $2, $1, $0" in ir_text) == opaque
+    asm = emit_assembly([func], resolve_target(target))
+    assert re.search(rf"vpaddd\s+%{register}", asm) if opaque else "vpaddd" not in asm and "paddd" in asm
 
 
 @pytest.mark.parametrize(("target", "mode"), [

@@ -1042,9 +1042,9 @@ class LLVMCodegenBase:
 
     def lower_binary(self, node: tir.BinaryOp) -> ir.Value:
         op = node.op
-        if op == "add" and self.dot4_fuses_accumulator and node.dtype == "int32":
+        if op == "add" and node.dtype == "int32":
             for dot, other in ((node.b, node.a), (node.a, node.b)):
-                if isinstance(dot, tir.Call) and dot.name in tir.DOT4_INTRINSICS:
+                if isinstance(dot, tir.Call) and self.dot_fuses_accumulator(dot.name):
                     # the dot product already emitted without the accumulator is left for LLVM to delete
                     return self.lower_dot(dot, self.cast(self.value_of(other), other.dtype, "int32"))
         if op == "add" and node.dtype == "float32":
@@ -1378,9 +1378,10 @@ class LLVMCodegenBase:
 
     # -- integer dot products -----------------------------------------------------------------------
 
-    dot4_fuses_accumulator = False
-    """Whether `dot4_product` adds an accumulator in the same instruction (vpdpbusd): `acc + dot4(...)` then passes
-    `acc` in instead of adding after."""
+    def dot_fuses_accumulator(self, name: str) -> bool:
+        """Whether the product of dot intrinsic `name` adds an accumulator itself: `acc + dot(...)` then passes `acc`
+        in instead of adding after (vpdpbusd adds in the same instruction; see the CPU back end for the others)."""
+        return False
 
     def lower_dot(self, node: tir.Call, acc: ir.Value | None = None) -> ir.Value:
         """`acc + dot(a, b)` (see `tir.DOT_INTRINSICS`) over the current vector's lanes (1 outside one)."""

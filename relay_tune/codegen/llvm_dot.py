@@ -10,7 +10,8 @@ Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result 
 - generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact.
 
 The two-term uint8 x int16 product (`tir.DOT2_INTRINSIC`, full-range int8 weights stored as int16 pairs) is one
-`vpmaddwd` per register of lanes on x86 (exact: two int16 products summed into int32), generic IR elsewhere.
+`vpmaddwd` per register of lanes on x86 (exact: two int16 products summed into int32), added to its accumulator by
+an inline-assembly vpaddd where the target has the VEX forms (`opaque_add`), generic IR elsewhere.
 
 The two-term bfloat16 product into float32 (`tir.DOT2_BF16_INTRINSIC`, bf16 builds) is one vdpbf16ps per register
 of lanes with AVX512_BF16, and elsewhere the pairs widened to float32 by a 16-bit shift and two fused multiply-adds.
@@ -145,9 +146,25 @@ def x86_dot2(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
         ca, cb = _pick(builder, a16, span), _pick(builder, b, span)
         sums = builder.call(declare(PMADDWD_INTRINSICS[width], _vector(I32, per), [ca.type, cb.type]), [ca, cb])
         if acc is not None:
-            sums = builder.add(_pick(builder, acc, list(range(chunk * per, (chunk + 1) * per))), sums)
+            chunk_acc = _pick(builder, acc, list(range(chunk * per, (chunk + 1) * per)))
+            sums = opaque_add(builder, chunk_acc, sums) if features.vex else builder.add(chunk_acc, sums)
         pieces.append(sums)
     return _joined(builder, pieces, lanes)
+
+
+def opaque_add(builder: ir.IRBuilder, acc: ir.Value, value: ir.Value) -> ir.Value:
+    """`acc + value` (`<n x i32>` filling one register) as one vpaddd that LLVM cannot reassociate.
+
+    An unrolled reduction adds each product to its accumulator in turn; LLVM's x86 machine combiner regroups such
+    chains of integer adds (`((acc + p1) + p2)` into `acc + (p1 + p2)`) to shorten the dependency path, which keeps
+    the products live longer and makes a register tile of int16 products spill (its option is process-wide, so it
+    is not switched off). Inside an inline-assembly add there is nothing to regroup; the accumulator chain stays
+    the one the schedule wrote."""
+    typ = acc.type
+    constraint = "v" if typ.count * 4 == 64 else "x"  # zmm registers take the AVX-512 class
+    asm_type = ir.FunctionType(typ, [typ, typ])
+    return builder.asm(asm_type, "vpaddd $2, $1, $0", f"={constraint},{constraint},{constraint}", [acc, value],
+                       False)
 
 
 def _joined(builder: ir.IRBuilder, pieces: list[ir.Value], lanes: int) -> ir.Value:

@@ -45,6 +45,7 @@ from relay_tune.passes.pipeline import (
     winograd_mode,
 )
 from relay_tune.passes.plan_layouts import PlanLayouts
+from relay_tune.passes.quantized_pooling import QuantizedPooling
 from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
@@ -69,6 +70,7 @@ __all__ = [
     "Pass",
     "PassConfig",
     "PlanLayouts",
+    "QuantizedPooling",
     "QuantizedProducts",
     "Sequential",
     "StridedRowConvAsPhases",

@@ -19,6 +19,7 @@ from relay_tune.passes.fold_scale_axis import FoldScaleAxis
 from relay_tune.passes.fold_scale_shift import FoldScaleShift
 from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
+from relay_tune.passes.quantized_pooling import QuantizedPooling
 from relay_tune.passes.quantized_products import QuantizedProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
@@ -102,12 +103,13 @@ def winograd_mode(winograd: str | None = None) -> str:
 def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
     FoldConstant, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant by then),
-    QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant, Bfloat16Products,
-    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level` (QuantizedProducts: see
-    `relay_tune.passes.quantized_products` for which products it takes at 3 and 4; PlanLayouts only when
-    `PassConfig.layout_block` is set, WinogradConv only when `PassConfig.winograd` is not "off"). The FoldConstant
-    after PlanLayouts packs constant weights into their blocked layouts once, at build time; Bfloat16Products acts
-    only when `PassConfig.precision` is "bf16" and repacks those weights as bfloat16 pairs."""
+    QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant,
+    Bfloat16Products, DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
+    (QuantizedPooling from 4 on; QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
+    takes at 3 and 4; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
+    `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into their blocked
+    layouts once, at build time; Bfloat16Products acts only when `PassConfig.precision` is "bf16" and repacks those
+    weights as bfloat16 pairs."""
     passes: tuple[Pass, ...] = (
         InferType(),
         SimplifyInference(),
@@ -117,6 +119,7 @@ def default_pipeline() -> Sequential:
         EliminateCommonSubexpr(),
         FoldConstant(),
         StridedRowConvAsPhases(),
+        QuantizedPooling(),
         QuantizedProducts(),
         FoldScaleAxis(),
         FoldScaleShift(),
