@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "elementwise": ("elementwise", "a network's element-wise kernels alone, before and after, against a STREAM triad"),
     "matvec": ("matvec", "dense layers at batch 1 (matrix-vector) in GB/s against a STREAM triad of the same run"),
     "quickstart": ("quickstart", "the cold Quickstart: the printed ratio against `relay-tune run`"),
+    "fresh-processes": ("fresh_processes", "one saved build in many fresh processes: the spread of their medians"),
     "gpu-check": ("gpu_check", "the CUDA back end against the interpreter, cuDNN and cuBLAS (NVIDIA GPU)"),
 }
 

@@ -376,11 +376,15 @@ ThreadTeam = PythonThreadTeam | NativeThreadTeam
 
 
 def resolve_threading_runtime(runtime: str) -> str:
-    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else libgomp, else the native team
-    where this host can run it, else the Python team (with a warning). libgomp stays the default: on an idle host
-    the native team measured the same whole-model latency (light ResNet-50, DenseNet-121 and SqueezeNet 1.00,
-    1.04, 1.01x; `python -m experiments thread-team`), and one run of that experiment aborted at exit with a heap
-    error not yet explained; on a host with more runnable threads than cores it is much faster (see the README)."""
+    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else the native team where this
+    host can run it, else libgomp, else the Python team (with a warning).
+
+    The native team is the default because a region never waits for a thread that has not started its part: on a
+    host with more runnable threads than cores, libgomp's regions wait for a descheduled thread (a scheduler time
+    slice), and the same build then measures very differently from one process or minute to the next (Silero VAD
+    0.20-0.69 ms per step on libgomp against 0.12 ms on the native team; `python -m experiments trained --runtimes
+    openmp,native` and `python -m experiments fresh-processes`); on an idle host whole networks measured the same on
+    both (`python -m experiments thread-team`)."""
     global _fallback_warned
     if runtime not in THREADING_RUNTIMES:
         raise RelayTuneError(
@@ -393,10 +397,10 @@ def resolve_threading_runtime(runtime: str) -> str:
         if chosen not in THREADING_RUNTIMES or chosen == "auto":
             raise RelayTuneError(f"{THREADING_ENV}={chosen!r}: expected one of native, openmp, python")
         return chosen
-    if load_libgomp() is not None:
-        return "openmp"
     if native_team_supported():
         return "native"
+    if load_libgomp() is not None:
+        return "openmp"
     if not _fallback_warned:
         _fallback_warned = True
         warnings.warn("neither the native thread team nor libgomp is available: parallel loops run on a Python "
