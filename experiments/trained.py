@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import os
 import statistics
@@ -248,7 +249,7 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         engines["baseline"] = lambda: baseline.run(**inputs)
     for runtime in runtimes:
         loaded = on_runtime(compiled, runtime)
-        engines[f"relay-tune[{runtime}]"] = lambda m=loaded: m.run(**inputs)
+        engines[f"relay-tune[{runtime}]"] = functools.partial(loaded.run, **inputs)
     if openvino:
         try:
             ov_model = OpenVinoModel(path, model, threads)
