@@ -10,7 +10,7 @@ with): `default` as a user runs it, the others with one setting changed through 
 hypothesis about what differs between processes:
 
 - `native` / `openmp`: RELAY_TUNE_THREADING (the native thread team, libgomp);
-- `openmp_spin0`: libgomp with GOMP_SPINCOUNT=0 (its idle threads sleep at once);
+- `native_spin0` / `openmp_spin0`: GOMP_SPINCOUNT=0 (idle workers sleep at once; the native team reads it too);
 - `openmp_bind`: libgomp with OMP_PROC_BIND=true (its threads pinned, one per core);
 - `blas1`: OPENBLAS_NUM_THREADS=1 (numpy's BLAS has no pool threads that could spin);
 - `nogc`: Python's garbage collector disabled for the whole run.
@@ -43,6 +43,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "native": {"RELAY_TUNE_THREADING": "native"},
     "openmp": {"RELAY_TUNE_THREADING": "openmp"},
+    "native_spin0": {"RELAY_TUNE_THREADING": "native", "GOMP_SPINCOUNT": "0"},
     "openmp_spin0": {"RELAY_TUNE_THREADING": "openmp", "GOMP_SPINCOUNT": "0"},
     "openmp_bind": {"RELAY_TUNE_THREADING": "openmp", "OMP_PROC_BIND": "true"},
     "blas1": {"OPENBLAS_NUM_THREADS": "1"},
