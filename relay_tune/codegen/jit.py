@@ -381,10 +381,10 @@ def resolve_threading_runtime(runtime: str) -> str:
 
     The native team is the default because a region never waits for a thread that has not started its part: on a
     host with more runnable threads than cores, libgomp's regions wait for a descheduled thread (a scheduler time
-    slice), and the same build then measures very differently from one process or minute to the next (Silero VAD
-    0.20-0.69 ms per step on libgomp against 0.12 ms on the native team; `python -m experiments trained --runtimes
-    openmp,native` and `python -m experiments fresh-processes`); on an idle host whole networks measured the same on
-    both (`python -m experiments thread-team`)."""
+    slice), so the same build measures very differently from one process or minute to the next (Silero VAD
+    0.20-0.69 ms per step on libgomp in separate idle runs against 0.12 ms on the native team; 7.7 against
+    0.13 ms in the same rounds on a loaded host, `python -m experiments trained --runtimes openmp,native`); on an
+    idle host whole networks measured the same on both (`python -m experiments thread-team`)."""
     global _fallback_warned
     if runtime not in THREADING_RUNTIMES:
         raise RelayTuneError(

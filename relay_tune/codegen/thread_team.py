@@ -33,7 +33,8 @@ pointer-sized value `team_size << 32 | number`; no value means thread 0 of 1.
 
 Workers are Python threads that call the native worker loop through ctypes (which releases the GIL) and stay in it
 until the team stops. After `fork` the child starts its own workers (`os.register_at_fork`): the parent's do not
-exist there.
+exist there. At exit (atexit, before interpreter teardown) the team is closed: its workers are joined and it never
+starts again, so a thread still running regions then runs them on its own.
 """
 
 from __future__ import annotations
