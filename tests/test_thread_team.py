@@ -16,7 +16,6 @@ import relay_tune
 from relay_tune.codegen.jit import (
     DEFAULT_GOMP_SPINCOUNT,
     THREADING_ENV,
-    load_libgomp,
     load_object,
     native_thread_team,
     resolve_threading_runtime,
@@ -238,7 +237,7 @@ def test_forked_child_runs_regions_on_its_own_workers(team: NativeThreadTeam) ->
 
 def test_runtime_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(THREADING_ENV, raising=False)
-    assert resolve_threading_runtime("auto") == ("openmp" if load_libgomp() is not None else "native")
+    assert resolve_threading_runtime("auto") == "native"  # the module is skipped where the host cannot run it
     monkeypatch.setenv(THREADING_ENV, "native")
     assert resolve_threading_runtime("auto") == "native"
     monkeypatch.setenv(THREADING_ENV, "openmp")

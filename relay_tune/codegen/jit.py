@@ -23,6 +23,7 @@ Calls go through ctypes, which releases the GIL while the kernel runs.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import itertools
@@ -31,6 +32,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -173,9 +175,14 @@ class Kernel:
         fn(*addresses)
 
     def pack(self, arrays: Sequence[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
-        """The `void*` argument vector the repeat entry point takes (checked once, reused for every call)."""
+        """The `void*` argument vector the repeat entry point takes (checked once, reused for every call). It keeps
+        `arrays` alive as long as it lives: it holds their addresses, and a vector kept beyond the arrays (a timing
+        closure that captured only it) once had kernels writing into freed heap memory, which glibc reported at
+        exit ("munmap_chunk(): invalid pointer")."""
         addresses = self.addresses(arrays)
-        return (ctypes.c_void_p * max(1, len(addresses)))(*addresses)
+        packed = (ctypes.c_void_p * max(1, len(addresses)))(*addresses)
+        packed.arrays = tuple(arrays)  # type: ignore[attr-defined]  # ctypes instances take attributes
+        return packed
 
     def repeat(self, packed: ctypes.Array[ctypes.c_void_p], number: int) -> None:
         """Run the kernel `number` times back to back inside generated code (no Python in between)."""
@@ -198,10 +205,15 @@ class KernelLibrary:
         self._kernels = {
             s.name: Kernel(s, tracker[s.name], tracker[s.name + REPEAT_SUFFIX], self) for s in signatures
         }
+        _live_libraries.add(self)
 
     @property
     def names(self) -> list[str]:
         return list(self._kernels)
+
+    def detach(self) -> None:
+        """Never free this library's machine code (the process keeps it until it ends)."""
+        self._tracker.detach()
 
     def get(self, name: str) -> Kernel:
         kernel = self._kernels.get(name)
@@ -224,6 +236,7 @@ class KernelLibrary:
 
 _jit_lock = threading.Lock()
 _jit: Any = None
+_live_libraries: weakref.WeakSet[KernelLibrary] = weakref.WeakSet()
 _library_ids = itertools.count()
 _libgomp: ctypes.CDLL | None = None
 _libgomp_tried = False
@@ -258,7 +271,22 @@ def _lljit() -> Any:
                 except RuntimeError:
                     continue
         _jit = llvm.create_lljit_compiler()
+        atexit.register(_keep_code_at_exit)
     return _jit
+
+
+def _keep_code_at_exit() -> None:
+    """At exit (before interpreter teardown): end the native team's workers, then detach the JIT and every loaded
+    library from their Python objects, so that teardown frees no machine code. A thread still inside a kernel when
+    the process exits (a daemon thread, or one the interpreter has not joined yet) keeps running mapped code until
+    the process ends, and no library is disposed after its JIT, whatever order teardown collects them in."""
+    if _native_team is not None:
+        _native_team.close()
+    with _jit_lock:
+        for library in list(_live_libraries):
+            library.detach()
+        if _jit is not None:
+            _jit.detach()
 
 
 def load_libgomp() -> ctypes.CDLL | None:
@@ -348,11 +376,15 @@ ThreadTeam = PythonThreadTeam | NativeThreadTeam
 
 
 def resolve_threading_runtime(runtime: str) -> str:
-    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else libgomp, else the native team
-    where this host can run it, else the Python team (with a warning). libgomp stays the default: on an idle host
-    the native team measured the same whole-model latency (light ResNet-50, DenseNet-121 and SqueezeNet 1.00,
-    1.04, 1.01x; `python -m experiments thread-team`), and one run of that experiment aborted at exit with a heap
-    error not yet explained; on a host with more runnable threads than cores it is much faster (see the README)."""
+    """The runtime `runtime` names: "auto" becomes RELAY_TUNE_THREADING's choice, else the native team where this
+    host can run it, else libgomp, else the Python team (with a warning).
+
+    The native team is the default because a region never waits for a thread that has not started its part: on a
+    host with more runnable threads than cores, libgomp's regions wait for a descheduled thread (a scheduler time
+    slice), so the same build measures very differently from one process or minute to the next (Silero VAD
+    0.20-0.69 ms per step on libgomp in separate idle runs against 0.12 ms on the native team; 7.7 against
+    0.13 ms in the same rounds on a loaded host, `python -m experiments trained --runtimes openmp,native`); on an
+    idle host whole networks measured the same on both (`python -m experiments thread-team`)."""
     global _fallback_warned
     if runtime not in THREADING_RUNTIMES:
         raise RelayTuneError(
@@ -365,10 +397,10 @@ def resolve_threading_runtime(runtime: str) -> str:
         if chosen not in THREADING_RUNTIMES or chosen == "auto":
             raise RelayTuneError(f"{THREADING_ENV}={chosen!r}: expected one of native, openmp, python")
         return chosen
-    if load_libgomp() is not None:
-        return "openmp"
     if native_team_supported():
         return "native"
+    if load_libgomp() is not None:
+        return "openmp"
     if not _fallback_warned:
         _fallback_warned = True
         warnings.warn("neither the native thread team nor libgomp is available: parallel loops run on a Python "
@@ -407,7 +439,7 @@ def native_thread_team() -> NativeThreadTeam:
     with _native_lock:
         if _native_team is None:
             _native_team = NativeThreadTeam()
-        if not _native_team.started:
+        if not _native_team.started and not _native_team.closed:
             wanted = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
             threads = int(wanted) if wanted.isdigit() and int(wanted) > 0 else len(os.sched_getaffinity(0))
             threads = min(threads, MAX_TEAM)

@@ -33,7 +33,8 @@ pointer-sized value `team_size << 32 | number`; no value means thread 0 of 1.
 
 Workers are Python threads that call the native worker loop through ctypes (which releases the GIL) and stay in it
 until the team stops. After `fork` the child starts its own workers (`os.register_at_fork`): the parent's do not
-exist there.
+exist there. At exit (atexit, before interpreter teardown) the team is closed: its workers are joined and it never
+starts again, so a thread still running regions then runs them on its own.
 """
 
 from __future__ import annotations
@@ -449,9 +450,11 @@ class NativeThreadTeam:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._config: tuple[int, int, int] | None = None  # (size, spin, workers) of the running team
+        self._closed = False
         os.register_at_fork(after_in_child=self._after_fork_in_child)
-        # The workers run in this object's JIT-compiled code: end them before interpreter teardown frees it.
-        atexit.register(self.stop)
+        # Workers are joined at exit, before interpreter teardown: none is left inside this code, or waiting for the
+        # GIL that a finalizing interpreter no longer hands out (atexit runs before either).
+        atexit.register(self.close)
 
     def _word(self, name: str) -> Any:
         kind = ctypes.c_int64 if name == "joins" else ctypes.c_uint32
@@ -481,6 +484,11 @@ class NativeThreadTeam:
         return self._config is not None
 
     @property
+    def closed(self) -> bool:
+        """Whether `close` ended the team for good (at exit): regions run on their caller alone from then on."""
+        return self._closed
+
+    @property
     def spin(self) -> int:
         """Idle spin iterations before a worker (or a caller waiting for workers) sleeps."""
         return int(self._word("spin").value)
@@ -500,6 +508,8 @@ class NativeThreadTeam:
         if not 0 <= count <= threads - 1:
             raise RelayTuneError(f"a team of {threads} threads has 0 to {threads - 1} workers, not {count}")
         with self._lock:
+            if self._closed:
+                return  # the process is exiting: no new threads (regions still complete, on their callers)
             self._stop_workers()
             self.spin = spin
             self._word("size").value = threads
@@ -509,6 +519,14 @@ class NativeThreadTeam:
     def stop(self) -> None:
         """End the workers (a region begun later runs on its caller alone)."""
         with self._lock:
+            self._stop_workers()
+            self._config = None
+
+    def close(self) -> None:
+        """End the workers for good (the process is exiting): `start` does nothing afterwards. A thread still running
+        regions completes them on its own."""
+        with self._lock:
+            self._closed = True
             self._stop_workers()
             self._config = None
 
@@ -537,6 +555,7 @@ class NativeThreadTeam:
         never ends here: start over with the same configuration."""
         self._lock = threading.Lock()
         self._threads = []
+        self._closed = False
         for name in ("state", "sleepers", "done", "waiting", "busy", "shutdown"):
             self._word(name).value = 0
         if self._config is not None:
