@@ -5,7 +5,9 @@ MatMulInteger with uint8 weights whose zero points leave `w - zw` outside int8.
   checked exact against numpy in int64 on odd shapes (within the exact bound 2^24, and beyond it on a reduction
   that stays exact), and left in int32 where the sums could overflow it;
 - FuseOps computes the scalar scale and zero point once, outside the per-element quantize kernel;
-- PlanLayouts reads the blocked output of a convolution directly in the min and max of DynamicQuantizeLinear;
+- DynamicQuantizeLinear reads its input once for both ends of the range (`min_max`, a fixed kernel), checked
+  against numpy on odd sizes (below one accumulator row, with and without a tail, every value negative);
+- PlanLayouts reads the blocked output of a convolution directly in the `min_max` of DynamicQuantizeLinear;
 - the whole chain DynamicQuantizeLinear -> ConvInteger matches onnx's reference evaluator.
 """
 
@@ -18,9 +20,15 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from relay_tune import build
+from relay_tune.errors import RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
-from relay_tune.ir import Call, Function
+from relay_tune.ir import Call, Function, IRModule, TensorType, Var
+from relay_tune.kernel.recurrent import MIN_MAX_VECTORS
+from relay_tune.op.reduce import MIN_MAX
+from relay_tune.passes.base import call_op
+from relay_tune.target import Target
+from relay_tune.type_infer import infer_types
 from relay_tune.ir.traversal import post_order
 from relay_tune.passes.pipeline import optimize
 
@@ -146,17 +154,43 @@ def test_dynamic_quantize_computes_its_zero_point_once() -> None:
 
 
 def test_range_of_a_blocked_convolution_output_is_read_blocked() -> None:
-    """Conv (float, planned NCHW8c) -> DynamicQuantizeLinear: min and max read the blocked output, no transform."""
+    """Conv (float, planned NCHW8c) -> DynamicQuantizeLinear: min_max reads the blocked output, no transform."""
     w = RNG.uniform(-0.5, 0.5, (16, 8, 3, 3)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("DynamicQuantizeLinear", ["c"], ["y", "s", "z"])]
     model = _model(nodes, [1, 8, 9, 11], TensorProto.UINT8, {"w": w})
     mod, _ = from_onnx(model)
     fused = optimize(mod, opt_level=3, layout_block=8)
-    reductions = _calls(fused, "max") + _calls(fused, "min")
-    assert len(reductions) == 2 and all(r.args[0].checked_type.ndim == 5 for r in reductions)
+    reductions = _calls(fused, "min_max")
+    assert len(reductions) == 1 and reductions[0].args[0].checked_type.ndim == 5
     compiled = build(mod, "llvm")
     x = RNG.uniform(-1.0, 1.0, (1, 8, 9, 11)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     diff = np.abs(compiled.run(x=x).astype(np.int32) - want.astype(np.int32))
     assert diff.max() <= 1  # the float convolution's rounding may move a value across a rounding tie
+
+
+_WIDTH = Target.host().vector_lanes("float32") * MIN_MAX_VECTORS  # elements per accumulator row of the kernel
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (_WIDTH - 1,), (_WIDTH,), (_WIDTH + 5,), (3, _WIDTH),
+                                   (2, 7, 5, 9), (1, 3, 17, 19, 8)])
+@pytest.mark.parametrize("low_high", [(-3.0, 5.0), (-4.0, -1.0), (0.5, 2.0)])
+def test_min_max_kernel_matches_numpy(shape: tuple[int, ...], low_high: tuple[float, float]) -> None:
+    """The fixed kernel's range equals numpy's min and max: sizes below one accumulator row, whole rows, rows
+    with a tail; all-negative and all-positive values (no lane may start from a value not in the tensor)."""
+    x = Var("x", TensorType(shape, "float32"))
+    mod = infer_types(IRModule({"main": Function((x,), call_op(MIN_MAX, x))}))
+    data = RNG.uniform(*low_high, shape).astype(np.float32)
+    data.flat[RNG.integers(data.size)] = low_high[0] - 1.0  # one extreme anywhere, the tail included
+    got = build(mod, "llvm").run(x=data)
+    np.testing.assert_array_equal(got, np.array([data.min(), data.max()], dtype=np.float32))
+    np.testing.assert_array_equal(got, evaluate(mod, {"x": data}))
+
+
+@pytest.mark.parametrize(("ty", "match"), [(TensorType((4, 5), "float16"), "float32"),
+                                           (TensorType((0, 5), "float32"), "no elements")])
+def test_min_max_rejects_what_it_cannot_range(ty: TensorType, match: str) -> None:
+    x = Var("x", ty)
+    with pytest.raises(RelayTypeError, match=match):
+        infer_types(IRModule({"main": Function((x,), call_op(MIN_MAX, x))}))

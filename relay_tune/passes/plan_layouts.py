@@ -84,7 +84,7 @@ from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorT
 from relay_tune.ir.expr import If
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
 from relay_tune.op.quantized import pack_int8_weight, pack_int16_weight
-from relay_tune.op.reduce import reduce_axes
+from relay_tune.op.reduce import MIN_MAX, reduce_axes
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
     Pass,
@@ -217,7 +217,7 @@ class _Planner:
             return self._concatenate(call)
         if name in _BINARY_OPS or name == "nn.bias_add":
             return self._broadcast(call)
-        if name in _FULL_REDUCTIONS:
+        if name in _FULL_REDUCTIONS or name == MIN_MAX:
             return self._full_reduction(call)
         if _is_unary_elementwise(name) and len(call.args) == 1:
             block = self.block_of(call.args[0])
@@ -365,14 +365,14 @@ class _Planner:
         return Call(call.op, (x,), attrs.with_updates(**updates), call.span), block
 
     def _full_reduction(self, call: Call) -> tuple[Expr, int] | None:
-        """`min`/`max` of every element of a blocked input, read in its block: the same elements in another order
+        """`min`/`max` (or `min_max`) of every element of a blocked input, read in its block: the same elements in another order
         (the block divides the channels, so no padding is read), one result, with no transform of the input."""
         ty = _static_4d(call.args[0])
         block = self.block_of(call.args[0])
         if not block or ty is None or _channels(ty) % block:
             return None
-        if reduce_axes(4, call.attrs.get("axis"), bool(call.attrs.get("exclude"))) != (0, 1, 2, 3) \
-                or call.attrs.get("keepdims"):
+        if call.op_name != MIN_MAX and (reduce_axes(4, call.attrs.get("axis"), bool(call.attrs.get("exclude")))
+                                        != (0, 1, 2, 3) or call.attrs.get("keepdims")):
             return None
         return Call(call.op, (self.get(call.args[0], block),), call.attrs, call.span), 0
 
