@@ -24,13 +24,13 @@ from relay_tune.errors import RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import Call, Function, IRModule, TensorType, Var
+from relay_tune.ir.traversal import post_order
 from relay_tune.kernel.recurrent import MIN_MAX_VECTORS
 from relay_tune.op.reduce import MIN_MAX
 from relay_tune.passes.base import call_op
+from relay_tune.passes.pipeline import optimize
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types
-from relay_tune.ir.traversal import post_order
-from relay_tune.passes.pipeline import optimize
 
 RNG = np.random.default_rng(20261208)
 

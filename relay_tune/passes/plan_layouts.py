@@ -365,8 +365,9 @@ class _Planner:
         return Call(call.op, (x,), attrs.with_updates(**updates), call.span), block
 
     def _full_reduction(self, call: Call) -> tuple[Expr, int] | None:
-        """`min`/`max` (or `min_max`) of every element of a blocked input, read in its block: the same elements in another order
-        (the block divides the channels, so no padding is read), one result, with no transform of the input."""
+        """`min`/`max` (or `min_max`) of every element of a blocked input, read in its block: the same elements in
+        another order (the block divides the channels, so no padding is read), one result, with no transform of the
+        input."""
         ty = _static_4d(call.args[0])
         block = self.block_of(call.args[0])
         if not block or ty is None or _channels(ty) % block:
