@@ -3,7 +3,9 @@ MatMulInteger with uint8 weights whose zero points leave `w - zw` outside int8.
 
 - QuantizedProducts runs such int32 products as float32 products of the same small integers, cast back to int32:
   checked exact against numpy in int64 on odd shapes (within the exact bound 2^24, and beyond it on a reduction
-  that stays exact), and left in int32 where the sums could overflow it;
+  that stays exact), and left in int32 where the sums could overflow it; where the target multiplies int16 pairs
+  exactly (`full_range_int8` "int16" or "dot4"), plain convolutions run on int16 operands instead (the packed int8
+  convolution with an int16 weight), exact with and without layout planning;
 - FuseOps computes the scalar scale and zero point once, outside the per-element quantize kernel;
 - DynamicQuantizeLinear reads its input once for both ends of the range (`min_max`, a fixed kernel), checked
   against numpy on odd sizes (below one accumulator row, with and without a tail, every value negative);
@@ -98,6 +100,52 @@ def test_conv_integer_with_uint8_weights_runs_float_products_exactly(x_shape: li
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(evaluate(mod, {"x": x}), want)
+
+
+CONV_CASES = [
+    ([1, 5, 9, 7], 7, 3, [1, 1, 1, 1], 1, 1),
+    ([2, 8, 11, 13], 16, 3, [1, 0, 2, 1], 2, 1),
+    ([1, 16, 6, 5], 24, 1, [0, 0, 0, 0], 1, 1),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "cout", "k", "pads", "stride", "group"), CONV_CASES)
+@pytest.mark.parametrize("layout_planning", [True, False])
+def test_conv_integer_with_uint8_weights_runs_int16_products_exactly(x_shape: list[int], cout: int, k: int,
+                                                                    pads: list[int], stride: int, group: int,
+                                                                    layout_planning: bool) -> None:
+    """Where the target multiplies int16 pairs (`full_range_int8="int16"`, x86 without VNNI), the same
+    convolutions run on int16 operands, `q - zq` and `w - zw`, padded with zeros: the packed int8 convolution with
+    an int16 weight (vpmaddwd) when layouts are planned, the plain int16 convolution otherwise; both exact."""
+    w = RNG.integers(0, 256, (cout, x_shape[1] // group, k, k)).astype(np.uint8)
+    w.flat[0], w.flat[1] = 0, 255
+    model = _conv_integer_model(x_shape, w, np.array(178, np.uint8), pads, stride, group)
+    mod, _ = from_onnx(model)
+    fused = optimize(mod, opt_level=3, layout_block=8 if layout_planning else 0, full_range_int8="int16")
+    if layout_planning:
+        convs = _calls(fused, "nn.contrib_conv2d_NCHWc_int8")
+        assert len(convs) == 1 and not _products(fused)
+        assert convs[0].args[0].checked_type.dtype == "int16" and convs[0].args[1].checked_type.dtype == "int16"
+    else:
+        products = _products(fused)
+        assert len(products) == 1 and products[0].args[0].checked_type.dtype == "int16"
+    compiled = build(mod, "llvm", full_range_int8="int16", layout_planning=layout_planning)
+    for _ in range(2):
+        x = RNG.uniform(-3.0, 5.0, x_shape).astype(np.float32)
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(compiled.run(x=x), want)
+
+
+def test_grouped_conv_integer_stays_a_float_product_with_int16_pairs() -> None:
+    """The packed convolution has no groups: a grouped ConvInteger keeps the float32 product, still exact."""
+    w = RNG.integers(0, 256, (9, 2, 3, 3)).astype(np.uint8)
+    model = _conv_integer_model([1, 6, 7, 9], w, np.array(140, np.uint8), [1, 1, 1, 1], 1, 3)
+    mod, _ = from_onnx(model)
+    products = _products(optimize(mod, opt_level=3, layout_block=8, full_range_int8="int16"))
+    assert products and all(str(p.checked_type.dtype) == "float32" for p in products)
+    x = RNG.uniform(-1.0, 2.0, (1, 6, 7, 9)).astype(np.float32)
+    got = build(mod, "llvm", full_range_int8="int16").run(x=x)
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x})[0])
 
 
 @pytest.mark.parametrize(("rows", "k", "n"), [(3, 37, 11), (32, 129, 70), (5, 1025, 9)])

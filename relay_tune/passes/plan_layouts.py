@@ -317,7 +317,7 @@ class _Planner:
         assert data is not None and out is not None and isinstance(weight, Constant)
         (m, k), units = (int(d) for d in data.shape), int(out.shape[1])  # type: ignore[arg-type]
         x = call_op("reshape", self.get(call.args[0]), newshape=(m, k, 1, 1))
-        maps = TensorType((m, k, 1, 1), "uint8"), TensorType((m, units, 1, 1), "int32")
+        maps = TensorType((m, k, 1, 1), data.dtype), TensorType((m, units, 1, 1), "int32")
         product, block = self._int8_product(x, 0, *maps, weight.data.reshape(units, k, 1, 1), (1, 1),
                                             [0, 0, 0, 0], 0)
         return call_op("reshape", self.in_plain(product, block), newshape=(m, units)), 0
@@ -336,13 +336,16 @@ class _Planner:
         else:
             bi = self.block if c_in >= self.block else 4
             if c_in % bi:  # zero channels up to a whole block (their weights are zero too)
-                x = call_op("nn.pad", x, Constant(np.asarray(0, dtype=np.uint8)),
+                x = call_op("nn.pad", x, Constant(np.asarray(0, dtype=data.dtype)),
                             pad_width=[[0, 0], [0, -c_in % bi], [0, 0], [0, 0]])
             x = _transform(x, PLAIN, _layout(bi))
         bo = self.block
-        packed, pairs = pack_int8_weight(weight, bi, bo)
-        if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int16 pairs for vpmaddwd
-            packed = pack_int16_weight(weight, bi, bo)
+        if weight.dtype == np.int16:  # int16 data: int16 pairs for vpmaddwd whatever the values
+            packed, pairs = pack_int16_weight(weight, bi, bo), False
+        else:
+            packed, pairs = pack_int8_weight(weight, bi, bo)
+            if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int16 pairs for vpmaddwd
+                packed = pack_int16_weight(weight, bi, bo)
         conv: Expr = call_op(INT8_CONV, x, Constant(packed), strides=strides, padding=tuple(padding),
                              pad_value=int(pad_value), pairs_fit_int16=pairs)
         if c_out % bo == 0:
@@ -458,8 +461,8 @@ class _Planner:
 
 
 def _is_int8_conv(call: Call) -> bool:
-    """An `nn.conv2d` the int8 blocked convolution computes: NCHW uint8 data, a constant OIHW int8 weight, int32
-    sums, groups and dilation 1, static shapes."""
+    """An `nn.conv2d` the int8 blocked convolution computes: NCHW uint8 data, a constant OIHW int8 weight (or int16
+    data and weight), int32 sums, groups and dilation 1, static shapes."""
     attrs = call.attrs
     if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW" \
             or attrs.get("out_layout") not in ("", "NCHW", None) or int(attrs.get("groups", 1)) != 1:  # type: ignore[arg-type]
@@ -467,16 +470,22 @@ def _is_int8_conv(call: Call) -> bool:
     if any(int(d) != 1 for d in attrs.get("dilation", (1, 1))):  # type: ignore[union-attr]
         return False
     data, out, weight = _static_4d(call.args[0]), _static_4d(call), call.args[1]
-    return (data is not None and out is not None and data.dtype == "uint8" and out.dtype == "int32"
-            and isinstance(weight, Constant) and weight.data.dtype == np.int8 and weight.data.ndim == 4)
+    return (data is not None and out is not None and out.dtype == "int32" and isinstance(weight, Constant)
+            and weight.data.ndim == 4 and _int8_operands(data.dtype, weight.data.dtype))
 
 
 def _is_int8_dense(call: Call) -> bool:
-    """An `nn.dense` of uint8 rows (M, K) by a constant int8 weight (N, K) into int32 sums."""
+    """An `nn.dense` of uint8 rows (M, K) by a constant int8 weight (N, K) (or int16 by int16) into int32 sums."""
     data, out, weight = tensor_type_of(call.args[0]), tensor_type_of(call), call.args[1]
     return (call.op_name == "nn.dense" and data is not None and out is not None and data.ndim == 2
-            and data.dtype == "uint8" and out.dtype == "int32" and isinstance(weight, Constant)
-            and weight.data.dtype == np.int8 and weight.data.ndim == 2)
+            and out.dtype == "int32" and isinstance(weight, Constant) and weight.data.ndim == 2
+            and _int8_operands(data.dtype, weight.data.dtype))
+
+
+def _int8_operands(data: str, weight: np.dtype) -> bool:
+    """uint8 data by an int8 weight, or int16 data by an int16 weight (QuantizedProducts' int16 products): the
+    operand types of the packed int8 convolution."""
+    return (data == "uint8" and weight == np.int8) or (data == "int16" and weight == np.int16)
 
 
 def _zero_point_pad(node: Expr) -> tuple[list[int], int] | None:
