@@ -136,6 +136,20 @@ def test_conv_integer_with_uint8_weights_runs_int16_products_exactly(x_shape: li
         np.testing.assert_array_equal(compiled.run(x=x), want)
 
 
+@pytest.mark.parametrize(("mode", "int16"), [("dot4", True), ("float", False)])
+def test_int16_products_follow_the_targets_full_range_mode(mode: str, int16: bool) -> None:
+    """A VNNI target ("dot4", x86: vpmaddwd too) takes the int16 products; a target without an exact fast path
+    ("float") keeps the float32 ones."""
+    w = RNG.integers(0, 256, (12, 5, 3, 3)).astype(np.uint8)
+    model = _conv_integer_model([1, 5, 9, 7], w, np.array(120, np.uint8), [1, 1, 1, 1], 1)
+    mod, _ = from_onnx(model)
+    fused = optimize(mod, opt_level=3, layout_block=8, full_range_int8=mode)
+    assert bool(_calls(fused, "nn.contrib_conv2d_NCHWc_int8")) == int16
+    x = RNG.uniform(-2.0, 3.0, (1, 5, 9, 7)).astype(np.float32)
+    got = build(mod, "llvm", full_range_int8=mode).run(x=x)
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
 def test_grouped_conv_integer_stays_a_float_product_with_int16_pairs() -> None:
     """The packed convolution has no groups: a grouped ConvInteger keeps the float32 product, still exact."""
     w = RNG.integers(0, 256, (9, 2, 3, 3)).astype(np.uint8)
