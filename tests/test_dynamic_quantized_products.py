@@ -4,8 +4,8 @@ MatMulInteger with uint8 weights whose zero points leave `w - zw` outside int8.
 - QuantizedProducts runs such int32 products as float32 products of the same small integers, cast back to int32:
   checked exact against numpy in int64 on odd shapes (within the exact bound 2^24, and beyond it on a reduction
   that stays exact), and left in int32 where the sums could overflow it; where the target multiplies int16 pairs
-  exactly (`full_range_int8` "int16" or "dot4"), plain convolutions run on int16 operands instead (the packed int8
-  convolution with an int16 weight), exact with and without layout planning;
+  exactly (`full_range_int8` "int16" or "dot4"), plain convolutions and dense products run on int16 operands
+  instead (the packed int8 convolution with an int16 weight), exact with and without layout planning;
 - FuseOps computes the scalar scale and zero point once, outside the per-element quantize kernel;
 - DynamicQuantizeLinear reads its input once for both ends of the range (`min_max`, a fixed kernel), checked
   against numpy on odd sizes (below one accumulator row, with and without a tail, every value negative);
@@ -176,6 +176,29 @@ def test_matmul_integer_with_uint8_weights_runs_float_products_exactly(rows: int
     x = RNG.uniform(-2.0, 1.0, (rows, k)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     np.testing.assert_array_equal(compiled.run(x=x), want)
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 37, 11), (3, 37, 11), (32, 129, 70), (5, 1025, 9)])
+@pytest.mark.parametrize("layout_planning", [True, False])
+def test_matmul_integer_with_uint8_weights_runs_int16_products_exactly(rows: int, k: int, n: int,
+                                                                      layout_planning: bool) -> None:
+    """With int16 pairs, MatMulInteger's dense product runs on int16 operands: planned, the packed convolution
+    of one map whose pixels are the rows (a single row: a 1x1 map); unplanned, the int16 dense. Exact."""
+    w = RNG.integers(0, 256, (k, n)).astype(np.uint8)
+    w_zero = RNG.integers(100, 140, (n,)).astype(np.uint8)
+    model = _matmul_integer_model([rows, k], w, w_zero)
+    mod, _ = from_onnx(model)
+    fused = optimize(mod, opt_level=3, layout_block=8 if layout_planning else 0, full_range_int8="int16")
+    if layout_planning:
+        convs = _calls(fused, "nn.contrib_conv2d_NCHWc_int8")
+        assert len(convs) == 1 and not _products(fused)
+        assert convs[0].args[0].checked_type.shape[3] == (rows if rows > 1 else 1)
+    else:
+        products = _products(fused)
+        assert len(products) == 1 and products[0].args[0].checked_type.dtype == "int16"
+    compiled = build(mod, "llvm", full_range_int8="int16", layout_planning=layout_planning)
+    x = RNG.uniform(-2.0, 1.0, (rows, k)).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run(x=x), ReferenceEvaluator(model).run(None, {"x": x})[0])
 
 
 def test_products_that_could_overflow_int32_stay_integer() -> None:
