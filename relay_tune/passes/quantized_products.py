@@ -39,8 +39,8 @@ convolution (groups and dilation 1) or dense product runs on int16 operands inst
 point computed at run time needs neither a padding value nor a correction known at build time. Layout planning
 makes it the packed int8 convolution with an int16 weight (vpmaddwd per channel pair, exact; a dense product of
 M > 1 rows as one map of M pixels), which reads the int16 data the quantize kernel writes: on the dynamically
-quantized CRNN (1 thread, in-graph) 0.67x the float products' time on its convolutions and 0.51x on its
-32 x 1024 x 8210 classifier.
+quantized CRNN (1 thread, in-graph, busy host) 0.61-0.67x the float products' time on its convolutions and
+0.51-0.73x on its 32 x 1024 x 8210 classifier.
 
 The result differs from the float graph only by float rounding (the integer sums are exact where the float
 convolution rounds), well inside one quantization step.
