@@ -465,6 +465,7 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
             [var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4), var("c0", 2, 1, 4)],
             call("nn.lstm_sequence", var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4),
                  var("c0", 2, 1, 4), hidden=4, reverse=(False, True))),
+        "min_max": ([x], call("min_max", x)),
         "clip": ([x], call("clip", x, a_min=0.5, a_max=1.2)),
         "collapse_sum_like": ([x, var("s", 3, 1, 8)], call("collapse_sum_like", x, var("s", 3, 1, 8))),
         "concatenate": ([x, y], call("concatenate", Tuple([x, y]), axis=1)),

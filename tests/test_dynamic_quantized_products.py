@@ -3,9 +3,13 @@ MatMulInteger with uint8 weights whose zero points leave `w - zw` outside int8.
 
 - QuantizedProducts runs such int32 products as float32 products of the same small integers, cast back to int32:
   checked exact against numpy in int64 on odd shapes (within the exact bound 2^24, and beyond it on a reduction
-  that stays exact), and left in int32 where the sums could overflow it;
+  that stays exact), and left in int32 where the sums could overflow it; where the target multiplies int16 pairs
+  exactly (`full_range_int8` "int16" or "dot4"), plain convolutions and dense products run on int16 operands
+  instead (the packed int8 convolution with an int16 weight), exact with and without layout planning;
 - FuseOps computes the scalar scale and zero point once, outside the per-element quantize kernel;
-- PlanLayouts reads the blocked output of a convolution directly in the min and max of DynamicQuantizeLinear;
+- DynamicQuantizeLinear reads its input once for both ends of the range (`min_max`, a fixed kernel), checked
+  against numpy on odd sizes (below one accumulator row, with and without a tail, every value negative);
+- PlanLayouts reads the blocked output of a convolution directly in the `min_max` of DynamicQuantizeLinear;
 - the whole chain DynamicQuantizeLinear -> ConvInteger matches onnx's reference evaluator.
 """
 
@@ -18,11 +22,17 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from relay_tune import build
+from relay_tune.errors import RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
-from relay_tune.ir import Call, Function
+from relay_tune.ir import Call, Function, IRModule, TensorType, Var
 from relay_tune.ir.traversal import post_order
+from relay_tune.kernel.recurrent import MIN_MAX_VECTORS
+from relay_tune.op.reduce import MIN_MAX
+from relay_tune.passes.base import call_op
 from relay_tune.passes.pipeline import optimize
+from relay_tune.target import Target
+from relay_tune.type_infer import infer_types
 
 RNG = np.random.default_rng(20261208)
 
@@ -92,6 +102,66 @@ def test_conv_integer_with_uint8_weights_runs_float_products_exactly(x_shape: li
         np.testing.assert_array_equal(evaluate(mod, {"x": x}), want)
 
 
+CONV_CASES = [
+    ([1, 5, 9, 7], 7, 3, [1, 1, 1, 1], 1, 1),
+    ([2, 8, 11, 13], 16, 3, [1, 0, 2, 1], 2, 1),
+    ([1, 16, 6, 5], 24, 1, [0, 0, 0, 0], 1, 1),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "cout", "k", "pads", "stride", "group"), CONV_CASES)
+@pytest.mark.parametrize("layout_planning", [True, False])
+def test_conv_integer_with_uint8_weights_runs_int16_products_exactly(x_shape: list[int], cout: int, k: int,
+                                                                    pads: list[int], stride: int, group: int,
+                                                                    layout_planning: bool) -> None:
+    """Where the target multiplies int16 pairs (`full_range_int8="int16"`, x86 without VNNI), the same
+    convolutions run on int16 operands, `q - zq` and `w - zw`, padded with zeros: the packed int8 convolution with
+    an int16 weight (vpmaddwd) when layouts are planned, the plain int16 convolution otherwise; both exact."""
+    w = RNG.integers(0, 256, (cout, x_shape[1] // group, k, k)).astype(np.uint8)
+    w.flat[0], w.flat[1] = 0, 255
+    model = _conv_integer_model(x_shape, w, np.array(178, np.uint8), pads, stride, group)
+    mod, _ = from_onnx(model)
+    fused = optimize(mod, opt_level=3, layout_block=8 if layout_planning else 0, full_range_int8="int16")
+    if layout_planning:
+        convs = _calls(fused, "nn.contrib_conv2d_NCHWc_int8")
+        assert len(convs) == 1 and not _products(fused)
+        assert convs[0].args[0].checked_type.dtype == "int16" and convs[0].args[1].checked_type.dtype == "int16"
+    else:
+        products = _products(fused)
+        assert len(products) == 1 and products[0].args[0].checked_type.dtype == "int16"
+    compiled = build(mod, "llvm", full_range_int8="int16", layout_planning=layout_planning)
+    for _ in range(2):
+        x = RNG.uniform(-3.0, 5.0, x_shape).astype(np.float32)
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(compiled.run(x=x), want)
+
+
+@pytest.mark.parametrize(("mode", "int16"), [("dot4", True), ("float", False)])
+def test_int16_products_follow_the_targets_full_range_mode(mode: str, int16: bool) -> None:
+    """A VNNI target ("dot4", x86: vpmaddwd too) takes the int16 products; a target without an exact fast path
+    ("float") keeps the float32 ones."""
+    w = RNG.integers(0, 256, (12, 5, 3, 3)).astype(np.uint8)
+    model = _conv_integer_model([1, 5, 9, 7], w, np.array(120, np.uint8), [1, 1, 1, 1], 1)
+    mod, _ = from_onnx(model)
+    fused = optimize(mod, opt_level=3, layout_block=8, full_range_int8=mode)
+    assert bool(_calls(fused, "nn.contrib_conv2d_NCHWc_int8")) == int16
+    x = RNG.uniform(-2.0, 3.0, (1, 5, 9, 7)).astype(np.float32)
+    got = build(mod, "llvm", full_range_int8=mode).run(x=x)
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def test_grouped_conv_integer_stays_a_float_product_with_int16_pairs() -> None:
+    """The packed convolution has no groups: a grouped ConvInteger keeps the float32 product, still exact."""
+    w = RNG.integers(0, 256, (9, 2, 3, 3)).astype(np.uint8)
+    model = _conv_integer_model([1, 6, 7, 9], w, np.array(140, np.uint8), [1, 1, 1, 1], 1, 3)
+    mod, _ = from_onnx(model)
+    products = _products(optimize(mod, opt_level=3, layout_block=8, full_range_int8="int16"))
+    assert products and all(str(p.checked_type.dtype) == "float32" for p in products)
+    x = RNG.uniform(-1.0, 2.0, (1, 6, 7, 9)).astype(np.float32)
+    got = build(mod, "llvm", full_range_int8="int16").run(x=x)
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
 @pytest.mark.parametrize(("rows", "k", "n"), [(3, 37, 11), (32, 129, 70), (5, 1025, 9)])
 def test_matmul_integer_with_uint8_weights_runs_float_products_exactly(rows: int, k: int, n: int) -> None:
     """MatMulInteger (a dense product after import) on uint8 weights with per-column zero points; the last shape's
@@ -106,6 +176,29 @@ def test_matmul_integer_with_uint8_weights_runs_float_products_exactly(rows: int
     x = RNG.uniform(-2.0, 1.0, (rows, k)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     np.testing.assert_array_equal(compiled.run(x=x), want)
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 37, 11), (3, 37, 11), (32, 129, 70), (5, 1025, 9)])
+@pytest.mark.parametrize("layout_planning", [True, False])
+def test_matmul_integer_with_uint8_weights_runs_int16_products_exactly(rows: int, k: int, n: int,
+                                                                      layout_planning: bool) -> None:
+    """With int16 pairs, MatMulInteger's dense product runs on int16 operands: planned, the packed convolution
+    of one map whose pixels are the rows (a single row: a 1x1 map); unplanned, the int16 dense. Exact."""
+    w = RNG.integers(0, 256, (k, n)).astype(np.uint8)
+    w_zero = RNG.integers(100, 140, (n,)).astype(np.uint8)
+    model = _matmul_integer_model([rows, k], w, w_zero)
+    mod, _ = from_onnx(model)
+    fused = optimize(mod, opt_level=3, layout_block=8 if layout_planning else 0, full_range_int8="int16")
+    if layout_planning:
+        convs = _calls(fused, "nn.contrib_conv2d_NCHWc_int8")
+        assert len(convs) == 1 and not _products(fused)
+        assert convs[0].args[0].checked_type.shape[3] == (rows if rows > 1 else 1)
+    else:
+        products = _products(fused)
+        assert len(products) == 1 and products[0].args[0].checked_type.dtype == "int16"
+    compiled = build(mod, "llvm", full_range_int8="int16", layout_planning=layout_planning)
+    x = RNG.uniform(-2.0, 1.0, (rows, k)).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run(x=x), ReferenceEvaluator(model).run(None, {"x": x})[0])
 
 
 def test_products_that_could_overflow_int32_stay_integer() -> None:
@@ -146,17 +239,43 @@ def test_dynamic_quantize_computes_its_zero_point_once() -> None:
 
 
 def test_range_of_a_blocked_convolution_output_is_read_blocked() -> None:
-    """Conv (float, planned NCHW8c) -> DynamicQuantizeLinear: min and max read the blocked output, no transform."""
+    """Conv (float, planned NCHW8c) -> DynamicQuantizeLinear: min_max reads the blocked output, no transform."""
     w = RNG.uniform(-0.5, 0.5, (16, 8, 3, 3)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("DynamicQuantizeLinear", ["c"], ["y", "s", "z"])]
     model = _model(nodes, [1, 8, 9, 11], TensorProto.UINT8, {"w": w})
     mod, _ = from_onnx(model)
     fused = optimize(mod, opt_level=3, layout_block=8)
-    reductions = _calls(fused, "max") + _calls(fused, "min")
-    assert len(reductions) == 2 and all(r.args[0].checked_type.ndim == 5 for r in reductions)
+    reductions = _calls(fused, "min_max")
+    assert len(reductions) == 1 and reductions[0].args[0].checked_type.ndim == 5
     compiled = build(mod, "llvm")
     x = RNG.uniform(-1.0, 1.0, (1, 8, 9, 11)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     diff = np.abs(compiled.run(x=x).astype(np.int32) - want.astype(np.int32))
     assert diff.max() <= 1  # the float convolution's rounding may move a value across a rounding tie
+
+
+_WIDTH = Target.host().vector_lanes("float32") * MIN_MAX_VECTORS  # elements per accumulator row of the kernel
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (_WIDTH - 1,), (_WIDTH,), (_WIDTH + 5,), (3, _WIDTH),
+                                   (2, 7, 5, 9), (1, 3, 17, 19, 8)])
+@pytest.mark.parametrize("low_high", [(-3.0, 5.0), (-4.0, -1.0), (0.5, 2.0)])
+def test_min_max_kernel_matches_numpy(shape: tuple[int, ...], low_high: tuple[float, float]) -> None:
+    """The fixed kernel's range equals numpy's min and max: sizes below one accumulator row, whole rows, rows
+    with a tail; all-negative and all-positive values (no lane may start from a value not in the tensor)."""
+    x = Var("x", TensorType(shape, "float32"))
+    mod = infer_types(IRModule({"main": Function((x,), call_op(MIN_MAX, x))}))
+    data = RNG.uniform(*low_high, shape).astype(np.float32)
+    data.flat[RNG.integers(data.size)] = low_high[0] - 1.0  # one extreme anywhere, the tail included
+    got = build(mod, "llvm").run(x=data)
+    np.testing.assert_array_equal(got, np.array([data.min(), data.max()], dtype=np.float32))
+    np.testing.assert_array_equal(got, evaluate(mod, {"x": data}))
+
+
+@pytest.mark.parametrize(("ty", "match"), [(TensorType((4, 5), "float16"), "float32"),
+                                           (TensorType((0, 5), "float32"), "no elements")])
+def test_min_max_rejects_what_it_cannot_range(ty: TensorType, match: str) -> None:
+    x = Var("x", ty)
+    with pytest.raises(RelayTypeError, match=match):
+        infer_types(IRModule({"main": Function((x,), call_op(MIN_MAX, x))}))

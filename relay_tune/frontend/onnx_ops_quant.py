@@ -183,13 +183,20 @@ def _dequantize_linear(imp: Importer, node: OnnxNode) -> Expr:
     return dequantize(imp, x, scale, zero, out)
 
 
+def _element(imp: Importer, vector: Expr, index: int) -> Expr:
+    """Element `index` of a 1-D tensor, as a scalar."""
+    return imp.reshape(imp.call("strided_slice", [vector], begin=[index], end=[index + 1], axes=[0]), [])
+
+
 def dynamic_quantize(imp: Importer, x: Expr) -> tuple[Expr, Expr, Expr]:
     """DynamicQuantizeLinear of float32 `x`: uint8 values, the float32 scale and the uint8 zero point. The range
     `[min(x, 0), max(x, 0)]` maps onto [0, 255] (a scale of 1/255 when it is empty, all of x being 0)."""
     x = imp.cast(x, "float32")
     zero = imp.const(0.0, "float32")
-    high = imp.call("maximum", [imp.call("max", [x], axis=None), zero])
-    low = imp.call("minimum", [imp.call("min", [x], axis=None), zero])
+    # both ends in one pass over x (`min_max`: one kernel instead of a `min` and a `max` reduction)
+    ends = imp.call("min_max", [x])
+    high = imp.call("maximum", [_element(imp, ends, 1), zero])
+    low = imp.call("minimum", [_element(imp, ends, 0), zero])
     span = imp.call("subtract", [high, low])
     span = imp.call("where", [imp.call("equal", [span, zero]), imp.const(1.0, "float32"), span])
     scale = imp.call("divide", [span, imp.const(255.0, "float32")])

@@ -11,6 +11,13 @@ accumulators in registers while the panel streams front to back), then the gates
 scratch between steps, so a layer of `seq` steps is one kernel call and at most one parallel region instead of
 `seq` calls of two or more kernels, each with its own region.
 
+`min_max` (`relay_tune.op.reduce`) is another: the range of a tensor, both ends in one pass. A reduction of every
+element to one value has no output axis to vectorize or parallelize along, so its scheduled form is one scalar
+dependence chain per end, and `min` and `max` are two passes over the tensor; this kernel keeps `MIN_MAX_VECTORS`
+vector accumulators per end (independent chains: vector min/max take a few cycles each) and folds them at the end.
+It runs on one core: a parallel region costs a few microseconds on an idle host and up to a scheduler time slice
+on a busy one, about the time this kernel takes for a tensor of a megabyte.
+
 A fixed kernel has no schedule space: the tuner passes over its task (`compile.task_list.ModelTasks.kernels`) and
 the build lowers it here. Its parameters are the operator's arguments in order (`fixed_kernel_inputs`: the
 fused function's parameter behind each), then its output.
@@ -18,21 +25,26 @@ fused function's parameter behind each), then its output.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from relay_tune.errors import CompileError
 from relay_tune.ir import Call, Expr, Function, Op, TensorType, Var
 from relay_tune.kernel import tir
 from relay_tune.op.recurrent import LSTM_SEQUENCE
+from relay_tune.op.reduce import MIN_MAX
 from relay_tune.target import Target
 
-__all__ = ["FIXED_KERNELS", "PARALLEL_MIN_MACS", "fixed_kernel", "fixed_kernel_call", "fixed_kernel_inputs",
-           "lstm_sequence_kernel"]
+__all__ = ["FIXED_KERNELS", "MIN_MAX_VECTORS", "PARALLEL_MIN_MACS", "fixed_kernel", "fixed_kernel_call",
+           "fixed_kernel_inputs", "lstm_sequence_kernel", "min_max_kernel"]
 
 PARALLEL_MIN_MACS = 1 << 18
 """Multiply-accumulates per direction (all steps) below which the directions run in turn on one core: a parallel
 region costs a few microseconds on an idle host and up to a scheduler time slice on a busy one, more than a small
 layer's whole work."""
+
+MIN_MAX_VECTORS = 4
+"""Vector accumulators per end of `min_max`: enough independent chains to cover a vector min/max's latency."""
 
 K_UNROLL = 4
 """Reduction steps of the recurrent product per loop iteration (fewer branches; the panel loads stay in order)."""
@@ -113,7 +125,42 @@ def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
     return tir.PrimFunc(name, (xp, rp, h0, c0, out), tir.For(d, directions, body, kind))
 
 
-FIXED_KERNELS: dict[str, Callable[[Call, Target, str], tir.PrimFunc]] = {LSTM_SEQUENCE: lstm_sequence_kernel}
+def min_max_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
+    """The loop nest of one `min_max` call (see the module docstring); parameters x (flat), out `[min, max]`."""
+    n = math.prod(_shape(call.args[0]))
+    width = target.vector_lanes("float32") * MIN_MAX_VECTORS
+    rows, tail = divmod(n, width)
+    x = tir.Buffer("x", (n,))
+    out = tir.Buffer("out", (2,))
+    low = tir.Buffer("low", (width,), scope=tir.Scope.LOCAL)
+    high = tir.Buffer("high", (width,), scope=tir.Scope.LOCAL)
+    vectorized = tir.ForKind.VECTORIZED
+    i, r, j, t, k = (tir.LoopVar(v) for v in ("i", "r", "j", "t", "k"))
+
+    def update(lane: tir.PrimExpr, value: tir.PrimExpr) -> tir.Stmt:
+        return tir.seq(tir.Store(low, (lane,), tir.minimum(low[lane], value)),
+                       tir.Store(high, (lane,), tir.maximum(high[lane], value)))
+
+    # every lane starts from the first element, so lanes that see no element (n < width) leave the result alone
+    first = x[0]
+    stmts: list[tir.Stmt] = [tir.For(i, width, tir.seq(tir.Store(low, (i,), first), tir.Store(high, (i,), first)),
+                                     vectorized)]
+    if rows:
+        stmts.append(tir.For(r, rows, tir.For(j, width, update(j, x[r * width + j]), vectorized)))
+    if tail:
+        stmts.append(tir.For(t, tail, update(t, x[rows * width + t])))
+    stmts.append(tir.Store(out, (0,), low[0]))
+    stmts.append(tir.Store(out, (1,), high[0]))
+    stmts.append(tir.For(k, width, tir.seq(tir.Store(out, (0,), tir.minimum(out[0], low[k])),
+                                           tir.Store(out, (1,), tir.maximum(out[1], high[k])))))
+    body: tir.Stmt = tir.seq(*stmts)
+    for scratch in (low, high):
+        body = tir.Allocate(scratch, body)
+    return tir.PrimFunc(name, (x, out), body)
+
+
+FIXED_KERNELS: dict[str, Callable[[Call, Target, str], tir.PrimFunc]] = {
+    LSTM_SEQUENCE: lstm_sequence_kernel, MIN_MAX: min_max_kernel}
 """Per operator with a fixed kernel, the function that writes its loop nest."""
 
 

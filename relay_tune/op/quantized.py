@@ -2,7 +2,8 @@
 packed for four-byte dot products, or, where the int8 weight's pairs would saturate vpmaddubsw on a CPU without
 VNNI, widened to int16 and packed for two-term products.
 
-    data    (N, C / bi, H, W, bi)                     uint8, `NCHW{bi}c`, bi a multiple of 4
+    data    (N, C / bi, H, W, bi)                     uint8, `NCHW{bi}c`, bi a multiple of 4 (int16 with an int16
+                                                      weight: values already less their zero point)
     weight  (O / bo, C / bi, KH, KW, bi / 4, bo, 4)   int8: input channel `ci` of block `cb` and output channel
                                                       `o` at `[o // bo, cb, kh, kw, ci // 4, o % bo, ci % 4]`
          or (O / bo, C / bi, KH, KW, bi / 2, bo, 2)   int16 (int8 values): the same with pairs for quads
@@ -95,9 +96,9 @@ _TERMS = {"int8": 4, "int16": 2}
 def conv2d_nchwc_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     data = _tensor_arg(arg_types[0], OP_NAME, "data")
     weight = _tensor_arg(arg_types[1], OP_NAME, "weight")
-    if data.dtype != "uint8" or weight.dtype not in _TERMS:
-        raise RelayTypeError(f"needs uint8 data and an int8 (or int16) weight, got {data.dtype} and {weight.dtype}",
-                             op_name=OP_NAME)
+    if (data.dtype, weight.dtype) not in (("uint8", "int8"), ("uint8", "int16"), ("int16", "int16")):
+        raise RelayTypeError(f"needs uint8 data and an int8 (or int16) weight, or int16 data and an int16 weight, "
+                             f"got {data.dtype} and {weight.dtype}", op_name=OP_NAME)
     if data.ndim != 5 or weight.ndim != 7:
         raise RelayTypeError(f"needs 5-D data (N, C/b, H, W, b) and a 7-D packed weight, got "
                              f"{fmt_shape(data.shape)} and {fmt_shape(weight.shape)}", op_name=OP_NAME)
@@ -158,11 +159,13 @@ def _conv2d_nchwc_int8_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_ty
     data, weight = inputs
     sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
     (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
-    fill = const_expr(int(attrs["pad_value"]), "uint8")  # type: ignore[arg-type]
+    fill = const_expr(int(attrs["pad_value"]), data.dtype)  # type: ignore[arg-type]
     _, cb, kh, kw, groups, _, terms = weight.shape
     layout = LayoutMap.parse(f"NCHW{data.shape[4]}c")
-    if terms == 2:
+    if terms == 2 and (data.dtype != "int16" or any((pt, pb, pl, pr))):
         padded = _padded_int16(data, {2: (pt, pb), 3: (pl, pr)}, fill, layout)
+    elif terms == 2:  # int16 data without padding: its channel pairs are read where they are, no copy
+        padded = data
     else:
         padded = _pad_axes(data, {2: (pt, pb), 3: (pl, pr)}, fill, layout)
     rcb, rh, rw, rq = (te.reduce_axis(cb, "rcb"), te.reduce_axis(kh, "rh"), te.reduce_axis(kw, "rw"),

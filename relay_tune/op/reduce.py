@@ -12,6 +12,9 @@ Semantics (TVM's ReduceRel):
   accumulate in float32 and round once, which is the accuracy an oracle should have.
 * `collapse_sum_like(data, like)` sums `data` down to the shape of `like` (the reverse of
   broadcasting `like` up to `data`); its type is the type of `like`.
+* `min_max(data)`: `[min(data), max(data)]` over every element of a float32 tensor, as one `(2,)` float32 tensor
+  (the range DynamicQuantizeLinear quantizes to). Its kernel is a fixed loop nest
+  (`relay_tune.kernel.recurrent.FIXED_KERNELS`) that reads the tensor once with vector accumulators for both.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ for _name in REDUCE_OPS:
     register_op(_name, 1, OpPattern.COMM_REDUCE, REDUCE_ATTRS, "relay.attrs.ReduceAttrs")
 
 register_op("collapse_sum_like", 2, OpPattern.COMM_REDUCE)
+
+MIN_MAX = "min_max"
+# OPAQUE: the fixed kernel takes its input as it is, fused with nothing (`kernel.recurrent.fixed_kernel_call`).
+register_op(MIN_MAX, 1, OpPattern.OPAQUE, description="[min, max] of every element of a float32 tensor")
 
 Array = np.ndarray
 
@@ -139,6 +146,25 @@ def _reduce_reference(op_name: str) -> Callable[[Sequence[Array], Attrs], Array]
 
 for _name in REDUCE_OPS:
     reference(_name)(_reduce_reference(_name))
+
+
+@type_relation(MIN_MAX)
+def _min_max_relation(arg_types: Sequence[Type], attrs: Attrs) -> Type:
+    expect_arity(arg_types, 1, MIN_MAX)
+    x = expect_tensor(arg_types[0], MIN_MAX)
+    if x.dtype != "float32":
+        raise RelayTypeError(f"requires a float32 tensor, got {x}", op_name=MIN_MAX)
+    if not all(isinstance(d, int) for d in x.shape):
+        raise RelayTypeError(f"requires a static shape, got {x}", op_name=MIN_MAX)
+    if any(d == 0 for d in x.shape):
+        raise RelayTypeError(f"{x} has no elements: their range has no value", op_name=MIN_MAX)
+    return TensorType((2,), "float32")
+
+
+@reference(MIN_MAX)
+def _min_max_ref(inputs: Sequence[Array], attrs: Attrs) -> Array:
+    x = inputs[0]
+    return np.array([x.min(), x.max()], dtype=np.float32)
 
 
 @type_relation("collapse_sum_like")

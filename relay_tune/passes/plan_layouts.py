@@ -84,7 +84,7 @@ from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorT
 from relay_tune.ir.expr import If
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
 from relay_tune.op.quantized import pack_int8_weight, pack_int16_weight
-from relay_tune.op.reduce import reduce_axes
+from relay_tune.op.reduce import MIN_MAX, reduce_axes
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
     Pass,
@@ -217,7 +217,7 @@ class _Planner:
             return self._concatenate(call)
         if name in _BINARY_OPS or name == "nn.bias_add":
             return self._broadcast(call)
-        if name in _FULL_REDUCTIONS:
+        if name in _FULL_REDUCTIONS or name == MIN_MAX:
             return self._full_reduction(call)
         if _is_unary_elementwise(name) and len(call.args) == 1:
             block = self.block_of(call.args[0])
@@ -312,15 +312,31 @@ class _Planner:
 
     def _int8_dense(self, call: Call) -> tuple[Expr, int]:
         """An 8-bit `nn.dense` (see `_is_int8_dense`) as the int8 convolution of its rows as a batch of 1x1 maps:
-        (M, K) -> (M, K, 1, 1), whose blocked layout is a reshape, so only the weight changes."""
+        (M, K) -> (M, K, 1, 1), whose blocked layout is a reshape, so only the weight changes; an int16 one of
+        several rows as one map (`_int16_dense_as_row`)."""
         data, out, weight = tensor_type_of(call.args[0]), tensor_type_of(call), call.args[1]
         assert data is not None and out is not None and isinstance(weight, Constant)
         (m, k), units = (int(d) for d in data.shape), int(out.shape[1])  # type: ignore[arg-type]
+        if data.dtype == "int16" and m > 1:
+            return self._int16_dense_as_row(call, m, k, units)
         x = call_op("reshape", self.get(call.args[0]), newshape=(m, k, 1, 1))
-        maps = TensorType((m, k, 1, 1), "uint8"), TensorType((m, units, 1, 1), "int32")
+        maps = TensorType((m, k, 1, 1), data.dtype), TensorType((m, units, 1, 1), "int32")
         product, block = self._int8_product(x, 0, *maps, weight.data.reshape(units, k, 1, 1), (1, 1),
                                             [0, 0, 0, 0], 0)
         return call_op("reshape", self.in_plain(product, block), newshape=(m, units)), 0
+
+    def _int16_dense_as_row(self, call: Call, m: int, k: int, units: int) -> tuple[Expr, int]:
+        """An int16 `nn.dense` of M rows as the 1x1 convolution of one map whose M pixels are the rows: (M, K) ->
+        (1, K, 1, M), so the packed convolution tiles the rows as it tiles a map's columns (as M 1x1 maps, the
+        dynamically quantized CRNN's 32 x 1024 x 8210 classifier took several times the float dense's time)."""
+        weight = call.args[1]
+        assert isinstance(weight, Constant)
+        x = call_op("reshape", call_op("transpose", self.get(call.args[0]), axes=(1, 0)), newshape=(1, k, 1, m))
+        maps = TensorType((1, k, 1, m), "int16"), TensorType((1, units, 1, m), "int32")
+        product, block = self._int8_product(x, 0, *maps, weight.data.reshape(units, k, 1, 1), (1, 1),
+                                            [0, 0, 0, 0], 0)
+        rows = call_op("reshape", self.in_plain(product, block), newshape=(units, m))
+        return call_op("transpose", rows, axes=(1, 0)), 0
 
     def in_plain(self, value: Expr, block: int) -> Expr:
         """A rewritten value stored in `block`, in the original layout."""
@@ -336,13 +352,16 @@ class _Planner:
         else:
             bi = self.block if c_in >= self.block else 4
             if c_in % bi:  # zero channels up to a whole block (their weights are zero too)
-                x = call_op("nn.pad", x, Constant(np.asarray(0, dtype=np.uint8)),
+                x = call_op("nn.pad", x, Constant(np.asarray(0, dtype=data.dtype)),
                             pad_width=[[0, 0], [0, -c_in % bi], [0, 0], [0, 0]])
             x = _transform(x, PLAIN, _layout(bi))
         bo = self.block
-        packed, pairs = pack_int8_weight(weight, bi, bo)
-        if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int16 pairs for vpmaddwd
-            packed = pack_int16_weight(weight, bi, bo)
+        if weight.dtype == np.int16:  # int16 data: int16 pairs for vpmaddwd whatever the values
+            packed, pairs = pack_int16_weight(weight, bi, bo), False
+        else:
+            packed, pairs = pack_int8_weight(weight, bi, bo)
+            if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int16 pairs for vpmaddwd
+                packed = pack_int16_weight(weight, bi, bo)
         conv: Expr = call_op(INT8_CONV, x, Constant(packed), strides=strides, padding=tuple(padding),
                              pad_value=int(pad_value), pairs_fit_int16=pairs)
         if c_out % bo == 0:
@@ -365,14 +384,15 @@ class _Planner:
         return Call(call.op, (x,), attrs.with_updates(**updates), call.span), block
 
     def _full_reduction(self, call: Call) -> tuple[Expr, int] | None:
-        """`min`/`max` of every element of a blocked input, read in its block: the same elements in another order
-        (the block divides the channels, so no padding is read), one result, with no transform of the input."""
+        """`min`/`max` (or `min_max`) of every element of a blocked input, read in its block: the same elements in
+        another order (the block divides the channels, so no padding is read), one result, with no transform of the
+        input."""
         ty = _static_4d(call.args[0])
         block = self.block_of(call.args[0])
         if not block or ty is None or _channels(ty) % block:
             return None
-        if reduce_axes(4, call.attrs.get("axis"), bool(call.attrs.get("exclude"))) != (0, 1, 2, 3) \
-                or call.attrs.get("keepdims"):
+        if call.op_name != MIN_MAX and (reduce_axes(4, call.attrs.get("axis"), bool(call.attrs.get("exclude")))
+                                        != (0, 1, 2, 3) or call.attrs.get("keepdims")):
             return None
         return Call(call.op, (self.get(call.args[0], block),), call.attrs, call.span), 0
 
@@ -457,8 +477,8 @@ class _Planner:
 
 
 def _is_int8_conv(call: Call) -> bool:
-    """An `nn.conv2d` the int8 blocked convolution computes: NCHW uint8 data, a constant OIHW int8 weight, int32
-    sums, groups and dilation 1, static shapes."""
+    """An `nn.conv2d` the int8 blocked convolution computes: NCHW uint8 data, a constant OIHW int8 weight (or int16
+    data and weight), int32 sums, groups and dilation 1, static shapes."""
     attrs = call.attrs
     if attrs.get("data_layout", "NCHW") != "NCHW" or attrs.get("kernel_layout", "OIHW") != "OIHW" \
             or attrs.get("out_layout") not in ("", "NCHW", None) or int(attrs.get("groups", 1)) != 1:  # type: ignore[arg-type]
@@ -466,16 +486,22 @@ def _is_int8_conv(call: Call) -> bool:
     if any(int(d) != 1 for d in attrs.get("dilation", (1, 1))):  # type: ignore[union-attr]
         return False
     data, out, weight = _static_4d(call.args[0]), _static_4d(call), call.args[1]
-    return (data is not None and out is not None and data.dtype == "uint8" and out.dtype == "int32"
-            and isinstance(weight, Constant) and weight.data.dtype == np.int8 and weight.data.ndim == 4)
+    return (data is not None and out is not None and out.dtype == "int32" and isinstance(weight, Constant)
+            and weight.data.ndim == 4 and _int8_operands(data.dtype, weight.data.dtype))
 
 
 def _is_int8_dense(call: Call) -> bool:
-    """An `nn.dense` of uint8 rows (M, K) by a constant int8 weight (N, K) into int32 sums."""
+    """An `nn.dense` of uint8 rows (M, K) by a constant int8 weight (N, K) (or int16 by int16) into int32 sums."""
     data, out, weight = tensor_type_of(call.args[0]), tensor_type_of(call), call.args[1]
     return (call.op_name == "nn.dense" and data is not None and out is not None and data.ndim == 2
-            and data.dtype == "uint8" and out.dtype == "int32" and isinstance(weight, Constant)
-            and weight.data.dtype == np.int8 and weight.data.ndim == 2)
+            and out.dtype == "int32" and isinstance(weight, Constant) and weight.data.ndim == 2
+            and _int8_operands(data.dtype, weight.data.dtype))
+
+
+def _int8_operands(data: str, weight: np.dtype) -> bool:
+    """uint8 data by an int8 weight, or int16 data by an int16 weight (QuantizedProducts' int16 products): the
+    operand types of the packed int8 convolution."""
+    return (data == "uint8" and weight == np.int8) or (data == "int16" and weight == np.int16)
 
 
 def _zero_point_pad(node: Expr) -> tuple[list[int], int] | None:
