@@ -466,6 +466,10 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
             call("nn.lstm_sequence", var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4),
                  var("c0", 2, 1, 4), hidden=4, reverse=(False, True))),
         "min_max": ([x], call("min_max", x)),
+        "nn.contrib_conv2d_NCHWc_bf16": (
+            [var("bd", 1, 2, 6, 6, 4, dtype="bfloat16"), var("bw", 2, 2, 3, 3, 2, 4, 2, dtype="bfloat16")],
+            call("nn.contrib_conv2d_NCHWc_bf16", var("bd", 1, 2, 6, 6, 4, dtype="bfloat16"),
+                 var("bw", 2, 2, 3, 3, 2, 4, 2, dtype="bfloat16"), padding=(1, 1, 1, 1))),
         "clip": ([x], call("clip", x, a_min=0.5, a_max=1.2)),
         "collapse_sum_like": ([x, var("s", 3, 1, 8)], call("collapse_sum_like", x, var("s", 3, 1, 8))),
         "concatenate": ([x, y], call("concatenate", Tuple([x, y]), axis=1)),
@@ -551,8 +555,9 @@ OP_NAMES = sorted(o.name for o in all_ops())
 CPU_ONLY_OPS = {"sin", "cos", "tan", "asin", "acos", "atan"}
 # Operators built on those: the C library function they use.
 CPU_ONLY_USERS = {"signal.window": "cos", "signal.dft": "cos"}
-# Operators lowered by a hand-written CPU loop kernel (`relay_tune.kernel.recurrent.FIXED_KERNELS`): no GPU kernel.
-CPU_LOOP_KERNELS = set(FIXED_KERNELS)
+# Operators lowered by a hand-written CPU loop kernel (`relay_tune.kernel.recurrent.FIXED_KERNELS`) with no
+# tensor-expression compute: no GPU kernel (min_max has both: the GPU builds its compute).
+CPU_LOOP_KERNELS = {name for name in FIXED_KERNELS if get_op(name).compute is None}
 
 
 def test_the_operator_table_covers_every_registered_operator() -> None:

@@ -301,3 +301,15 @@ def _collapse_sum_like_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_ty
         return te.cast(out_type.dtype, total[tuple(idx[d - lead] for d in kept)])
 
     return te.compute(shape, named(axis_names(len(shape)), body), "collapse_sum_like", "elemwise")
+
+
+@compute(MIN_MAX)
+def _min_max_compute(inputs: Sequence[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """Two whole-tensor reductions and a select: the generic form other targets (NVPTX) build. CPU builds run the
+    fixed kernel (`relay_tune.kernel.recurrent`), which finds both ends in one pass."""
+    (x,) = inputs
+    axes = list(range(x.ndim))
+    low = reduce_tensor(x, axes, False, "min", "float32", name="min_max_low")
+    high = reduce_tensor(x, axes, False, "max", "float32", name="min_max_high")
+    return te.compute((2,), named(["i"], lambda i: te.if_then_else(te.equal(i, 0), low[()], high[()])), MIN_MAX,
+                      INJECTIVE)
