@@ -401,7 +401,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from relay_tune.runtime.cuda.model import is_gpu_model_file
 
     if is_gpu_model_file(args.model):  # PTX built for a CUDA target (perhaps on a machine without a GPU)
+        if args.others:
+            raise RelayTuneError(f"{args.model} is a GPU model: `relay-tune run` compares CPU models only")
         return _run_gpu_model(args, console)
+    if args.others and (args.profile or args.output or args.repeat is not None or args.number != 1):
+        raise RelayTuneError("with several models, `relay-tune run` times them in interleaved rounds: --profile, "
+                             "--output, --repeat and --number take one model")
     start = time.perf_counter()
     model = load(args.model)
     load_s = time.perf_counter() - start
@@ -433,6 +438,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         np.savez(args.output, **{f"output_{i}": out for i, out in enumerate(flat)})
         console.print(f"wrote {args.output}")
+    if args.others:
+        return _run_compared(args, model, inputs, flat, console)
     if args.repeat is None or args.repeat > 0:
         # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
         from relay_tune.runtime.benchmark import WARMUP_S, steady_latency, warm_up
@@ -462,6 +469,48 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(f"  {row.seconds * 1e3:9.3f} ms {row.share:6.1%}  x{row.calls:<3} "
                           f"{'tuned  ' if row.tuned else 'default'} {row.description}")
     return 0
+
+
+def _run_compared(args: argparse.Namespace, first: Any, inputs: dict[str, Any], first_outputs: list[Any],
+                  console: Any) -> int:
+    """`relay-tune run A B ...`: each other model checked against A's outputs on the same inputs, then all timed in
+    the same interleaved rounds, each one's median and its ratio to A."""
+
+    # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
+    from relay_tune.runtime.benchmark import compare_many
+    from relay_tune.runtime.vm import load_model as load
+
+    models = [first]
+    for path in args.others:
+        other = load(path)
+        if other.input_info() != first.input_info():
+            raise RelayTuneError(f"{path} takes other inputs than {args.model}: "
+                                 + ", ".join(f"{n} {list(s)} {d}" for n, s, d in other.input_info()))
+        outputs = other.run(**inputs)
+        flat = list(outputs) if isinstance(outputs, tuple) else [outputs]
+        worst = max((_relative_error(a, b) for a, b in zip(flat, first_outputs)), default=0.0)
+        console.print(f"{path}: outputs within {worst:.1e} of {args.model}'s (largest relative error)")
+        models.append(other)
+    paths = [args.model, *args.others]
+    comparisons = compare_many(models, inputs)
+    first_costs = [c for r in comparisons[0].baseline for c in r]
+    console.print("latency in the same interleaved rounds (warmed up, about a second of single runs each):")
+    console.print(f"  {args.model}: median {statistics.median(first_costs) * 1e3:.3f} ms, "
+                  f"min {min(first_costs) * 1e3:.3f} ms")
+    for path, comparison in zip(paths[1:], comparisons):
+        costs = [c for r in comparison.candidate for c in r]
+        console.print(f"  {path}: median {statistics.median(costs) * 1e3:.3f} ms, min {min(costs) * 1e3:.3f} ms; "
+                      f"against {args.model}: {comparison.describe()}", soft_wrap=True)
+    return 0
+
+
+def _relative_error(a: Any, b: Any) -> float:
+    """Largest absolute difference over the largest magnitude of `b` (1 for an all-zero `b`)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    return float(np.max(np.abs(a - b))) / (scale or 1.0) if a.size else 0.0
 
 
 def _profile_repeat(repeat: int | None) -> int:
@@ -1100,6 +1149,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Load a compiled model, run it on inputs from an .npz file (random inputs by "
                        "default), print the output shapes and the latency.")
     p.add_argument("model", help="compiled model file (.rtmod) written by `relay-tune build`")
+    p.add_argument("others", nargs="*", metavar="OTHER",
+                   help="more compiled models of the same inputs: each is checked against the first model's outputs "
+                   "and all are timed in the same interleaved rounds (what a before/after comparison needs: runs in "
+                   "separate processes at separate times see different machine load), with each one's ratio to "
+                   "the first")
     p.add_argument("--inputs", metavar="FILE.npz", help="input arrays by input name (default: random inputs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--repeat", type=int, default=None,

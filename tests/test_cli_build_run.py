@@ -74,6 +74,35 @@ def test_run_random_inputs_prints_shapes_and_latency(built: Path, capsys: pytest
     assert "conv2d" in text  # the profile lines
 
 
+def test_run_of_several_models_checks_and_times_them_in_the_same_rounds(
+    built: Path, model_file: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    other = model_file.parent / "other.rtmod"
+    assert main(["build", str(model_file), "-o", str(other), "--jobs", "1", "--opt-level", "2"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(built), str(other)]) == 0
+    text = capsys.readouterr().out
+    assert f"{other}: outputs within" in text
+    assert "same interleaved rounds" in text
+    lines = [x for x in text.splitlines() if ": median " in x]
+    assert len(lines) == 2 and lines[0].startswith(f"  {built}:") and lines[1].startswith(f"  {other}:")
+    assert f"against {built}: " in lines[1]
+
+
+def test_run_of_several_models_refuses_single_model_options_and_other_inputs(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", str(built), str(built), "--profile"]) == 1
+    assert "take one model" in capsys.readouterr().err
+    other_source = tmp_path / "other.relay"
+    other_source.write_text('#[version = "0.0.5"]\ndef @main(%x: Tensor[(2, 3), float32]) { nn.relu(%x) }\n')
+    other = tmp_path / "relu.rtmod"
+    assert main(["build", str(other_source), "-o", str(other), "--jobs", "1"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(built), str(other)]) == 1
+    assert "takes other inputs than" in capsys.readouterr().err
+
+
 def test_run_times_many_warmed_single_runs_by_default(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(built)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("latency"))

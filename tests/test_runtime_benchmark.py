@@ -10,6 +10,7 @@ from relay_tune.runtime.benchmark import (
     LatencyComparison,
     calls_per_round,
     compare_latency,
+    compare_many,
     interleaved_latency,
     interleaved_samples,
     interleaved_task_seconds,
@@ -55,6 +56,16 @@ def test_compare_latency_times_both_models_in_every_round(model: CompiledModel) 
     assert all(len(r) == 3 and all(s > 0 for s in r) for r in timed.baseline + timed.candidate)
     assert timed.ratio == pytest.approx(timed.baseline_s / timed.candidate_s)
     assert len(timed.round_ratios) == 4
+
+
+def test_compare_many_times_every_model_in_every_round_against_the_first(model: CompiledModel) -> None:
+    other = relay_tune.build(parse_module(MODEL), params={"w": np.ones((7, 5), "float32")})
+    comparisons = compare_many([model, other, model], rounds=3, warmup_s=0.0, round_s=0.001)
+    assert len(comparisons) == 2
+    assert comparisons[0].baseline == comparisons[1].baseline  # the first model's rounds, timed once
+    for comparison in comparisons:
+        assert len(comparison.baseline) == len(comparison.candidate) == 3
+        assert all(len(r) >= 5 and all(s > 0 for s in r) for r in comparison.candidate)
 
 
 def test_a_ratio_is_given_only_where_the_rounds_agree() -> None:

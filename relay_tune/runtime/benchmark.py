@@ -122,15 +122,29 @@ def compare_latency(baseline: Any, candidate: Any, inputs: Mapping[str, Any] | N
     cold timing once decided a 40x "speedup" that a rerun measured at 1.2x). Each round times `repeat` calls of
     each model; by default as many as fill `round_s` seconds of that model (at least 5), so that each side is
     timed as `steady_latency` times a model alone."""
-    per_call = [warm_up(model, inputs, warmup_s) for model in (baseline, candidate)]
-    base_repeat, cand_repeat = (repeat, repeat) if repeat is not None else (
-        calls_per_round(per_call[0], round_s), calls_per_round(per_call[1], round_s))
-    base_rounds: list[tuple[float, ...]] = []
-    cand_rounds: list[tuple[float, ...]] = []
+    base_rounds, cand_rounds = interleaved_rounds((baseline, candidate), inputs, rounds, repeat, warmup_s, round_s)
+    return LatencyComparison(base_rounds, cand_rounds)
+
+
+def compare_many(models: Sequence[Any], inputs: Mapping[str, Any] | None = None, rounds: int = ROUNDS,
+                 warmup_s: float = WARMUP_S, round_s: float = ROUND_S) -> list[LatencyComparison]:
+    """Every model after the first against the first, all timed in the same interleaved rounds (as
+    `compare_latency` times two): what `relay-tune run A.rtmod B.rtmod ...` prints."""
+    timed = interleaved_rounds(models, inputs, rounds, None, warmup_s, round_s)
+    return [LatencyComparison(timed[0], other) for other in timed[1:]]
+
+
+def interleaved_rounds(models: Sequence[Any], inputs: Mapping[str, Any] | None, rounds: int, repeat: int | None,
+                       warmup_s: float, round_s: float) -> list[tuple[tuple[float, ...], ...]]:
+    """Per model, its timed calls of each round (seconds): each model warmed for `warmup_s` first, then every round
+    times each model in turn, `repeat` calls or as many as fill `round_s` seconds of it (at least 5)."""
+    per_call = [warm_up(model, inputs, warmup_s) for model in models]
+    repeats = [repeat if repeat is not None else calls_per_round(p, round_s) for p in per_call]
+    timed: list[list[tuple[float, ...]]] = [[] for _ in models]
     for _ in range(rounds):
-        base_rounds.append(_timed_calls(baseline, base_repeat, inputs))
-        cand_rounds.append(_timed_calls(candidate, cand_repeat, inputs))
-    return LatencyComparison(tuple(base_rounds), tuple(cand_rounds))
+        for model, calls, out in zip(models, repeats, timed):
+            out.append(_timed_calls(model, calls, inputs))
+    return [tuple(t) for t in timed]
 
 
 def steady_latency(model: Any, inputs: Mapping[str, Any] | None = None, rounds: int = ROUNDS,
