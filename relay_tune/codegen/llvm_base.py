@@ -38,6 +38,7 @@ from relay_tune.codegen.llvm_math import Float32Math
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.ir.dtypes import FLOAT_FORMATS, SUB_BYTE_INT_DTYPES, sub_byte_bits
 from relay_tune.kernel import tir
+from relay_tune.kernel.analysis import bound
 from relay_tune.op._shape import numpy_dtype
 
 I1 = ir.IntType(1)
@@ -1106,9 +1107,8 @@ class LLVMCodegenBase:
         prove non-negative by a positive constant."""
         if not (isinstance(node.b, tir.IntImm) and node.b.value > 0):
             return False
-        extents = self.ctx.extents
-        span = affine.bounds(affine.affine_form(node.a, extents), extents)
-        return span is not None and span[0] >= 0
+        ranges = {var: (0, extent - 1) for var, extent in self.ctx.extents.items()}
+        return bound(node.a, ranges)[0] >= 0
 
     def int_op(self, op: str, a: ir.Value, b: ir.Value, dtype: str) -> ir.Value:
         """Integer (and bool) arithmetic with constant folding of scalar operands (index math); an operation the
