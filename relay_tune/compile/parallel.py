@@ -37,15 +37,18 @@ def compile_and_load(
     """A model's kernels compiled (`compile_all`; `jobs` None: worker processes from
     `PARALLEL_COMPILE_MIN_KERNELS` kernels on, the per-user kernel cache when `kernel_cache`) and loaded into this
     process: the objects with their kernels' signatures, and the loaded libraries. Adds `llvm_s`, `load_s` and
-    `total_s` to `timings` (seconds since `start`). `digests`: kernels' loop-nest digests by name, where known
-    (`KernelObjectCache.key`)."""
+    `total_s` to `timings` (seconds since `start`), and the code generator's stages summed over the modules
+    compiled (`llvm_lower_s`, `llvm_parse_s`, `llvm_optimize_s`, `llvm_emit_s`: worker processes' seconds, which
+    overlap in time). `digests`: kernels' loop-nest digests by name, where known (`KernelObjectCache.key`)."""
     if jobs is None:
         # Worker processes pay off from a handful of kernels on (a fork costs a few milliseconds each).
         jobs = default_jobs() if len(funcs) >= PARALLEL_COMPILE_MIN_KERNELS else 1
     cache = KernelObjectCache.default() if kernel_cache else None
-    chunks = compile_all(funcs, target, jobs, cache, digests) if funcs else []
+    stages: dict[str, float] = {}
+    chunks = compile_all(funcs, target, jobs, cache, digests, stages) if funcs else []
     t_compile = time.perf_counter()
     timings["llvm_s"] = t_compile - start - sum(timings.values())
+    timings.update({f"llvm_{name}": seconds for name, seconds in stages.items()})
     objects = [(obj, [KernelSignature.from_primfunc(f) for f in chunk]) for obj, chunk in chunks]
     libraries = [load_object(obj, sigs, threading_runtime=threading_runtime) for obj, sigs in objects]
     timings["load_s"] = time.perf_counter() - t_compile
@@ -62,15 +65,20 @@ def compile_chunk(funcs: Sequence[tir.PrimFunc], target: Target) -> tuple[bytes,
 
 def compile_all(funcs: Sequence[tir.PrimFunc], target: Target, jobs: int,
                 cache: KernelObjectCache | None = None,
-                digests: Mapping[str, str] | None = None) -> list[tuple[bytes, list[tir.PrimFunc]]]:
+                digests: Mapping[str, str] | None = None,
+                stages: dict[str, float] | None = None) -> list[tuple[bytes, list[tir.PrimFunc]]]:
     """Object code for `funcs`: one module, or several (`_chunks`) compiled by `jobs` worker processes. Modules
-    found in `cache` are not compiled again; the ones compiled are stored there."""
+    found in `cache` are not compiled again; the ones compiled are stored there. `stages`, when given, receives
+    the code generator's seconds per stage (`compile_object`'s timings), summed over the modules compiled."""
     chunks = _chunks(funcs, max(1, min(jobs, len(funcs))))
     keys = [cache.key(chunk, target, digests) for chunk in chunks] if cache is not None else []
     objects: list[bytes | None] = [cache.load(k) for k in keys] if cache is not None else [None] * len(chunks)
     missing = [i for i, obj in enumerate(objects) if obj is None]
-    for i, obj in zip(missing, _compile_chunks([chunks[i] for i in missing], target, jobs)):
+    for i, (obj, timings) in zip(missing, _compile_chunks([chunks[i] for i in missing], target, jobs)):
         objects[i] = obj
+        if stages is not None:
+            for name, seconds in timings.items():
+                stages[name] = stages.get(name, 0.0) + seconds
         if cache is not None:
             cache.store(keys[i], obj)
     if cache is not None and missing:
@@ -94,17 +102,19 @@ def _chunks(funcs: Sequence[tir.PrimFunc], jobs: int) -> list[list[tir.PrimFunc]
     return [chunk for _, chunk in sorted(zip(loads, chunks), key=lambda pair: -pair[0])]
 
 
-def _compile_chunks(chunks: Sequence[Sequence[tir.PrimFunc]], target: Target, jobs: int) -> list[bytes]:
-    """One object per chunk: in this process for one chunk or one job (or inside a daemonic process, which may not
-    start children), else in up to `jobs` worker processes, each taking the next chunk when it finishes one."""
+def _compile_chunks(chunks: Sequence[Sequence[tir.PrimFunc]], target: Target,
+                    jobs: int) -> list[tuple[bytes, dict[str, float]]]:
+    """One object per chunk, with the code generator's timings: in this process for one chunk or one job (or
+    inside a daemonic process, which may not start children), else in up to `jobs` worker processes, each taking
+    the next chunk when it finishes one."""
     if len(chunks) <= 1 or jobs <= 1 or multiprocessing.current_process().daemon:
-        return [compile_chunk(chunk, target)[0] for chunk in chunks]
+        return [compile_chunk(chunk, target) for chunk in chunks]
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # "fork": workers start at once, with everything imported; they only run LLVM on their own modules.
     try:
         with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=context) as pool:
             futures = [pool.submit(compile_chunk, chunk, target) for chunk in chunks]
-            return [future.result()[0] for future in futures]
+            return [future.result() for future in futures]
     except concurrent.futures.process.BrokenProcessPool as err:
         raise CompileError(f"a compile worker process died ({err}); retry with jobs=1 to see why") from None
 
