@@ -134,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
     print(f"load average at end: {_load()}")
     if args.csv is not None:
-        write_rows(args.csv, rows)
+        # Trees report different stages (an older tree no code generator's): every column, empty where missing.
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        write_rows(args.csv, [{key: row.get(key, "") for key in columns} for row in rows])
     return 0
 
 
