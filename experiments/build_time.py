@@ -11,8 +11,11 @@ cache's key, loading and storing included); "import" is the wall time of a whole
 relay_tune.compile"` process. Each first/second/cached triple gets a new cache folder (`RELAY_TUNE_CACHE`). With
 `--baseline-tree`, every repeat runs the same triple with that checkout first on PYTHONPATH (a tree without the
 build cache builds its "cached" build like its second), alternating which tree goes first, so a slow spell of a
-shared host falls on both; the table shows medians, the ratios before/after, and the second kernel-cache build's
-stages (`build_info["timings"]`).
+shared host falls on both; the table shows medians, the ratios before/after, and the stages of the last first and
+second (kernel-cache) builds: `onnx` (the ONNX import, outside the build's time), then `build_info["timings"]`
+(passes, lower: task lowering, plan, llvm: compiling the kernels, load, total; where the tree reports them the
+code generator's stages summed over the modules compiled, `llvm_lower` (loop nests to LLVM IR), `llvm_parse`,
+`llvm_optimize`, `llvm_emit` (worker processes' seconds: they overlap), and the build cache's `key` and `store`).
 """
 
 from __future__ import annotations
@@ -45,12 +48,16 @@ else:
 from relay_tune.frontend import from_onnx
 import relay_tune
 import relay_tune.compile
+start = time.perf_counter()
 mod, _ = from_onnx(model)
+onnx_s = time.perf_counter() - start
 start = time.perf_counter()
 built = relay_tune.build(mod)
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "timings": built.build_info.get("timings", {}),
-                  "hit": bool((built.build_info.get("build_cache") or {}).get("hit"))}))
+cache = built.build_info.get("build_cache") or {}
+timings = {"onnx_s": onnx_s, **built.build_info.get("timings", {})}
+timings.update({k: cache[k] for k in ("key_s", "store_s") if k in cache})
+print(json.dumps({"seconds": seconds, "timings": timings, "hit": bool(cache.get("hit"))}))
 """
 
 KINDS = ("first", "second", "cached")
@@ -97,35 +104,46 @@ def run(args: argparse.Namespace) -> int:
     print(header)
     for name in names:
         seconds: dict[str, dict[str, list[float]]] = {t: {k: [] for k in KINDS} for t in trees}
-        stages: dict[str, dict[str, float]] = {}
+        stages: dict[str, dict[str, dict[str, float]]] = {t: {} for t in trees}
         for number in range(args.repeat):
             for label in _order(trees, number):
                 with tempfile.TemporaryDirectory() as cache:
                     env = {"RELAY_TUNE_CACHE": cache}
-                    seconds[label]["first"].append(_build(trees[label], name, env)["seconds"])
+                    first = _build(trees[label], name, env)
+                    seconds[label]["first"].append(first["seconds"])
+                    stages[label]["first"] = first["timings"]
                     second = _build(trees[label], name, {**env, "RELAY_TUNE_BUILD_CACHE": "0"})
                     seconds[label]["second"].append(second["seconds"])
-                    stages[label] = second["timings"]
+                    stages[label]["second"] = second["timings"]
                     seconds[label]["cached"].append(_build(trees[label], name, env)["seconds"])
         for label in trees:
             medians = {k: statistics.median(v) for k, v in seconds[label].items()}
             row: dict[str, Any] = {"model": name, "tree": label,
                                    "import_s": round(statistics.median(imports[label]), 3),
-                                   **{f"{k}_s": round(v, 3) for k, v in medians.items()},
-                                   **{f"second_{k}": round(v, 3) for k, v in stages[label].items()}}
+                                   **{f"{k}_s": round(v, 3) for k, v in medians.items()}}
+            for kind in ("first", "second"):
+                row.update({f"{kind}_{k}": round(v, 3) for k, v in stages[label][kind].items()})
             rows.append(row)
-            stage_text = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in stages[label].items()
-                                   if k != "total_s")
             print(f"{name:22s} {label:6s} {medians['first']:8.2f} {medians['second']:9.2f} {medians['cached']:9.2f}"
-                  f"   {stage_text}", flush=True)
+                  f"   second: {_stage_text(stages[label]['second'])}", flush=True)
+            print(f"{'':22s} {'':6s} {'':8s} {'':9s} {'':9s}   first:  {_stage_text(stages[label]['first'])}",
+                  flush=True)
         if "before" in trees:
             ratios = [rows[-2][f"{k}_s"] / rows[-1][f"{k}_s"] for k in KINDS]
             print(f"{'':22s} {'ratio':6s} " + " ".join(f"{r:8.2f}x" for r in ratios) + "   before / after",
                   flush=True)
     print(f"load average at end: {_load()}")
     if args.csv is not None:
-        write_rows(args.csv, rows)
+        # Trees report different stages (an older tree no code generator's): every column, empty where missing.
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        write_rows(args.csv, [{key: row.get(key, "") for key in columns} for row in rows])
     return 0
+
+
+def _stage_text(timings: dict[str, float]) -> str:
+    """A build's stages in seconds, in the order the build reports them (llvm_*: summed over the modules that
+    worker processes compiled, so they overlap; total: the build without the build cache's key and store)."""
+    return ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in timings.items())
 
 
 def _order(trees: dict[str, Path], number: int) -> list[str]:

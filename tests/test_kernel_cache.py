@@ -34,9 +34,9 @@ def compiled_modules(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counts: list[int] = []
     real = parallel._compile_chunks
 
-    def counting(chunks, target):  # type: ignore[no-untyped-def]
+    def counting(chunks, *args):  # type: ignore[no-untyped-def]
         counts.append(len(chunks))
-        return real(chunks, target)
+        return real(chunks, *args)
 
     monkeypatch.setattr(parallel, "_compile_chunks", counting)
     return counts

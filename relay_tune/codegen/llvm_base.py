@@ -38,6 +38,7 @@ from relay_tune.codegen.llvm_math import Float32Math
 from relay_tune.errors import CompileError, UnsupportedError
 from relay_tune.ir.dtypes import FLOAT_FORMATS, SUB_BYTE_INT_DTYPES, sub_byte_bits
 from relay_tune.kernel import tir
+from relay_tune.kernel.analysis import bound
 from relay_tune.op._shape import numpy_dtype
 
 I1 = ir.IntType(1)
@@ -256,6 +257,11 @@ class FunctionContext:
     memo_lane0: dict[int, tuple[tir.PrimExpr, ir.Value]] = field(default_factory=dict)
     # Buffers this function put on its own stack (`stack_allocate`): private to the thread running it.
     stack_buffers: set[tir.Buffer] = field(default_factory=set)
+    # Integer instructions emitted in `values_block`, by (operation, operands): an index expression that several
+    # statements of one block compute (the unrolled copies of a loop body) is emitted once. Only the block being
+    # filled: an instruction dominates the rest of its own block, not necessarily other blocks.
+    values_block: ir.Block | None = None
+    block_values: dict[tuple[object, ...], tuple[ir.Value, ir.Value, ir.Value]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1065,6 +1071,10 @@ class LLVMCodegenBase:
             return wide if op in tir.COMPARE_OPS else self.cast(wide, "float32", dtype)
         if info.is_float:
             return self.float_op(op, a, b)
+        if op in ("floordiv", "floormod") and info.is_signed and self._nonnegative_quotient(node):
+            # Both operands are known non-negative: floor division is unsigned division (one instruction, not
+            # the sign fix-up's nine).
+            op = "udiv" if op == "floordiv" else "urem"
         result = self.int_op(op, a, b, dtype)
         if info.value_bits and op not in tir.COMPARE_OPS:
             return self.wrap_sub_byte(result, dtype)
@@ -1097,20 +1107,51 @@ class LLVMCodegenBase:
             return bld.fcmp_unordered("!=", a, b)
         raise CompileError(f"operator {op} is not defined on floating-point values")
 
+    def _nonnegative_quotient(self, node: tir.BinaryOp) -> bool:
+        """Whether integer `node` (a floordiv or floormod) divides a dividend that the enclosing loops' ranges
+        prove non-negative by a positive constant."""
+        if not (isinstance(node.b, tir.IntImm) and node.b.value > 0):
+            return False
+        ranges = {var: (0, extent - 1) for var, extent in self.ctx.extents.items()}
+        return bound(node.a, ranges)[0] >= 0
+
     def int_op(self, op: str, a: ir.Value, b: ir.Value, dtype: str) -> ir.Value:
-        """Integer (and bool) arithmetic with constant folding of scalar operands (index math)."""
+        """Integer (and bool) arithmetic with constant folding of scalar operands (index math); an operation the
+        block being filled already computed is reused (`FunctionContext.block_values`). `udiv` and `urem` are
+        floordiv and floormod of operands known to be non-negative."""
         info = dtype_info(dtype)
-        signed = info.is_signed
         ca, cb = int_constant_value(a), int_constant_value(b)
         if ca is not None and cb is not None:
-            folded = _fold_int(op, ca, cb, info)
+            folded = _fold_int(_UNSIGNED_OPS.get(op, op), ca, cb, info)
             if folded is not None:
                 return self.constant("bool" if op in tir.COMPARE_OPS else dtype, folded)
         if (op == "add" and cb == 0) or (op == "sub" and cb == 0) or (op == "mul" and cb == 1):
             return a
         if (op == "add" and ca == 0) or (op == "mul" and ca == 1):
             return b
+        ka, kb = _operand_key(a), _operand_key(b)
+        if ka is None or kb is None:
+            return self._emit_int_op(op, a, b, info)
+        ctx = self.ctx
+        if ctx.values_block is not ctx.builder.block:
+            ctx.values_block, ctx.block_values = ctx.builder.block, {}
+        key = (op, dtype, ka, kb)
+        known = ctx.block_values.get(key)
+        if known is not None:
+            return known[2]
+        result = self._emit_int_op(op, a, b, info)
+        ctx.block_values[key] = (a, b, result)  # the operands kept alive: their ids stay theirs
+        return result
+
+    def _emit_int_op(self, op: str, a: ir.Value, b: ir.Value, info: DTypeInfo) -> ir.Value:
+        """The instructions of integer operation `op` (`int_op` without folding or reuse)."""
+        signed = info.is_signed
+        dtype = info.name
         bld = self.builder
+        if op == "udiv":
+            return bld.udiv(a, b)
+        if op == "urem":
+            return bld.urem(a, b)
         if op == "add":
             return bld.add(a, b)
         if op == "sub":
@@ -1569,6 +1610,24 @@ _FOLDABLE: dict[str, Callable[[int, int], int | bool]] = {
 """Integer operators `known_condition` evaluates on constants (Python's floor division and modulo: TIR's)."""
 
 _COMPARE_SYMBOL = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+# `int_op`'s unsigned division of operands known to be non-negative folds as floor division.
+_UNSIGNED_OPS = {"udiv": "floordiv", "urem": "floormod"}
+
+
+def _operand_key(value: ir.Value) -> object | None:
+    """What identifies `value` as an operand of `int_op`'s reused instructions: an integer constant by its type
+    and value (constants are made anew at each use), any other value by identity; None for other constants."""
+    if isinstance(value, ir.Constant):
+        constant = value.constant
+        if isinstance(value.type, ir.IntType) and isinstance(constant, int):
+            return (value.type.width, constant)
+        if isinstance(value.type, ir.VectorType) and isinstance(value.type.element, ir.IntType) \
+                and isinstance(constant, list) and all(isinstance(c, int) for c in constant):
+            return (value.type.element.width, tuple(constant))
+        return None
+    return id(value)
 
 
 def _fold_int(op: str, a: int, b: int, info: DTypeInfo) -> int | None:
