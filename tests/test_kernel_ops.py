@@ -524,8 +524,8 @@ TESTED = {
     "nn.space_to_depth", "arange", "one_hot", "trilu", "cumsum",
     # kernel tests in test_onnx_ops_more.py
     "cumprod", "bitwise_and", "bitwise_or", "bitwise_xor", "signal.window", "signal.dft",
-    # kernel tests in test_int8_kernels.py, test_lstm_sequence.py and test_dynamic_quantized_products.py
-    "nn.contrib_conv2d_NCHWc_int8", "nn.lstm_sequence", "min_max",
+    # kernel tests in test_int8_kernels.py, test_lstm_sequence.py, test_dynamic_quantized_products.py, test_bf16.py
+    "nn.contrib_conv2d_NCHWc_int8", "nn.lstm_sequence", "min_max", "nn.contrib_conv2d_NCHWc_bf16",
 }
 
 

@@ -56,7 +56,7 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -
 DECLARED = (
     *elemwise.UNARY_OPS, "nn.relu", "nn.leaky_relu", "clip", "cast", *elemwise.ARITH_OPS, *elemwise.COMPARE_OPS,
     *elemwise.BITWISE_OPS,
-    "where", *reduce.REDUCE_OPS, "collapse_sum_like", "reshape", "transpose", "expand_dims", "squeeze",
+    "where", *reduce.REDUCE_OPS, "collapse_sum_like", "min_max", "reshape", "transpose", "expand_dims", "squeeze",
     "concatenate", "stack", "split", "strided_slice", "take", "nn.batch_flatten", "nn.pad", "layout_transform",
     "nn.upsampling",
     "broadcast_to",
