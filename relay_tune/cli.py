@@ -477,7 +477,7 @@ def _run_compared(args: argparse.Namespace, first: Any, inputs: dict[str, Any], 
     the same interleaved rounds, each one's median and its ratio to A."""
 
     # start-up: imported on use, so `relay-tune --help` does not load the runtime (~0.1 s with LLVM)
-    from relay_tune.runtime.benchmark import compare_many
+    from relay_tune.runtime.benchmark import EXTEND_S, compare_many
     from relay_tune.runtime.vm import load_model as load
 
     models = [first]
@@ -492,7 +492,7 @@ def _run_compared(args: argparse.Namespace, first: Any, inputs: dict[str, Any], 
         console.print(f"{path}: outputs within {worst:.1e} of {args.model}'s (largest relative error)")
         models.append(other)
     paths = [args.model, *args.others]
-    comparisons = compare_many(models, inputs)
+    comparisons = compare_many(models, inputs, extend_s=EXTEND_S)
     first_costs = [c for r in comparisons[0].baseline for c in r]
     console.print("latency in the same interleaved rounds (warmed up, about a second of single runs each):")
     console.print(f"  {args.model}: median {statistics.median(first_costs) * 1e3:.3f} ms, "

@@ -11,6 +11,7 @@ from relay_tune.runtime.benchmark import (
     calls_per_round,
     compare_latency,
     compare_many,
+    median_rank,
     interleaved_latency,
     interleaved_samples,
     interleaved_task_seconds,
@@ -82,6 +83,38 @@ def test_a_ratio_is_given_only_where_the_rounds_agree() -> None:
     assert noisy.describe().startswith("timings too noisy for a ratio")
     # Two rounds cannot show agreement.
     assert not LatencyComparison(((1e-3,),) * 2, ((1e-3,),) * 2).supports_ratio()
+
+
+def test_median_rank_bounds_the_median_with_95_percent_confidence() -> None:
+    assert [median_rank(n) for n in (1, 2, 5)] == [0, 0, 0]  # too few samples for any bound
+    assert median_rank(6) == 1 and median_rank(9) == 2 and median_rank(20) == 6 and median_rank(100) == 40
+
+
+class _SteppedModel:
+    """A stand-in model whose timed calls take the given seconds in turn (what `benchmark` reports)."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        self.seconds = seconds
+        self.calls = 0
+
+    def benchmark(self, repeat: int, inputs: object = None) -> list[float]:
+        out = [self.seconds[(self.calls + i) % len(self.seconds)] for i in range(repeat)]
+        self.calls += repeat
+        return out
+
+
+def test_noisy_rounds_are_extended_until_their_median_ratio_is_known() -> None:
+    rng = np.random.default_rng(2)
+    noisy = list(2e-3 * np.exp(rng.normal(0.0, 0.12, 500)))
+    first = compare_latency(_SteppedModel(noisy), _SteppedModel([1e-3]), rounds=9, repeat=1, warmup_s=0.0)
+    assert len(first.round_ratios) == 9 and not first.supports_ratio()  # nine rounds disagree
+    extended = compare_latency(_SteppedModel(noisy), _SteppedModel([1e-3]), rounds=9, repeat=1, warmup_s=0.0,
+                               extend_s=5.0)
+    assert 9 < len(extended.round_ratios) <= 72
+    assert extended.supports_ratio() and extended.spread > 0.10  # known from the interval, not from the spread
+    low, high = extended.ratio_interval()
+    assert low <= 2.0 <= high and extended.uncertainty <= 0.05
+    assert extended.describe().endswith("x faster")
 
 
 def test_rounds_of_a_fast_model_fill_their_time() -> None:

@@ -41,7 +41,7 @@ from relay_tune.passes import precision_mode
 from relay_tune.records.cache import TuningCache, records_since
 from relay_tune.records.database import JsonLinesDatabase, MemoryDatabase, current_config, top_k
 from relay_tune.records.log_format import LogEvent, LogWriter, read_records
-from relay_tune.runtime.benchmark import LatencyComparison, compare_latency
+from relay_tune.runtime.benchmark import EXTEND_S, LatencyComparison, compare_latency
 from relay_tune.runtime.cuda import CudaUnavailableError, cuda_available, cuda_device
 from relay_tune.target import Target
 from relay_tune.tuning import distributed
@@ -608,7 +608,7 @@ def _latencies(model: Any, untuned: Any) -> LatencyComparison:
     # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs 140 us, the
     # tuned build "slower" than the default it had just been checked against).
     with measurement_lock():
-        return compare_latency(untuned, model)
+        return compare_latency(untuned, model, extend_s=EXTEND_S)
 
 
 def best_steps_lookup(tasks: Sequence[Any], logs: Sequence[str | os.PathLike[str]] = (), *,
