@@ -116,7 +116,9 @@ def test_a_record_slower_in_the_graph_than_the_default_is_not_used(monkeypatch: 
         return [{t.key: 2e-3 if "dense" in t.description else 1e-3 for t in tuned.plan.tasks},  # type: ignore[attr-defined]
                 {t.key: 1e-3 for t in default.plan.tasks}]  # type: ignore[attr-defined]
 
-    def end_to_end(default: object, tuned: object, _inputs: object, rounds: int) -> LatencyComparison:
+    def end_to_end(
+        default: object, tuned: object, _inputs: object, rounds: int, extend_s: float = 0.0,
+    ) -> LatencyComparison:
         # the checked build is the faster one end to end
         return LatencyComparison(((2e-3,),) * rounds, ((1e-3,),) * rounds)
 
@@ -155,7 +157,9 @@ def test_the_end_to_end_choice_follows_the_medians_it_reports(monkeypatch: pytes
         tuned, default = models
         return [{t.key: 1e-3 for t in tuned.plan.tasks}, {t.key: 1e-3 for t in default.plan.tasks}]  # type: ignore[attr-defined]
 
-    def end_to_end(default: object, tuned: object, _inputs: object, rounds: int) -> LatencyComparison:
+    def end_to_end(
+        default: object, tuned: object, _inputs: object, rounds: int, extend_s: float = 0.0,
+    ) -> LatencyComparison:
         # the records' build is faster by its medians (0.8 against 1 ms); one lucky default sample is faster still
         return LatencyComparison(((1e-3, 1e-3, 0.4e-3),) * rounds, ((0.8e-3,) * 3,) * rounds)
 
