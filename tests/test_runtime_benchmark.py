@@ -11,10 +11,10 @@ from relay_tune.runtime.benchmark import (
     calls_per_round,
     compare_latency,
     compare_many,
-    median_rank,
     interleaved_latency,
     interleaved_samples,
     interleaved_task_seconds,
+    median_rank,
     steady_latency,
     warm_up,
 )
