@@ -26,6 +26,7 @@ from relay_tune.ir.attrs import Attrs
 from relay_tune.ir.dtypes import ml_dtypes_module
 from relay_tune.ir.types import ANY, TensorType, Type
 from relay_tune.op.nn import _ints, _padding, _tensor_arg, fmt_shape
+from relay_tune.op.quantized import blocked_conv_reference
 from relay_tune.op.registry import OpPattern, reference, register_op, type_relation
 
 OP_NAME = "nn.contrib_conv2d_NCHWc_bf16"
@@ -90,16 +91,8 @@ def conv2d_nchwc_bf16_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndar
     data, packed = inputs
     n, cb, h, w, bi = data.shape
     weight = unpack_bf16_weight(packed).astype(np.float64)
-    o, _, kh, kw = weight.shape
     x = data.astype(np.float64).transpose(0, 1, 4, 2, 3).reshape(n, cb * bi, h, w)
-    sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
-    (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
-    x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
-    out = np.einsum("ncyxhw,ochw->noyx", windows, weight, optimize=True)
-    bo = packed.shape[5]
-    oh, ow = out.shape[2:]
-    return out.reshape(n, o // bo, bo, oh, ow).transpose(0, 1, 3, 4, 2).astype(np.float32)
+    return blocked_conv_reference(x, weight, packed.shape[5], attrs, OP_NAME).astype(np.float32)
 
 
 # ================================================================================================

@@ -127,16 +127,23 @@ def conv2d_nchwc_int8_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.ndar
     data, packed = inputs
     n, cb, h, w, bi = data.shape
     weight = unpack_int8_weight(packed).astype(np.int64)
-    o, _, kh, kw = weight.shape
     x = data.transpose(0, 1, 4, 2, 3).reshape(n, cb * bi, h, w).astype(np.int64)
-    sh, sw = _ints(attrs["strides"], 2, OP_NAME, "strides")
-    (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, OP_NAME)
-    x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=int(attrs["pad_value"]))  # type: ignore[arg-type]
+    pad_value = int(attrs["pad_value"])  # type: ignore[arg-type]
+    return blocked_conv_reference(x, weight, packed.shape[5], attrs, OP_NAME, pad_value).astype(np.int32)
+
+
+def blocked_conv_reference(x: np.ndarray, weight: np.ndarray, block: int, attrs: Attrs, op_name: str,
+                           pad_value: float = 0) -> np.ndarray:
+    """The NCHW{block}c result of NCHW `x` convolved with OIHW `weight` in their own dtype (`strides` and `padding`
+    from `attrs`, padded with `pad_value`): the packed int8 and bf16 convolutions' references."""
+    n, o, kh, kw = x.shape[0], weight.shape[0], weight.shape[2], weight.shape[3]
+    sh, sw = _ints(attrs["strides"], 2, op_name, "strides")
+    (pt, pl), (pb, pr) = _padding(attrs["padding"], 2, op_name)
+    x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_value)
     windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
     out = np.einsum("ncyxhw,ochw->noyx", windows, weight, optimize=True)
-    bo = packed.shape[5]
     oh, ow = out.shape[2:]
-    return out.reshape(n, o // bo, bo, oh, ow).transpose(0, 1, 3, 4, 2).astype(np.int32)
+    return out.reshape(n, o // block, block, oh, ow).transpose(0, 1, 3, 4, 2)
 
 
 # ================================================================================================
