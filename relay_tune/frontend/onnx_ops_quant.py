@@ -30,9 +30,11 @@ import numpy as np
 
 from relay_tune.errors import UnsupportedError
 from relay_tune.frontend.onnx_importer import Importer, OnnxModelError, OnnxNode, normalize_axis, relay_dtype
+from relay_tune.frontend.onnx_ops_recurrent import LSTM_PANEL, in_layout, lstm_loop, lstm_shape
 from relay_tune.frontend.onnx_registry import CONVERTERS, REVIEWED_OPSET, converts
 from relay_tune.ir.dtypes import LOW_PRECISION_FLOAT_DTYPES
 from relay_tune.ir.expr import Constant, Expr, Tuple
+from relay_tune.op.recurrent import LSTM_SEQUENCE_INT8, pack_int8_recurrent_weights
 
 MICROSOFT = "com.microsoft"
 _INTEGER_DTYPE = re.compile(r"(u?)int(\d+)")
@@ -495,13 +497,62 @@ def _qgemm(imp: Importer, node: OnnxNode) -> Expr:
 __all__ = ["MICROSOFT", "broadcast_param", "dequantize", "dynamic_quantize", "integer_range", "quantize"]
 
 
+def _int8_lstm(imp: Importer, node: OnnxNode) -> list[Expr] | None:
+    """DynamicQuantizeLSTM on its integers, as onnxruntime computes it: the input projection of every step as one
+    product of X quantized to uint8 (DynamicQuantizeLinear over the whole input) and W's int8 values, the steps
+    as one `nn.lstm_sequence_int8` (the state quantized to uint8 per step, R's int8 values). None where that does
+    not apply: weights or scales not constants, a weight zero point other than 0, or a layer that does not fit
+    the looped kernel (`onnx_ops_recurrent.lstm_shape`)."""
+    w, r = node.required(1), node.required(2)
+    params = [node.input(i) for i in (8, 9, 10, 11)]
+    if not all(isinstance(v, Constant) for v in (w, r, params[0], params[2])):
+        return None
+    if any(z is not None and (not isinstance(z, Constant) or np.any(z.data != 0)) for z in (params[1], params[3])):
+        return None
+    assert isinstance(w, Constant) and isinstance(r, Constant)
+    if w.data.dtype != np.int8 or r.data.dtype != np.int8 or r.data.ndim != 3 or w.data.ndim != 3:
+        return None
+    directions, hidden, gates = r.data.shape
+    shape = lstm_shape(imp, node, hidden)
+    if not shape.loop_fits or gates != 4 * hidden or len(shape.reverse) != directions \
+            or w.data.shape[::2] != (directions, gates):
+        return None
+
+    def column_scales(scale: Expr) -> np.ndarray:
+        assert isinstance(scale, Constant)
+        values = np.asarray(scale.data, np.float32)
+        return np.broadcast_to(values.reshape(directions, -1), (directions, gates))
+
+    # the projection: (seq * batch, input) x (input, directions * 4H), X quantized once for every direction
+    qx, x_scale, x_zero = dynamic_quantize(imp, shape.x2d)
+    w_all = np.ascontiguousarray(w.data.transpose(1, 0, 2).reshape(w.data.shape[1], directions * gates))
+    acc = integer_matmul(imp, node, qx, imp.const(w_all, "int8"), x_zero, None)
+    proj = _float_matmul_result(imp, acc, _product(imp, x_scale, imp.const(column_scales(params[0]).reshape(-1),
+                                                                           "float32")), None)
+    panel = min(LSTM_PANEL, gates)
+    columns = -(-gates // panel) * panel
+    r_scale = np.zeros((directions, columns), np.float32)
+    r_scale[:, :gates] = column_scales(params[2])
+    r_sum = np.zeros((directions, columns), np.int32)
+    r_sum[:, :gates] = r.data.astype(np.int32).sum(axis=1)
+    weights = [imp.const(pack_int8_recurrent_weights(r.data, panel), "int8"), imp.const(r_scale, "float32"),
+               imp.const(r_sum, "int32")]
+    looped = lstm_loop(imp, proj, node.input(3), LSTM_SEQUENCE_INT8, weights, shape.initial_h, shape.initial_c,
+                       shape.seq, shape.batch, hidden, shape.reverse)
+    return in_layout(imp, *looped, shape.layout)
+
+
 @converts(f"{MICROSOFT}.DynamicQuantizeLSTM")
 def _dynamic_quantize_lstm(imp: Importer, node: OnnxNode) -> list[Expr]:
     """onnxruntime's LSTM with int8 weights: `W (directions, input, 4*hidden)` and `R (directions, hidden,
     4*hidden)` with a scale and zero point per direction (or per direction and column), the other inputs and the
-    attributes as LSTM's. The weights are dequantized (constants: folded at build time) into LSTM's layout
-    `(directions, 4*hidden, input)`; onnxruntime also quantizes the activations on the fly, so its results differ
-    from these by about that quantisation's error."""
+    attributes as LSTM's. A layer that fits the looped kernel runs on the integers as onnxruntime does
+    (`_int8_lstm`); any other is the float LSTM of its dequantized weights (constants: folded at build time),
+    which differs from onnxruntime's, which also quantizes the activations on the fly, by about that
+    quantisation's error."""
+    quantized = _int8_lstm(imp, node)
+    if quantized is not None:
+        return quantized
     weights = []
     for index, scale_index in ((1, 8), (2, 10)):
         q = node.required(index)

@@ -224,22 +224,32 @@ def _lstm_sequence(imp: Importer, x2d: Expr, w: Expr, r: Expr, b: Expr | None, i
     directions, gates = len(reverse), 4 * hidden
     input_size = imp.static_shape(x2d)[1]
     proj = imp.call("nn.dense", [x2d, imp.reshape(w, [directions * gates, input_size])])
-    if b is not None:  # W's and R's biases, summed once
-        halves = imp.reshape(b, [directions, 2, gates])
-        summed = imp.call("add", [imp.call("strided_slice", [halves], begin=[k], end=[k + 1], axes=[1])
-                                  for k in range(2)])
-        proj = imp.call("add", [proj, imp.reshape(summed, [directions * gates])])
-    xp = imp.reshape(proj, [seq, batch, directions, gates])
     panel = min(LSTM_PANEL, gates)
     panels = -(-gates // panel)
     if panels * panel > gates:  # zero columns fill the last panel
         r = imp.call("concatenate", [Tuple((r, imp.const(np.zeros((directions, panels * panel - gates, hidden)),
                                                             "float32")))], axis=1)
     rp = imp.call("transpose", [imp.reshape(r, [directions, panels, panel, hidden])], axes=[0, 1, 3, 2])
+    return lstm_loop(imp, proj, b, LSTM_SEQUENCE, [rp], initial_h, initial_c, seq, batch, hidden, reverse)
+
+
+def lstm_loop(imp: Importer, proj: Expr, b: Expr | None, op: str, weights: list[Expr], initial_h: Expr | None,
+              initial_c: Expr | None, seq: int, batch: int, hidden: int,
+              reverse: list[bool]) -> tuple[Expr, Expr, Expr]:
+    """`Y`, `Y_h` and `Y_c` of an LSTM whose steps run as one call of `op` (`nn.lstm_sequence` or
+    `nn.lstm_sequence_int8`, its packed recurrent weights `weights`), from the float32 input projection `proj
+    (seq * batch, directions * 4 * hidden)` of every step and direction, before the biases `b`."""
+    directions, gates = len(reverse), 4 * hidden
+    if b is not None:  # W's and R's biases, summed once
+        halves = imp.reshape(b, [directions, 2, gates])
+        summed = imp.call("add", [imp.call("strided_slice", [halves], begin=[k], end=[k + 1], axes=[1])
+                                  for k in range(2)])
+        proj = imp.call("add", [proj, imp.reshape(summed, [directions * gates])])
+    xp = imp.reshape(proj, [seq, batch, directions, gates])
     zeros = imp.const(np.zeros((directions, batch, hidden)), "float32")
     h0 = initial_h if initial_h is not None else zeros
     c0 = initial_c if initial_c is not None else zeros
-    out = imp.call(LSTM_SEQUENCE, [xp, rp, h0, c0], hidden=hidden, reverse=[int(v) for v in reverse])
+    out = imp.call(op, [xp, *weights, h0, c0], hidden=hidden, reverse=[int(v) for v in reverse])
     y = imp.call("strided_slice", [out], begin=[0], end=[hidden], axes=[3])
 
     def last(start: int) -> Expr:
@@ -251,6 +261,50 @@ def _lstm_sequence(imp: Importer, x2d: Expr, w: Expr, r: Expr, b: Expr | None, i
         return imp.reshape(both, [directions, batch, hidden])
 
     return y, last(0), last(hidden)
+
+
+@dataclass(frozen=True)
+class LstmShape:
+    """An LSTM node's inputs brought to layout 0, its sizes, and whether its steps fit one looped kernel."""
+
+    x2d: Expr  # (seq * batch, input)
+    seq: int
+    batch: int
+    hidden: int
+    reverse: list[bool]  # per direction
+    initial_h: Expr | None  # (directions, batch, hidden)
+    initial_c: Expr | None
+    layout: int
+    loop_fits: bool  # `_loop_kernel_fits`
+
+
+def lstm_shape(imp: Importer, node: OnnxNode, hidden: int) -> LstmShape:
+    """What `nn.lstm_sequence` and its int8 twin need of an LSTM-like node (X, sequence_lens, initial_h,
+    initial_c, P at inputs 0, 4 to 7; `hidden_size`, `direction`, `layout`, activations, `clip`)."""
+    x = node.required(0)
+    layout = int(node.attrs.get("layout", 0))
+    if layout not in (0, 1):
+        raise OnnxModelError(f"layout {layout} (expected 0 or 1)")
+    if imp.rank(x) != 3:
+        raise OnnxModelError(f"X must have rank 3, got shape {imp.shape(x)}")
+    if layout:
+        x = imp.call("transpose", [x], axes=[1, 0, 2])
+    seq, batch, input_size = imp.static_shape(x, "X")
+    direction = node.attr_str("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise OnnxModelError(f"direction {direction!r} (expected forward, reverse or bidirectional)")
+    directions = 2 if direction == "bidirectional" else 1
+    acts = activations(node, ["Sigmoid", "Tanh", "Tanh"], directions)
+    clip = node.attr_float("clip", 0.0) if "clip" in node.attrs else None
+    initial_h, initial_c = node.input(5), node.input(6)
+    if layout:  # initial states come as (batch, directions, hidden)
+        initial_h = imp.call("transpose", [initial_h], axes=[1, 0, 2]) if initial_h is not None else None
+        initial_c = imp.call("transpose", [initial_c], axes=[1, 0, 2]) if initial_c is not None else None
+    masks = _step_masks(imp, node.input(4), seq, batch)
+    fits = _loop_kernel_fits(node, acts, clip, masks, node.input(7), imp.dtype(x))
+    reverse = [direction == "reverse" or d == 1 for d in range(directions)]
+    return LstmShape(imp.reshape(x, [seq * batch, input_size]), seq, batch, hidden, reverse, initial_h, initial_c,
+                     layout, fits)
 
 
 def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
@@ -288,7 +342,7 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     if kind == "LSTM" and _loop_kernel_fits(node, acts, clip, masks, peepholes, dtype):
         looped = _lstm_sequence(imp, x2d, w, r, b, initial_h, initial_c, seq, batch, hidden,
                                 [direction == "reverse" or d == 1 for d in range(directions)])
-        return _in_layout(imp, *looped, layout)
+        return in_layout(imp, *looped, layout)
 
     ys, hs, cs = [], [], []
     for d in range(directions):
@@ -344,10 +398,10 @@ def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     y = imp.call("stack", [Tuple(tuple(ys))], axis=1)  # (seq, directions, batch, hidden)
     y_h = imp.call("stack", [Tuple(tuple(hs))], axis=0)  # (directions, batch, hidden)
     y_c = imp.call("stack", [Tuple(tuple(cs))], axis=0) if cs else None
-    return _in_layout(imp, y, y_h, y_c, layout)
+    return in_layout(imp, y, y_h, y_c, layout)
 
 
-def _in_layout(imp: Importer, y: Expr, y_h: Expr, y_c: Expr | None, layout: int) -> list[Expr]:
+def in_layout(imp: Importer, y: Expr, y_h: Expr, y_c: Expr | None, layout: int) -> list[Expr]:
     """The node's outputs from `Y (seq, directions, batch, hidden)` and the states `(directions, batch, hidden)`:
     with `layout` 1, Y as (batch, seq, directions, hidden) and the states as (batch, directions, hidden)."""
     if layout:

@@ -30,13 +30,14 @@ from collections.abc import Callable
 
 from relay_tune.errors import CompileError
 from relay_tune.ir import Call, Expr, Function, Op, TensorType, Var
-from relay_tune.kernel import tir
-from relay_tune.op.recurrent import LSTM_SEQUENCE
+from relay_tune.kernel import te, tir
+from relay_tune.op.recurrent import LSTM_SEQUENCE, LSTM_SEQUENCE_INT8
 from relay_tune.op.reduce import MIN_MAX
 from relay_tune.target import Target
 
 __all__ = ["FIXED_KERNELS", "MIN_MAX_VECTORS", "PARALLEL_MIN_MACS", "fixed_kernel", "fixed_kernel_call",
-           "fixed_kernel_inputs", "lstm_sequence_kernel", "min_max_kernel"]
+           "fixed_kernel_inputs", "lstm_sequence_int8_kernel", "lstm_sequence_kernel",
+           "min_max_kernel"]
 
 PARALLEL_MIN_MACS = 1 << 18
 """Multiply-accumulates per direction (all steps) below which the directions run in turn on one core: a parallel
@@ -57,46 +58,10 @@ def _shape(value: Expr) -> tuple[int, ...]:
     return tuple(d for d in ty.shape if isinstance(d, int))
 
 
-def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
-    """The loop nest of one `nn.lstm_sequence` call (see the module docstring); parameters xp, rp, h0, c0, out."""
-    seq, batch, directions, gates = _shape(call.args[0])
-    _, panels, hidden, panel = _shape(call.args[1])
-    reverse = [int(bool(r)) for r in call.attrs["reverse"]]
-    xp = tir.Buffer("xp", (seq, batch, directions, gates))
-    rp = tir.Buffer("rp", (directions, panels, hidden, panel))
-    h0 = tir.Buffer("h0", (directions, batch, hidden))
-    c0 = tir.Buffer("c0", (directions, batch, hidden))
-    out = tir.Buffer("out", (seq, directions, batch, 2 * hidden))
-    # per-direction scratch: states, the step's recurrent products, one panel's accumulators
-    h = tir.Buffer("h", (batch, hidden), scope=tir.Scope.LOCAL)
-    c = tir.Buffer("c", (batch, hidden), scope=tir.Scope.LOCAL)
-    g = tir.Buffer("g", (batch, panels * panel), scope=tir.Scope.LOCAL)
-    acc = tir.Buffer("acc", (panel,), scope=tir.Scope.LOCAL)
-
-    d, s = tir.LoopVar("d"), tir.LoopVar("s")
-    # the input step of iteration s: s for a forward direction, seq - 1 - s for a reverse one
-    backwards: tir.PrimExpr = tir.as_expr(reverse[0])
-    if directions == 2 and reverse[0] != reverse[1]:
-        backwards = backwards + d * (reverse[1] - reverse[0])
-    t = s + backwards * (seq - 1 - s * 2)
-    vectorized = tir.ForKind.VECTORIZED
-
-    b0, j0 = tir.LoopVar("b0"), tir.LoopVar("j0")
-    init = tir.For(b0, batch, tir.For(j0, hidden, tir.seq(
-        tir.Store(h, (b0, j0), h0[d, b0, j0]), tir.Store(c, (b0, j0), c0[d, b0, j0])), vectorized))
-
-    p, b1, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
-    ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
-    unroll = K_UNROLL if hidden % K_UNROLL == 0 else 1
-    k = ko * unroll + ku
-    update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + h[b1, k] * rp[d, p, k, j2]), vectorized)
-    reduce = tir.For(ko, hidden // unroll, tir.For(ku, unroll, update, tir.ForKind.UNROLLED if unroll > 1 else
-                                                   tir.ForKind.SERIAL))
-    product = tir.For(p, panels, tir.For(b1, batch, tir.seq(
-        tir.For(j1, panel, tir.Store(acc, (j1,), tir.FloatImm(0.0)), vectorized),
-        reduce,
-        tir.For(j3, panel, tir.Store(g, (b1, p * panel + j3), acc[j3]), vectorized))))
-
+def _lstm_gates(xp: tir.Buffer, g: tir.Buffer, h: tir.Buffer, c: tir.Buffer, out: tir.Buffer, t: tir.PrimExpr,
+                d: tir.PrimExpr, batch: int, hidden: int) -> tir.Stmt:
+    """One step's gates from the input projection `xp[t]` and the recurrent products `g`: the new states into the
+    scratch `h`, `c` and into `out[t, d]`."""
     b2, j = tir.LoopVar("b2"), tir.LoopVar("j")
 
     def pre(gate: int) -> tir.PrimExpr:
@@ -110,19 +75,135 @@ def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
 
     # gates i, o, f, c in ONNX order; the new cell state is written first and read back for the hidden state
     cell = out[t, d, b2, hidden + j]
-    state = tir.For(b2, batch, tir.For(j, hidden, tir.seq(
+    return tir.For(b2, batch, tir.For(j, hidden, tir.seq(
         tir.Store(out, (t, d, b2, hidden + j), sigmoid(pre(2)) * c[b2, j] + sigmoid(pre(0)) * tanh(pre(3))),
         tir.Store(c, (b2, j), cell),
         tir.Store(h, (b2, j), sigmoid(pre(1)) * tanh(cell)),
-        tir.Store(out, (t, d, b2, j), h[b2, j])), vectorized))
+        tir.Store(out, (t, d, b2, j), h[b2, j])), tir.ForKind.VECTORIZED))
 
-    steps = tir.For(s, seq, tir.seq(product, state))
+
+def _lstm_layer(call: Call, target: Target, name: str, params: tuple[tir.Buffer, ...],
+                product: Callable[[tir.PrimExpr, tir.Buffer, tir.Buffer], tir.Stmt],
+                scratch: tuple[tir.Buffer, ...], prologue: tir.Stmt | None, columns: int) -> tir.PrimFunc:
+    """The loop nest shared by the LSTM kernels: per direction `d` (in parallel where it pays), the states from
+    `h0`, `c0`, then per step `product(d, h, g)` (the recurrent products of the state `h` into `g (batch,
+    columns)`) and the gates. `params` are the kernel's parameters, `xp` first and `h0`, `c0`, `out` last;
+    `scratch` the product's own per-direction buffers, `prologue` what it does once per direction."""
+    seq, batch, directions, gates = _shape(call.args[0])
+    hidden = gates // 4
+    reverse = [int(bool(r)) for r in call.attrs["reverse"]]
+    xp, h0, c0, out = params[0], params[-3], params[-2], params[-1]
+    # per-direction scratch: states, the step's recurrent products
+    h = tir.Buffer("h", (batch, hidden), scope=tir.Scope.LOCAL)
+    c = tir.Buffer("c", (batch, hidden), scope=tir.Scope.LOCAL)
+    g = tir.Buffer("g", (batch, columns), scope=tir.Scope.LOCAL)
+
+    d, s = tir.LoopVar("d"), tir.LoopVar("s")
+    # the input step of iteration s: s for a forward direction, seq - 1 - s for a reverse one
+    backwards: tir.PrimExpr = tir.as_expr(reverse[0])
+    if directions == 2 and reverse[0] != reverse[1]:
+        backwards = backwards + d * (reverse[1] - reverse[0])
+    t = s + backwards * (seq - 1 - s * 2)
+
+    b0, j0 = tir.LoopVar("b0"), tir.LoopVar("j0")
+    init: tir.Stmt = tir.For(b0, batch, tir.For(j0, hidden, tir.seq(
+        tir.Store(h, (b0, j0), h0[d, b0, j0]), tir.Store(c, (b0, j0), c0[d, b0, j0])), tir.ForKind.VECTORIZED))
+    if prologue is not None:
+        init = tir.seq(init, prologue)
+    steps = tir.For(s, seq, tir.seq(product(d, h, g), _lstm_gates(xp, g, h, c, out, t, d, batch, hidden)))
     body: tir.Stmt = tir.seq(init, steps)
-    for scratch in (acc, g, c, h):
-        body = tir.Allocate(scratch, body)
+    for buffer in (*scratch, g, c, h):
+        body = tir.Allocate(buffer, body)
     parallel = directions > 1 and target.num_cores > 1 and seq * batch * gates * hidden >= PARALLEL_MIN_MACS
     kind = tir.ForKind.PARALLEL if parallel else tir.ForKind.SERIAL
-    return tir.PrimFunc(name, (xp, rp, h0, c0, out), tir.For(d, directions, body, kind))
+    return tir.PrimFunc(name, params, tir.For(d, directions, body, kind))
+
+
+def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
+    """The loop nest of one `nn.lstm_sequence` call (see the module docstring); parameters xp, rp, h0, c0, out."""
+    seq, batch, directions, gates = _shape(call.args[0])
+    _, panels, hidden, panel = _shape(call.args[1])
+    params = (tir.Buffer("xp", (seq, batch, directions, gates)), tir.Buffer("rp", (directions, panels, hidden, panel)),
+              tir.Buffer("h0", (directions, batch, hidden)), tir.Buffer("c0", (directions, batch, hidden)),
+              tir.Buffer("out", (seq, directions, batch, 2 * hidden)))
+    rp = params[1]
+    acc = tir.Buffer("acc", (panel,), scope=tir.Scope.LOCAL)  # one panel's accumulators
+    vectorized = tir.ForKind.VECTORIZED
+
+    def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
+        p, b1, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
+        ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
+        unroll = K_UNROLL if hidden % K_UNROLL == 0 else 1
+        k = ko * unroll + ku
+        update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + h[b1, k] * rp[d, p, k, j2]), vectorized)
+        reduce = tir.For(ko, hidden // unroll, tir.For(ku, unroll, update, tir.ForKind.UNROLLED if unroll > 1 else
+                                                       tir.ForKind.SERIAL))
+        return tir.For(p, panels, tir.For(b1, batch, tir.seq(
+            tir.For(j1, panel, tir.Store(acc, (j1,), tir.FloatImm(0.0)), vectorized),
+            reduce,
+            tir.For(j3, panel, tir.Store(g, (b1, p * panel + j3), acc[j3]), vectorized))))
+
+    return _lstm_layer(call, target, name, params, product, (acc,), None, panels * panel)
+
+
+def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
+    """The loop nest of one `nn.lstm_sequence_int8` call (see `relay_tune.op.recurrent`); parameters xp, rq,
+    rscale, rsum, h0, c0, out.
+
+    Each step first quantizes the state `h` to uint8 (its range in one scalar pass: a few hundred elements, next
+    to a product of `4H` times as many), then streams the int8 weight panels with four-byte dot products into int32
+    accumulators (`tir.DOT4_INTRINSICS`, full range: vpdpbusd with VNNI, two vpmaddubsw halves without), and
+    scales each column's exact sum back to float32."""
+    seq, batch, directions, gates = _shape(call.args[0])
+    _, panels, quads, panel, _ = _shape(call.args[1])
+    hidden, columns = gates // 4, panels * panel
+    params = (tir.Buffer("xp", (seq, batch, directions, gates)),
+              tir.Buffer("rq", (directions, panels, quads, panel, 4), "int8"),
+              tir.Buffer("rscale", (directions, columns)), tir.Buffer("rsum", (directions, columns), "int32"),
+              tir.Buffer("h0", (directions, batch, hidden)), tir.Buffer("c0", (directions, batch, hidden)),
+              tir.Buffer("out", (seq, directions, batch, 2 * hidden)))
+    rq, rscale, rsum = params[1:4]
+    acc = tir.Buffer("acc", (panel,), "int32", scope=tir.Scope.LOCAL)  # one panel's accumulators
+    qh = tir.Buffer("qh", (batch, 4 * quads), "uint8", scope=tir.Scope.LOCAL)  # the quantized state, zero rows
+    ends = tir.Buffer("ends", (2,), scope=tir.Scope.LOCAL)  # the state's range, 0 included
+    quant = tir.Buffer("quant", (2,), scope=tir.Scope.LOCAL)  # its scale and zero point
+    vectorized = tir.ForKind.VECTORIZED
+
+    # the rows of qh past the hidden size meet zero weights; they are cleared once so that they hold values
+    bz, jz = tir.LoopVar("bz"), tir.LoopVar("jz")
+    clear = tir.For(bz, batch, tir.For(jz, 4 * quads, tir.Store(qh, (bz, jz), tir.IntImm(0, "uint8")), vectorized))
+
+    def quantize(h: tir.Buffer) -> tir.Stmt:
+        bm, jm, bq, jq = (tir.LoopVar(n) for n in ("bm", "jm", "bq", "jq"))
+        zero, top = tir.FloatImm(0.0), tir.FloatImm(255.0)
+        span = ends[1] - ends[0]
+        scale, zero_point = quant[0], quant[1]
+        level = tir.Call("round", (h[bq, jq] / scale,), "float32") + zero_point
+        return tir.seq(
+            tir.Store(ends, (0,), zero), tir.Store(ends, (1,), zero),
+            tir.For(bm, batch, tir.For(jm, hidden, tir.seq(
+                tir.Store(ends, (0,), tir.minimum(ends[0], h[bm, jm])),
+                tir.Store(ends, (1,), tir.maximum(ends[1], h[bm, jm]))))),
+            # onnxruntime's parameters: scale 1 for an empty range, the zero point the rounded image of 0
+            tir.Store(quant, (0,), tir.Select(tir.binary("eq", span, zero), tir.FloatImm(1.0), span / top)),
+            tir.Store(quant, (1,), tir.Call("round", (tir.minimum(tir.maximum(-ends[0] / quant[0], zero), top),),
+                                            "float32")),
+            tir.For(bq, batch, tir.For(jq, hidden, tir.Store(
+                qh, (bq, jq), tir.Cast("uint8", tir.minimum(tir.maximum(level, zero), top))), vectorized)))
+
+    def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
+        p, b1, j1, j2, j3, ko = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3", "ko"))
+        dot = te.dot4_u8s8_i32([qh[b1, ko * 4 + i] for i in range(4)], [rq[d, p, ko, j2, i] for i in range(4)])
+        update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + dot), vectorized)
+        column = p * panel + j3
+        zero_point = tir.Cast("int32", quant[1])
+        exact = tir.Cast("float32", acc[j3] - zero_point * rsum[d, column])
+        return tir.seq(quantize(h), tir.For(p, panels, tir.For(b1, batch, tir.seq(
+            tir.For(j1, panel, tir.Store(acc, (j1,), tir.IntImm(0, "int32")), vectorized),
+            tir.For(ko, quads, update),
+            tir.For(j3, panel, tir.Store(g, (b1, column), exact * (quant[0] * rscale[d, column])), vectorized)))))
+
+    return _lstm_layer(call, target, name, params, product, (acc, qh, ends, quant), clear, columns)
 
 
 def min_max_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
@@ -160,7 +241,7 @@ def min_max_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
 
 
 FIXED_KERNELS: dict[str, Callable[[Call, Target, str], tir.PrimFunc]] = {
-    LSTM_SEQUENCE: lstm_sequence_kernel, MIN_MAX: min_max_kernel}
+    LSTM_SEQUENCE: lstm_sequence_kernel, LSTM_SEQUENCE_INT8: lstm_sequence_int8_kernel, MIN_MAX: min_max_kernel}
 """Per operator with a fixed kernel, the function that writes its loop nest."""
 
 
