@@ -1,7 +1,7 @@
 """A stacked bidirectional ONNX LSTM: relay-tune's import and build time, and its latency against onnxruntime.
 
     python -m experiments recurrent [--layers 2] [--hidden 256] [--seq 64] [--batch 1] [--input 256] [--threads 2]
-                                    [--trials N] [--baseline-tree DIR]
+                                    [--trials N] [--baseline-tree DIR] [--int8] [--profile]
 
 The model is `--layers` bidirectional LSTM nodes (random weights in [-0.1, 0.1], biases), each layer's output
 reshaped to `(seq, batch, 2 * hidden)` for the next, as exporters write it. relay-tune imports each LSTM as one
@@ -16,6 +16,12 @@ with sequential execution and all graph optimisations):
   then built from that log;
 - `baseline` (`--baseline-tree DIR`): the same model built by the relay-tune code of another checkout (for
   example the unchanged main branch), default schedules.
+
+`--int8` quantizes the model first with onnxruntime's `quantize_dynamic` (int8 weights, 7-bit as `reduce_range`
+makes them, which onnxruntime's u8 x s8 products multiply exactly on every CPU): DynamicQuantizeLSTM nodes, which
+relay-tune imports as a uint8 x int8 input projection and one `nn.lstm_sequence_int8` per layer. `--profile`
+prints, before the timing, relay-tune's in-graph kernel times (`CompiledModel.profile`) beside onnxruntime's
+per-node times (`SessionOptions.enable_profiling`), medians over the profiled runs.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 0: no tuning)")
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also time the model as the relay-tune checkout in DIR builds it (default schedules)")
+    parser.add_argument("--int8", action="store_true",
+                        help="quantize the model with onnxruntime's quantize_dynamic (DynamicQuantizeLSTM) first")
+    parser.add_argument("--profile", action="store_true",
+                        help="print per-kernel in-graph times and onnxruntime's per-node times")
 
 
 def lstm_stack(layers: int, hidden: int, seq: int, batch: int, input_size: int, seed: int = 0) -> Any:
@@ -91,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from relay_tune.target import Target
 
     model = lstm_stack(args.layers, args.hidden, args.seq, args.batch, args.input)
+    if args.int8:
+        model = quantized(model)
     x = np.random.default_rng(1).uniform(-1, 1, (args.seq, args.batch, args.input)).astype(np.float32)
     target = Target.host(num_cores=args.threads)
     start = time.perf_counter()
@@ -99,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     compiled = relay_tune.build(mod, target=target)
     built = time.perf_counter() - start
-    print(f"{args.layers} bidirectional LSTM layer(s), hidden {args.hidden}, seq {args.seq}, batch {args.batch}: "
+    kind = "int8 " if args.int8 else ""
+    print(f"{args.layers} bidirectional {kind}LSTM layer(s), hidden {args.hidden}, seq {args.seq}, batch {args.batch}: "
           f"import {imported:.1f} s, build {built:.1f} s, {compiled.num_kernel_calls} kernel calls, "
           f"{len(compiled.plan.tasks)} tasks")
     session = ort_session(model, args.threads)
@@ -114,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         error = float(np.abs(np.asarray(built_model.run(X=x)) - want).max() / max(float(np.abs(want).max()), 1e-30))
         print(f"error of {name} relative to onnxruntime's output scale: {error:.2e}")
         worst = max(worst, error)
+    if args.profile:
+        print_profiles(compiled, model, {"X": x}, args.threads)
     engines: dict[str, Any] = {"onnxruntime": lambda: session.run(None, {"X": x})}
     engines.update(builds)
     timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs={"X": x}, settle_s=args.settle)
@@ -127,6 +142,59 @@ def run(args: argparse.Namespace) -> int:
     if "baseline" in timed:
         print(f"  ratio relay-tune / baseline: {timed['relay-tune'].median / timed['baseline'].median:.2f}")
     return 0 if worst < 1e-4 else 1
+
+
+def quantized(model: Any) -> Any:
+    """`model` with its LSTMs quantized by onnxruntime's `quantize_dynamic` (int8 weights, `reduce_range`)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as folder:
+        src, dst = Path(folder) / "float.onnx", Path(folder) / "int8.onnx"
+        onnx.save(model, str(src))
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["LSTM"],
+                         reduce_range=True)
+        return onnx.load(str(dst))
+
+
+def onnxruntime_node_times(model: Any, feeds: dict[str, np.ndarray], threads: int, runs: int = 20) -> list[
+        tuple[float, str, str]]:
+    """onnxruntime's per-node kernel times `(seconds, op type, node name)`, medians over `runs` profiled runs
+    (after two warm-up runs), slowest first."""
+    import json
+    import statistics
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as folder:
+        options.profile_file_prefix = str(Path(folder) / "ort")
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for _ in range(runs + 2):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    times: dict[tuple[str, str], list[float]] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            key = (event["args"]["op_name"], event["name"][:-len("_kernel_time")])
+            times.setdefault(key, []).append(event["dur"] * 1e-6)
+    rows = [(statistics.median(v[2:] or v), op, name) for (op, name), v in times.items()]
+    return sorted(rows, reverse=True)
+
+
+def print_profiles(compiled: Any, model: Any, feeds: dict[str, np.ndarray], threads: int, top: int = 8) -> None:
+    """relay-tune's in-graph kernel times beside onnxruntime's per-node times (the slowest `top` of each)."""
+    print("relay-tune in-graph kernel times (all calls of a task, median of 20 runs):")
+    for profile in compiled.profile(repeat=20, inputs=feeds)[:top]:
+        print(f"  {profile.seconds * 1e3:8.3f} ms  {profile.calls:3d} call(s)  {profile.description[:100]}")
+    print("onnxruntime per-node kernel times (median of 20 runs):")
+    for seconds, op, name in onnxruntime_node_times(model, feeds, threads)[:top]:
+        print(f"  {seconds * 1e3:8.3f} ms  {op} {name}")
 
 
 def _tuned(mod: Any, target: Any, trials: int) -> Any:
