@@ -141,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
               f"{timed['tuned'].median / timed['relay-tune'].median:.2f}")
     if "baseline" in timed:
         print(f"  ratio relay-tune / baseline: {timed['relay-tune'].median / timed['baseline'].median:.2f}")
-    return 0 if worst < 1e-4 else 1
+    # an int8 model: within one 8-bit step of the output's range (a float-rounding difference of the state may
+    # flip one of its quantized levels, in relay-tune's build or in onnxruntime's)
+    tolerance = float(want.max() - want.min()) / 255 / max(float(np.abs(want).max()), 1e-30) if args.int8 else 1e-4
+    return 0 if worst < tolerance else 1
 
 
 def quantized(model: Any) -> Any:
