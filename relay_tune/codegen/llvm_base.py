@@ -1451,7 +1451,7 @@ class LLVMCodegenBase:
 
     def dot2_product(self, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:
         """`<lanes x i32>` sums of the two products per lane of `a` (`<2 lanes x i8>`, u8) and `b`
-        (`<2 lanes x i16>`, s16), plus `acc` when given; targets with vpmaddwd override this."""
+        (`<2 lanes x i16>` or `<2 lanes x i8>`, signed), plus `acc` when given; targets with vpmaddwd override this."""
         total = generic_dot2(self.builder, a, b, lanes)
         return total if acc is None else self.builder.add(acc, total)
 

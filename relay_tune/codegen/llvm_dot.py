@@ -119,7 +119,7 @@ def _vpdpbusd(builder: ir.IRBuilder, declare: Declare, a: ir.Value, b: ir.Value,
 
 def generic_dot2(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: int) -> ir.Value:
     """`<lanes x i32>` sums of the two products per lane of `a` (`<2 lanes x i8>`, u8, or `<2 lanes x i16>`) and
-    `b` (`<2 lanes x i16>`, s16), exact, as plain integer IR."""
+    `b` (`<2 lanes x i16>` or `<2 lanes x i8>`, signed), exact, as plain integer IR."""
     wide = _vector(I32, 2 * lanes)
     products = builder.mul(builder.zext(a, wide) if a.type.element == I8 else builder.sext(a, wide),
                            builder.sext(b, wide))
@@ -131,10 +131,13 @@ def generic_dot2(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: int) ->
 def x86_dot2(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: ir.Value, b: ir.Value, lanes: int,
              acc: ir.Value | None) -> ir.Value | None:
     """`acc + dot2` (`acc` may be None) with one vpmaddwd per register of lanes (`a` zero-extended to int16 when
-    it is uint8), or None when the target has no vpmaddwd (the caller then lowers it generically)."""
+    it is uint8, `b` sign-extended when it is int8), or None when the target has no vpmaddwd (the caller then
+    lowers it generically)."""
     if not features.pmaddubsw:  # every x86 target with vpmaddubsw has vpmaddwd at the same width
         return None
     a16 = builder.zext(a, _vector(I16, 2 * lanes)) if a.type.element == I8 else a
+    if b.type.element == I8:  # int8 weights, sign-extended on load (vpmovsxbw)
+        b = builder.sext(b, _vector(I16, 2 * lanes))
     total_bytes = 4 * lanes  # two int16 per int32 lane
     width = 16
     while width < total_bytes and width < features.register_bytes:

@@ -151,34 +151,38 @@ def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.Prim
     rscale, rsum, h0, c0, out.
 
     Each step first quantizes the state `h` to uint8 (its range in one scalar pass: a few hundred elements, next
-    to a product of `4H` times as many), then streams the int8 weight panels with four-byte dot products into int32
-    accumulators (`tir.DOT4_INTRINSICS`, full range: vpdpbusd with VNNI, two vpmaddubsw halves without), and
-    scales each column's exact sum back to float32."""
+    to a product of `4H` times as many), then streams the int8 weight panels with two-term dot products into int32
+    accumulators (`tir.DOT2_INTRINSIC`: a pair of state values broadcast, each panel row's int8 pairs sign-extended
+    on load, one vpmaddwd per register of lanes on x86) and scales each column's exact sum back to float32.
+    vpmaddwd multiplies int16, so full-range int8 weights need no care: the four-byte vpmaddubsw would saturate on
+    them (and, split into halves that do not, take two multiply sequences per weight register, twice vpmaddwd's
+    multiply-port work on CPUs without VNNI)."""
     seq, batch, directions, gates = _shape(call.args[0])
-    _, panels, quads, panel, _ = _shape(call.args[1])
+    _, panels, pairs, panel, _ = _shape(call.args[1])
     hidden, columns = gates // 4, panels * panel
     params = (tir.Buffer("xp", (seq, batch, directions, gates)),
-              tir.Buffer("rq", (directions, panels, quads, panel, 4), "int8"),
+              tir.Buffer("rq", (directions, panels, pairs, panel, 2), "int8"),
               tir.Buffer("rscale", (directions, columns)), tir.Buffer("rsum", (directions, columns), "int32"),
               tir.Buffer("h0", (directions, batch, hidden)), tir.Buffer("c0", (directions, batch, hidden)),
               tir.Buffer("out", (seq, directions, batch, 2 * hidden)))
     rq, rscale, rsum = params[1:4]
     acc = tir.Buffer("acc", (panel,), "int32", scope=tir.Scope.LOCAL)  # one panel's accumulators
-    qh = tir.Buffer("qh", (batch, 4 * quads), "uint8", scope=tir.Scope.LOCAL)  # the quantized state, zero rows
+    # the quantized state; a row past an odd hidden size meets zero weights
+    qh = tir.Buffer("qh", (batch, 2 * pairs), "uint8", scope=tir.Scope.LOCAL)
     ends = tir.Buffer("ends", (2,), scope=tir.Scope.LOCAL)  # the state's range, 0 included
     quant = tir.Buffer("quant", (2,), scope=tir.Scope.LOCAL)  # its scale and zero point
     vectorized = tir.ForKind.VECTORIZED
 
-    # the rows of qh past the hidden size meet zero weights; they are cleared once so that they hold values
+    # the padding row is cleared once so that it holds a value
     bz, jz = tir.LoopVar("bz"), tir.LoopVar("jz")
-    clear = tir.For(bz, batch, tir.For(jz, 4 * quads, tir.Store(qh, (bz, jz), tir.IntImm(0, "uint8")), vectorized))
+    clear = tir.For(bz, batch, tir.For(jz, 2 * pairs, tir.Store(qh, (bz, jz), tir.IntImm(0, "uint8")), vectorized))
 
     def quantize(h: tir.Buffer) -> tir.Stmt:
         bm, jm, bq, jq = (tir.LoopVar(n) for n in ("bm", "jm", "bq", "jq"))
         zero, top = tir.FloatImm(0.0), tir.FloatImm(255.0)
         span = ends[1] - ends[0]
         scale, zero_point = quant[0], quant[1]
-        level = tir.Call("round", (h[bq, jq] / scale,), "float32") + zero_point
+        level = tir.minimum(tir.maximum(tir.Call("round", (h[bq, jq] / scale,), "float32") + zero_point, zero), top)
         return tir.seq(
             tir.Store(ends, (0,), zero), tir.Store(ends, (1,), zero),
             tir.For(bm, batch, tir.For(jm, hidden, tir.seq(
@@ -188,19 +192,23 @@ def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.Prim
             tir.Store(quant, (0,), tir.Select(tir.binary("eq", span, zero), tir.FloatImm(1.0), span / top)),
             tir.Store(quant, (1,), tir.Call("round", (tir.minimum(tir.maximum(-ends[0] / quant[0], zero), top),),
                                             "float32")),
-            tir.For(bq, batch, tir.For(jq, hidden, tir.Store(
-                qh, (bq, jq), tir.Cast("uint8", tir.minimum(tir.maximum(level, zero), top))), vectorized)))
+            tir.For(bq, batch, tir.For(jq, hidden, tir.Store(qh, (bq, jq), tir.Cast("uint8", level)), vectorized)))
 
     def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
-        p, b1, j1, j2, j3, ko = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3", "ko"))
-        dot = te.dot4_u8s8_i32([qh[b1, ko * 4 + i] for i in range(4)], [rq[d, p, ko, j2, i] for i in range(4)])
+        p, b1, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
+        ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
+        unroll = K_UNROLL if pairs % K_UNROLL == 0 else 1
+        k = ko * unroll + ku
+        dot = te.dot2_u8s16_i32([qh[b1, k * 2], qh[b1, k * 2 + 1]], [rq[d, p, k, j2, 0], rq[d, p, k, j2, 1]])
         update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + dot), vectorized)
+        reduce = tir.For(ko, pairs // unroll, tir.For(ku, unroll, update, tir.ForKind.UNROLLED if unroll > 1 else
+                                                      tir.ForKind.SERIAL))
         column = p * panel + j3
         zero_point = tir.Cast("int32", quant[1])
         exact = tir.Cast("float32", acc[j3] - zero_point * rsum[d, column])
         return tir.seq(quantize(h), tir.For(p, panels, tir.For(b1, batch, tir.seq(
             tir.For(j1, panel, tir.Store(acc, (j1,), tir.IntImm(0, "int32")), vectorized),
-            tir.For(ko, quads, update),
+            reduce,
             tir.For(j3, panel, tir.Store(g, (b1, column), exact * (quant[0] * rscale[d, column])), vectorized)))))
 
     return _lstm_layer(call, target, name, params, product, (acc, qh, ends, quant), clear, columns)

@@ -20,9 +20,9 @@ sequence runs the full length; the importer keeps other LSTMs unrolled.
 
     out = nn.lstm_sequence_int8(xp, rq, rscale, rsum, h0, c0, hidden=H, reverse=[0, 1])
 
-- `rq (directions, panels, K / 4, P, 4)` int8: `R (directions, H, 4H)` (DynamicQuantizeLSTM's layout, zero point
-  0) packed for four-byte dot products, `rq[d, p, k // 4, j, k % 4] = R[d, k, p * P + j]`, with zero rows up to
-  `K`, the hidden size rounded up to a multiple of 4, and zero columns past 4H (`pack_int8_recurrent_weights`);
+- `rq (directions, panels, K / 2, P, 2)` int8: `R (directions, H, 4H)` (DynamicQuantizeLSTM's layout, zero point
+  0) packed for two-term dot products, `rq[d, p, k // 2, j, k % 2] = R[d, k, p * P + j]`, with a zero row up to
+  `K`, the hidden size rounded up to even, and zero columns past 4H (`pack_int8_recurrent_weights`);
 - `rscale (directions, panels * P)` float32: each column's weight scale; `rsum (directions, panels * P)` int32:
   each column's sum of `R` over `k`.
 
@@ -85,7 +85,7 @@ def lstm_sequence_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
 
 @type_relation(LSTM_SEQUENCE_INT8)
 def lstm_sequence_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
-    """`xp (S, B, D, 4H)`, `rq (D, panels, K / 4, P, 4)` int8, `rscale`, `rsum (D, panels * P)`, `h0`, `c0
+    """`xp (S, B, D, 4H)`, `rq (D, panels, K / 2, P, 2)` int8, `rscale`, `rsum (D, panels * P)`, `h0`, `c0
     (D, B, H)` -> `(S, D, B, 2H)`."""
     op = LSTM_SEQUENCE_INT8
     hidden = int(attrs["hidden"])
@@ -95,10 +95,10 @@ def lstm_sequence_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
     if gates != 4 * hidden or len(reverse) != directions:
         raise RelayTypeError(f"xp {arg_types[0]} does not hold 4 x {hidden} gates of {len(reverse)} direction(s)",
                              op_name=op)
-    if (rq[0] != directions or rq[2] != -(-hidden // 4) or rq[4] != 4 or rq[1] * rq[3] < gates
+    if (rq[0] != directions or rq[2] != -(-hidden // 2) or rq[4] != 2 or rq[1] * rq[3] < gates
             or (rq[1] - 1) * rq[3] >= gates):
         raise RelayTypeError(f"rq {arg_types[1]} is not {directions} direction(s) of {hidden} x {gates} int8 "
-                             "recurrent weights packed into column panels of quads", op_name=op)
+                             "recurrent weights packed into column panels of pairs", op_name=op)
     columns = (directions, rq[1] * rq[3])
     for index, name, dtype in ((2, "rscale", "float32"), (3, "rsum", "int32")):
         if _static(arg_types[index], name, 2, dtype, op) != columns:
@@ -111,18 +111,18 @@ def lstm_sequence_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
 
 
 def pack_int8_recurrent_weights(r: np.ndarray, panel: int) -> np.ndarray:
-    """DynamicQuantizeLSTM's int8 `R (directions, H, 4H)` as `rq (directions, panels, ceil(H / 4), panel, 4)`."""
+    """DynamicQuantizeLSTM's int8 `R (directions, H, 4H)` as `rq (directions, panels, ceil(H / 2), panel, 2)`."""
     directions, hidden, gates = r.shape
-    panels, quads = -(-gates // panel), -(-hidden // 4)
-    padded = np.zeros((directions, 4 * quads, panels * panel), np.int8)
+    panels, pairs = -(-gates // panel), -(-hidden // 2)
+    padded = np.zeros((directions, 2 * pairs, panels * panel), np.int8)
     padded[:, :hidden, :gates] = r
-    return np.ascontiguousarray(padded.reshape(directions, quads, 4, panels, panel).transpose(0, 3, 1, 4, 2))
+    return np.ascontiguousarray(padded.reshape(directions, pairs, 2, panels, panel).transpose(0, 3, 1, 4, 2))
 
 
 def unpack_int8_recurrent_weights(rq: np.ndarray, hidden: int, gates: int) -> np.ndarray:
-    """`rq (directions, panels, K / 4, P, 4)` back to `R (directions, H, gates)`."""
-    directions, panels, quads, panel, _ = rq.shape
-    return rq.transpose(0, 2, 4, 1, 3).reshape(directions, 4 * quads, panels * panel)[:, :hidden, :gates]
+    """`rq (directions, panels, K / 2, P, 2)` back to `R (directions, H, gates)`."""
+    directions, panels, pairs, panel, _ = rq.shape
+    return rq.transpose(0, 2, 4, 1, 3).reshape(directions, 2 * pairs, panels * panel)[:, :hidden, :gates]
 
 
 def quantize_state(h: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
