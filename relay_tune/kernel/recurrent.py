@@ -11,6 +11,9 @@ accumulators in registers while the panel streams front to back), then the gates
 scratch between steps, so a layer of `seq` steps is one kernel call and at most one parallel region instead of
 `seq` calls of two or more kernels, each with its own region.
 
+`nn.lstm_sequence_int8` is its twin with int8 recurrent weights (onnxruntime's DynamicQuantizeLSTM): the same
+loop, each step's product on the state quantized to uint8 (`lstm_sequence_int8_kernel`).
+
 `min_max` (`relay_tune.op.reduce`) is another: the range of a tensor, both ends in one pass. A reduction of every
 element to one value has no output axis to vectorize or parallelize along, so its scheduled form is one scalar
 dependence chain per end, and `min` and `max` are two passes over the tensor; this kernel keeps `MIN_MAX_VECTORS`
