@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relay_tune import build
-from relay_tune.errors import RelayTypeError
+from relay_tune.errors import RelayTuneError, RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
 from relay_tune.ir import TensorType
@@ -189,3 +189,13 @@ def test_int8_lstm_types_are_checked() -> None:
         relation([*good[:3], TensorType((1, 28), "float32"), *good[4:]], attrs)
     with pytest.raises(RelayTypeError, match="c0 must have shape"):
         relation([*good[:5], TensorType((1, 2, 7), "float32")], attrs)
+
+
+def test_bad_weight_scales_are_a_clear_error(tmp_path: Path) -> None:
+    """A scale that is neither per direction nor per direction and column is reported, not a numpy traceback."""
+    model, _ = quantized_model(Case("h6_bad_scale", 6), tmp_path)
+    scale_name = model.graph.node[0].input[10]
+    (scale,) = [i for i in model.graph.initializer if i.name == scale_name]
+    scale.CopyFrom(numpy_helper.from_array(np.full(5, 0.01, np.float32), scale_name))
+    with pytest.raises(RelayTuneError):
+        from_onnx(model)

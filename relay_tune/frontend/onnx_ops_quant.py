@@ -513,26 +513,35 @@ def _int8_lstm(imp: Importer, node: OnnxNode) -> list[Expr] | None:
     if w.data.dtype != np.int8 or r.data.dtype != np.int8 or r.data.ndim != 3 or w.data.ndim != 3:
         return None
     directions, hidden, gates = r.data.shape
+    if gates != 4 * hidden or int(node.attrs.get("hidden_size", hidden)) != hidden:
+        return None  # the float path reports the mismatch
     shape = lstm_shape(imp, node, hidden)
-    if not shape.loop_fits or gates != 4 * hidden or len(shape.reverse) != directions \
-            or w.data.shape[::2] != (directions, gates):
+    if not shape.loop_fits or len(shape.reverse) != directions \
+            or w.data.shape != (directions, imp.static_shape(shape.x2d)[1], gates):
         return None
 
-    def column_scales(scale: Expr) -> np.ndarray:
+    def column_scales(scale: Expr) -> np.ndarray | None:
+        """A weight's scales per direction and column; None unless given per direction or per direction and
+        column."""
         assert isinstance(scale, Constant)
         values = np.asarray(scale.data, np.float32)
+        if values.size not in (directions, directions * gates):
+            return None
         return np.broadcast_to(values.reshape(directions, -1), (directions, gates))
+
+    w_scale, r_scales = column_scales(params[0]), column_scales(params[2])
+    if w_scale is None or r_scales is None:
+        return None
 
     # the projection: (seq * batch, input) x (input, directions * 4H), X quantized once for every direction
     qx, x_scale, x_zero = dynamic_quantize(imp, shape.x2d)
     w_all = np.ascontiguousarray(w.data.transpose(1, 0, 2).reshape(w.data.shape[1], directions * gates))
     acc = integer_matmul(imp, node, qx, imp.const(w_all, "int8"), x_zero, None)
-    proj = _float_matmul_result(imp, acc, _product(imp, x_scale, imp.const(column_scales(params[0]).reshape(-1),
-                                                                           "float32")), None)
+    proj = _float_matmul_result(imp, acc, _product(imp, x_scale, imp.const(w_scale.reshape(-1), "float32")), None)
     panel = min(LSTM_PANEL, gates)
     columns = -(-gates // panel) * panel
     r_scale = np.zeros((directions, columns), np.float32)
-    r_scale[:, :gates] = column_scales(params[2])
+    r_scale[:, :gates] = r_scales
     r_sum = np.zeros((directions, columns), np.int32)
     r_sum[:, :gates] = r.data.astype(np.int32).sum(axis=1)
     weights = [imp.const(pack_int8_recurrent_weights(r.data, panel), "int8"), imp.const(r_scale, "float32"),
