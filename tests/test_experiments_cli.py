@@ -420,6 +420,16 @@ def test_recurrent_builds_and_times_a_small_lstm_stack(capsys: pytest.CaptureFix
     assert "relay-tune:" in out and "onnxruntime:" in out and "ratio relay-tune / onnxruntime" in out
 
 
+def test_recurrent_int8_profiles_against_onnxruntime(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["recurrent", "--int8", "--profile", "--layers", "1", "--hidden", "7", "--seq", "3", "--input", "5",
+            "--rounds", "1", "--repeat", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1 bidirectional int8 LSTM layer(s), hidden 7" in out
+    assert "lstm_sequence_int8" in out and "DynamicQuantizeLSTM" in out  # both engines' profiles
+    assert "ratio relay-tune / onnxruntime" in out
+
+
 def _documented_commands() -> list[list[str]]:
     """Every `python -m experiments ...` command in experiments/README.md and README.md, as argument lists."""
     import re
