@@ -465,6 +465,12 @@ def _op_case(name: str) -> tuple[list[Var], Expr]:
             [var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4), var("c0", 2, 1, 4)],
             call("nn.lstm_sequence", var("xp", 3, 1, 2, 16), var("rp", 2, 1, 4, 16), var("h0", 2, 1, 4),
                  var("c0", 2, 1, 4), hidden=4, reverse=(False, True))),
+        "nn.lstm_sequence_int8": (
+            [var("xq", 3, 1, 2, 16), var("rq", 2, 1, 2, 16, 2, dtype="int8"), var("rs", 2, 16),
+             var("rn", 2, 16, dtype="int32"), var("hq", 2, 1, 4), var("cq", 2, 1, 4)],
+            call("nn.lstm_sequence_int8", var("xq", 3, 1, 2, 16), var("rq", 2, 1, 2, 16, 2, dtype="int8"),
+                 var("rs", 2, 16), var("rn", 2, 16, dtype="int32"), var("hq", 2, 1, 4), var("cq", 2, 1, 4),
+                 hidden=4, reverse=(False, True))),
         "min_max": ([x], call("min_max", x)),
         "nn.contrib_conv2d_NCHWc_bf16": (
             [var("bd", 1, 2, 6, 6, 4, dtype="bfloat16"), var("bw", 2, 2, 3, 3, 2, 4, 2, dtype="bfloat16")],

@@ -524,8 +524,10 @@ TESTED = {
     "nn.space_to_depth", "arange", "one_hot", "trilu", "cumsum",
     # kernel tests in test_onnx_ops_more.py
     "cumprod", "bitwise_and", "bitwise_or", "bitwise_xor", "signal.window", "signal.dft",
-    # kernel tests in test_int8_kernels.py, test_lstm_sequence.py, test_dynamic_quantized_products.py, test_bf16.py
+    # kernel tests in test_int8_kernels.py, test_lstm_sequence.py, test_dynamic_quantized_products.py, test_bf16.py,
+    # test_lstm_sequence_int8.py
     "nn.contrib_conv2d_NCHWc_int8", "nn.lstm_sequence", "min_max", "nn.contrib_conv2d_NCHWc_bf16",
+    "nn.lstm_sequence_int8",
 }
 
 
