@@ -2,7 +2,7 @@
 which runtime settings?
 
     python -m experiments fresh-processes [--model M.rtmod] [--processes 6] [--variants default,native,...]
-                                          [--csv PATH]
+                                          [--baseline-tree DIR] [--csv PATH]
 
 Without `--model` the README's Quickstart model (`relay_tune/examples/small_resnet.relay`) is built with default
 schedules first. Each variant is one way to start `relay-tune run MODEL` (what the Quickstart check compares
@@ -13,7 +13,9 @@ hypothesis about what differs between processes:
 - `native_spin0` / `openmp_spin0`: GOMP_SPINCOUNT=0 (idle workers sleep at once; the native team reads it too);
 - `openmp_bind`: libgomp with OMP_PROC_BIND=true (its threads pinned, one per core);
 - `blas1`: OPENBLAS_NUM_THREADS=1 (numpy's BLAS has no pool threads that could spin);
-- `nogc`: Python's garbage collector disabled for the whole run.
+- `nogc`: Python's garbage collector disabled for the whole run;
+- `baseline` (with `--baseline-tree DIR`): as `default`, but running the relay-tune code in DIR (for example the
+  unchanged main branch) on the same saved build.
 
 The variants' processes run interleaved (variant after variant, `--processes` times), so they share the host's
 load. Printed per variant: the median of the per-process medians, their range and max/min (the spread between
@@ -73,13 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--processes", type=int, default=6, help="fresh processes per variant (default 6)")
     parser.add_argument("--variants", default="default,native,openmp,openmp_spin0,blas1",
                         help=f"comma-separated, from: {', '.join(VARIANTS)}")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="add the variant `baseline`: the relay-tune checkout in DIR runs the same saved build")
     parser.add_argument("--csv", type=Path, help="also write one row per process")
 
 
-def run_once(model: Path, variant: str) -> tuple[float, float, str]:
+def run_once(model: Path, variant: str, baseline_tree: Path | None = None) -> tuple[float, float, str]:
     """(median, min) seconds `relay-tune run MODEL` printed in a fresh process started as `variant` says, and its
     threads' CPU seconds and last cores ("1.52s@0 0.81s@1 0.0s@1 ...", busiest first)."""
-    env = {**os.environ, **VARIANTS[variant]}
+    env = {**os.environ, **VARIANTS.get(variant, {})}
+    if variant == "baseline":
+        if baseline_tree is None:
+            raise UsageError("the baseline variant needs --baseline-tree DIR")
+        env["PYTHONPATH"] = str(baseline_tree.resolve())
     done = subprocess.run([sys.executable, "-c", _CHILD, "run", str(model)], env=env, capture_output=True,
                           text=True, check=False)
     found, threads = _RUN.search(done.stdout), _THREADS.search(done.stdout)
@@ -90,7 +98,11 @@ def run_once(model: Path, variant: str) -> tuple[float, float, str]:
 
 def run(args: argparse.Namespace) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
+    if args.baseline_tree is not None:
+        if not (args.baseline_tree / "relay_tune").is_dir():
+            raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
+        variants.append("baseline")
+    unknown = [v for v in variants if v not in VARIANTS and v != "baseline"]
     if unknown or not variants or args.processes < 1:
         raise UsageError(f"--variants from {', '.join(VARIANTS)} (unknown: {', '.join(unknown)}); --processes >= 1")
     with tempfile.TemporaryDirectory(prefix="fresh-processes-") as tmp:
@@ -104,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         for index in range(args.processes):
             for variant in variants:
                 loads.setdefault(variant, os.getloadavg()[0])
-                median, least, threads = run_once(model, variant)
+                median, least, threads = run_once(model, variant, args.baseline_tree)
                 rows.append({"process": index, "variant": variant, "median_ms": round(median * 1e3, 4),
                              "min_ms": round(least * 1e3, 4), "load_1min": round(os.getloadavg()[0], 2),
                              "threads": threads})

@@ -28,7 +28,19 @@ own are almost always empty.
 
 Idle workers spin for a bounded number of `pause` iterations (the spin count libgomp is given,
 `relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`, unless GOMP_SPINCOUNT or OMP_WAIT_POLICY say otherwise), then sleep
-on `state` with a futex. A thread's number and team size live in thread-specific data (`pthread_setspecific`), one
+on `state` with a futex. Every `YIELD_EVERY` iterations a spinning thread (an idle worker, or a caller waiting for
+the workers that joined) calls `sched_yield`: on a host with more runnable threads than cores the scheduler often
+puts a woken worker on its caller's core, and a worker spinning there kept the caller, with the rest of the model
+run, off the core until the spin ended (the caller of openwakeword's mel spectrogram was preempted about twice per
+first call after an idle gap, and the call took 2-3x a warm one; `experiments/README.md`, "The thread team").
+Where nothing else wants the core, the yield returns at once.
+
+`hold` and `release` bracket a run of regions (the native executor calls them around each model run,
+`relay_tune.runtime.executor`): `hold` wakes the sleeping workers once, at the start of the run, and while any hold
+is in progress idle workers spin whatever the spin count, so a model whose serial kernels outlast the spin does not
+pay a futex wake-up at each parallel kernel; after the release they spin the spin count, then sleep.
+
+A thread's number and team size live in thread-specific data (`pthread_setspecific`), one
 pointer-sized value `team_size << 32 | number`; no value means thread 0 of 1.
 
 Workers are Python threads that call the native worker loop through ctypes (which releases the GIL) and stay in it
@@ -75,11 +87,13 @@ JOIN = "relay_tune_team_join"
 STOP = "relay_tune_team_stop"
 HOLD = "relay_tune_team_hold"
 RELEASE = "relay_tune_team_release"
-_GLOBALS = ("state", "sleepers", "done", "waiting", "fn", "data", "busy", "shutdown", "spin", "key", "joins", "held")
+_GLOBALS = ("state", "sleepers", "done", "waiting", "fn", "data", "busy", "shutdown", "spin", "key", "joins", "held",
+            "yields")
 # An idle worker (or a caller waiting for workers) yields its core every this many `pause` iterations: a spinning
 # thread that the scheduler put on the same core as the thread it waits for (the caller still running its part,
 # or a worker still running a chunk) would otherwise keep that thread off the core for a time slice.
 YIELD_EVERY = 256
+_COUNTERS = ("joins", "yields")  # 64-bit globals
 
 _I1, _I8, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _VOID = ir.VoidType()
@@ -132,7 +146,7 @@ class _TeamIR:
         m = self.module
         self.g: dict[str, ir.GlobalVariable] = {}
         for name in _GLOBALS:
-            kind = _I8P if name in ("fn", "data") else _I64 if name == "joins" else _I32
+            kind = _I8P if name in ("fn", "data") else _I64 if name in _COUNTERS else _I32
             var = ir.GlobalVariable(m, kind, name=f"relay_tune_team_{name}")
             var.initializer = ir.Constant(kind, None)
             var.align = 64  # one cache line each: workers spin on `state`, the caller on `done`
@@ -162,6 +176,7 @@ class _TeamIR:
         due = b.icmp_unsigned("==", b.and_(count, mask), mask)
         with b.if_then(due):
             b.call(self.sched_yield, [])
+            b.atomic_rmw("add", self.g["yields"], ir.Constant(_I64, 1), "monotonic")
 
     def intrinsic(self, name: str, ftype: ir.FunctionType) -> ir.Function:
         known = self.module.globals.get(name)
@@ -507,7 +522,7 @@ class NativeThreadTeam:
         atexit.register(self.close)
 
     def _word(self, name: str) -> Any:
-        kind = ctypes.c_int64 if name == "joins" else ctypes.c_uint32
+        kind = ctypes.c_int64 if name in _COUNTERS else ctypes.c_uint32
         return kind.from_address(self._globals[name])
 
     def symbols(self) -> dict[str, int]:
@@ -519,6 +534,16 @@ class NativeThreadTeam:
         (the native executor, once per model run) brackets them with these, so that the workers are woken once, at
         its start, and spin until its end instead of sleeping between kernels. Holds from several threads nest."""
         return self._addresses[HOLD], self._addresses[RELEASE]
+
+    @property
+    def yields(self) -> int:
+        """Times a spinning thread (an idle worker, or a caller waiting for workers) has yielded its core so far."""
+        return int(self._word("yields").value)
+
+    @property
+    def sleeping(self) -> int:
+        """Workers asleep (or about to sleep) on the team's futex now."""
+        return int(self._word("sleepers").value)
 
     @property
     def held(self) -> int:

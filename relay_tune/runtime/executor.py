@@ -44,7 +44,7 @@ from relay_tune.codegen.jit import _jit_lock, _lljit
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
 
-__all__ = ["RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
+__all__ = ["HOLD", "RELEASE", "RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
 
 RUN = "relay_tune_run"
 RUN_REPEAT = "relay_tune_run_repeat"
