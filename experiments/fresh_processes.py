@@ -14,8 +14,11 @@ hypothesis about what differs between processes:
 - `openmp_bind`: libgomp with OMP_PROC_BIND=true (its threads pinned, one per core);
 - `blas1`: OPENBLAS_NUM_THREADS=1 (numpy's BLAS has no pool threads that could spin);
 - `nogc`: Python's garbage collector disabled for the whole run;
-- `baseline` (with `--baseline-tree DIR`): as `default`, but running the relay-tune code in DIR (for example the
-  unchanged main branch) on the same saved build.
+- `one_core`: the process pinned to one CPU with a team of 2 threads (OMP_NUM_THREADS=2), so that the caller and
+  the team's worker always share a core: what a process whose two team threads land on one core pays.
+
+With `--baseline-tree DIR` every variant runs a second time as `VARIANT@baseline`, on the relay-tune code in DIR
+(for example the unchanged main branch) and the same saved build.
 
 The variants' processes run interleaved (variant after variant, `--processes` times), so they share the host's
 load. Printed per variant: the median of the per-process medians, their range and max/min (the spread between
@@ -50,13 +53,18 @@ VARIANTS: dict[str, dict[str, str]] = {
     "openmp_bind": {"RELAY_TUNE_THREADING": "openmp", "OMP_PROC_BIND": "true"},
     "blas1": {"OPENBLAS_NUM_THREADS": "1"},
     "nogc": {"FRESH_PROCESSES_NOGC": "1"},
+    "one_core": {"FRESH_PROCESSES_ONE_CORE": "1", "OMP_NUM_THREADS": "2"},
 }
-# The child: the command line (with the collector off for `nogc`: no environment switch does that), then the CPU
+BASELINE = "@baseline"
+# The child: the command line (with the collector off for `nogc`, pinned for `one_core`: no environment switch does
+# either), then the CPU
 # seconds and last core of each of its threads (/proc/self/task: the caller, the team's workers, numpy's BLAS pool).
 _CHILD = """
 import gc, os, sys
 if os.environ.get("FRESH_PROCESSES_NOGC"):
     gc.disable()
+if os.environ.get("FRESH_PROCESSES_ONE_CORE"):
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 from relay_tune.cli import main
 code = main(sys.argv[1:])
 threads = []
@@ -76,17 +84,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default="default,native,openmp,openmp_spin0,blas1",
                         help=f"comma-separated, from: {', '.join(VARIANTS)}")
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
-                        help="add the variant `baseline`: the relay-tune checkout in DIR runs the same saved build")
+                        help="run every variant also as VARIANT@baseline: the relay-tune checkout in DIR runs the "
+                             "same saved build")
     parser.add_argument("--csv", type=Path, help="also write one row per process")
 
 
 def run_once(model: Path, variant: str, baseline_tree: Path | None = None) -> tuple[float, float, str]:
     """(median, min) seconds `relay-tune run MODEL` printed in a fresh process started as `variant` says, and its
     threads' CPU seconds and last cores ("1.52s@0 0.81s@1 0.0s@1 ...", busiest first)."""
-    env = {**os.environ, **VARIANTS.get(variant, {})}
-    if variant == "baseline":
+    name, on_baseline = variant.removesuffix(BASELINE), variant.endswith(BASELINE)
+    env = {**os.environ, **VARIANTS[name]}
+    if on_baseline:
         if baseline_tree is None:
-            raise UsageError("the baseline variant needs --baseline-tree DIR")
+            raise UsageError(f"{variant} needs --baseline-tree DIR")
         env["PYTHONPATH"] = str(baseline_tree.resolve())
     done = subprocess.run([sys.executable, "-c", _CHILD, "run", str(model)], env=env, capture_output=True,
                           text=True, check=False)
@@ -98,13 +108,13 @@ def run_once(model: Path, variant: str, baseline_tree: Path | None = None) -> tu
 
 def run(args: argparse.Namespace) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants or args.processes < 1:
+        raise UsageError(f"--variants from {', '.join(VARIANTS)} (unknown: {', '.join(unknown)}); --processes >= 1")
     if args.baseline_tree is not None:
         if not (args.baseline_tree / "relay_tune").is_dir():
             raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
-        variants.append("baseline")
-    unknown = [v for v in variants if v not in VARIANTS and v != "baseline"]
-    if unknown or not variants or args.processes < 1:
-        raise UsageError(f"--variants from {', '.join(VARIANTS)} (unknown: {', '.join(unknown)}); --processes >= 1")
+        variants = [v + suffix for v in variants for suffix in ("", BASELINE)]
     with tempfile.TemporaryDirectory(prefix="fresh-processes-") as tmp:
         model = args.model
         if model is None:
@@ -125,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     for variant in variants:
         medians = [r["median_ms"] for r in rows if r["variant"] == variant]
         minima = [r["min_ms"] for r in rows if r["variant"] == variant]
-        print(f"  {variant:13} median of medians {statistics.median(medians):.3f} ms, medians "
+        print(f"  {variant:22} median of medians {statistics.median(medians):.3f} ms, medians "
               f"{min(medians):.3f}-{max(medians):.3f} (max/min {max(medians) / min(medians):.2f}), minima "
               f"{min(minima):.3f}-{max(minima):.3f} ms; load {loads[variant]:.2f} at its first run", flush=True)
         ranked = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["median_ms"])
