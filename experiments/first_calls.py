@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     trees: dict[str, Path | None] = {"this": None}
     if args.baseline_tree is not None:
         trees["baseline"] = args.baseline_tree
-    samples: dict[tuple[str, str, float, int], list[tuple[float, int, int]]] = {}
+    samples: dict[tuple[str, float, int], list[tuple[float, int, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="first-calls-") as folder:
         saved = Path(folder) / "model.rtmod"
         mod, _ = from_onnx(path, shape_overrides=model.shapes)
@@ -157,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
                         "openvino": others and openvino_core() is not None}
                 for engine, gap, number, seconds, switches, waited in _child(spec, tree):
                     name = engine if engine != "relay-tune" or tree_name == "this" else "baseline"
-                    samples.setdefault((name, tree_name, gap, number), []).append((seconds, switches, waited))
+                    samples.setdefault((name, gap, number), []).append((seconds, switches, waited))
     rows = []
-    for (name, _tree, gap, number), values in samples.items():
+    for (name, gap, number), values in samples.items():
         rows.append({"engine": name, "gap_ms": gap, "call": number,
                      "median_ms": round(statistics.median(v[0] for v in values) * 1e3, 4),
                      "preempted_per_call": round(statistics.fmean(v[1] for v in values), 3),
