@@ -1,12 +1,15 @@
 """What the first calls after an idle gap cost, and why: one trained model's build run in fresh processes of this
 checkout and of a baseline checkout, turn about, beside onnxruntime and OpenVINO in the same processes.
 
-    python -m experiments first-calls [--model oww_melspectrogram] [--gaps 1,10,80] [--calls 3] [--reps 30]
-                                      [--processes 3] [--threads 2] [--baseline-tree DIR] [--csv PATH]
+    python -m experiments first-calls [--model oww_melspectrogram] [--rtmod M.rtmod] [--gaps 1,10,80] [--calls 3]
+                                      [--reps 30]
+                                      [--processes 3] [--threads 2] [--baseline-tree DIR] [--no-others]
+                                      [--csv PATH]
 
 The model (`python -m experiments trained --list`; `RELAY_TUNE_MODEL_CACHE` holds the wheels) is built once here
-with default schedules and saved; every child process loads that file (the saved-model format is stable, so a
-baseline checkout runs the very same kernels on its own runtime: thread team, executor). A child warms every engine
+with default schedules and saved (or `--rtmod` names a saved build of it); every child process loads that file
+(the saved-model format is stable, so a baseline checkout runs the very same kernels on its own runtime: thread
+team, executor). A child warms every engine
 up, then per gap and repetition, engine after engine: sleeps the gap, then times `--calls` calls one by one. Per
 call it also reads, for the calling thread, how often it was preempted (`nonvoluntary_ctxt_switches` in
 /proc/thread-self/status) and how long it waited on a run queue (`/proc/thread-self/schedstat`): a call that
@@ -91,6 +94,7 @@ print("ROWS " + json.dumps(rows))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="oww_melspectrogram", help="a model of `trained --list`")
+    parser.add_argument("--rtmod", type=Path, help="a saved build of the model to run (default: built here first)")
     parser.add_argument("--gaps", default="1,10,80", help="comma-separated idle gaps in ms before each engine's calls")
     parser.add_argument("--calls", type=int, default=3, help="calls timed one by one after each gap (default 3)")
     parser.add_argument("--reps", type=int, default=30, help="gaps per engine and gap length in a process")
@@ -106,8 +110,10 @@ def _child(spec: dict[str, Any], tree: Path | None) -> list[list[Any]]:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree.resolve())
+    # `python -c` puts the working directory first on sys.path: run in the checkout whose code the child is to run
+    folder = tree.resolve() if tree is not None else Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=env, capture_output=True,
-                          text=True, check=False)
+                          text=True, check=False, cwd=folder)
     line = next((text for text in done.stdout.splitlines() if text.startswith("ROWS ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"child exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
@@ -132,29 +138,32 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--gaps: at least one, none negative; --calls, --reps, --processes, --threads >= 1")
     if args.baseline_tree is not None and not (args.baseline_tree / "relay_tune").is_dir():
         raise UsageError(f"--baseline-tree {args.baseline_tree} holds no relay_tune package")
-    import relay_tune
-    from relay_tune.frontend import from_onnx
-    from relay_tune.target import Target
-
     path = fetch(model)
+    if args.rtmod is not None and not args.rtmod.is_file():
+        raise UsageError(f"--rtmod {args.rtmod}: no such file")
+    if args.rtmod is None:  # the build's imports only where this process builds
+        import relay_tune
+        from relay_tune.frontend import from_onnx
+        from relay_tune.target import Target
     load_start = os.getloadavg()[0]
     trees: dict[str, Path | None] = {"this": None}
     if args.baseline_tree is not None:
         trees["baseline"] = args.baseline_tree
     samples: dict[tuple[str, float, int], list[tuple[float, int, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="first-calls-") as folder:
-        saved = Path(folder) / "model.rtmod"
-        mod, _ = from_onnx(path, shape_overrides=model.shapes)
-        relay_tune.build(mod, target=Target.host(num_cores=args.threads)).save(saved)
+        saved = args.rtmod if args.rtmod is not None else Path(folder) / "model.rtmod"
+        if args.rtmod is None:
+            mod, _ = from_onnx(path, shape_overrides=model.shapes)
+            relay_tune.build(mod, target=Target.host(num_cores=args.threads)).save(saved)
         for _ in range(args.processes):
             for tree_name, tree in trees.items():
                 # every child runs the other engines too (their threads share the process with relay-tune's), and
                 # their times from both checkouts' children are pooled: the same code
                 others = not args.no_others
-                spec = {"rtmod": str(saved), "onnx": str(path), "shapes": {k: list(v) for k, v in model.shapes.items()},
-                        "range": list(model.value_range), "threads": args.threads, "gaps": gaps,
-                        "reps": args.reps, "calls": args.calls, "onnxruntime": others,
-                        "openvino": others and openvino_core() is not None}
+                spec = {"rtmod": str(saved.resolve()), "onnx": str(path.resolve()),
+                        "shapes": {k: list(v) for k, v in model.shapes.items()}, "range": list(model.value_range),
+                        "threads": args.threads, "gaps": gaps, "reps": args.reps, "calls": args.calls,
+                        "onnxruntime": others, "openvino": others and openvino_core() is not None}
                 for engine, gap, number, seconds, switches, waited in _child(spec, tree):
                     name = engine if engine != "relay-tune" or tree_name == "this" else "baseline"
                     samples.setdefault((name, gap, number), []).append((seconds, switches, waited))

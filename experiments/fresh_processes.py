@@ -98,8 +98,12 @@ def run_once(model: Path, variant: str, baseline_tree: Path | None = None) -> tu
         if baseline_tree is None:
             raise UsageError(f"{variant} needs --baseline-tree DIR")
         env["PYTHONPATH"] = str(baseline_tree.resolve())
-    done = subprocess.run([sys.executable, "-c", _CHILD, "run", str(model)], env=env, capture_output=True,
-                          text=True, check=False)
+    # `python -c` puts the working directory first on sys.path: run in the checkout whose code the child is to run
+    folder = Path(__file__).resolve().parents[1]
+    if on_baseline and baseline_tree is not None:
+        folder = baseline_tree.resolve()
+    done = subprocess.run([sys.executable, "-c", _CHILD, "run", str(model.resolve())], env=env, capture_output=True,
+                          text=True, check=False, cwd=folder)
     found, threads = _RUN.search(done.stdout), _THREADS.search(done.stdout)
     if done.returncode != 0 or found is None or threads is None:
         raise RuntimeError(f"relay-tune run ({variant}) exited {done.returncode}:\n{done.stdout}{done.stderr}")
