@@ -31,8 +31,9 @@ Idle workers spin for a bounded number of `pause` iterations (the spin count lib
 on `state` with a futex. Every `YIELD_EVERY` iterations a spinning thread (an idle worker, or a caller waiting for
 the workers that joined) calls `sched_yield`: on a host with more runnable threads than cores the scheduler often
 puts a woken worker on its caller's core, and a worker spinning there kept the caller, with the rest of the model
-run, off the core until the spin ended (the caller of openwakeword's mel spectrogram was preempted about twice per
-first call after an idle gap, and the call took 2-3x a warm one; `experiments/README.md`, "The thread team").
+run, off the core until the scheduler preempted it (on a loaded host the first call of openwakeword's mel
+spectrogram after an idle gap had its caller preempted about twice and took 1.6-4x a warm call;
+`python -m experiments first-calls`, `experiments/README.md`, "First calls after idle").
 Where nothing else wants the core, the yield returns at once.
 
 `hold` and `release` bracket a run of regions (the native executor calls them around each model run,
