@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "matvec": ("matvec", "dense layers at batch 1 (matrix-vector) in GB/s against a STREAM triad of the same run"),
     "quickstart": ("quickstart", "the cold Quickstart: the printed ratio against `relay-tune run`"),
     "fresh-processes": ("fresh_processes", "one saved build in many fresh processes: the spread of their medians"),
+    "first-calls": ("first_calls", "a trained model's first calls after idle gaps, against a baseline checkout"),
     "gpu-check": ("gpu_check", "the CUDA back end against the interpreter, cuDNN and cuBLAS (NVIDIA GPU)"),
 }
 

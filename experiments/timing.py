@@ -50,22 +50,31 @@ class Samples:
 
 
 class TimedCallable:
-    """A callable with `CompiledModel.benchmark`'s interface: `warmup` untimed calls, then `repeat` samples, each
-    the mean of `number` calls. `before` runs first, untimed (e.g. waiting for another engine's spinning threads)."""
+    """A callable with `CompiledModel.benchmark`'s interface: `warmup` calls, then `repeat` samples, each the mean
+    of `number` calls. `before` runs first, untimed (e.g. waiting for another engine's spinning threads). The
+    warm-up calls are timed apart: `first` holds, per turn, the seconds of the turn's first call (the call after
+    the other engines' turns). With `gap_s`, the process sleeps that long before every sample (a stream of calls
+    spaced apart, as a wake-word model called every 80 ms is: each sample is a call after an idle gap)."""
 
     def __init__(self, call: Callable[[], object], number: int = 1, warmup: int = 1,
-                 before: Callable[[], object] | None = None) -> None:
-        self.call, self.number, self.warmup, self.before = call, number, warmup, before
+                 before: Callable[[], object] | None = None, gap_s: float = 0.0) -> None:
+        self.call, self.number, self.warmup, self.before, self.gap_s = call, number, warmup, before, gap_s
+        self.first: list[float] = []
 
     def benchmark(self, repeat: int = 3, inputs: Any = None) -> list[float]:
         if self.before is not None:
             self.before()
-        call, number = self.call, self.number
-        for _ in range(self.warmup):
-            call()
-        samples = []
+        call, number, gap = self.call, self.number, self.gap_s
         clock = time.perf_counter
+        for index in range(self.warmup):
+            start = clock()
+            call()
+            if index == 0:
+                self.first.append(clock() - start)
+        samples = []
         for _ in range(repeat):
+            if gap > 0:
+                time.sleep(gap)
             start = clock()
             for _ in range(number):
                 call()
@@ -74,16 +83,24 @@ class TimedCallable:
 
 
 def interleaved(engines: Mapping[str, Callable[[], object] | Benchmarkable], rounds: int = 5, repeat: int = 3,
-                inputs: Mapping[str, Any] | None = None, settle_s: float = 0.0) -> dict[str, Samples]:
+                inputs: Mapping[str, Any] | None = None, settle_s: float = 0.0, gap_s: float = 0.0,
+                first: dict[str, Samples] | None = None) -> dict[str, Samples]:
     """Per engine name, its samples over `rounds` interleaved rounds. An engine is a plain callable (one call is
     one sample) or has a `benchmark(repeat, inputs)` method (a `CompiledModel`, timed on `inputs`). With
-    `settle_s`, every engine waits before its turn until the process is idle (`settle`), at most that long."""
+    `settle_s`, every engine waits before its turn until the process is idle (`settle`), at most that long. With
+    `gap_s` (plain callables only), every sample is one call after the process slept that long (`TimedCallable`).
+    `first`, when given, receives per plain-callable engine the times of each turn's first call."""
     if rounds < 1 or repeat < 1:
         raise ValueError("timing needs at least one round and one repeat")
+    if gap_s > 0 and any(hasattr(e, "benchmark") for e in engines.values()):
+        raise ValueError("an idle gap before every call needs engines that are plain callables")
     wait = (lambda: settle(settle_s)) if settle_s > 0 else None
-    timed = [TimedCallable(e, before=wait) if not hasattr(e, "benchmark") else
+    timed = [TimedCallable(e, before=wait, gap_s=gap_s) if not hasattr(e, "benchmark") else
              (_Settled(e, wait) if wait else e) for e in engines.values()]
     samples = interleaved_samples(timed, inputs, rounds=rounds, repeat=repeat)
+    if first is not None:
+        first.update({name: Samples(tuple(t.first)) for name, t in zip(engines, timed)
+                      if isinstance(t, TimedCallable) and t.first})
     return {name: Samples(tuple(s)) for name, s in zip(engines, samples)}
 
 

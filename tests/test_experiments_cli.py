@@ -482,6 +482,18 @@ def test_trained_rejects_an_unknown_model() -> None:
     assert "unknown model(s) no_such_model" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_first_calls_rejects_bad_arguments(tmp_path: Path) -> None:
+    done = run_module("first-calls", "--model", "no_such_model")
+    assert done.returncode == 2
+    assert "unknown model no_such_model" in done.stderr and "Traceback" not in done.stderr
+    done = run_module("first-calls", "--model", "silero_vad")
+    assert done.returncode == 2 and "float32 inputs only" in done.stderr
+    done = run_module("first-calls", "--gaps", "1,x")
+    assert done.returncode == 2 and "--gaps 1,x" in done.stderr
+    done = run_module("first-calls", "--baseline-tree", str(tmp_path))
+    assert done.returncode == 2 and "holds no relay_tune package" in done.stderr
+
+
 def test_trained_compares_a_cached_model_with_onnxruntime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from experiments import trained
     from relay_tune.testing.onnx_zoo import small_cnn

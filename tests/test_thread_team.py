@@ -265,3 +265,75 @@ def test_team_size_is_checked(team: NativeThreadTeam) -> None:
         team.start(0, spin=0)
     with pytest.raises(RelayTuneError, match="workers"):
         team.start(2, spin=0, workers=2)
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Poll `condition` until it holds or `seconds` pass; whether it held."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.001)
+    return condition()
+
+
+def _hold_calls(team: NativeThreadTeam) -> tuple[Callable[[], None], Callable[[], None]]:
+    hold, release = team.hold_symbols()
+    return ctypes.CFUNCTYPE(None)(hold), ctypes.CFUNCTYPE(None)(release)
+
+
+def test_hold_wakes_sleeping_workers_and_keeps_them_up_until_released(team: NativeThreadTeam) -> None:
+    """With spin 0 idle workers sleep at once; a hold wakes them and they stay awake (spinning) while it lasts,
+    also across regions; nested holds count; after the last release they sleep again."""
+    team.start(3, spin=0)
+    hold, release = _hold_calls(team)
+    assert _wait_for(lambda: team.sleeping == 2)
+    hold()
+    hold()
+    assert team.held == 2
+    assert _wait_for(lambda: team.sleeping == 0)
+    recorder = _Recorder(team)
+    for _ in range(20):
+        recorder.run(3)
+    assert sorted({number for number, _, _ in recorder.calls}) == [0, 1, 2]
+    release()
+    assert team.held == 1
+    # still held: nobody goes back to sleep (a worker that did would count itself in `sleeping` for good)
+    assert not _wait_for(lambda: team.sleeping > 0, seconds=0.05)
+    release()
+    assert team.held == 0
+    assert _wait_for(lambda: team.sleeping == 2)
+
+
+def test_spinning_workers_yield_their_cores(team: NativeThreadTeam) -> None:
+    """An idle worker that spins calls sched_yield every YIELD_EVERY pauses (so that it gives its core to a caller
+    the scheduler put beside it)."""
+    team.start(2, spin=2**31 - 1)
+    before = team.yields
+    assert _wait_for(lambda: team.yields > before)
+
+
+def test_model_runs_hold_the_native_team(team: NativeThreadTeam) -> None:
+    """A model with parallel kernels on the native team brackets every run with hold and release (its results stay
+    right, and no hold outlasts a run); a model without parallel kernels does not."""
+    team.start(2, spin=0)
+    mod = parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(64, 61, 67), float32]) {
+  %0 = multiply(%x, 0.5f);
+  %1 = nn.relu(%0);
+  add(%1, %x)
+}
+""")
+    model = relay_tune.build(mod, HOST.with_cores(2), threading_runtime="native", opt_level=0, build_cache=False)
+    assert model._executor.holds_team
+    x = RNG.standard_normal((64, 61, 67)).astype("float32")
+    expected = evaluate(mod, {"x": x})
+    for _ in range(5):
+        np.testing.assert_allclose(model.run(x), expected, rtol=1e-6, atol=1e-6)
+        assert team.held == 0
+    serial = relay_tune.build(parse_module("""#[version = "0.0.5"]
+def @main(%x: Tensor[(3, 5), float32]) { add(%x, 1f) }
+"""), HOST.with_cores(2), threading_runtime="native", build_cache=False)
+    assert not serial._executor.holds_team  # no parallel kernel: nothing to wake

@@ -211,6 +211,11 @@ class KernelLibrary:
     def names(self) -> list[str]:
         return list(self._kernels)
 
+    @property
+    def team(self) -> Any:
+        """The thread team this library's parallel kernels run on (None: no parallel kernel, or libgomp's)."""
+        return self._team
+
     def detach(self) -> None:
         """Never free this library's machine code (the process keeps it until it ends)."""
         self._tracker.detach()

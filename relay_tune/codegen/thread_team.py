@@ -28,7 +28,20 @@ own are almost always empty.
 
 Idle workers spin for a bounded number of `pause` iterations (the spin count libgomp is given,
 `relay_tune.codegen.jit.DEFAULT_GOMP_SPINCOUNT`, unless GOMP_SPINCOUNT or OMP_WAIT_POLICY say otherwise), then sleep
-on `state` with a futex. A thread's number and team size live in thread-specific data (`pthread_setspecific`), one
+on `state` with a futex. Every `YIELD_EVERY` iterations a spinning thread (an idle worker, or a caller waiting for
+the workers that joined) calls `sched_yield`: on a host with more runnable threads than cores the scheduler often
+puts a woken worker on its caller's core, and a worker spinning there kept the caller, with the rest of the model
+run, off the core until the scheduler preempted it (on a loaded host the first call of openwakeword's mel
+spectrogram after an idle gap had its caller preempted about twice and took 1.6-4x a warm call;
+`python -m experiments first-calls`, `experiments/README.md`, "First calls after idle").
+Where nothing else wants the core, the yield returns at once.
+
+`hold` and `release` bracket a run of regions (the native executor calls them around each model run,
+`relay_tune.runtime.executor`): `hold` wakes the sleeping workers once, at the start of the run, and while any hold
+is in progress idle workers spin whatever the spin count, so a model whose serial kernels outlast the spin does not
+pay a futex wake-up at each parallel kernel; after the release they spin the spin count, then sleep.
+
+A thread's number and team size live in thread-specific data (`pthread_setspecific`), one
 pointer-sized value `team_size << 32 | number`; no value means thread 0 of 1.
 
 Workers are Python threads that call the native worker loop through ctypes (which releases the GIL) and stay in it
@@ -51,7 +64,7 @@ import llvmlite.ir as ir
 
 from relay_tune.errors import CompileError, RelayTuneError
 
-__all__ = ["MAX_TEAM", "NativeThreadTeam", "native_team_supported", "spin_count_from_environment"]
+__all__ = ["MAX_TEAM", "YIELD_EVERY", "NativeThreadTeam", "native_team_supported", "spin_count_from_environment"]
 
 # Thread numbers offered to workers are 8 bits of the state word: teams of at most 256 threads.
 MAX_TEAM = 256
@@ -73,7 +86,15 @@ NUM_THREADS = "omp_get_num_threads"
 WORKER = "relay_tune_team_worker"
 JOIN = "relay_tune_team_join"
 STOP = "relay_tune_team_stop"
-_GLOBALS = ("state", "sleepers", "done", "waiting", "fn", "data", "busy", "shutdown", "spin", "key", "joins")
+HOLD = "relay_tune_team_hold"
+RELEASE = "relay_tune_team_release"
+_GLOBALS = ("state", "sleepers", "done", "waiting", "fn", "data", "busy", "shutdown", "spin", "key", "joins", "held",
+            "yields")
+# An idle worker (or a caller waiting for workers) yields its core every this many `pause` iterations: a spinning
+# thread that the scheduler put on the same core as the thread it waits for (the caller still running its part,
+# or a worker still running a chunk) would otherwise keep that thread off the core for a time slice.
+YIELD_EVERY = 256
+_COUNTERS = ("joins", "yields")  # 64-bit globals
 
 _I1, _I8, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _VOID = ir.VoidType()
@@ -126,7 +147,7 @@ class _TeamIR:
         m = self.module
         self.g: dict[str, ir.GlobalVariable] = {}
         for name in _GLOBALS:
-            kind = _I8P if name in ("fn", "data") else _I64 if name == "joins" else _I32
+            kind = _I8P if name in ("fn", "data") else _I64 if name in _COUNTERS else _I32
             var = ir.GlobalVariable(m, kind, name=f"relay_tune_team_{name}")
             var.initializer = ir.Constant(kind, None)
             var.align = 64  # one cache line each: workers spin on `state`, the caller on `done`
@@ -135,6 +156,7 @@ class _TeamIR:
         self.syscall = ir.Function(m, ir.FunctionType(_I64, [_I64], var_arg=True), name="syscall")
         self.getspecific = ir.Function(m, ir.FunctionType(_I8P, [_I32]), name="pthread_getspecific")
         self.setspecific = ir.Function(m, ir.FunctionType(_I32, [_I32, _I8P]), name="pthread_setspecific")
+        self.sched_yield = ir.Function(m, ir.FunctionType(_I32, []), name="sched_yield")
         self.sys_futex = ir.Constant(_I64, _SYS_FUTEX.get(machine, -1))
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -146,6 +168,16 @@ class _TeamIR:
             b.call(self.intrinsic("llvm.x86.sse2.pause", ir.FunctionType(_VOID, [])), [])
         elif self.machine in ("aarch64", "arm64"):
             b.call(self.intrinsic("llvm.aarch64.hint", ir.FunctionType(_VOID, [_I32])), [ir.Constant(_I32, 1)])
+
+    def spin_step(self, b: ir.IRBuilder, count: ir.Value) -> None:
+        """One iteration of a spin-wait, `count` the iterations so far: a `pause`, and every `YIELD_EVERY`
+        iterations a `sched_yield` (immediate when nothing else wants this core)."""
+        self.pause(b)
+        mask = ir.Constant(_I32, YIELD_EVERY - 1)
+        due = b.icmp_unsigned("==", b.and_(count, mask), mask)
+        with b.if_then(due):
+            b.call(self.sched_yield, [])
+            b.atomic_rmw("add", self.g["yields"], ir.Constant(_I64, 1), "monotonic")
 
     def intrinsic(self, name: str, ftype: ir.FunctionType) -> ir.Function:
         known = self.module.globals.get(name)
@@ -246,8 +278,10 @@ class _TeamIR:
         b.position_at_end(loop)
         spins = b.phi(_I32, name="spins")
         seen = b.phi(_I32, name="seen")  # the state word when the spin began
+        ticks = b.phi(_I32, name="ticks")  # spin iterations since the last sleep (paces the yields)
         spins.add_incoming(ir.Constant(_I32, 0), entry)
         seen.add_incoming(initial, entry)
+        ticks.add_incoming(ir.Constant(_I32, 0), entry)
         stopped = b.icmp_unsigned("!=", self.load(b, "shutdown", "acquire"), ir.Constant(_I32, 0))
         b.cbranch(stopped, leave, attempt)
         b.position_at_end(attempt)
@@ -255,29 +289,37 @@ class _TeamIR:
         b.cbranch(joined, loop, idle)
         spins.add_incoming(ir.Constant(_I32, 0), attempt)
         seen.add_incoming(seen, attempt)
+        ticks.add_incoming(ticks, attempt)
         b.position_at_end(idle)
         # A region came and went since the spin began (one this thread was too late for): regions keep coming, so
         # spin afresh, as after a region joined, rather than sleep and cost the next region's caller a wake-up.
+        # While a caller holds the team (a model run in progress: `hold`), spin on whatever the spin count.
         now = self.load(b, "state", "monotonic")
-        fresh = b.select(b.icmp_unsigned("!=", now, seen), ir.Constant(_I32, 0), spins)
-        b.cbranch(b.icmp_unsigned("<", fresh, self.load(b, "spin", "monotonic")), spin, sleep)
+        held = b.icmp_unsigned("!=", self.load(b, "held", "monotonic"), ir.Constant(_I32, 0))
+        fresh = b.select(b.or_(b.icmp_unsigned("!=", now, seen), held), ir.Constant(_I32, 0), spins)
+        keep = b.or_(held, b.icmp_unsigned("<", fresh, self.load(b, "spin", "monotonic")))
+        b.cbranch(keep, spin, sleep)
         b.position_at_end(spin)
-        self.pause(b)
-        spins.add_incoming(b.add(fresh, ir.Constant(_I32, 1)), spin)
-        seen.add_incoming(now, spin)
+        self.spin_step(b, ticks)
+        spins.add_incoming(b.add(fresh, ir.Constant(_I32, 1)), b.block)
+        seen.add_incoming(now, b.block)
+        ticks.add_incoming(b.add(ticks, ir.Constant(_I32, 1)), b.block)
         b.branch(loop)
         b.position_at_end(sleep)
         # Dekker with the caller: it stores `state` then reads `sleepers`; this thread counts itself in `sleepers`
         # then reads `state`. One of the two sees the other's write, so a region opened now is never slept through.
+        # `hold` changes `state` too, after counting itself in `held`: a hold begun now is not slept through either.
         b.atomic_rmw("add", self.g["sleepers"], ir.Constant(_I32, 1), "seq_cst")
         state = self.load(b, "state")
         quiet = b.and_(b.not_(self.joinable(b, state)),
                        b.icmp_unsigned("==", self.load(b, "shutdown"), ir.Constant(_I32, 0)))
+        quiet = b.and_(quiet, b.icmp_unsigned("==", self.load(b, "held"), ir.Constant(_I32, 0)))
         with b.if_then(quiet):
             self.futex(b, "state", _FUTEX_WAIT_PRIVATE, state)
         b.atomic_rmw("sub", self.g["sleepers"], ir.Constant(_I32, 1), "seq_cst")
         spins.add_incoming(ir.Constant(_I32, 0), b.block)
         seen.add_incoming(self.load(b, "state", "monotonic"), b.block)
+        ticks.add_incoming(ir.Constant(_I32, 0), b.block)
         b.branch(loop)
         b.position_at_end(leave)
         b.ret_void()
@@ -350,8 +392,8 @@ class _TeamIR:
         b.position_at_end(wait_check)
         b.cbranch(b.icmp_unsigned("<", spins, self.load(b, "spin", "monotonic")), wait_spin, wait_sleep)
         b.position_at_end(wait_spin)
-        self.pause(b)
-        spins.add_incoming(b.add(spins, ir.Constant(_I32, 1)), wait_spin)
+        self.spin_step(b, spins)
+        spins.add_incoming(b.add(spins, ir.Constant(_I32, 1)), b.block)
         b.branch(wait)
         b.position_at_end(wait_sleep)
         self.store(b, "waiting", ir.Constant(_I32, 1))
@@ -365,6 +407,28 @@ class _TeamIR:
         b.position_at_end(finish)
         self.restore_thread(b, previous)
         self.store(b, "busy", ir.Constant(_I32, 0), "release")
+        b.ret_void()
+
+    def hold(self) -> None:
+        """void hold(): a caller is about to run regions back to back (a model run): wake the sleeping workers now,
+        so that they are up by its first region, and keep them spinning until the matching `release`."""
+        fn = self.function(HOLD, ir.FunctionType(_VOID, []))
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.atomic_rmw("add", self.g["held"], ir.Constant(_I32, 1), "seq_cst")
+        # A new generation changes the futex word, so a worker between its check of `held` and its futex wait
+        # does not sleep (see `worker`). A region caller's store of `state` may overwrite it: that changes the
+        # word as well. Claims compare and swap the whole word, so they retry.
+        b.atomic_rmw("add", self.g["state"], ir.Constant(_I32, _GEN_ONE), "seq_cst")
+        asleep = b.icmp_unsigned("!=", self.load(b, "sleepers"), ir.Constant(_I32, 0))
+        with b.if_then(asleep):
+            self.futex(b, "state", _FUTEX_WAKE_PRIVATE, ir.Constant(_I32, 2**31 - 1))
+        b.ret_void()
+
+    def release(self) -> None:
+        """void release(): the end of a `hold`; the workers spin the spin count from now, then sleep."""
+        fn = self.function(RELEASE, ir.FunctionType(_VOID, []))
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.atomic_rmw("sub", self.g["held"], ir.Constant(_I32, 1), "release")
         b.ret_void()
 
     def stop(self) -> None:
@@ -384,6 +448,8 @@ class _TeamIR:
         self.thread_queries()
         self.worker(self.join())
         self.parallel()
+        self.hold()
+        self.release()
         self.stop()
         # the Python side reads and writes the globals: one accessor returning their addresses
         addresses = self.function("relay_tune_team_globals", ir.FunctionType(_VOID, [_I64.as_pointer()]))
@@ -422,7 +488,7 @@ class NativeThreadTeam:
         machine = target.create_target_machine(opt=2, reloc="pic", codemodel="small")
         obj = bytes(machine.emit_object(parsed))
         self._jit = llvm.create_lljit_compiler()
-        exported = (PARALLEL, THREAD_NUM, NUM_THREADS, WORKER, JOIN, STOP, "relay_tune_team_globals")
+        exported = (PARALLEL, THREAD_NUM, NUM_THREADS, WORKER, JOIN, STOP, HOLD, RELEASE, "relay_tune_team_globals")
         builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
         for symbol in exported:
             builder.export_symbol(symbol)
@@ -457,12 +523,33 @@ class NativeThreadTeam:
         atexit.register(self.close)
 
     def _word(self, name: str) -> Any:
-        kind = ctypes.c_int64 if name == "joins" else ctypes.c_uint32
+        kind = ctypes.c_int64 if name in _COUNTERS else ctypes.c_uint32
         return kind.from_address(self._globals[name])
 
     def symbols(self) -> dict[str, int]:
         """GOMP_parallel, omp_get_thread_num, omp_get_num_threads of this team."""
         return {name: self._addresses[name] for name in (PARALLEL, THREAD_NUM, NUM_THREADS)}
+
+    def hold_symbols(self) -> tuple[int, int]:
+        """Addresses of `void hold(void)` and `void release(void)`: a caller that runs parallel kernels back to back
+        (the native executor, once per model run) brackets them with these, so that the workers are woken once, at
+        its start, and spin until its end instead of sleeping between kernels. Holds from several threads nest."""
+        return self._addresses[HOLD], self._addresses[RELEASE]
+
+    @property
+    def yields(self) -> int:
+        """Times a spinning thread (an idle worker, or a caller waiting for workers) has yielded its core so far."""
+        return int(self._word("yields").value)
+
+    @property
+    def sleeping(self) -> int:
+        """Workers asleep (or about to sleep) on the team's futex now."""
+        return int(self._word("sleepers").value)
+
+    @property
+    def held(self) -> int:
+        """Holds in progress (0 between model runs)."""
+        return int(self._word("held").value)
 
     @property
     def size(self) -> int:
@@ -556,7 +643,7 @@ class NativeThreadTeam:
         self._lock = threading.Lock()
         self._threads = []
         self._closed = False
-        for name in ("state", "sleepers", "done", "waiting", "busy", "shutdown"):
+        for name in ("state", "sleepers", "done", "waiting", "busy", "shutdown", "held"):
             self._word(name).value = 0
         if self._config is not None:
             self._start_workers(self._config[2])

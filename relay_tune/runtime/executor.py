@@ -44,7 +44,7 @@ from relay_tune.codegen.jit import _jit_lock, _lljit
 from relay_tune.codegen.llvm import ensure_llvm_initialized
 from relay_tune.errors import CompileError
 
-__all__ = ["RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
+__all__ = ["HOLD", "RELEASE", "RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
 
 RUN = "relay_tune_run"
 RUN_REPEAT = "relay_tune_run_repeat"
@@ -56,8 +56,13 @@ _machine_lock = threading.Lock()
 _machine: Any = None
 
 
-def executor_ir(calls: Sequence[tuple[str, Sequence[int]]], num_slots: int) -> str:
-    """LLVM IR of the executor for `calls`: (kernel symbol, slot of each argument) in execution order."""
+HOLD = "relay_tune_team_hold"
+RELEASE = "relay_tune_team_release"
+
+
+def executor_ir(calls: Sequence[tuple[str, Sequence[int]]], num_slots: int, hold: bool = False) -> str:
+    """LLVM IR of the executor for `calls`: (kernel symbol, slot of each argument) in execution order. With `hold`,
+    every run is bracketed by the native thread team's `hold` and `release` (imported symbols of those names)."""
     i8p = ir.IntType(8).as_pointer()
     i32, i64 = ir.IntType(32), ir.IntType(64)
     void = ir.VoidType()
@@ -73,14 +78,20 @@ def executor_ir(calls: Sequence[tuple[str, Sequence[int]]], num_slots: int) -> s
         elif len(known.args) != len(args):
             raise CompileError(f"kernel {name} is called with {len(known.args)} and {len(args)} arguments")
 
+    bracket = [ir.Function(module, ir.FunctionType(void, []), name=n) for n in (HOLD, RELEASE)] if hold else []
+
     def emit_calls(builder: ir.IRBuilder, slots: ir.Value, after: Any = None) -> None:
         # Each call loads its slots afresh: a kernel could not change them, but loads are cheap and this keeps
         # the code independent of LLVM proving that.
+        if bracket:
+            builder.call(bracket[0], [])
         for number, (name, args) in enumerate(calls):
             pointers = [builder.load(builder.gep(slots, [ir.Constant(i64, s)])) for s in args]
             builder.call(kernels[name], pointers)
             if after is not None:
                 after(number)
+        if bracket:
+            builder.call(bracket[1], [])
 
     run = ir.Function(module, ir.FunctionType(void, [slots_type]), name=RUN)
     run.attributes.add("noinline")  # run_repeat must really call it n times
@@ -140,7 +151,8 @@ class NativeExecutor:
     """A model's executor, JIT-linked against kernels already loaded in this process.
 
     `calls`: (kernel symbol, slot of each argument) in order; `addresses`: each kernel symbol's address;
-    `libraries`: objects that keep those kernels mapped (held as long as the executor lives).
+    `libraries`: objects that keep those kernels mapped (held as long as the executor lives); `hold`: the native
+    thread team's (hold, release) addresses (`NativeThreadTeam.hold_symbols`) when its kernels run on that team.
     """
 
     def __init__(
@@ -149,11 +161,13 @@ class NativeExecutor:
         num_slots: int,
         addresses: Mapping[str, int],
         libraries: Sequence[Any] = (),
+        hold: tuple[int, int] | None = None,
     ) -> None:
         self.num_calls = len(calls)
+        self.holds_team = hold is not None
         self.slots = (ctypes.c_void_p * max(1, num_slots))()
         self._libraries = list(libraries)
-        text = executor_ir(calls, num_slots)
+        text = executor_ir(calls, num_slots, hold=hold is not None)
         try:
             parsed = llvm.parse_assembly(text)
             parsed.verify()
@@ -165,6 +179,9 @@ class NativeExecutor:
             builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
             for name in dict.fromkeys(name for name, _ in calls):
                 builder.import_symbol(name, addresses[name])
+            if hold is not None:
+                builder.import_symbol(HOLD, hold[0])
+                builder.import_symbol(RELEASE, hold[1])
             for symbol in (RUN, RUN_REPEAT, RUN_PROFILED):
                 builder.export_symbol(symbol)
             try:

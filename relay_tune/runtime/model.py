@@ -53,6 +53,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from relay_tune.codegen.jit import KernelLibrary, KernelSignature, ParamSpec, aligned_empty, load_object
+from relay_tune.codegen.thread_team import NativeThreadTeam
 from relay_tune.errors import RelayTuneError
 from relay_tune.ir.dtypes import LOW_PRECISION_DTYPES, ml_dtypes_module
 from relay_tune.op._shape import is_float_dtype, is_int_dtype, numpy_dtype
@@ -451,7 +452,12 @@ class CompiledModel:
                         )
             calls.append((call.kernel, [plan.values[v].storage for v in call.args]))
         addresses = {name: kernel.address for name, kernel in self._kernels.items()}
-        executor = NativeExecutor(calls, len(plan.storages), addresses, self._libraries)
+        # Parallel kernels on the native team: each run wakes its workers once, at its start, and keeps them
+        # spinning until its end (`NativeThreadTeam.hold_symbols`), instead of one wake-up per parallel kernel
+        # whose workers fell asleep during the serial kernels before it, or while the process idled between runs.
+        teams = {id(lib.team): lib.team for lib in self._libraries if isinstance(lib.team, NativeThreadTeam)}
+        hold = next(iter(teams.values())).hold_symbols() if teams else None
+        executor = NativeExecutor(calls, len(plan.storages), addresses, self._libraries, hold=hold)
         arena_base = self._arena.ctypes.data
         for index, storage in enumerate(plan.storages):
             if storage.kind == "constant":
