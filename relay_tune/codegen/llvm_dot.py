@@ -9,9 +9,10 @@ Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result 
   twice for `dot4_u8s8_i32`, on the two halves of the weight bytes (`b >> 1` and the rest: each in [-64, 64]);
 - generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact.
 
-The two-term uint8 x int16 product (`tir.DOT2_INTRINSIC`, full-range int8 weights stored as int16 pairs) is one
-`vpmaddwd` per register of lanes on x86 (exact: two int16 products summed into int32), added to its accumulator by
-an inline-assembly vpaddd where the target has the VEX forms (`opaque_add`), generic IR elsewhere.
+The two-term uint8 x int16 product (`tir.DOT2_INTRINSIC`, full-range int8 weights stored in pairs, as int8 that is
+sign-extended as it is loaded, or as int16) is one `vpmaddwd` per register of lanes on x86 (exact: two int16
+products summed into int32), added to its accumulator by an inline-assembly vpaddd where the target has the VEX forms
+(`opaque_add`), generic IR elsewhere.
 
 The two-term bfloat16 product into float32 (`tir.DOT2_BF16_INTRINSIC`, bf16 builds) is one vdpbf16ps per register
 of lanes with AVX512_BF16, and elsewhere the pairs widened to float32 by a 16-bit shift and two fused multiply-adds.
@@ -119,7 +120,7 @@ def _vpdpbusd(builder: ir.IRBuilder, declare: Declare, a: ir.Value, b: ir.Value,
 
 def generic_dot2(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: int) -> ir.Value:
     """`<lanes x i32>` sums of the two products per lane of `a` (`<2 lanes x i8>`, u8, or `<2 lanes x i16>`) and
-    `b` (`<2 lanes x i16>`, s16), exact, as plain integer IR."""
+    `b` (`<2 lanes x i16>` or `<2 lanes x i8>`, signed), exact, as plain integer IR."""
     wide = _vector(I32, 2 * lanes)
     products = builder.mul(builder.zext(a, wide) if a.type.element == I8 else builder.sext(a, wide),
                            builder.sext(b, wide))
@@ -131,10 +132,13 @@ def generic_dot2(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: int) ->
 def x86_dot2(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: ir.Value, b: ir.Value, lanes: int,
              acc: ir.Value | None) -> ir.Value | None:
     """`acc + dot2` (`acc` may be None) with one vpmaddwd per register of lanes (`a` zero-extended to int16 when
-    it is uint8), or None when the target has no vpmaddwd (the caller then lowers it generically)."""
+    it is uint8, `b` sign-extended when it is int8), or None when the target has no vpmaddwd (the caller then lowers
+    it generically)."""
     if not features.pmaddubsw:  # every x86 target with vpmaddubsw has vpmaddwd at the same width
         return None
     a16 = builder.zext(a, _vector(I16, 2 * lanes)) if a.type.element == I8 else a
+    if b.type.element == I8:  # int8 pairs: widened as the row is loaded (vpmovsxbw from memory)
+        b = builder.sext(b, _vector(I16, 2 * lanes))
     total_bytes = 4 * lanes  # two int16 per int32 lane
     width = 16
     while width < total_bytes and width < features.register_bytes:

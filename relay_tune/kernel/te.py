@@ -446,12 +446,13 @@ def dot4_u8s8_i32(a: Sequence[PrimExpr], b: Sequence[PrimExpr], pairs_fit_int16:
 
 def dot2_u8s16_i32(a: Sequence[PrimExpr], b: Sequence[PrimExpr]) -> PrimExpr:
     """`a[0] * b[0] + a[1] * b[1]` in int32, `a` two uint8 values (or int16 values in [0, 255]: uint8 widened
-    already) and `b` two int16 values (exact; one vpmaddwd per register of lanes on x86, see
+    already) and `b` two int16 (or int8) values (exact; one vpmaddwd per register of lanes on x86, see
     `tir.DOT2_INTRINSIC`)."""
     if len(a) != 2 or len(b) != 2:
         raise ValueError("dot2_u8s16_i32 takes two values on each side")
-    if len({x.dtype for x in a}) != 1 or a[0].dtype not in ("uint8", "int16") or any(x.dtype != "int16" for x in b):
-        raise ValueError("dot2_u8s16_i32 multiplies uint8 (or widened int16) values by int16 values")
+    if (len({x.dtype for x in a}) != 1 or a[0].dtype not in ("uint8", "int16") or len({x.dtype for x in b}) != 1
+            or b[0].dtype not in ("int8", "int16")):
+        raise ValueError("dot2_u8s16_i32 multiplies uint8 (or widened int16) values by int16 (or int8) values")
     return tir.Call(tir.DOT2_INTRINSIC, (*a, *b), "int32")
 
 

@@ -180,9 +180,9 @@ lets the back end use the saturating vpmaddubsw; the value is the same."""
 
 DOT2_INTRINSIC = "dot2_u8s16_i32"
 """The two-term dot product `Call("dot2_u8s16_i32", (a0, a1, b0, b1), "int32")`: `a0*b0 + a1*b1`, exact, with `a`
-uint8 (or int16 holding uint8 values: widened already) and `b` int16. With `b` two consecutive int16 elements per
-lane the x86 back ends lower it to one vpmaddwd per register of lanes (a uint8 pair widened to int16 on load): exact
-for any int8 weight, where a full-range weight pair may saturate vpmaddubsw."""
+uint8 (or int16 holding uint8 values: widened already) and `b` int16 (or int8, widened on load). With `b` two
+consecutive elements per lane the x86 back ends lower it to one vpmaddwd per register of lanes (a uint8 pair widened
+to int16 on load): exact for any int8 weight, where a full-range weight pair may saturate vpmaddubsw."""
 
 DOT_INTRINSICS = DOT4_INTRINSICS | {DOT2_INTRINSIC}
 """Every integer dot-product intrinsic: `len(args) // 2` products of `a = args[:k]` and `b = args[k:]`, summed."""
