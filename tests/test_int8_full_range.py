@@ -1,13 +1,15 @@
 """Full-range int8 weights (pairs with |w0| + |w1| > 128, which saturate vpmaddubsw) on the integers.
 
-- the two-term uint8 x int16 dot product (`tir.DOT2_INTRINSIC`) is exact on every lane count and operand layout,
-  including the extremes, and lowers to vpmaddwd (no vpmaddubsw) on x86, its accumulator added by an inline-assembly
-  vpaddd where the target has VEX forms (so LLVM cannot regroup the accumulation);
-- `full_range_int8_mode` derives the path from the target: int16 pairs on x86 without VNNI, four-byte products
+- the two-term uint8 x int16 dot product (`tir.DOT2_INTRINSIC`) is exact on every lane count and operand layout, with
+  int16 or int8 weight values (the int8 pairs widened as loaded), including the extremes, and lowers to vpmaddwd (no
+  vpmaddubsw) on x86, its accumulator added by an inline-assembly vpaddd where the target has VEX forms (so LLVM
+  cannot regroup the accumulation);
+- `full_range_int8_mode` derives the path from the target: pairs and vpmaddwd on x86 without VNNI, four-byte products
   (vpdpbusd) with VNNI, float elsewhere;
-- the packed int8 convolution with an int16 weight (what PlanLayouts makes of a full-range weight on such a target)
-  is exact at its default config and at sampled configs, on odd channel counts, stride 2, zero-point padding and
-  the extreme pairs (-128, -128), (127, -128); on VNNI targets the weight stays int8 and the kernel uses vpdpbusd;
+- the packed int8 convolution with its weight in int8 pairs (what PlanLayouts makes of a full-range weight on such a
+  target; widened by vpmovsxbw as loaded) is exact at its default config and at sampled configs, on odd channel
+  counts, stride 2, zero-point padding and the extreme pairs (-128, -128), (127, -128); on VNNI targets the weight
+  stays int8 and the kernel uses vpdpbusd;
 - a QDQ model with full-range weights (onnxruntime's default quantization) built at the default opt_level runs every
   product on the integers and stays within one quantization step of onnxruntime's unoptimised QDQ graph.
 """
@@ -58,12 +60,14 @@ from tests.test_int8_kernels import (
 RNG = np.random.default_rng(20261208)
 
 
-def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str = "uint8") -> tir.PrimFunc:
+def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str = "uint8",
+                 weight: str = "int16") -> tir.PrimFunc:
     """`O[r, l] = sum_c dot2(X[r, 2c:2c+2], W[c, l, 0:2])` over a vectorized `l`; with `weight_rows=False` the
     weight is `V[c, k, l]` (the two values of a lane `lanes` apart: the generic interleaving path); `data`: uint8,
-    or int16 holding uint8 values (the widened copy the int16-weight convolution reads)."""
+    or int16 holding uint8 values (the widened copy the pair-weight convolution reads); `weight`: int16, or int8
+    (the pairs a full-range weight is stored in, widened as loaded)."""
     x = tir.Buffer("X", (rows, 2 * pairs), data)
-    w = tir.Buffer("W", (pairs, lanes, 2) if weight_rows else (pairs, 2, lanes), "int16")
+    w = tir.Buffer("W", (pairs, lanes, 2) if weight_rows else (pairs, 2, lanes), weight)
     o = tir.Buffer("O", (rows, lanes), "int32")
     r, lane, c = tir.LoopVar("r"), tir.LoopVar("l"), tir.LoopVar("c")
     row = [w[c, lane, k] if weight_rows else w[c, k, lane] for k in range(2)]
@@ -79,13 +83,16 @@ def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str
                                               if X86 else [])])
 @pytest.mark.parametrize("lanes", [1, 3, 8, 13, 16, 32])
 @pytest.mark.parametrize("weight_rows", [True, False])
-@pytest.mark.parametrize("data", ["uint8", "int16"])
-def test_dot2_intrinsic_is_exact(target: str, lanes: int, weight_rows: bool, data: str) -> None:
+@pytest.mark.parametrize(("data", "weight_dtype"), [("uint8", "int16"), ("int16", "int16"), ("uint8", "int8"),
+                                                   ("int16", "int8")])
+def test_dot2_intrinsic_is_exact(target: str, lanes: int, weight_rows: bool, data: str, weight_dtype: str) -> None:
     rows, pairs = 3, 5
-    func = _dot2_kernel(rows, pairs, lanes, weight_rows, data)
+    func = _dot2_kernel(rows, pairs, lanes, weight_rows, data, weight_dtype)
     x = RNG.integers(0, 256, (rows, 2 * pairs)).astype(data)
-    w = RNG.integers(-128, 128, (pairs, lanes, 2)).astype(np.int16)
-    w[0, 0], w[1, -1], w[2, 0] = (-128, -128), (127, -128), (-32768, 32767)  # int8's extremes, int16's too
+    w = RNG.integers(-128, 128, (pairs, lanes, 2)).astype(weight_dtype)
+    w[0, 0], w[1, -1] = (-128, -128), (127, -128)  # int8's extremes
+    if weight_dtype == "int16":
+        w[2, 0] = (-32768, 32767)  # int16's too
     x[0], x[1, :4] = 255, (255, 0, 255, 255)
     o = np.zeros((rows, lanes), np.int32)
     weight = w if weight_rows else w.transpose(0, 2, 1).copy()
