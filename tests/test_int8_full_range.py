@@ -1,13 +1,15 @@
 """Full-range int8 weights (pairs with |w0| + |w1| > 128, which saturate vpmaddubsw) on the integers.
 
-- the two-term uint8 x int16 dot product (`tir.DOT2_INTRINSIC`) is exact on every lane count and operand layout,
-  including the extremes, and lowers to vpmaddwd (no vpmaddubsw) on x86, its accumulator added by an inline-assembly
-  vpaddd where the target has VEX forms (so LLVM cannot regroup the accumulation);
-- `full_range_int8_mode` derives the path from the target: int16 pairs on x86 without VNNI, four-byte products
+- the two-term uint8 x int16 dot product (`tir.DOT2_INTRINSIC`) is exact on every lane count and operand layout, with
+  int16 or int8 weight values (the int8 pairs widened as loaded), including the extremes, and lowers to vpmaddwd (no
+  vpmaddubsw) on x86, its accumulator added by an inline-assembly vpaddd where the target has VEX forms (so LLVM
+  cannot regroup the accumulation);
+- `full_range_int8_mode` derives the path from the target: pairs and vpmaddwd on x86 without VNNI, four-byte products
   (vpdpbusd) with VNNI, float elsewhere;
-- the packed int8 convolution with an int16 weight (what PlanLayouts makes of a full-range weight on such a target)
-  is exact at its default config and at sampled configs, on odd channel counts, stride 2, zero-point padding and
-  the extreme pairs (-128, -128), (127, -128); on VNNI targets the weight stays int8 and the kernel uses vpdpbusd;
+- the packed int8 convolution with its weight in int8 pairs (what PlanLayouts makes of a full-range weight on such a
+  target; widened by vpmovsxbw as loaded) is exact at its default config and at sampled configs, on odd channel
+  counts, stride 2, zero-point padding and the extreme pairs (-128, -128), (127, -128); on VNNI targets the weight
+  stays int8 and the kernel uses vpdpbusd;
 - a QDQ model with full-range weights (onnxruntime's default quantization) built at the default opt_level runs every
   product on the integers and stays within one quantization step of onnxruntime's unoptimised QDQ graph.
 """
@@ -25,13 +27,20 @@ from relay_tune import build
 from relay_tune.codegen.llvm import build_llvm, emit_assembly, emit_llvm_ir
 from relay_tune.compile import resolve_target
 from relay_tune.compile.primitive import build_primitive
+from relay_tune.errors import RelayTypeError
 from relay_tune.frontend import from_onnx
 from relay_tune.interpreter import evaluate
-from relay_tune.ir import Call
+from relay_tune.ir import Call, TensorType
 from relay_tune.ir.traversal import post_order
 from relay_tune.kernel import te, tir, tir_eval
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
-from relay_tune.op.quantized import pack_int8_weight, pack_int16_weight, unpack_int8_weight
+from relay_tune.op.quantized import (
+    pack_int8_pairs,
+    pack_int8_weight,
+    pack_int16_weight,
+    unpack_int8_weight,
+)
+from relay_tune.op.registry import get_op
 from relay_tune.passes import PassConfig, full_range_int8_mode
 from relay_tune.passes.pipeline import optimize
 from relay_tune.passes.quantized_products import pairs_fit_int16
@@ -51,12 +60,14 @@ from tests.test_int8_kernels import (
 RNG = np.random.default_rng(20261208)
 
 
-def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str = "uint8") -> tir.PrimFunc:
+def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str = "uint8",
+                 weight: str = "int16") -> tir.PrimFunc:
     """`O[r, l] = sum_c dot2(X[r, 2c:2c+2], W[c, l, 0:2])` over a vectorized `l`; with `weight_rows=False` the
     weight is `V[c, k, l]` (the two values of a lane `lanes` apart: the generic interleaving path); `data`: uint8,
-    or int16 holding uint8 values (the widened copy the int16-weight convolution reads)."""
+    or int16 holding uint8 values (the widened copy the pair-weight convolution reads); `weight`: int16, or int8
+    (the pairs a full-range weight is stored in, widened as loaded)."""
     x = tir.Buffer("X", (rows, 2 * pairs), data)
-    w = tir.Buffer("W", (pairs, lanes, 2) if weight_rows else (pairs, 2, lanes), "int16")
+    w = tir.Buffer("W", (pairs, lanes, 2) if weight_rows else (pairs, 2, lanes), weight)
     o = tir.Buffer("O", (rows, lanes), "int32")
     r, lane, c = tir.LoopVar("r"), tir.LoopVar("l"), tir.LoopVar("c")
     row = [w[c, lane, k] if weight_rows else w[c, k, lane] for k in range(2)]
@@ -72,13 +83,16 @@ def _dot2_kernel(rows: int, pairs: int, lanes: int, weight_rows: bool, data: str
                                               if X86 else [])])
 @pytest.mark.parametrize("lanes", [1, 3, 8, 13, 16, 32])
 @pytest.mark.parametrize("weight_rows", [True, False])
-@pytest.mark.parametrize("data", ["uint8", "int16"])
-def test_dot2_intrinsic_is_exact(target: str, lanes: int, weight_rows: bool, data: str) -> None:
+@pytest.mark.parametrize(("data", "weight_dtype"), [("uint8", "int16"), ("int16", "int16"), ("uint8", "int8"),
+                                                   ("int16", "int8")])
+def test_dot2_intrinsic_is_exact(target: str, lanes: int, weight_rows: bool, data: str, weight_dtype: str) -> None:
     rows, pairs = 3, 5
-    func = _dot2_kernel(rows, pairs, lanes, weight_rows, data)
+    func = _dot2_kernel(rows, pairs, lanes, weight_rows, data, weight_dtype)
     x = RNG.integers(0, 256, (rows, 2 * pairs)).astype(data)
-    w = RNG.integers(-128, 128, (pairs, lanes, 2)).astype(np.int16)
-    w[0, 0], w[1, -1], w[2, 0] = (-128, -128), (127, -128), (-32768, 32767)  # int8's extremes, int16's too
+    w = RNG.integers(-128, 128, (pairs, lanes, 2)).astype(weight_dtype)
+    w[0, 0], w[1, -1] = (-128, -128), (127, -128)  # int8's extremes
+    if weight_dtype == "int16":
+        w[2, 0] = (-32768, 32767)  # int16's too
     x[0], x[1, :4] = 255, (255, 0, 255, 255)
     o = np.zeros((rows, lanes), np.int32)
     weight = w if weight_rows else w.transpose(0, 2, 1).copy()
@@ -139,6 +153,21 @@ def test_pack_int16_weight_round_trips() -> None:
     assert not unpack_int8_weight(packed)[13:].any() and not unpack_int8_weight(packed)[:, 7:].any()
     int8_packed, _ = pack_int8_weight(weight, 8, 8)
     np.testing.assert_array_equal(unpack_int8_weight(int8_packed), unpack_int8_weight(packed))
+    pairs = pack_int8_pairs(weight, 8, 8)  # the same layout, one byte a value
+    assert pairs.dtype == np.int8 and pairs.shape == packed.shape
+    np.testing.assert_array_equal(pairs, packed)
+    with pytest.raises(ValueError, match="int8 pairs need an int8 weight"):
+        pack_int8_pairs(weight.astype(np.int16), 8, 8)
+
+
+@pytest.mark.parametrize(("weight", "message"), [
+    (TensorType((2, 1, 3, 3, 3, 8, 3), "int8"), "bi/4, bo, 4"),      # neither quads nor pairs
+    (TensorType((2, 1, 3, 3, 2, 8, 4), "int16"), "bi/2, bo, 2"),     # int16 comes in pairs only
+])
+def test_packed_weight_form_is_checked(weight: TensorType, message: str) -> None:
+    data = TensorType((1, 1, 9, 9, 8), "uint8")
+    with pytest.raises(RelayTypeError, match=re.escape(message)):
+        get_op(INT8_CONV).type_relation([data, weight], get_op(INT8_CONV).make_attrs({}))
 
 
 INT16_HOST = resolve_target("llvm -num-cores=2")
@@ -153,7 +182,9 @@ FULL_RANGE_CONVS = [  # cin, cout, kernel, stride, height, width, zero point
 
 @pytest.mark.skipif(not X86 or full_range_int8_mode(INT16_HOST) != "int16", reason="an x86 host without VNNI")
 @pytest.mark.parametrize(("cin", "cout", "k", "stride", "h", "w", "zero"), FULL_RANGE_CONVS)
-def test_int16_packed_conv_is_exact(cin: int, cout: int, k: int, stride: int, h: int, w: int, zero: int) -> None:
+def test_pair_packed_conv_is_exact(cin: int, cout: int, k: int, stride: int, h: int, w: int, zero: int) -> None:
+    """A full-range weight is packed as int8 pairs (widened to int16 as each row is loaded) and the kernel is exact at
+    its default config and at sampled configs, on the extreme pairs."""
     weight = RNG.integers(-128, 128, (cout, cin, k, k)).astype(np.int8)
     weight[0, :2], weight[-1, :2] = -128, 127  # the extreme pairs of channels 0 and 1
     weight[1, 0], weight[1, 1] = 127, -128
@@ -163,7 +194,8 @@ def test_int16_packed_conv_is_exact(cin: int, cout: int, k: int, stride: int, h:
     assert [t.family for t in tasks] == ["conv2d_nchwc_int8"]
     task = tasks[0]
     (anchor,) = [n for n in post_order(task.func) if isinstance(n, Call) and n.op_name == INT8_CONV]
-    assert str(anchor.args[1].checked_type.dtype) == "int16"
+    packed_type = anchor.args[1].checked_type
+    assert str(packed_type.dtype) == "int8" and packed_type.shape[-1] == 2
     rng = np.random.default_rng(cin * 100 + cout)
     inputs = []
     for spec in task.input_specs():
@@ -185,20 +217,21 @@ def test_int16_packed_conv_is_exact(cin: int, cout: int, k: int, stride: int, h:
 
 
 @pytest.mark.skipif(not X86, reason="x86 instructions")
-@pytest.mark.parametrize(("target", "dtype", "present", "absent"), [
-    ("llvm -mcpu=haswell -num-cores=2", "int16", ("vpmaddwd",), ("vpmaddubsw", "vpdpbusd")),
-    ("llvm -mcpu=icelake-server -num-cores=2", "int8", ("vpdpbusd",), ("vpmaddubsw",)),
+@pytest.mark.parametrize(("target", "terms", "present", "absent"), [
+    ("llvm -mcpu=haswell -num-cores=2", 2, ("vpmovsxbw", "vpmaddwd"), ("vpmaddubsw", "vpdpbusd")),
+    ("llvm -mcpu=icelake-server -num-cores=2", 4, ("vpdpbusd",), ("vpmaddubsw",)),
 ])
-def test_full_range_conv_kernel_instructions(target: str, dtype: str, present: tuple[str, ...],
+def test_full_range_conv_kernel_instructions(target: str, terms: int, present: tuple[str, ...],
                                              absent: tuple[str, ...]) -> None:
-    """The weight form and the kernel's instructions follow the target: int16 pairs and vpmaddwd without VNNI, the
-    int8 quads and vpdpbusd (exact on full-range weights) with it."""
+    """The weight form and the kernel's instructions follow the target: int8 pairs widened as loaded (vpmovsxbw) and
+    vpmaddwd without VNNI, the int8 quads and vpdpbusd (exact on full-range weights) with it."""
     weight = RNG.integers(-128, 128, (32, 32, 3, 3)).astype(np.int8)
     mod = _padded_conv_module((1, 32, 8, 8), weight, 1, 1, 3)
     resolved = resolve_target(target)
     (task,) = [t for t in tasks_from_module(mod, resolved) if t.family != "injective"]
     (anchor,) = [n for n in post_order(task.func) if isinstance(n, Call) and n.op_name == INT8_CONV]
-    assert str(anchor.args[1].checked_type.dtype) == dtype
+    packed_type = anchor.args[1].checked_type
+    assert str(packed_type.dtype) == "int8" and packed_type.shape[-1] == terms
     asm = emit_assembly([task.lower(task.default_config())], resolved)
     for instruction in present:
         assert instruction in asm, instruction
@@ -221,8 +254,9 @@ def test_default_build_runs_full_range_products_on_the_integers(tmp_path: Any, p
         integer = [str(p.checked_type.dtype) == "int32" for p in products]
         assert len(products) == len(weights) == 2
         assert sorted(integer) == (sorted(fits) if mode == "float" else [True, True]), mode
-        widened = [p for p in products if p.op_name == INT8_CONV and str(p.args[1].checked_type.dtype) == "int16"]
-        assert len(widened) == (fits.count(False) if mode == "int16" else 0), mode  # only the weights that need it
+        in_pairs = [p for p in products if p.op_name == INT8_CONV and p.args[1].checked_type.shape[-1] == 2]
+        assert len(in_pairs) == (fits.count(False) if mode == "int16" else 0), mode  # only the weights that need it
+        assert all(str(p.args[1].checked_type.dtype) == "int8" for p in in_pairs)  # widened as loaded, not stored
     compiled = build(mod, "llvm")
     x = _inputs(_float_model("conv"))
     np.testing.assert_allclose(compiled.run(x=x), _session(qmodel, False).run(None, {"x": x})[0], rtol=0,

@@ -1,19 +1,20 @@
 """`nn.contrib_conv2d_NCHWc_int8`: a uint8 x int8 -> int32 convolution on channel-blocked layouts with the weight
 packed for four-byte dot products, or, where the int8 weight's pairs would saturate vpmaddubsw on a CPU without
-VNNI, widened to int16 and packed for two-term products.
+VNNI, packed in pairs for two-term products (int8, widened to int16 by the kernel as it loads each row).
 
     data    (N, C / bi, H, W, bi)                     uint8, `NCHW{bi}c`, bi a multiple of 4 (int16 with an int16
                                                       weight: values already less their zero point)
     weight  (O / bo, C / bi, KH, KW, bi / 4, bo, 4)   int8: input channel `ci` of block `cb` and output channel
                                                       `o` at `[o // bo, cb, kh, kw, ci // 4, o % bo, ci % 4]`
-         or (O / bo, C / bi, KH, KW, bi / 2, bo, 2)   int16 (int8 values): the same with pairs for quads
+         or (O / bo, C / bi, KH, KW, bi / 2, bo, 2)   int8 or int16: the same with pairs for quads
     output  (N, O / bo, OH, OW, bo)                   int32, `NCHW{bo}c`
 
 Four consecutive input channels of one pixel are one 32-bit value, broadcast to every output lane; the weight row
 of those four channels for `bo` output channels is `4 * bo` contiguous bytes, so one step of the reduction is one
-dot-product instruction sequence per register of output lanes (`tir.DOT4_INTRINSICS`). With the int16 weight a step
-takes two channels: their uint8 values widened to an int16 pair and broadcast, the weight row `2 * bo` int16, one
-vpmaddwd per register of lanes (`tir.DOT2_INTRINSIC`). The sums are exact either way.
+dot-product instruction sequence per register of output lanes (`tir.DOT4_INTRINSICS`). With a weight in pairs a step
+takes two channels: their uint8 values widened to an int16 pair and broadcast, the weight row `2 * bo` values (int8
+ones sign-extended as loaded: vpmovsxbw), one vpmaddwd per register of lanes (`tir.DOT2_INTRINSIC`). The int8 form
+streams half the weight bytes of the int16 one. The sums are exact either way.
 
 Attributes: `strides`, `padding` (top, left, bottom, right) filled with `pad_value` (the data's zero point: the
 padding of the float convolution this stands for is the quantized zero), `pairs_fit_int16` (every weight pair
@@ -71,12 +72,25 @@ def pairs_fit_int16(weight: np.ndarray) -> bool:
 
 
 def pack_int16_weight(weight: np.ndarray, bi: int, bo: int) -> np.ndarray:
-    """An OIHW int8 weight widened to int16 and packed as `(O / bo, I / bi, KH, KW, bi / 2, bo, 2)` (pairs of input
-    channels for vpmaddwd), with zeros appended to its output and input channels up to multiples of `bo` and `bi`."""
+    """An OIHW int8 (or int16) weight widened to int16 and packed as `(O / bo, I / bi, KH, KW, bi / 2, bo, 2)` (pairs
+    of input channels for vpmaddwd), with zeros appended to its output and input channels up to multiples of `bo`
+    and `bi`."""
+    return _pack_pairs(weight, bi, bo, np.int16)
+
+
+def pack_int8_pairs(weight: np.ndarray, bi: int, bo: int) -> np.ndarray:
+    """An OIHW int8 weight packed as pairs like `pack_int16_weight` but kept int8: the kernel widens each weight row
+    as it loads it (vpmovsxbw), so the weight streams half the bytes of its int16 form."""
+    if weight.dtype != np.int8:
+        raise ValueError(f"int8 pairs need an int8 weight, got {weight.dtype}")
+    return _pack_pairs(weight, bi, bo, np.int8)
+
+
+def _pack_pairs(weight: np.ndarray, bi: int, bo: int, dtype: type[np.integer]) -> np.ndarray:
     if bi % 2:
         raise ValueError(f"the input channel block {bi} is not a multiple of 2")
     o, i, kh, kw = weight.shape
-    full = np.zeros((-(-o // bo) * bo, -(-i // bi) * bi, kh, kw), dtype=np.int16)
+    full = np.zeros((-(-o // bo) * bo, -(-i // bi) * bi, kh, kw), dtype=dtype)
     full[:o, :i] = weight
     ob, cb = full.shape[0] // bo, full.shape[1] // bi
     return np.ascontiguousarray(full.reshape(ob, bo, cb, bi // 2, 2, kh, kw).transpose(0, 2, 5, 6, 3, 1, 4))
@@ -88,8 +102,8 @@ def unpack_int8_weight(packed: np.ndarray) -> np.ndarray:
     return packed.transpose(0, 5, 1, 4, 6, 2, 3).reshape(ob * bo, cb * groups * terms, kh, kw)
 
 
-_TERMS = {"int8": 4, "int16": 2}
-"""Input channels per dot-product step by weight dtype: quads of int8, pairs of int16."""
+_TERMS = {"int8": (4, 2), "int16": (2,)}
+"""Input channels per dot-product step by weight dtype: quads or pairs of int8, pairs of int16."""
 
 
 @type_relation(OP_NAME)
@@ -104,7 +118,7 @@ def conv2d_nchwc_int8_rel(arg_types: Sequence[Type], attrs: Attrs) -> Type:
                              f"{fmt_shape(data.shape)} and {fmt_shape(weight.shape)}", op_name=OP_NAME)
     n, cb, h, w, bi = data.shape
     ob, wcb, kh, kw, groups, bo, terms = weight.shape
-    k = _TERMS[weight.dtype]
+    k = terms if terms in _TERMS[weight.dtype] else _TERMS[weight.dtype][0]
     if (bi is not ANY and (bi % 4 or (groups is not ANY and groups * k != bi))) or terms != k \
             or (cb is not ANY and wcb is not ANY and cb != wcb):
         raise RelayTypeError(f"data {fmt_shape(data.shape)} and packed {weight.dtype} weight "

@@ -30,8 +30,8 @@ transform becomes one transform from the first layout, or cancels when it leads 
   `nn.contrib_conv2d_NCHWc_int8` (`relay_tune.op.quantized`): input in its block when blocked (else the full block,
   or blocks of 4 for fewer channels than a block, zero channels appended where the block does not divide them),
   output in the full block, the weight packed here for four-byte dot products (or, with
-  `PassConfig.full_range_int8 == "int16"`, a weight whose pairs would saturate vpmaddubsw widened to int16 pairs for
-  vpmaddwd). A zero-point `nn.pad` of its input
+  `PassConfig.full_range_int8 == "int16"`, a weight whose pairs would saturate vpmaddubsw packed in int8 pairs for
+  vpmaddwd, widened to int16 as the kernel loads them). A zero-point `nn.pad` of its input
   (spatial axes only) becomes the convolution's own padding with that value, so the chain stays blocked. Output
   channels the block does not divide are computed padded and sliced off in NCHW. An 8-bit `nn.dense` (uint8 rows,
   a constant int8 weight, int32 sums) becomes the same convolution over its rows as a batch of 1x1 maps.
@@ -83,7 +83,7 @@ import numpy as np
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule, Let, TensorType, Tuple, op
 from relay_tune.ir.expr import If
 from relay_tune.op.quantized import OP_NAME as INT8_CONV
-from relay_tune.op.quantized import pack_int8_weight, pack_int16_weight
+from relay_tune.op.quantized import pack_int8_pairs, pack_int8_weight, pack_int16_weight
 from relay_tune.op.reduce import MIN_MAX, reduce_axes
 from relay_tune.op.registry import OpPattern, get_op, has_op
 from relay_tune.passes.base import (
@@ -360,8 +360,8 @@ class _Planner:
             packed, pairs = pack_int16_weight(weight, bi, bo), False
         else:
             packed, pairs = pack_int8_weight(weight, bi, bo)
-            if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int16 pairs for vpmaddwd
-                packed = pack_int16_weight(weight, bi, bo)
+            if not pairs and self.int16_weights:  # pairs that would saturate vpmaddubsw: int8 pairs for vpmaddwd
+                packed = pack_int8_pairs(weight, bi, bo)
         conv: Expr = call_op(INT8_CONV, x, Constant(packed), strides=strides, padding=tuple(padding),
                              pad_value=int(pad_value), pairs_fit_int16=pairs)
         if c_out % bo == 0:

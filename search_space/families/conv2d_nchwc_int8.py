@@ -5,11 +5,11 @@ The template is the fp32 blocked convolution's (`conv2d_nchwc`): a register tile
 `tile_cb` output channel blocks, the block's `bo` lanes vectorized, the reduction (channel blocks, kernel taps,
 quads of a block) outside the tile. Each reduction step broadcasts one 32-bit quad of input channels and loads one
 `4 * bo`-byte weight row per block, and the dot-product intrinsic turns that into vpdpbusd (VNNI) or
-vpmaddubsw + vpmaddwd per register of lanes; with an int16 weight (full-range int8 weights on x86 without VNNI) a
+vpmaddubsw + vpmaddwd per register of lanes; with a weight in pairs (full-range int8 weights on x86 without VNNI) a
 step broadcasts a pair of input channels widened to int16 and runs one vpmaddwd per register of lanes. The
 requantization epilogue runs on the tile's vectors. The knobs and the default rule are `conv2d_nchwc`'s, with
 registers fewer for the tile: two for the four-byte products (their int16 pair sums and the vector of ones vpmaddwd
-widens them with), one for the int16 products (vpmaddwd's result before it is added).
+widens them with), one for the two-term products (vpmaddwd's result before it is added).
 """
 
 from __future__ import annotations
@@ -27,22 +27,22 @@ DOT_REGISTERS = 2
 """Vector registers a four-byte dot-product step needs besides the tile's accumulators, weight rows and broadcast
 quad."""
 DOT2_REGISTERS = 1
-"""The same for a two-term (int16 weight) step: vpmaddwd's result before it is added."""
+"""The same for a two-term (weight in pairs) step: vpmaddwd's result before it is added."""
 
 
 def _analyse(prim: Any, sch: Any, anchor: Any, target: Any, constants: frozenset[int]) -> dict[str, Any]:
     fields = analyse_blocked_conv(prim, sch, anchor, target, constants, depthwise=False)
     call = prim.anchor_call
     pairs = bool(call.attrs.get("pairs_fit_int16")) if call is not None else False
-    int16 = any(t.dtype == "int16" and len(t.shape) == 7 for t in prim.inputs)  # the packed int16 weight
-    return {**fields, "extras": {"pairs_fit_int16": pairs, "int16_weight": int16}}
+    two = any(len(t.shape) == 7 and t.shape[-1] == 2 for t in prim.inputs)  # a weight packed in pairs
+    return {**fields, "extras": {"pairs_fit_int16": pairs, "pair_weight": two}}
 
 
 def _with_dot_registers(workload: CpuWorkload) -> CpuWorkload:
     """The workload with the registers the dot products take away from the tile: without VNNI, an int8 weight whose
     pairs may saturate is split into two halves (`relay_tune.codegen.llvm_dot`), a second register per weight row,
     counted here as a smaller register file."""
-    if workload.extras.get("int16_weight", False):
+    if workload.extras.get("pair_weight", False):
         return dataclasses.replace(workload, registers=workload.registers - DOT2_REGISTERS)
     spare = DOT_REGISTERS
     if not workload.extras.get("pairs_fit_int16", True):
