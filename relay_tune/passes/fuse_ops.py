@@ -20,6 +20,9 @@ The algorithm, per function:
    - phases 0 and 1: an ELEMWISE/BROADCAST node joins a post-dominator reached through at most INJECTIVE edges
      (or a COMM_REDUCE edge), when intermediate nodes are at most INJECTIVE and the sink is element-wise, injective,
      a reduction or a complex-op group (so `exp -> sum` fuses and element-wise chains join a convolution);
+   - phase 0: an element-wise/broadcast group without a complex op, read only as the data of a 1x1 unpadded
+     stride-1 `nn.contrib_conv2d_NCHWc` (`is_pointwise_blocked_conv_input`), joins that convolution as its
+     prologue (a pre-activation scale, shift and ReLU: the `conv2d_nchwc` template computes it a row at a time);
    - phase 1: INJECTIVE and TUPLE nodes join a post-dominator reached through INJECTIVE paths only; and a channel
      shuffle (reshapes and transposes that only permute the channels of an NCHW tensor) joins the padded depthwise
      convolution that reads it, whose template computes it one channel plane at a time;
