@@ -1,7 +1,8 @@
 """Element-wise prologues of 1x1 blocked convolutions: `FuseOps` fuses a pre-activation (scale, shift, ReLU) that
 only a 1x1 `nn.contrib_conv2d_NCHWc` reads into that convolution's group, and the `conv2d_nchwc` template computes
-it one input row at a time. Kernels and whole models are compared with the reference interpreter on random
-non-zero inputs and odd shapes; block sizes follow the host's vector lanes."""
+it one input row at a time; without a prologue, its default order puts rows first where the input outweighs the
+weight. Kernels and whole models are compared with the reference interpreter on random non-zero inputs and odd
+shapes; block sizes follow the host's vector lanes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from relay_tune.compile.primitive import build_primitive
 from relay_tune.interpreter import Interpreter
 from relay_tune.kernel.analysis import format_func
 from relay_tune.passes import FuseOps, PassConfig, fused_groups
-from relay_tune.testing.blocked_conv import channel_block
+from relay_tune.testing.blocked_conv import ConvLayer, blocked_module, channel_block
 from relay_tune.text import parse_module
 from relay_tune.tuning.relay_task import RelayTuneTask, tasks_from_module
 from relay_tune.type_infer import infer_types
@@ -188,3 +189,22 @@ def test_densenet_block_matches_reference() -> None:
     x = np.random.default_rng(5).standard_normal((1, 24, 9, 11)).astype("float32")
     expected = np.asarray(Interpreter(mod).run({"x": x}))
     np.testing.assert_allclose(model.run(x=x), expected, rtol=1e-4, atol=1e-4)
+
+
+def _plain_pointwise(cin: int, height: int, width: int, cout: int) -> RelayTuneTask:
+    mod = blocked_module(ConvLayer(cin, height, width, cout, 1, 1, 0, 1, ("bias", "relu")), LANES)
+    return next(t for t in tasks_from_module(mod, HOST) if t.family == "conv2d_nchwc")
+
+
+def test_default_runs_rows_first_where_the_input_outweighs_the_weight() -> None:
+    """Without a prologue the default order follows the sizes: a large map with few output channels rows first, a
+    7x7 map with many output channels blocks first; either way the kernel matches the reference."""
+    wide = _plain_pointwise(96, 13, 15, 4 * LANES)  # 195 pixels > 4 blocks of output channels, in 2 tiles
+    assert wide.default_config()["order"] == "hc"
+    deep = _plain_pointwise(64, 3, 5, 128)  # 15 pixels < 128 output channels
+    assert deep.default_config()["order"] == "ch"
+    rng = np.random.default_rng(4)
+    for task in (wide, deep):
+        inputs = [rng.standard_normal(spec.shape).astype(spec.dtype) for spec in task.input_specs()]
+        got = build_primitive(task.func, task.target_info, schedule_steps=task.steps(task.default_config()))(*inputs)
+        np.testing.assert_allclose(got, task.reference(inputs)[0], rtol=1e-4, atol=1e-4)
