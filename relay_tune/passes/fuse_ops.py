@@ -475,9 +475,9 @@ def is_pointwise_blocked_conv_input(expr: Expr, consumer: Expr) -> bool:
     if not (isinstance(consumer, Call) and consumer.op_name == "nn.contrib_conv2d_NCHWc" and consumer.args[0] is expr):
         return False
     attrs = consumer.attrs
-    if int(attrs.get("groups", 1)) != 1 or any(int(p) for p in attrs.get("padding", ())):  # type: ignore[union-attr, arg-type]
+    if int(attrs.get("groups", 1)) != 1 or any(int(p) for p in attrs.get("padding", ())):
         return False
-    if any(int(s) != 1 for s in (*attrs.get("strides", (1, 1)), *attrs.get("dilation", (1, 1)))):  # type: ignore[misc]
+    if any(int(s) != 1 for s in (*attrs.get("strides", (1, 1)), *attrs.get("dilation", (1, 1)))):
         return False
     data_ty = expr.checked_type if expr.has_type() else None
     weight_ty = consumer.args[1].checked_type if consumer.args[1].has_type() else None
