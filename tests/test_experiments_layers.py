@@ -61,3 +61,23 @@ def test_a_small_network_layer_by_layer(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["layers", "--model", "small_cnn", "--repeat", "2", "--top", "50"]) == 0
     out = capsys.readouterr().out
     assert "summed kernel time relay-tune" in out and "(Conv)" in out and "kind of layer" in out
+
+
+def test_convolutions_are_summed_by_kernel_and_elementwise_kernels_by_kind() -> None:
+    from experiments.layers import relay_conv_kind
+
+    assert relay_conv_kind("contrib_conv2d_NCHWc_nchw8c+bias+relu 1x32x56x56x8 * 16x32x1x1x8x8 s1") == "conv 1x1"
+    assert relay_conv_kind("multiply+bias+relu+contrib_conv2d_NCHWc_nchw8c 1x5x7x9x8 * 3x5x1x1x8x8 s1") == "conv 1x1"
+    assert relay_conv_kind("depthwise_conv2d_NCHWc+bias 1x12x50x38x8 * 12x1x5x5x1x8 s1 p2") == "conv 5x5 dw"
+    assert relay_conv_kind("conv2d_nchw+bias 1x272x14x14 * 272x1x3x3 s1 p1 g272") == "conv 3x3 dw"
+    assert relay_conv_kind("winograd_output_transform+bias+relu 36x196x192") == "conv 3x3"
+    assert relay_conv_kind("max_pool2d 1x96x54x54") == ""
+    assert relay_kind("multiply+bias+relu 1x28x56x56x8 28x1x1x8") == "elementwise"
+    # a 1x1 kernel passes over a depthwise node with as many outputs and takes the 1x1 node after it
+    nodes = [OnnxNode("dw", "Conv", ("a",), 64 * 100, "conv 3x3 dw"),
+             OnnxNode("pw", "Conv", ("b",), 64 * 100, "conv 1x1")]
+    relay = [("contrib_conv2d_NCHWc_nchw8c+bias 1x8x10x10x8 * 8x8x1x1x8x8 s1", 64 * 100, 2e-3),
+             ("depthwise_conv2d_NCHWc+bias 1x8x10x10x8 * 8x1x3x3x1x8 s1 p1", 64 * 100, 1e-3)]
+    rows = {row.name.split(" ")[0]: row for row in match_layers(nodes, relay, [])}
+    assert rows["pw"].relay == pytest.approx(2e-3) and rows["dw"].relay == pytest.approx(1e-3)
+    assert rows["pw"].kind == "conv 1x1" and rows["dw"].kind == "conv 3x3 dw"

@@ -20,6 +20,9 @@ The algorithm, per function:
    - phases 0 and 1: an ELEMWISE/BROADCAST node joins a post-dominator reached through at most INJECTIVE edges
      (or a COMM_REDUCE edge), when intermediate nodes are at most INJECTIVE and the sink is element-wise, injective,
      a reduction or a complex-op group (so `exp -> sum` fuses and element-wise chains join a convolution);
+   - phase 0: an element-wise/broadcast group without a complex op, read only as the data of a 1x1 unpadded
+     stride-1 `nn.contrib_conv2d_NCHWc` (`is_pointwise_blocked_conv_input`), joins that convolution as its
+     prologue (a pre-activation scale, shift and ReLU: the `conv2d_nchwc` template computes it a row at a time);
    - phase 1: INJECTIVE and TUPLE nodes join a post-dominator reached through INJECTIVE paths only; and a channel
      shuffle (reshapes and transposes that only permute the channels of an NCHW tensor) joins the padded depthwise
      convolution that reads it, whose template computes it one channel plane at a time;
@@ -367,6 +370,12 @@ class GraphPartitioner:
                     node, sink, _into_anchor
                 ):
                     self._commit_fuse(node, sink)
+                elif phase == 0 and group.find_root().anchor is None and sink_group.find_root().anchor is sink \
+                        and len(node.outputs) == 1 and is_pointwise_blocked_conv_input(node.expr, sink.expr):
+                    # A pre-activation (scale, shift, ReLU) read only by a 1x1 blocked convolution: the
+                    # convolution's template computes it one input row at a time, so the activated map is never
+                    # written out and read back in full (DenseNet's BN-ReLU-Conv on the growing concatenation).
+                    self._commit_fuse(node, sink)
             elif group.pattern in (INJECTIVE, TUPLE):
                 if phase == 1 and self._check_path(node, sink, _up_to_injective):
                     self._commit_fuse(node, sink)
@@ -457,6 +466,25 @@ def is_channel_shuffle_into_padded_depthwise(expr: Expr, consumer: Expr) -> bool
         return False
     groups = int(attrs.get("groups", 1))  # type: ignore[arg-type]
     return groups > 1 and ty.shape[1] == groups == out.shape[1] and is_channel_shuffle(expr)
+
+
+def is_pointwise_blocked_conv_input(expr: Expr, consumer: Expr) -> bool:
+    """`expr` is the data of `consumer`, a float32 `nn.contrib_conv2d_NCHWc` with a 1x1 kernel, unit strides and
+    dilation, no padding and one group, on `NCHW{b}c` data: the convolution whose template can take an element-wise
+    prologue (`search_space.families.conv2d_nchwc`)."""
+    if not (isinstance(consumer, Call) and consumer.op_name == "nn.contrib_conv2d_NCHWc" and consumer.args[0] is expr):
+        return False
+    attrs = consumer.attrs
+    if int(attrs.get("groups", 1)) != 1 or any(int(p) for p in attrs.get("padding", ())):
+        return False
+    if any(int(s) != 1 for s in (*attrs.get("strides", (1, 1)), *attrs.get("dilation", (1, 1)))):
+        return False
+    data_ty = expr.checked_type if expr.has_type() else None
+    weight_ty = consumer.args[1].checked_type if consumer.args[1].has_type() else None
+    if not (isinstance(data_ty, TensorType) and isinstance(weight_ty, TensorType)):
+        return False
+    return data_ty.ndim == 5 and data_ty.dtype == "float32" and weight_ty.ndim == 6 \
+        and tuple(weight_ty.shape[2:4]) == (1, 1)
 
 
 def _up_to_broadcast(kind: OpPattern, is_sink: bool) -> bool:
