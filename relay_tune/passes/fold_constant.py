@@ -132,7 +132,8 @@ def _to_expr(value: Any, ty: Type) -> Expr:
         raise RelayTuneError(
             f"constant folding produced shape {arr.shape} where type inference expects {tuple(ty.shape)}"
         )
-    return Constant(arr)
+    # The interpreter's result belongs to no one else: hand it over rather than copy it.
+    return Constant.adopt(arr)
 
 
 def evaluate_constants(exprs: list[Expr]) -> list[Any]:
