@@ -496,6 +496,10 @@ class _Inferencer:
         return callee.ret_type
 
     def _visit_op_call(self, call: Call, name: str) -> Type:
+        if call.has_type() and all(self._unchanged_type(a) for a in call.args):
+            # Checked before, over arguments whose types are what they were then: the relation would give the
+            # same type, so a pass that rebuilt the graph around this call need not run it again.
+            return call.checked_type
         opdef = get_op(name)
         if opdef.num_inputs is not None and len(call.args) != opdef.num_inputs:
             raise RelayTypeError(
@@ -510,6 +514,16 @@ class _Inferencer:
             self.pending.append(constraint)
             return constraint.out
         return result
+
+    def _unchanged_type(self, arg: Expr) -> bool:
+        """Whether `arg`'s type in this inference is the type it was checked with before: a variable with an
+        annotation (one without takes its type from wherever it is bound, which a pass may change), or a node
+        whose type just inferred equals its cached `checked_type`."""
+        if isinstance(arg, Var):
+            return arg.type_annotation is not None
+        if isinstance(arg, (Op, GlobalVar)) or not arg.has_type():
+            return False
+        return self.types.get(id(arg)) == arg.checked_type
 
     def _full_attrs(self, opdef: OpDef, call: Call) -> Attrs:
         key = (opdef.name, call.attrs)
