@@ -458,6 +458,8 @@ def test_a_call_over_a_rebound_variable_is_checked_again() -> None:
     first = infer_types(IRModule({"main": Function((x,), Let(v, x, summed))}))
     assert first["main"].body.checked_type == tt(2, 3)
     y = Var("y", tt(4, 5))
+    # `relu` alone first: its cached type then matches the next binding's, `summed`'s still the old one's
+    assert infer_types(IRModule({"main": Function((y,), Let(v, y, relu))}))["main"].body.checked_type == tt(4, 5)
     second = infer_types(IRModule({"main": Function((y,), Let(v, y, summed))}))
     assert second["main"].body.checked_type == tt(4, 5)
     assert summed.checked_type == tt(4, 5) and relu.checked_type == tt(4, 5)
