@@ -281,6 +281,7 @@ class _Inferencer:
         self.global_sigs: dict[str, FuncType] = {}
         self.global_of_function: dict[int, str] = {}
         self.visited: set[int] = set()
+        self.fixed: set[int] = set()  # ids of operator calls whose types the graph fixes (`_fixed`)
         self._attrs_cache: dict[tuple[str, Attrs], Attrs] = {}
         self._relation_cache: dict[tuple[str, tuple[Type, ...], Attrs], Type] = {}
         if mod is not None:
@@ -496,6 +497,13 @@ class _Inferencer:
         return callee.ret_type
 
     def _visit_op_call(self, call: Call, name: str) -> Type:
+        if all(self._fixed(a) for a in call.args):
+            # Over arguments whose types the graph fixes, the call's type is a pure function of the call node: one
+            # checked before keeps its type, so a pass that rebuilt the graph around it need not run the relation
+            # again (and either way the call's type is fixed for the calls that use it).
+            self.fixed.add(id(call))
+            if call.has_type():
+                return call.checked_type
         opdef = get_op(name)
         if opdef.num_inputs is not None and len(call.args) != opdef.num_inputs:
             raise RelayTypeError(
@@ -510,6 +518,14 @@ class _Inferencer:
             self.pending.append(constraint)
             return constraint.out
         return result
+
+    def _fixed(self, arg: Expr) -> bool:
+        """Whether `arg`'s type is fixed by the graph alone, the same in every inference: a constant, a variable
+        annotated with a tensor type, or an operator call over such arguments (`fixed`). A variable without one
+        takes its type from wherever it is bound, which a pass may change, and so does every call over it."""
+        if isinstance(arg, Var):
+            return isinstance(arg.type_annotation, TensorType)
+        return isinstance(arg, Constant) or id(arg) in self.fixed
 
     def _full_attrs(self, opdef: OpDef, call: Call) -> Attrs:
         key = (opdef.name, call.attrs)

@@ -9,6 +9,7 @@ import pytest
 
 from relay_tune.ir import (
     Call,
+    Constant,
     Function,
     IRModule,
     Let,
@@ -35,6 +36,18 @@ def test_nodes_are_immutable() -> None:
     c = const(np.ones((2, 2), "float32"))
     with pytest.raises(ValueError):
         c.data[0, 0] = 3.0
+
+
+def test_a_constant_copies_a_writable_array_unless_it_adopts_it() -> None:
+    source = np.arange(6, dtype="float32").reshape(2, 3)
+    copied = Constant(source)
+    source[0, 0] = 7.0  # the caller's array stays writable and the constant does not see the write
+    assert copied.data[0, 0] == 0.0 and not np.shares_memory(copied.data, source)
+    fresh = np.arange(6, dtype="float32")
+    adopted = Constant.adopt(fresh)
+    assert adopted.data is fresh and not fresh.flags.writeable  # handed over: no copy, and nobody writes it now
+    with pytest.raises(ValueError):
+        fresh[0] = 3.0
 
 
 def test_structural_equality_and_hash() -> None:

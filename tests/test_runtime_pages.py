@@ -8,12 +8,14 @@ import pytest
 
 import relay_tune
 from relay_tune.interpreter import evaluate
+from relay_tune.runtime import pages
 from relay_tune.runtime.model import CompiledModel
 from relay_tune.runtime.pages import (
     HUGE_PAGE_BYTES,
     huge_page_bytes_backing,
     huge_page_empty,
     huge_pages_enabled,
+    numpy_small_pages,
     pack,
 )
 from relay_tune.text import parse_module
@@ -114,3 +116,36 @@ def test_the_runners_weight_copies_start_on_a_huge_page() -> None:
     backing = huge_page_bytes_backing(first, 8 << 20)
     if THP and backing is not None:
         assert backing >= 4 << 20
+
+
+def _numpy_asks_for_huge_pages() -> bool:
+    switch = pages._numpy_switch
+    assert switch is not None, "this numpy has no huge-page switch"
+    setting = bool(switch(True))
+    switch(setting)
+    return setting
+
+
+def test_numpy_small_pages_turns_numpys_huge_pages_off_and_restores_them_after_nesting_and_errors() -> None:
+    before = _numpy_asks_for_huge_pages()
+    with pytest.raises(RuntimeError), numpy_small_pages():
+        assert not _numpy_asks_for_huge_pages()
+        with numpy_small_pages():
+            assert not _numpy_asks_for_huge_pages()
+        assert not _numpy_asks_for_huge_pages()  # the outer block is still open
+        raise RuntimeError("leaves the block")
+    assert _numpy_asks_for_huge_pages() == before
+
+
+def test_a_build_restores_numpys_setting(classifier: tuple[CompiledModel, dict]) -> None:
+    _, params = classifier
+    switch = pages._numpy_switch
+    assert switch is not None
+    before = _numpy_asks_for_huge_pages()
+    for setting in (True, False):
+        switch(setting)
+        try:
+            relay_tune.build(parse_module(DENSE), params=params, build_cache=False)
+            assert _numpy_asks_for_huge_pages() == setting
+        finally:
+            switch(before)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import relay_tune.type_infer as type_infer
 from relay_tune.errors import RelayTypeError, UnknownOperatorError, UnsupportedError
 from relay_tune.ir import (
     ANY,
@@ -421,3 +422,44 @@ def test_if_and_tuple_get_item_nodes_from_constructors() -> None:
     expr = If(c, TupleGetItem(pair, 0), Call(op("nn.softmax"), (x,)))
     assert infer_expr_type(expr) == tt(3)
     assert pair.checked_type == TupleType((tt(3), tt()))
+
+
+# --- calls checked before ------------------------------------------------------------------------
+
+
+def test_a_call_checked_before_keeps_its_type_without_running_its_relation_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = Var("x", tt(2, 3))
+    relu = Call(op("nn.relu"), (x,))
+    summed = Call(op("add"), (relu, relu))
+    infer_types(IRModule({"main": Function((x,), summed)}))
+    relations: list[str] = []
+    original = type_infer._Inferencer._try_op
+
+    def counting(self, constraint):  # type: ignore[no-untyped-def]
+        relations.append(constraint.opdef.name)
+        return original(self, constraint)
+
+    monkeypatch.setattr(type_infer._Inferencer, "_try_op", counting)
+    # a pass rebuilt the function around the same calls: their types stand, only the new call is checked
+    rebuilt = infer_types(IRModule({"main": Function((x,), Call(op("nn.relu"), (summed,)))}))
+    assert relations == ["nn.relu"]
+    assert rebuilt["main"].body.checked_type == tt(2, 3) and summed.checked_type == tt(2, 3)
+
+
+def test_a_call_over_a_rebound_variable_is_checked_again() -> None:
+    # `v` has no annotation: its type is the bound value's, so the same call nodes get another type under a
+    # binding of another shape, and so does every call above them
+    v = Var("v")
+    relu = Call(op("nn.relu"), (v,))
+    summed = Call(op("add"), (relu, relu))
+    x = Var("x", tt(2, 3))
+    first = infer_types(IRModule({"main": Function((x,), Let(v, x, summed))}))
+    assert first["main"].body.checked_type == tt(2, 3)
+    y = Var("y", tt(4, 5))
+    # `relu` alone first: its cached type then matches the next binding's, `summed`'s still the old one's
+    assert infer_types(IRModule({"main": Function((y,), Let(v, y, relu))}))["main"].body.checked_type == tt(4, 5)
+    second = infer_types(IRModule({"main": Function((y,), Let(v, y, summed))}))
+    assert second["main"].body.checked_type == tt(4, 5)
+    assert summed.checked_type == tt(4, 5) and relu.checked_type == tt(4, 5)

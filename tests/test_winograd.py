@@ -13,7 +13,7 @@ from relay_tune.interpreter import Interpreter
 from relay_tune.ir import Call, Expr, Function, IRModule, TensorType, Var, const, op, post_order
 from relay_tune.op.nn import conv2d_ref
 from relay_tune.op.registry import get_op
-from relay_tune.op.winograd import weight_transform
+from relay_tune.op.winograd import weight_transform, winograd_matrices
 from relay_tune.passes import PassConfig, optimize
 from relay_tune.passes.winograd import auto_tile_size
 from relay_tune.runtime import load
@@ -69,6 +69,20 @@ def test_a_wrong_transform_matrix_would_be_caught() -> None:
         [np.matmul(v, u)], get_op("nn.winograd_output_transform").make_attrs(
             {"tile_size": 2, "out_height": 8, "out_width": 8}))
     assert not np.allclose(out, direct, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_weight_transform_is_g_g_gt_per_kernel(m: int) -> None:
+    # the one-product form against the definition, kernel by kernel, with unequal odd channel counts
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    _, g, _ = winograd_matrices(m)
+    got = weight_transform(weight, m)
+    assert got.shape == ((m + 2) ** 2, 3, 5) and got.dtype == np.float32 and got.flags.c_contiguous
+    for o in range(5):
+        for i in range(3):
+            want = (g @ weight[o, i].astype(np.float64) @ g.T).reshape(-1)
+            np.testing.assert_allclose(got[:, i, o], want, rtol=1e-6, atol=1e-6)
 
 
 def test_type_relations_give_tiles_and_output_shapes() -> None:

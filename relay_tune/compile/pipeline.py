@@ -27,6 +27,7 @@ from relay_tune.passes import full_range_int8_mode, layout_block, optimize, prec
 from relay_tune.resources import check_memory
 from relay_tune.runtime.cuda import gpu_model_from_plan
 from relay_tune.runtime.model import CompiledModel, GraphPlan, TaskInfo, host_triple
+from relay_tune.runtime.pages import numpy_small_pages
 from relay_tune.runtime.vm import VMModel
 from relay_tune.target import Target
 from relay_tune.type_infer import infer_types
@@ -61,23 +62,29 @@ def compile_model(
         mod = IRModule({"main": mod})
     if "main" not in mod:
         raise RelayTuneError("the module has no @main function to build")
-    mod = infer_types(mod)
-    mod = infer_types(bind_params(mod, params or {}))
-    fused = optimize(mod, opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
-                     winograd=winograd, full_range_int8=full_range_int8 or full_range_int8_mode(resolved),
-                     precision=mode)
-    timings["passes_s"] = time.perf_counter() - start
+    # The passes and the plan write the weights several times over (folded, laid out, Winograd-transformed),
+    # each copy written once and dropped: on small pages (`numpy_small_pages`). The model's constants and arena
+    # are allocated after the block (`CompiledModel`, `compile_vm_model`), on huge pages where kernels want them.
+    with numpy_small_pages():
+        mod = infer_types(mod)
+        mod = infer_types(bind_params(mod, params or {}))
+        fused = optimize(mod, opt_level=opt_level, layout_block=layout_block(resolved, layout_planning),
+                         winograd=winograd, full_range_int8=full_range_int8 or full_range_int8_mode(resolved),
+                         precision=mode)
+        timings["passes_s"] = time.perf_counter() - start
 
-    found = model_tasks(fused, resolved)
-    lowered = _lower_tasks(found, resolved, lookup, require_tuned, LoweredCache.default() if kernel_cache else None)
-    timings["lower_s"] = time.perf_counter() - start - sum(timings.values())
+        found = model_tasks(fused, resolved)
+        lowered = _lower_tasks(found, resolved, lookup, require_tuned,
+                               LoweredCache.default() if kernel_cache else None)
+        timings["lower_s"] = time.perf_counter() - start - sum(timings.values())
     if needs_vm(fused):  # control flow: kernels under a virtual machine instead of a static graph plan
         return compile_vm_model(fused, lowered, found.sites, resolved, jobs=jobs,
                                 threading_runtime=threading_runtime, kernel_cache=kernel_cache, timings=timings,
                                 start=start, opt_level=opt_level)
 
     task_list = [t for t in lowered.values() if t.key not in found.in_place]
-    plan, constants, packers = _plan(fused["main"], found, lowered, task_list, resolved)
+    with numpy_small_pages():
+        plan, constants, packers = _plan(fused["main"], found, lowered, task_list, resolved)
     timings["plan_s"] = time.perf_counter() - start - sum(timings.values())
 
     called = {c.kernel for c in plan.calls}

@@ -121,6 +121,14 @@ class Constant(Expr):
             arr.setflags(write=False)
         object.__setattr__(self, "data", arr)
 
+    @classmethod
+    def adopt(cls, data: np.ndarray) -> Constant:
+        """A constant over `data` itself, made read-only instead of copied: for arrays a pass has just computed
+        and hands over (a copy of a model's weights costs as much as computing them)."""
+        arr = np.asarray(data)
+        arr.setflags(write=False)
+        return cls(arr)
+
     @property
     def tensor_type(self) -> TensorType:
         return TensorType(tuple(int(d) for d in self.data.shape), str(self.data.dtype))

@@ -99,11 +99,18 @@ def _plain_or_blocked(name: str, op_name: str) -> Layout:
 
 def weight_transform(weight: np.ndarray, m: int) -> np.ndarray:
     """U = G g G^T of an OIHW 3x3 kernel, as (alpha*alpha, I, O): the right operand of the per-frequency product
-    (computed in float64, returned in the weight's dtype)."""
+    (computed in float64, returned in the weight's dtype, C-contiguous).
+
+    Computed as one matrix product, kron(G, G) (alpha^2 x 9) times the kernels as (9, I*O): row i*alpha+j of
+    kron(G, G) holds G[i, a] * G[j, b] at column a*3+b, so each output is sum_ab G[i,a] g[a,b] G[j,b]: one BLAS
+    call over all kernels (a graph build transforms every 3x3 convolution's weights)."""
     _, g, _ = winograd_matrices(m)
     alpha = m + 2
-    u = np.einsum("ia,kcab,jb->ijck", g, weight.astype(np.float64), g)
-    return u.reshape(alpha * alpha, weight.shape[1], weight.shape[0]).astype(weight.dtype)
+    out_channels, in_channels = weight.shape[0], weight.shape[1]
+    g64 = np.asarray(g, dtype=np.float64)
+    columns = weight.reshape(out_channels, in_channels, 9).transpose(2, 1, 0).reshape(9, in_channels * out_channels)
+    u = np.kron(g64, g64) @ columns.astype(np.float64)
+    return u.astype(weight.dtype).reshape(alpha * alpha, in_channels, out_channels)
 
 
 # ================================================================================================

@@ -41,7 +41,6 @@ from relay_tune.passes.base import (
     retype,
     rewrite_dataflow,
 )
-from relay_tune.type_infer import infer_types
 
 
 def _static_elements(ty: Type) -> int | None:
@@ -132,7 +131,8 @@ def _to_expr(value: Any, ty: Type) -> Expr:
         raise RelayTuneError(
             f"constant folding produced shape {arr.shape} where type inference expects {tuple(ty.shape)}"
         )
-    return Constant(arr)
+    # The interpreter's result belongs to no one else: hand it over rather than copy it.
+    return Constant.adopt(arr)
 
 
 def evaluate_constants(exprs: list[Expr]) -> list[Any]:
@@ -140,8 +140,7 @@ def evaluate_constants(exprs: list[Expr]) -> list[Any]:
     if not exprs:
         return []
     body: Expr = Tuple(tuple(exprs))
-    mod = infer_types(IRModule({"main": Function((), body)}))
-    result = evaluate(mod, {}, entry="main")
+    result = evaluate(IRModule({"main": Function((), body)}), {}, entry="main")  # the interpreter type-checks it
     return list(result)
 
 

@@ -120,7 +120,7 @@ def _rewrite(call: Call, args: tuple[Expr, ...], mode: str) -> Expr | None:
     (top, left), (bottom, right) = _padding(attrs.get("padding", (0, 0)), 2, call.op_name)
     padding = (top, left, bottom, right)
     v = call_op("nn.winograd_input_transform", *(args[0],), tile_size=m, padding=padding, data_layout=data_layout)
-    u = Constant(weight_transform(weight, m))
+    u = Constant.adopt(weight_transform(weight, m))
     product = call_op("nn.batch_matmul", *(v, u))
     return call_op("nn.winograd_output_transform", *(product,), tile_size=m, out_height=out_h, out_width=out_w,
                  out_layout=out_layout)

@@ -20,13 +20,17 @@ started at the same offset of a page would compete for the same cache sets).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import mmap
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["HUGE_PAGE_BYTES", "huge_page_empty", "huge_pages_enabled", "huge_page_bytes_backing", "pack"]
+__all__ = ["HUGE_PAGE_BYTES", "huge_page_empty", "huge_pages_enabled", "huge_page_bytes_backing", "numpy_small_pages",
+           "pack"]
 
 HUGE_PAGE_BYTES = 2 << 20
 _LINE = 64
@@ -66,6 +70,54 @@ def huge_page_empty(nbytes: int) -> np.ndarray:
         except OSError:
             pass  # a kernel without transparent huge pages: small pages it is
     return raw[start : start + nbytes]
+
+
+def _numpy_madvise_switch() -> Callable[[bool], bool] | None:
+    """numpy's switch of its huge-page requests (`_set_madvise_hugepage(on) -> previous`), or None where this
+    numpy has none (the switch is private: numpy 2 keeps it in `numpy._core.multiarray`, numpy 1 in `numpy.core`)."""
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        switch = getattr(module, "_set_madvise_hugepage", None)
+        if callable(switch):
+            return switch  # type: ignore[no-any-return]
+    return None
+
+
+_numpy_switch = _numpy_madvise_switch()
+_small_pages_lock = threading.Lock()
+_small_pages_depth = 0
+_numpy_setting_before = True
+
+
+@contextlib.contextmanager
+def numpy_small_pages() -> Iterator[None]:
+    """Inside the block, numpy's new arrays of 4 MiB or more are not asked to be backed by huge pages; numpy's
+    setting is restored when the last of (possibly nested or concurrent) blocks ends.
+
+    For short-lived arrays that are written once and dropped, such as a build's folded and transformed weights:
+    a huge page is cleared whole on its first write and may first need memory compacted for it, which for memory
+    touched once costs more than the fewer TLB misses save (and far more on a VM that backs its memory lazily, where
+    each first write faults into the hypervisor: `python -m experiments build-time`). Arrays that kernels stream
+    for the life of a model (its constants, `pack`; its arena) must be allocated outside the block."""
+    global _small_pages_depth, _numpy_setting_before
+    switch = _numpy_switch
+    if switch is None:
+        yield
+        return
+    with _small_pages_lock:
+        if _small_pages_depth == 0:
+            _numpy_setting_before = bool(switch(False))
+        _small_pages_depth += 1
+    try:
+        yield
+    finally:
+        with _small_pages_lock:
+            _small_pages_depth -= 1
+            if _small_pages_depth == 0:
+                switch(_numpy_setting_before)
 
 
 def pack(arrays: Sequence[np.ndarray], align: int = _LINE) -> list[np.ndarray]:
