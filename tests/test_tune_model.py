@@ -21,6 +21,7 @@ from relay_tune.compile import resolve_target, task_lookup
 from relay_tune.errors import RelayTuneError
 from relay_tune.interpreter import evaluate
 from relay_tune.testing import zoo
+from relay_tune.text import parse_module
 from relay_tune.tuning import LocalRunner, ProgressCallback, TrialEvent, apply_best, read_events, read_records
 from relay_tune.tuning.relay_task import tasks_from_module
 from relay_tune.tuning.tune_model import (
@@ -189,3 +190,27 @@ def test_resnet50_with_a_tiny_budget_per_task(tmp_path: Path) -> None:
     check_build_uses_best_records(result, mod)
     check_against_interpreter(result.model, mod, rtol=2e-3)
     assert result.latency_before and result.latency_after
+
+
+SCALAR_TASKS = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 1, 9, 13), float32]) -> Tensor[(1, 1, 9, 13), float32] {
+  %0 = max(%x);
+  %1 = subtract(%0, 80f);
+  %2 = maximum(%x, %1);
+  minimum(%2, 100f)
+}
+"""
+
+
+def test_tasks_with_0d_tensors_are_measured(tmp_path: Path) -> None:
+    # A whole-tensor reduction's 0-d result, and a 0-d element-wise task, are kernel arguments of shape (): the
+    # runner checks and times them as such (a log mel spectrogram's `max(x) - 80` floor).
+    mod = parse_module(SCALAR_TASKS)
+    log = tmp_path / "scalar.jsonl"
+    result = tune_model(mod, "llvm", 6, log, search=SearchOptions(batch_size=3),
+                        measure=MeasureOptions(runner=fast_runner()),
+                        build=BuildOptions(output=tmp_path / "scalar.rtmod"))
+    records = read_records(log)
+    assert records and all(r.error_kind is None for r in records), {r.error_msg for r in records}
+    assert {r.description.split()[0] for r in records} >= {"max", "subtract", "maximum+minimum"}
+    check_against_interpreter(result.model, mod)

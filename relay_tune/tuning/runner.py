@@ -644,7 +644,7 @@ def _argument_buffers(artifact: BuildArtifact, inputs: list[np.ndarray],
     for position, arg in enumerate(artifact.args):
         if position in packed_by:
             packer, index = packed_by[position]
-            source = np.ascontiguousarray(inputs[index]).copy()
+            source = np.array(inputs[index], order="C")  # a copy, 0-d kept 0-d
             sources[position] = source
             buffer = _sentinel_fill(arg.spec)
             packer(source.ctypes.data, buffer.ctypes.data)  # the kernel's check covers the packing too

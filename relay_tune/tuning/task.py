@@ -60,8 +60,8 @@ class LayoutStep:
 
 
 def apply_layout(array: np.ndarray, steps: Sequence[LayoutStep]) -> np.ndarray:
-    """Apply layout steps in order; the result is C-contiguous."""
-    out = array
+    """Apply layout steps in order; the result is C-contiguous, with the steps' shape (0-d stays 0-d)."""
+    out = np.asarray(array)  # a numpy scalar (a 0-d reference value) as a 0-d array
     for step in steps:
         if step.op == "pad":
             out = np.pad(out, [tuple(p) for p in step.arg])
@@ -75,7 +75,8 @@ def apply_layout(array: np.ndarray, steps: Sequence[LayoutStep]) -> np.ndarray:
             out = out.astype(step.arg[0])
         else:
             raise ValueError(f"unknown layout step {step.op!r}")
-    return np.ascontiguousarray(out)
+    # not np.ascontiguousarray: it returns at least one dimension, and a scalar's kernel argument is 0-d
+    return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
 
 @dataclass(frozen=True)
