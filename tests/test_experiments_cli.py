@@ -481,6 +481,8 @@ def test_trained_rejects_an_unknown_model() -> None:
     done = run_module("trained", "--models", "no_such_model")
     assert done.returncode == 2
     assert "unknown model(s) no_such_model" in done.stderr and "Traceback" not in done.stderr
+    done = run_module("trained", "--models", "silero_vad", "--log", "/no/such/log.jsonl")
+    assert done.returncode == 2 and "--log /no/such/log.jsonl: no such file" in done.stderr
 
 
 def test_first_calls_rejects_bad_arguments(tmp_path: Path) -> None:
@@ -505,10 +507,13 @@ def test_trained_compares_a_cached_model_with_onnxruntime(tmp_path: Path, monkey
     path.parent.mkdir(parents=True)
     path.write_bytes(small_cnn().SerializeToString())
     assert trained.fetch(model) == path  # a cached model is not downloaded again
-    row = trained.compare(model, threads=2, rounds=1, repeat=1, runtimes=("openmp", "native"))
+    log = tmp_path / "empty.jsonl"  # no records: the "tuned" build takes default schedules
+    log.write_text("")
+    row = trained.compare(model, threads=2, rounds=1, repeat=1, runtimes=("openmp", "native"), log=log)
     assert row["status"] == "ok" and row["rel_error"] <= row["tolerance"] == 1e-4
     assert row["ort_ms"] > 0 and row["relay_tune_ms"] > 0 and row["ratio"] > 0
     assert row["native_ms"] > 0 and row["openmp_ms"] > 0 and row["native_ratio"] > 0
+    assert row["tuned_rel_error"] <= 1e-4 and row["tuned_ms"] > 0 and row["tuned_ratio"] > 0
 
 
 def test_fresh_processes_times_a_saved_build_in_separate_processes(tmp_path: Path) -> None:
