@@ -278,9 +278,9 @@ class LstmShape:
     loop_fits: bool  # `_loop_kernel_fits`
 
 
-def lstm_shape(imp: Importer, node: OnnxNode, hidden: int) -> LstmShape:
-    """What `nn.lstm_sequence` and its int8 twin need of an LSTM-like node (X, sequence_lens, initial_h,
-    initial_c, P at inputs 0, 4 to 7; `hidden_size`, `direction`, `layout`, activations, `clip`)."""
+def _sequence_input(imp: Importer, node: OnnxNode) -> tuple[Expr, int, str, int]:
+    """A recurrent node's X in (seq, batch, input) order (transposed from `layout` 1), its layout, direction and
+    number of directions, each checked."""
     x = node.required(0)
     layout = int(node.attrs.get("layout", 0))
     if layout not in (0, 1):
@@ -289,11 +289,17 @@ def lstm_shape(imp: Importer, node: OnnxNode, hidden: int) -> LstmShape:
         raise OnnxModelError(f"X must have rank 3, got shape {imp.shape(x)}")
     if layout:
         x = imp.call("transpose", [x], axes=[1, 0, 2])
-    seq, batch, input_size = imp.static_shape(x, "X")
     direction = node.attr_str("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise OnnxModelError(f"direction {direction!r} (expected forward, reverse or bidirectional)")
-    directions = 2 if direction == "bidirectional" else 1
+    return x, layout, direction, 2 if direction == "bidirectional" else 1
+
+
+def lstm_shape(imp: Importer, node: OnnxNode, hidden: int) -> LstmShape:
+    """What `nn.lstm_sequence` and its int8 twin need of an LSTM-like node (X, sequence_lens, initial_h,
+    initial_c, P at inputs 0, 4 to 7; `hidden_size`, `direction`, `layout`, activations, `clip`)."""
+    x, layout, direction, directions = _sequence_input(imp, node)
+    seq, batch, input_size = imp.static_shape(x, "X")
     acts = activations(node, ["Sigmoid", "Tanh", "Tanh"], directions)
     clip = node.attr_float("clip", 0.0) if "clip" in node.attrs else None
     initial_h, initial_c = node.input(5), node.input(6)
@@ -310,19 +316,9 @@ def lstm_shape(imp: Importer, node: OnnxNode, hidden: int) -> LstmShape:
 def _recurrent(imp: Importer, node: OnnxNode, kind: str) -> list[Expr]:
     gates, defaults = {"RNN": (1, ["Tanh"]), "GRU": (3, ["Sigmoid", "Tanh"]),
                        "LSTM": (4, ["Sigmoid", "Tanh", "Tanh"])}[kind]
-    x, w, r = node.required(0), node.required(1), node.required(2)
-    layout = int(node.attrs.get("layout", 0))
-    if layout not in (0, 1):
-        raise OnnxModelError(f"layout {layout} (expected 0 or 1)")
-    if imp.rank(x) != 3:
-        raise OnnxModelError(f"X must have rank 3, got shape {imp.shape(x)}")
-    if layout:
-        x = imp.call("transpose", [x], axes=[1, 0, 2])
+    w, r = node.required(1), node.required(2)
+    x, layout, direction, directions = _sequence_input(imp, node)
     seq, batch, input_size = imp.static_shape(x, "X")
-    direction = node.attr_str("direction", "forward")
-    if direction not in ("forward", "reverse", "bidirectional"):
-        raise OnnxModelError(f"direction {direction!r} (expected forward, reverse or bidirectional)")
-    directions = 2 if direction == "bidirectional" else 1
     w_shape, r_shape = imp.static_shape(w, "W"), imp.static_shape(r, "R")
     hidden = int(node.attrs.get("hidden_size", r_shape[-1]))
     if w_shape != (directions, gates * hidden, input_size) or r_shape != (directions, gates * hidden, hidden):
