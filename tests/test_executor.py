@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import relay_tune
+from relay_tune.codegen.thread_team import HOLD, RELEASE
 from relay_tune.errors import CompileError
 from relay_tune.interpreter import Interpreter
-from relay_tune.runtime.executor import HOLD, RELEASE, RUN, RUN_PROFILED, RUN_REPEAT, executor_ir
+from relay_tune.runtime.executor import RUN, RUN_PROFILED, RUN_REPEAT, executor_ir
 from relay_tune.runtime.model import CompiledModel, load
 from relay_tune.text import parse_module
 

@@ -122,6 +122,27 @@ def _lstm_layer(call: Call, target: Target, name: str, params: tuple[tir.Buffer,
     return tir.PrimFunc(name, params, tir.For(d, directions, body, kind))
 
 
+def _panel_products(acc: tir.Buffer, panels: int, batch: int, depth: int, zero: tir.PrimExpr,
+                    term: Callable[[tir.PrimExpr, tir.PrimExpr, tir.PrimExpr, tir.PrimExpr], tir.PrimExpr],
+                    result: Callable[[tir.PrimExpr, tir.PrimExpr, tir.PrimExpr, tir.PrimExpr], tir.Stmt]) -> tir.Stmt:
+    """One step's recurrent products, a weight panel at a time: per panel `p` and batch row `b`, the panel's
+    accumulators `acc` (one per column `j`, vectorized) start at `zero`, sum `term(p, b, k, j)` over `k < depth`
+    (unrolled by `K_UNROLL` where it divides), and `result(p, b, j, column)` stores column `p * panel + j`."""
+    panel = acc.shape[0]
+    p, b, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
+    ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
+    unroll = K_UNROLL if depth % K_UNROLL == 0 else 1
+    k = ko * unroll + ku
+    vectorized = tir.ForKind.VECTORIZED
+    update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + term(p, b, k, j2)), vectorized)
+    reduce = tir.For(ko, depth // unroll, tir.For(ku, unroll, update,
+                                                  tir.ForKind.UNROLLED if unroll > 1 else tir.ForKind.SERIAL))
+    return tir.For(p, panels, tir.For(b, batch, tir.seq(
+        tir.For(j1, panel, tir.Store(acc, (j1,), zero), vectorized),
+        reduce,
+        tir.For(j3, panel, result(p, b, j3, p * panel + j3), vectorized))))
+
+
 def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
     """The loop nest of one `nn.lstm_sequence` call (see the module docstring); parameters xp, rp, h0, c0, out."""
     seq, batch, directions, gates = _shape(call.args[0])
@@ -131,20 +152,11 @@ def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
               tir.Buffer("out", (seq, directions, batch, 2 * hidden)))
     rp = params[1]
     acc = tir.Buffer("acc", (panel,), scope=tir.Scope.LOCAL)  # one panel's accumulators
-    vectorized = tir.ForKind.VECTORIZED
 
     def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
-        p, b1, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
-        ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
-        unroll = K_UNROLL if hidden % K_UNROLL == 0 else 1
-        k = ko * unroll + ku
-        update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + h[b1, k] * rp[d, p, k, j2]), vectorized)
-        reduce = tir.For(ko, hidden // unroll, tir.For(ku, unroll, update, tir.ForKind.UNROLLED if unroll > 1 else
-                                                       tir.ForKind.SERIAL))
-        return tir.For(p, panels, tir.For(b1, batch, tir.seq(
-            tir.For(j1, panel, tir.Store(acc, (j1,), tir.FloatImm(0.0)), vectorized),
-            reduce,
-            tir.For(j3, panel, tir.Store(g, (b1, p * panel + j3), acc[j3]), vectorized))))
+        return _panel_products(acc, panels, batch, hidden, tir.FloatImm(0.0),
+                               lambda p, b, k, j: h[b, k] * rp[d, p, k, j],
+                               lambda p, b, j, column: tir.Store(g, (b, column), acc[j]))
 
     return _lstm_layer(call, target, name, params, product, (acc,), None, panels * panel)
 
@@ -198,21 +210,14 @@ def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.Prim
             tir.For(bq, batch, tir.For(jq, hidden, tir.Store(qh, (bq, jq), tir.Cast("uint8", level)), vectorized)))
 
     def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
-        p, b1, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
-        ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
-        unroll = K_UNROLL if pairs % K_UNROLL == 0 else 1
-        k = ko * unroll + ku
-        dot = te.dot2_u8s16_i32([qh[b1, k * 2], qh[b1, k * 2 + 1]], [rq[d, p, k, j2, 0], rq[d, p, k, j2, 1]])
-        update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + dot), vectorized)
-        reduce = tir.For(ko, pairs // unroll, tir.For(ku, unroll, update, tir.ForKind.UNROLLED if unroll > 1 else
-                                                      tir.ForKind.SERIAL))
-        column = p * panel + j3
-        zero_point = tir.Cast("int32", quant[1])
-        exact = tir.Cast("float32", acc[j3] - zero_point * rsum[d, column])
-        return tir.seq(quantize(h), tir.For(p, panels, tir.For(b1, batch, tir.seq(
-            tir.For(j1, panel, tir.Store(acc, (j1,), tir.IntImm(0, "int32")), vectorized),
-            reduce,
-            tir.For(j3, panel, tir.Store(g, (b1, column), exact * (quant[0] * rscale[d, column])), vectorized)))))
+        def term(p: tir.PrimExpr, b: tir.PrimExpr, k: tir.PrimExpr, j: tir.PrimExpr) -> tir.PrimExpr:
+            return te.dot2_u8s16_i32([qh[b, k * 2], qh[b, k * 2 + 1]], [rq[d, p, k, j, 0], rq[d, p, k, j, 1]])
+
+        def scaled(p: tir.PrimExpr, b: tir.PrimExpr, j: tir.PrimExpr, column: tir.PrimExpr) -> tir.Stmt:
+            exact = tir.Cast("float32", acc[j] - tir.Cast("int32", quant[1]) * rsum[d, column])
+            return tir.Store(g, (b, column), exact * (quant[0] * rscale[d, column]))
+
+        return tir.seq(quantize(h), _panel_products(acc, panels, batch, pairs, tir.IntImm(0, "int32"), term, scaled))
 
     return _lstm_layer(call, target, name, params, product, (acc, qh, ends, quant), clear, columns)
 

@@ -42,9 +42,10 @@ import llvmlite.ir as ir
 
 from relay_tune.codegen.jit import _jit_lock, _lljit
 from relay_tune.codegen.llvm import ensure_llvm_initialized
+from relay_tune.codegen.thread_team import HOLD, RELEASE
 from relay_tune.errors import CompileError
 
-__all__ = ["HOLD", "RELEASE", "RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
+__all__ = ["RUN", "RUN_PROFILED", "RUN_REPEAT", "NativeExecutor", "executor_ir"]
 
 RUN = "relay_tune_run"
 RUN_REPEAT = "relay_tune_run_repeat"
@@ -54,10 +55,6 @@ CLOCK_MONOTONIC = 1  # Linux
 _ids = itertools.count()
 _machine_lock = threading.Lock()
 _machine: Any = None
-
-
-HOLD = "relay_tune_team_hold"
-RELEASE = "relay_tune_team_release"
 
 
 def executor_ir(calls: Sequence[tuple[str, Sequence[int]]], num_slots: int, hold: bool = False) -> str:

@@ -455,8 +455,8 @@ class CompiledModel:
         # Parallel kernels on the native team: each run wakes its workers once, at its start, and keeps them
         # spinning until its end (`NativeThreadTeam.hold_symbols`), instead of one wake-up per parallel kernel
         # whose workers fell asleep during the serial kernels before it, or while the process idled between runs.
-        teams = {id(lib.team): lib.team for lib in self._libraries if isinstance(lib.team, NativeThreadTeam)}
-        hold = next(iter(teams.values())).hold_symbols() if teams else None
+        team = next((lib.team for lib in self._libraries if isinstance(lib.team, NativeThreadTeam)), None)
+        hold = team.hold_symbols() if team is not None else None
         executor = NativeExecutor(calls, len(plan.storages), addresses, self._libraries, hold=hold)
         arena_base = self._arena.ctypes.data
         for index, storage in enumerate(plan.storages):
