@@ -2,8 +2,8 @@
 
 - compiled integer products on odd shapes equal numpy's int64 products exactly;
 - the four-byte dot-product intrinsics (`tir.DOT4_INTRINSICS`) are exact on every lane count and operand layout, and
-  lower to vpmaddubsw + vpmaddwd (AVX2: once when the pairs fit int16, else on the weight's two halves) or vpdpbusd
-  (VNNI targets);
+  lower to vpmaddubsw + vpmaddwd (AVX2: once when the pairs fit int16, else on the weight's two halves; their sums
+  added to the accumulator by an inline-assembly vpaddd on VEX targets) or vpdpbusd (VNNI targets);
 - the packed int8 convolution (`nn.contrib_conv2d_NCHWc_int8`, family `conv2d_nchwc_int8`) that PlanLayouts makes of
   8-bit convolutions is exact at its default config and at sampled configs of its space, on odd channel counts,
   odd maps, stride 2 and zero-point padding, on the saturation-safe and the exact path;
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import platform
+import re
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relay_tune import build
-from relay_tune.codegen.llvm import build_llvm, emit_assembly
+from relay_tune.codegen.llvm import build_llvm, emit_assembly, emit_llvm_ir
 from relay_tune.compile import resolve_target
 from relay_tune.compile.primitive import build_primitive
 from relay_tune.frontend import from_onnx
@@ -253,7 +254,10 @@ def _dot4_kernel(rows: int, quads: int, lanes: int, pairs: bool, weight_rows: bo
     return tir.PrimFunc("dot4", (x, w, o), tir.For(r, rows, tir.For(lane, lanes, body, tir.ForKind.VECTORIZED)))
 
 
-@pytest.mark.parametrize("target", ["llvm", *(["llvm -mcpu=x86-64"] if X86 else [])])
+# x86-64: generic IR; core2: vpmaddubsw with plain adds (no VEX); sandybridge: 128-bit VEX, the accumulator added by
+# inline-assembly vpaddd on xmm; the host (AVX2 or AVX-512): ymm or zmm
+@pytest.mark.parametrize("target", ["llvm", *(["llvm -mcpu=x86-64", "llvm -mcpu=core2", "llvm -mcpu=sandybridge"]
+                                              if X86 else [])])
 @pytest.mark.parametrize("lanes", [1, 3, 8, 13, 16, 32])
 @pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("weight_rows", [True, False])
@@ -295,6 +299,22 @@ def test_dot4_intrinsic_instructions(target: str, pairs: bool, present: tuple[st
         assert instruction in asm, instruction
     for instruction in absent:
         assert instruction not in asm, instruction
+
+
+@pytest.mark.skipif(not X86, reason="x86 instructions")
+@pytest.mark.parametrize(("target", "register", "opaque"), [
+    ("llvm -mcpu=core2", "xmm", False), ("llvm -mcpu=sandybridge", "xmm", True), ("llvm -mcpu=haswell", "ymm", True),
+    ("llvm -mcpu=skylake-avx512", "zmm", True)])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_dot4_accumulator_add_is_opaque_where_vex(target: str, register: str, opaque: bool, pairs: bool) -> None:
+    # vpmaddubsw + vpmaddwd sums are added by inline assembly on VEX targets, so the machine combiner cannot regroup
+    # the accumulation of unrolled quads (which kept the products live and made the register tile spill)
+    lanes = {"xmm": 4, "ymm": 8, "zmm": 16}[register]
+    func = _dot4_kernel(2, 8, lanes, pairs, True)
+    ir_text = emit_llvm_ir([func], resolve_target(target))
+    assert ("asm" in ir_text and "vpaddd $2, $1, $0" in ir_text) == opaque
+    asm = emit_assembly([func], resolve_target(target))
+    assert re.search(rf"vpaddd\s+%{register}", asm) if opaque else "vpaddd" not in asm and "paddd" in asm
 
 
 # -- the packed int8 convolution -------------------------------------------------------------------------------

@@ -176,12 +176,12 @@ class CPUCodegen(LLVMCodegenBase):
         self.dot_features = DotFeatures.for_target(target)
 
     def dot_fuses_accumulator(self, name: str) -> bool:
-        """vpdpbusd adds the accumulator itself; vpmaddwd's sums (int16 weights) are added by `x86_dot2` as one
-        opaque vpaddd per register where the target has the VEX forms (`llvm_dot.opaque_add`: the machine combiner
-        regrouped their adds and the int16 kernels spilled). The vpmaddubsw path keeps plain adds: opaque ones measured
-        the same there, within the shared host's noise."""
+        """vpdpbusd adds the accumulator itself; the sums of vpmaddwd (int16 weights) and of vpmaddubsw + vpmaddwd
+        are added by `x86_dot2` / `x86_dot4` as one opaque vpaddd per register where the target has the VEX forms
+        (`llvm_dot.opaque_add`: the machine combiner regrouped their adds across the unrolled quads of a block, and
+        the register tiles spilled: a third of the int8 3x3 convolutions' inner-loop instructions were spills)."""
         if name in tir.DOT4_INTRINSICS:
-            return self.dot_features.vnni
+            return self.dot_features.vnni or (self.dot_features.pmaddubsw and self.dot_features.vex)
         return name == tir.DOT2_INTRINSIC and self.dot_features.pmaddubsw and self.dot_features.vex
 
     def dot4_product(self, name: str, a: ir.Value, b: ir.Value, lanes: int, acc: ir.Value | None) -> ir.Value:

@@ -7,6 +7,7 @@ Operands arrive as `<4n x i8>` vectors, four bytes per int32 lane of the result 
 - `vpmaddubsw` + `vpmaddwd` with ones (SSSE3 / AVX2 / AVX512BW): the first multiplies bytes and sums pairs into
   int16 with saturation, so it runs once for `dot4_u8s8_i32_pairs16`, whose pairs the caller proved to fit, and
   twice for `dot4_u8s8_i32`, on the two halves of the weight bytes (`b >> 1` and the rest: each in [-64, 64]);
+  the sums are added to the accumulator by an inline-assembly vpaddd on VEX targets (`opaque_add`);
 - generic IR (zero/sign extension, multiply, add of the four products) everywhere else, exact.
 
 The two-term uint8 x int16 product (`tir.DOT2_INTRINSIC`, full-range int8 weights stored as int16 pairs) is one
@@ -94,7 +95,9 @@ def x86_dot4(builder: ir.IRBuilder, declare: Declare, features: DotFeatures, a: 
         ones = ir.Constant(_vector(I16, width // 2), [1] * (width // 2))
         sums = builder.call(declare(PMADDWD_INTRINSICS[width], _vector(I32, per), [pairs.type, pairs.type]),
                             [pairs, ones])
-        pieces.append(sums if cacc is None else builder.add(cacc, sums))
+        if cacc is not None:
+            sums = opaque_add(builder, cacc, sums) if features.vex else builder.add(cacc, sums)
+        pieces.append(sums)
     return _joined(builder, pieces, lanes)
 
 
