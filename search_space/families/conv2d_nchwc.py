@@ -130,8 +130,8 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     Loop order: blocks-first (`ch`) streams the whole input once per tile of output blocks, rows-first (`hc`) the
     whole weight once per row, each re-read from cache while the row or the weight fits. Rows go first where the
     input is the larger (more output pixels than output channels times taps): a 256 -> 64 channel 1x1 convolution
-    on a 100x76 map ran 2x faster rows-first, DenseNet's 224 -> 128 on 56x56 2.6x. The bf16 family, which shares
-    this rule, keeps blocks first; the int8 family sets the order by the same test (`conv2d_nchwc_int8`)."""
+    on a 100x76 map ran 2x faster rows-first, DenseNet's 224 -> 128 on 56x56 2.6x. The int8 and bf16 families,
+    which share this rule, keep blocks first."""
     dims, budget, registers = workload.dims, workload.accumulator_budget, workload.registers
     per = vector_registers(dims["block"], workload.lanes)
 
@@ -142,7 +142,7 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     tw = closest_factor(_tile_w(workload), balanced(dims["w"], widest(blocks)))
     blocks = max(b for b in range(1, min(dims["cb"], 4) + 1) if dims["cb"] % b == 0 and widest(b) >= tw)
     prologue = _has_prologue(workload)
-    # float32 only here: the bf16 family shares this rule and its order was not measured (int8 sets its own)
+    # float32 only: the int8 and bf16 families share this rule, and their order was not measured
     rows_first = prologue or (workload.family == "conv2d_nchwc" and dims["cb"] > blocks
                               and dims["h"] * dims["w"] > dims["cb"] * dims["block"] * dims["taps"])
     values: dict[str, Any] = {"tile_w": split_value(dims["w"], tw), "tile_cb": split_value(dims["cb"], blocks),

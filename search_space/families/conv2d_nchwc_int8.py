@@ -9,8 +9,7 @@ vpmaddubsw + vpmaddwd per register of lanes; with a weight in pairs (full-range 
 step broadcasts a pair of input channels widened to int16 and runs one vpmaddwd per register of lanes. The
 requantization epilogue runs on the tile's vectors. The knobs and the default rule are `conv2d_nchwc`'s, with
 registers fewer for the tile: two for the four-byte products (their int16 pair sums and the vector of ones vpmaddwd
-widens them with), one for the two-term products (vpmaddwd's result before it is added); the default loop order
-goes rows first where the input is the larger operand (`_default`).
+widens them with), one for the two-term products (vpmaddwd's result before it is added).
 """
 
 from __future__ import annotations
@@ -56,17 +55,7 @@ def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
 
 
 def _default(workload: CpuWorkload) -> dict[str, Any]:
-    """`conv2d_nchwc`'s rule with the dot products' registers taken away, and its loop order: output rows first
-    (`hc`) where the output pixels outnumber the output channels times the taps (the input is the larger operand, as
-    in ResNet-50's 56x56 and 28x28 1x1 convolutions and its stem). Blocks-first streams the whole input once per
-    tile of output blocks (800 KB of uint8 for a 256-channel 56x56 map, past the L2 of a core) for each weight
-    tile it keeps; rows-first reads each input row once per tile of blocks while the row is in L1 and the weight
-    (16 KB for 256 -> 64) in L2."""
-    values = CONV2D_NCHWC.default_values(_with_dot_registers(workload))
-    dims = workload.dims
-    if dims["cb"] > int(values["tile_cb"][-1]) and dims["h"] * dims["w"] > dims["cb"] * dims["block"] * dims["taps"]:
-        values["order"] = "hc"
-    return values
+    return CONV2D_NCHWC.default_values(_with_dot_registers(workload))
 
 
 CONV2D_NCHWC_INT8 = Family("conv2d_nchwc_int8", tagged("conv2d_nchwc_int8"), _analyse, _knobs, _default,
