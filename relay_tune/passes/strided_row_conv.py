@@ -1,5 +1,15 @@
-"""StridedRowConvAsPhases: a convolution over one row with a long stride, as a stride-1 convolution over its phases.
+"""Convolutions over one row with a long stride (an STFT written as a convolution), rewritten so that neighbouring
+vector lanes read neighbouring inputs: StridedRowConvAsFrames (frames gathered once, then one matrix product) where
+a frame overlaps few strides, StridedRowConvAsPhases (a stride-1 convolution over the row's phases) elsewhere.
 
+StridedRowConvAsFrames: with `Q = ceil(K / S)` and `out_w` output columns, the frames
+`f[n*out_w + j, c*K + k] = x[n, c, S*j + k]` are `Q` shifted slices of the row cut into pieces of `S` samples,
+concatenated (the input copied at most `Q` times), and the convolution is `dense(f, w.reshape(O, C*K))`, then
+transposed back to NCHW (fused into the consumers). Unlike the phases it multiplies no zero taps (512 taps every 160
+samples: the phases compute 640) and the product runs in the dense family, which blocks both operands. It takes
+the convolutions `rewritable` accepts with `Q <= MAX_FRAME_OVERLAP`.
+
+StridedRowConvAsPhases:
 A one-row convolution `y[o, j] = sum_{c, k} w[o, c, k] * x[c, S*j + k]` with stride `S` (an STFT written as a
 convolution: 512 taps every 160 samples, one input channel) is, with `k = S*q + r` and the row cut into frames of
 `S` samples (`x'[c*S + r, t] = x[c, S*t + r]`, `w'[o, c*S + r, q] = w[o, c, S*q + r]`, taps past `K` zero),
@@ -21,13 +31,17 @@ from typing import ClassVar
 
 import numpy as np
 
-from relay_tune.ir import Call, Constant, Expr, IRModule
+from relay_tune.ir import Call, Constant, Expr, IRModule, Tuple
 from relay_tune.passes.base import Pass, PassConfig, call_op, register_pass, rewrite_functions, tensor_type_of
 from relay_tune.passes.conv_geometry import conv2d_padding, int_pair, plain_conv2d_types
 
 MIN_STRIDE = 8
 """Shorter strides keep the convolution: the code generator reads lanes up to 4 elements apart as one wide load and
 a shuffle, and at 8 a gather of 8 lanes costs about what the frames' transpose and zero taps do."""
+
+MAX_FRAME_OVERLAP = 4
+"""Most strides one frame spans for StridedRowConvAsFrames (the frames hold the input this many times over); longer
+frames go to StridedRowConvAsPhases, whose zero taps are then a small share of the products."""
 
 
 def rewritable(call: Call) -> bool:
@@ -68,6 +82,44 @@ def as_phases(call: Call, data: Expr, weight: Expr) -> Expr:
     return call_op("strided_slice", conv, begin=[0, 0, 0, 0], end=[n, o, 1, out_width])
 
 
+def frame_overlap(call: Call) -> int:
+    """How many strides one frame of `call` (a `rewritable` convolution) spans: `ceil(K / S)`."""
+    taps = int(tensor_type_of(call.args[1]).shape[3])  # type: ignore[union-attr]
+    return -(-taps // int_pair(call.attrs["strides"])[1])
+
+
+def as_frames(call: Call, data: Expr, weight: Expr) -> Expr:
+    """`call` as a product of its frames with the flattened weight (see the module docstring), on its rewritten
+    args; the result in `call`'s NCHW shape."""
+    n, c, _, width = (int(d) for d in tensor_type_of(call.args[0]).shape)  # type: ignore[union-attr]
+    o, _, _, taps = (int(d) for d in tensor_type_of(call.args[1]).shape)  # type: ignore[union-attr]
+    out_width = int(tensor_type_of(call).shape[3])  # type: ignore[union-attr]
+    dtype = tensor_type_of(call.args[0]).dtype  # type: ignore[union-attr]
+    stride = int_pair(call.attrs["strides"])[1]
+    _, left, _, _ = conv2d_padding(call.attrs["padding"])
+    overlap = -(-taps // stride)
+    pieces = out_width + overlap - 1  # rows of `stride` samples the frames read
+    right = pieces * stride - width - left  # negative: the row's tail no frame reads
+    zero = Constant(np.asarray(0, dtype=dtype))
+    x = call_op("nn.pad", data, zero, pad_width=[[0, 0], [0, 0], [0, 0], [left, max(right, 0)]])
+    if right < 0:
+        x = call_op("strided_slice", x, begin=[0, 0, 0, 0], end=[n, c, 1, pieces * stride])
+    x = call_op("reshape", x, newshape=[n, c, pieces, stride])
+    shifted = [call_op("strided_slice", x, begin=[0, 0, q, 0],
+                       end=[n, c, q + out_width, min(stride, taps - q * stride)]) for q in range(overlap)]
+    frames = shifted[0] if overlap == 1 else call_op("concatenate", Tuple(tuple(shifted)), axis=3)  # [n, c, j, k]
+    if c > 1:
+        frames = call_op("transpose", frames, axes=[0, 2, 1, 3])
+    frames = call_op("reshape", frames, newshape=[n * out_width, c * taps])
+    if isinstance(weight, Constant):
+        flat: Expr = Constant(np.ascontiguousarray(weight.data.reshape(o, c * taps)))
+    else:
+        flat = call_op("reshape", weight, newshape=[o, c * taps])
+    product = call_op("nn.dense", frames, flat, units=o, out_dtype=str(call.attrs["out_dtype"] or ""))
+    product = call_op("reshape", product, newshape=[n, 1, out_width, o])
+    return call_op("transpose", product, axes=[0, 3, 1, 2])
+
+
 def _phase_weight(weight: Expr, zero: Constant, o: int, c: int, taps: int, stride: int, phases: int) -> Expr:
     """`w'[o, c*S + r, 0, q] = w[o, c, 0, S*q + r]` (zero past the last tap): computed here for a constant weight (the
     zero taps make it larger than the weight, which FoldConstant's size rule would not fold), else in the graph."""
@@ -82,12 +134,31 @@ def _phase_weight(weight: Expr, zero: Constant, o: int, c: int, taps: int, strid
     return call_op("reshape", w, newshape=[o, c * stride, 1, phases])
 
 
-def _rewrite_node(orig: Expr, new: Expr) -> Expr:
+def _rewrite_frames(orig: Expr, new: Expr) -> Expr:
+    if isinstance(new, Call) and new.op_name == "nn.conv2d":
+        assert isinstance(orig, Call)
+        if rewritable(orig) and frame_overlap(orig) <= MAX_FRAME_OVERLAP:
+            return as_frames(orig, new.args[0], new.args[1])
+    return new
+
+
+def _rewrite_phases(orig: Expr, new: Expr) -> Expr:
     if isinstance(new, Call) and new.op_name == "nn.conv2d":
         assert isinstance(orig, Call)
         if rewritable(orig):
             return as_phases(orig, new.args[0], new.args[1])
     return new
+
+
+@register_pass
+@dataclass(frozen=True)
+class StridedRowConvAsFrames(Pass):
+    name: ClassVar[str] = "StridedRowConvAsFrames"
+    opt_level: ClassVar[int] = 1
+    required: ClassVar[tuple[str, ...]] = ("InferType",)
+
+    def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
+        return rewrite_functions(mod, _rewrite_frames)
 
 
 @register_pass
@@ -98,4 +169,4 @@ class StridedRowConvAsPhases(Pass):
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
-        return rewrite_functions(mod, _rewrite_node)
+        return rewrite_functions(mod, _rewrite_phases)
