@@ -1,7 +1,7 @@
 """CombineSiblingProducts: dense layers and plain convolutions that read the same input with the same attributes
 become one product and slices of it; the result equals the reference interpreter's (random non-zero data, odd
 shapes, compiled too), and products that differ in strides, padding, dilation, groups, kernel size, output dtype,
-weight dtype, input, or that have run-time weights or blocked layouts, are left alone."""
+weight dtype, input, or that have run-time weights, blocked layouts or an elementwise epilogue, are left alone."""
 
 from __future__ import annotations
 
@@ -46,14 +46,17 @@ def assert_same_values(before: IRModule, after: IRModule, seed: int, compiled: b
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
 
 
-def qkv(rows: int, k: int, units: tuple[int, ...], seed: int) -> IRModule:
-    """Dense projections of one input, each with its bias and its own activation, summed up."""
+def qkv(rows: int, k: int, units: tuple[int, ...], seed: int, bias: bool = False) -> IRModule:
+    """Dense projections of one input, each reshaped (as attention heads are), or with a bias and an activation."""
     rng = np.random.default_rng(seed)
     body = []
     outs = []
     for i, u in enumerate(units):
-        body.append(f"  %{10 + i} = nn.relu(nn.bias_add(nn.dense(%x, meta[relay.Constant][{2 * i}], units={u}), "
-                    f"meta[relay.Constant][{2 * i + 1}], axis=1));")
+        product = f"nn.dense(%x, meta[relay.Constant][{2 * i}], units={u})"
+        if bias:
+            body.append(f"  %{10 + i} = nn.relu(nn.bias_add({product}, meta[relay.Constant][{2 * i + 1}], axis=1));")
+        else:
+            body.append(f"  %{10 + i} = reshape({product}, newshape=[{rows * u}]);")
         outs.append(f"%{10 + i}")
     consts = []
     for u in units:
@@ -73,17 +76,23 @@ def test_sibling_dense_layers_become_one_product(rows: int, k: int, units: tuple
     assert_same_values(mod, after, seed=k)
 
 
+def test_dense_layers_with_an_epilogue_are_left_alone() -> None:
+    mod = qkv(7, 13, (5, 11, 3), seed=2, bias=True)
+    after = combined(mod)
+    assert len(products(after, "nn.dense")) == 3 and not products(after, "strided_slice")
+
+
 def conv_pair(attrs_a: str, attrs_b: str, channels: tuple[int, int] = (5, 7), taps: tuple[int, int] = (3, 3),
-              in_channels: int = 3, groups_b: int = 1, seed: int = 0) -> IRModule:
+              in_channels: int = 3, groups_b: int = 1, seed: int = 0, epilogue: bool = False) -> IRModule:
+    """Two convolutions of one input, their results flattened and transposed, or with activations."""
     rng = np.random.default_rng(seed)
     consts = weights(rng, (channels[0], in_channels, taps[0], taps[0]),
                      (channels[1], in_channels // groups_b, taps[1], taps[1]))
     text = HEADER + f"""def @main(%x: Tensor[(2, {in_channels}, 11, 9), float32]) {{
-  %0 = nn.relu(nn.conv2d(%x, meta[relay.Constant][0], channels={channels[0]},
-                         kernel_size=[{taps[0]}, {taps[0]}]{attrs_a}));
+  %0 = nn.conv2d(%x, meta[relay.Constant][0], channels={channels[0]}, kernel_size=[{taps[0]}, {taps[0]}]{attrs_a});
   %1 = nn.conv2d(%x, meta[relay.Constant][1], channels={channels[1]}, kernel_size=[{taps[1]}, {taps[1]}],
                  groups={groups_b}{attrs_b});
-  (%0, sigmoid(%1))
+  {"(nn.relu(%0), sigmoid(%1))" if epilogue else "(reshape(%0, newshape=[-1]), transpose(%1, axes=[0, 2, 3, 1]))"}
 }}"""
     return parse_module(text, constants=consts)
 
@@ -112,6 +121,11 @@ def test_convolutions_that_differ_are_left_alone(attrs_b: str, taps_b: int, grou
     assert_same_values(mod, after, seed=5, compiled=False)
 
 
+def test_convolutions_with_an_epilogue_are_left_alone() -> None:
+    after = combined(conv_pair("", "", epilogue=True))
+    assert len(products(after, "nn.conv2d")) == 2 and not products(after, "strided_slice")
+
+
 def test_run_time_weights_other_inputs_and_weight_dtypes_are_left_alone() -> None:
     rng = np.random.default_rng(4)
     w16 = (rng.standard_normal((4, 6)) + 0.5).astype(np.float16)
@@ -123,7 +137,8 @@ def test_run_time_weights_other_inputs_and_weight_dtypes_are_left_alone() -> Non
   %5 = cast(%x, dtype="float16");
   %3 = nn.dense(%5, meta[relay.Constant][2], units=4);
   %4 = nn.dense(%5, meta[relay.Constant][2], units=4, out_dtype="float32");
-  (%0, %1, %2, %3, %4)
+  (reshape(%0, newshape=[-1]), reshape(%1, newshape=[-1]), reshape(%2, newshape=[-1]), reshape(%3, newshape=[-1]),
+   reshape(%4, newshape=[-1]))
 }"""
     mod = parse_module(text, constants=[*weights(rng, (4, 6), (4, 6)), w16])
     after = combined(mod)

@@ -8,6 +8,12 @@ The input is read once instead of once per sibling, and one kernel call replaces
 imaginary convolutions (257 + 257 channels over the same frames), a transformer's query, key and value projections,
 the 1x1 convolutions that open an Inception block's branches.
 
+A product with an elementwise or broadcast consumer (a bias, an activation, a folded batch norm: what FuseOps puts
+into the product's kernel as its epilogue) is not combined: behind a slice that epilogue would become a kernel of
+its own, one more pass over the output, which costs about what reading the shared input once more saves. The
+products this takes are those followed by layout changes (the frames product of an STFT, reshaped back to NCHW;
+projections reshaped into attention heads).
+
 The pass runs after PlanLayouts: a convolution planned in a blocked layout (`NCHW8c`) is not plain and is left
 alone, since a channel slice of a blocked result is not planned and would cost layout transforms. Calls with
 different strides, padding, dilation, groups, kernel sizes, layouts or output dtypes, run-time (non-constant)
@@ -22,6 +28,7 @@ from typing import ClassVar
 import numpy as np
 
 from relay_tune.ir import Call, Constant, Expr, Function, IRModule
+from relay_tune.op.registry import OpPattern, get_op
 from relay_tune.passes.base import (
     Pass,
     PassConfig,
@@ -57,11 +64,22 @@ def _group_key(call: Call) -> tuple[object, ...] | None:
     return (name, attrs, str(weight.dtype), weight.shape[1:], out.dtype)
 
 
+def _is_epilogue(node: Expr) -> bool:
+    """Whether `node` is a call FuseOps would fuse into a product's kernel as its epilogue."""
+    return (isinstance(node, Call) and node.op_name is not None
+            and get_op(node.op_name).pattern <= OpPattern.BROADCAST)
+
+
 def _siblings(func: Function) -> list[list[Call]]:
     """Groups of two or more calls this pass combines, each in post order (an input before its consumers)."""
+    order = dataflow_post_order(func)
+    with_epilogue: set[int] = set()
+    for node in order:
+        if _is_epilogue(node):
+            with_epilogue.update(id(arg) for arg in node.children())
     groups: dict[tuple[object, ...], list[Call]] = {}
-    for node in dataflow_post_order(func):
-        if isinstance(node, Call) and not is_opaque_function(node):
+    for node in order:
+        if isinstance(node, Call) and not is_opaque_function(node) and id(node) not in with_epilogue:
             key = _group_key(node)
             if key is not None:
                 groups.setdefault((id(node.args[0]), *key), []).append(node)
