@@ -6,8 +6,11 @@ StridedRowConvAsFrames: with `Q = ceil(K / S)` and `out_w` output columns, the f
 `f[n*out_w + j, c*K + k] = x[n, c, S*j + k]` are `Q` shifted slices of the row cut into pieces of `S` samples,
 concatenated (the input copied at most `Q` times), and the convolution is `dense(f, w.reshape(O, C*K))`, then
 transposed back to NCHW (fused into the consumers). Unlike the phases it multiplies no zero taps (512 taps every 160
-samples: the phases compute 640) and the product runs in the dense family, which blocks both operands. It takes
-the convolutions `rewritable` accepts with `Q <= MAX_FRAME_OVERLAP`.
+samples: the phases compute 640) and the product runs in the dense family, which blocks both operands. Leading and
+trailing taps whose constant weights are zero in every channel are left out of the frames (openwakeword's STFT
+windows 400 samples in 512 taps: 400 products per output instead of 512); the products dropped are `0 * x`, which
+differ from zero only where `x` is an infinity or NaN. It takes the convolutions `rewritable` accepts with
+`Q <= MAX_FRAME_OVERLAP`.
 
 StridedRowConvAsPhases:
 A one-row convolution `y[o, j] = sum_{c, k} w[o, c, k] * x[c, S*j + k]` with stride `S` (an STFT written as a
@@ -82,28 +85,46 @@ def as_phases(call: Call, data: Expr, weight: Expr) -> Expr:
     return call_op("strided_slice", conv, begin=[0, 0, 0, 0], end=[n, o, 1, out_width])
 
 
-def frame_overlap(call: Call) -> int:
-    """How many strides one frame of `call` (a `rewritable` convolution) spans: `ceil(K / S)`."""
-    taps = int(tensor_type_of(call.args[1]).shape[3])  # type: ignore[union-attr]
-    return -(-taps // int_pair(call.attrs["strides"])[1])
+def frame_overlap(call: Call, weight: Expr) -> int:
+    """How many strides one frame of `call` (a `rewritable` convolution, `weight` its rewritten weight) spans:
+    `ceil(K / S)` for the `K` taps `used_taps` leaves."""
+    first, end = used_taps(weight, int(tensor_type_of(call.args[1]).shape[3]))  # type: ignore[union-attr]
+    return -(-(end - first) // int_pair(call.attrs["strides"])[1])
+
+
+def used_taps(weight: Expr, taps: int) -> tuple[int, int]:
+    """(first, end) of the `taps` taps of a one-row OIHW `weight` that can be non-zero: for a constant weight the
+    range outside which every output and input channel's weight is zero (a 400-sample window in 512 taps), else
+    all."""
+    if not isinstance(weight, Constant):
+        return 0, taps
+    nonzero = np.flatnonzero(np.any(weight.data != 0, axis=(0, 1, 2)))
+    return (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, taps)
 
 
 def as_frames(call: Call, data: Expr, weight: Expr) -> Expr:
     """`call` as a product of its frames with the flattened weight (see the module docstring), on its rewritten
-    args; the result in `call`'s NCHW shape."""
+    args; the result in `call`'s NCHW shape. Frames cover only the taps `used_taps` leaves (the products left out
+    are `0 * x`, which differ from zero only where `x` is not finite)."""
     n, c, _, width = (int(d) for d in tensor_type_of(call.args[0]).shape)  # type: ignore[union-attr]
-    o, _, _, taps = (int(d) for d in tensor_type_of(call.args[1]).shape)  # type: ignore[union-attr]
+    o, _, _, all_taps = (int(d) for d in tensor_type_of(call.args[1]).shape)  # type: ignore[union-attr]
     out_width = int(tensor_type_of(call).shape[3])  # type: ignore[union-attr]
     dtype = tensor_type_of(call.args[0]).dtype  # type: ignore[union-attr]
     stride = int_pair(call.attrs["strides"])[1]
     _, left, _, _ = conv2d_padding(call.attrs["padding"])
+    first, end = used_taps(weight, all_taps)
+    taps = end - first
+    start = first - left  # where frame 0 starts in the unpadded row (negative: in the left padding)
     overlap = -(-taps // stride)
     pieces = out_width + overlap - 1  # rows of `stride` samples the frames read
-    right = pieces * stride - width - left  # negative: the row's tail no frame reads
+    right = start + pieces * stride - width  # negative: the row's tail no frame reads
     zero = Constant(np.asarray(0, dtype=dtype))
-    x = call_op("nn.pad", data, zero, pad_width=[[0, 0], [0, 0], [0, 0], [left, max(right, 0)]])
-    if right < 0:
-        x = call_op("strided_slice", x, begin=[0, 0, 0, 0], end=[n, c, 1, pieces * stride])
+    x = data
+    if start < 0 or right > 0:
+        x = call_op("nn.pad", x, zero, pad_width=[[0, 0], [0, 0], [0, 0], [max(-start, 0), max(right, 0)]])
+    if start > 0 or right < 0:
+        begin = max(start, 0)
+        x = call_op("strided_slice", x, begin=[0, 0, 0, begin], end=[n, c, 1, begin + pieces * stride])
     x = call_op("reshape", x, newshape=[n, c, pieces, stride])
     shifted = [call_op("strided_slice", x, begin=[0, 0, q, 0],
                        end=[n, c, q + out_width, min(stride, taps - q * stride)]) for q in range(overlap)]
@@ -112,7 +133,7 @@ def as_frames(call: Call, data: Expr, weight: Expr) -> Expr:
         frames = call_op("transpose", frames, axes=[0, 2, 1, 3])
     frames = call_op("reshape", frames, newshape=[n * out_width, c * taps])
     if isinstance(weight, Constant):
-        flat: Expr = Constant(np.ascontiguousarray(weight.data.reshape(o, c * taps)))
+        flat: Expr = Constant(np.ascontiguousarray(weight.data[..., first:end].reshape(o, c * taps)))
     else:
         flat = call_op("reshape", weight, newshape=[o, c * taps])
     product = call_op("nn.dense", frames, flat, units=o, out_dtype=str(call.attrs["out_dtype"] or ""))
@@ -137,7 +158,7 @@ def _phase_weight(weight: Expr, zero: Constant, o: int, c: int, taps: int, strid
 def _rewrite_frames(orig: Expr, new: Expr) -> Expr:
     if isinstance(new, Call) and new.op_name == "nn.conv2d":
         assert isinstance(orig, Call)
-        if rewritable(orig) and frame_overlap(orig) <= MAX_FRAME_OVERLAP:
+        if rewritable(orig) and frame_overlap(orig, new.args[1]) <= MAX_FRAME_OVERLAP:
             return as_frames(orig, new.args[0], new.args[1])
     return new
 
