@@ -8,9 +8,9 @@ concatenated (the input copied at most `Q` times), and the convolution is `dense
 transposed back to NCHW (fused into the consumers). Unlike the phases it multiplies no zero taps (512 taps every 160
 samples: the phases compute 640) and the product runs in the dense family, which blocks both operands. Leading and
 trailing taps whose constant weights are zero in every channel are left out of the frames (openwakeword's STFT
-windows 400 samples in 512 taps: 400 products per output instead of 512); the products dropped are `0 * x`, which
-differ from zero only where `x` is an infinity or NaN. It takes the convolutions `rewritable` accepts with
-`Q <= MAX_FRAME_OVERLAP`.
+windows 400 samples in 512 taps, the first of them zero: 399 products per output instead of 512); the products
+dropped are `0 * x`, which differ from zero only where `x` is an infinity or NaN. It takes the convolutions
+`rewritable` accepts with `Q <= MAX_FRAME_OVERLAP`.
 
 StridedRowConvAsPhases:
 A one-row convolution `y[o, j] = sum_{c, k} w[o, c, k] * x[c, S*j + k]` with stride `S` (an STFT written as a
