@@ -5,14 +5,15 @@ NCHW / OIHW `nn.conv2d` calls with one group on the same data value, with equal 
 channels and constant weights of one dtype and equal shapes past the output axis, become one call whose weight is
 the siblings' weights concatenated along the output axis; each sibling is then a `strided_slice` of its channels.
 The input is read once instead of once per sibling, and one kernel call replaces several: an STFT's real and
-imaginary convolutions (257 + 257 channels over the same frames), a transformer's query, key and value projections,
-the 1x1 convolutions that open an Inception block's branches.
+imaginary convolutions (257 + 257 channels over the same frames), a transformer's query, key and value projections
+where they have no bias.
 
 A product with an elementwise or broadcast consumer (a bias, an activation, a folded batch norm: what FuseOps puts
 into the product's kernel as its epilogue) is not combined: behind a slice that epilogue would become a kernel of
-its own, one more pass over the output, which costs about what reading the shared input once more saves. The
-products this takes are those followed by layout changes (the frames product of an STFT, reshaped back to NCHW;
-projections reshaped into attention heads).
+its own, one more pass over the output, which costs about what reading the shared input once more saves (it also
+leaves the biased query, key and value projections and an Inception block's 1x1 convolutions with their batch norms
+alone). The products this takes are those followed by layout changes (the frames product of an STFT, reshaped back
+to NCHW; bias-free projections reshaped into attention heads).
 
 The pass runs after PlanLayouts: a convolution planned in a blocked layout (`NCHW8c`) is not plain and is left
 alone, since a channel slice of a blocked result is not planned and would cost layout transforms. Calls with
