@@ -105,8 +105,7 @@ def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
     FoldConstant, StridedRowConvAsFrames, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant
     by then), QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv,
-    EliminateCommonSubexpr, CombineSiblingProducts (after PlanLayouts: blocked convolutions are left alone; after a
-    CSE: the frames of two convolutions of one row are one value by then), FoldConstant, Bfloat16Products,
+    CombineSiblingProducts (after PlanLayouts: blocked convolutions are left alone), FoldConstant, Bfloat16Products,
     DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
     (QuantizedPooling from 4 on; QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
     takes at 3 and 4; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
@@ -129,7 +128,6 @@ def default_pipeline() -> Sequential:
         FoldScaleShift(),
         PlanLayouts(),
         WinogradConv(),
-        EliminateCommonSubexpr(),
         CombineSiblingProducts(),
         FoldConstant(),
         Bfloat16Products(),

@@ -1,12 +1,12 @@
 """CombineSiblingProducts: products that read the same input with the same attributes, computed as one.
 
-Two or more `nn.dense` calls on the same data value (the same node: EliminateCommonSubexpr runs first), or plain
-NCHW / OIHW `nn.conv2d` calls with one group on the same data value, with equal attributes apart from their output
-channels and constant weights of one dtype and equal shapes past the output axis, become one call whose weight is
-the siblings' weights concatenated along the output axis; each sibling is then a `strided_slice` of its channels.
-The input is read once instead of once per sibling, and one kernel call replaces several: an STFT's real and
-imaginary convolutions (257 + 257 channels over the same frames), a transformer's query, key and value projections
-where they have no bias.
+Two or more `nn.dense` calls on the same data value (the same node: EliminateCommonSubexpr and
+StridedRowConvAsFrames share equal values), or plain NCHW / OIHW `nn.conv2d` calls with one group on the same data
+value, with equal attributes apart from their output channels and constant weights of one dtype and equal shapes
+past the output axis, become one call whose weight is the siblings' weights concatenated along the output axis; each
+sibling is then a `strided_slice` of its channels. The input is read once instead of once per sibling, and one
+kernel call replaces several: an STFT's real and imaginary convolutions (257 + 257 channels over the same frames), a
+transformer's query, key and value projections where they have no bias.
 
 A product with an elementwise or broadcast consumer (a bias, an activation, a folded batch norm: what FuseOps puts
 into the product's kernel as its epilogue) is not combined: behind a slice that epilogue would become a kernel of

@@ -29,6 +29,7 @@ no dilation, static shapes and a stride of at least `MIN_STRIDE` are rewritten.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -102,10 +103,16 @@ def used_taps(weight: Expr, taps: int) -> tuple[int, int]:
     return (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, taps)
 
 
-def as_frames(call: Call, data: Expr, weight: Expr) -> Expr:
+FramesCache = dict[tuple[int, ...], Expr]
+"""Frames built so far in one pass run, by (id of the data, frame start, taps, stride, output width): convolutions
+of one row with the same geometry (an STFT's real and imaginary parts) share one value, which
+CombineSiblingProducts then finds as the one input of their products."""
+
+
+def as_frames(call: Call, data: Expr, weight: Expr, cache: FramesCache | None = None) -> Expr:
     """`call` as a product of its frames with the flattened weight (see the module docstring), on its rewritten
     args; the result in `call`'s NCHW shape. Frames cover only the taps `used_taps` leaves (the products left out
-    are `0 * x`, which differ from zero only where `x` is not finite)."""
+    are `0 * x`, which differ from zero only where `x` is not finite); `cache` shares frames between calls."""
     n, c, _, width = (int(d) for d in tensor_type_of(call.args[0]).shape)  # type: ignore[union-attr]
     o, _, _, all_taps = (int(d) for d in tensor_type_of(call.args[1]).shape)  # type: ignore[union-attr]
     out_width = int(tensor_type_of(call).shape[3])  # type: ignore[union-attr]
@@ -115,6 +122,26 @@ def as_frames(call: Call, data: Expr, weight: Expr) -> Expr:
     first, end = used_taps(weight, all_taps)
     taps = end - first
     start = first - left  # where frame 0 starts in the unpadded row (negative: in the left padding)
+    key = (id(data), start, taps, stride, out_width)
+    frames = cache.get(key) if cache is not None else None
+    if frames is None:
+        frames = _frames(data, dtype, (n, c, width), start, taps, stride, out_width)
+        if cache is not None:
+            cache[key] = frames
+    if isinstance(weight, Constant):
+        flat: Expr = Constant(np.ascontiguousarray(weight.data[..., first:end].reshape(o, c * taps)))
+    else:
+        flat = call_op("reshape", weight, newshape=[o, c * taps])
+    product = call_op("nn.dense", frames, flat, units=o, out_dtype=str(call.attrs["out_dtype"] or ""))
+    product = call_op("reshape", product, newshape=[n, 1, out_width, o])
+    return call_op("transpose", product, axes=[0, 3, 1, 2])
+
+
+def _frames(data: Expr, dtype: str, shape: tuple[int, int, int], start: int, taps: int, stride: int,
+            out_width: int) -> Expr:
+    """`f[n*out_width + j, c*taps + k] = data[n, c, 0, start + stride*j + k]` (zero outside the row) of a row of
+    `shape` (N, C, W)."""
+    n, c, width = shape
     overlap = -(-taps // stride)
     pieces = out_width + overlap - 1  # rows of `stride` samples the frames read
     right = start + pieces * stride - width  # negative: the row's tail no frame reads
@@ -131,14 +158,7 @@ def as_frames(call: Call, data: Expr, weight: Expr) -> Expr:
     frames = shifted[0] if overlap == 1 else call_op("concatenate", Tuple(tuple(shifted)), axis=3)  # [n, c, j, k]
     if c > 1:
         frames = call_op("transpose", frames, axes=[0, 2, 1, 3])
-    frames = call_op("reshape", frames, newshape=[n * out_width, c * taps])
-    if isinstance(weight, Constant):
-        flat: Expr = Constant(np.ascontiguousarray(weight.data[..., first:end].reshape(o, c * taps)))
-    else:
-        flat = call_op("reshape", weight, newshape=[o, c * taps])
-    product = call_op("nn.dense", frames, flat, units=o, out_dtype=str(call.attrs["out_dtype"] or ""))
-    product = call_op("reshape", product, newshape=[n, 1, out_width, o])
-    return call_op("transpose", product, axes=[0, 3, 1, 2])
+    return call_op("reshape", frames, newshape=[n * out_width, c * taps])
 
 
 def _phase_weight(weight: Expr, zero: Constant, o: int, c: int, taps: int, stride: int, phases: int) -> Expr:
@@ -155,12 +175,18 @@ def _phase_weight(weight: Expr, zero: Constant, o: int, c: int, taps: int, strid
     return call_op("reshape", w, newshape=[o, c * stride, 1, phases])
 
 
-def _rewrite_frames(orig: Expr, new: Expr) -> Expr:
-    if isinstance(new, Call) and new.op_name == "nn.conv2d":
-        assert isinstance(orig, Call)
-        if rewritable(orig) and frame_overlap(orig, new.args[1]) <= MAX_FRAME_OVERLAP:
-            return as_frames(orig, new.args[0], new.args[1])
-    return new
+def _frames_rewrite() -> Callable[[Expr, Expr], Expr]:
+    """The node rewrite of StridedRowConvAsFrames, with its own `FramesCache`."""
+    cache: FramesCache = {}
+
+    def rewrite(orig: Expr, new: Expr) -> Expr:
+        if isinstance(new, Call) and new.op_name == "nn.conv2d":
+            assert isinstance(orig, Call)
+            if rewritable(orig) and frame_overlap(orig, new.args[1]) <= MAX_FRAME_OVERLAP:
+                return as_frames(orig, new.args[0], new.args[1], cache)
+        return new
+
+    return rewrite
 
 
 def _rewrite_phases(orig: Expr, new: Expr) -> Expr:
@@ -179,7 +205,7 @@ class StridedRowConvAsFrames(Pass):
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
-        return rewrite_functions(mod, _rewrite_frames)
+        return rewrite_functions(mod, _frames_rewrite())
 
 
 @register_pass
