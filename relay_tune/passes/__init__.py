@@ -47,8 +47,9 @@ from relay_tune.passes.pipeline import (
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_pooling import QuantizedPooling
 from relay_tune.passes.quantized_products import QuantizedProducts
+from relay_tune.passes.sibling_products import CombineSiblingProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
-from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
+from relay_tune.passes.strided_row_conv import StridedRowConvAsFrames, StridedRowConvAsPhases
 from relay_tune.passes.winograd import WINOGRAD_MODES, WinogradConv
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "PRECISIONS",
     "PRECISION_OPTIONS",
     "ColumnConvAsRow",
+    "CombineSiblingProducts",
     "Conv1dAsConv2d",
     "ConvTransposeAsConv",
     "LAYOUT_PLANNING_DEFAULT",
@@ -73,6 +75,7 @@ __all__ = [
     "QuantizedPooling",
     "QuantizedProducts",
     "Sequential",
+    "StridedRowConvAsFrames",
     "StridedRowConvAsPhases",
     "SimplifyInference",
     "TaskSpec",

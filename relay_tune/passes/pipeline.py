@@ -21,8 +21,9 @@ from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_pooling import QuantizedPooling
 from relay_tune.passes.quantized_products import QuantizedProducts
+from relay_tune.passes.sibling_products import CombineSiblingProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
-from relay_tune.passes.strided_row_conv import StridedRowConvAsPhases
+from relay_tune.passes.strided_row_conv import StridedRowConvAsFrames, StridedRowConvAsPhases
 from relay_tune.passes.winograd import WinogradConv
 from relay_tune.target import DotFeatures
 
@@ -102,9 +103,10 @@ def winograd_mode(winograd: str | None = None) -> str:
 
 def default_pipeline() -> Sequential:
     """InferType, SimplifyInference, Conv1dAsConv2d, ColumnConvAsRow, ConvTransposeAsConv, EliminateCommonSubexpr,
-    FoldConstant, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant by then),
-    QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv, FoldConstant,
-    Bfloat16Products, DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
+    FoldConstant, StridedRowConvAsFrames, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant
+    by then), QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv,
+    CombineSiblingProducts (after PlanLayouts: blocked convolutions are left alone), FoldConstant, Bfloat16Products,
+    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
     (QuantizedPooling from 4 on; QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
     takes at 3 and 4; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
     `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into their blocked
@@ -118,6 +120,7 @@ def default_pipeline() -> Sequential:
         ConvTransposeAsConv(),
         EliminateCommonSubexpr(),
         FoldConstant(),
+        StridedRowConvAsFrames(),
         StridedRowConvAsPhases(),
         QuantizedPooling(),
         QuantizedProducts(),
@@ -125,6 +128,7 @@ def default_pipeline() -> Sequential:
         FoldScaleShift(),
         PlanLayouts(),
         WinogradConv(),
+        CombineSiblingProducts(),
         FoldConstant(),
         Bfloat16Products(),
         DeadCodeElimination(),
