@@ -15,7 +15,9 @@ shared host falls on both; the table shows medians, the ratios before/after, and
 second (kernel-cache) builds: `onnx` (the ONNX import, outside the build's time), then `build_info["timings"]`
 (passes, lower: task lowering, plan, llvm: compiling the kernels, load, total; where the tree reports them the
 code generator's stages summed over the modules compiled, `llvm_lower` (loop nests to LLVM IR), `llvm_parse`,
-`llvm_optimize`, `llvm_emit` (worker processes' seconds: they overlap), and the build cache's `key` and `store`).
+`llvm_optimize`, `llvm_emit` (worker processes' seconds: they overlap), and the build cache's `key` and `store`;
+where the tree writes the cache's entry in a background thread, `store` is what the build waited for and
+`exit_wait` how long the process then waited at its end for the entry to be written, outside the build's time).
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ seconds = time.perf_counter() - start
 cache = built.build_info.get("build_cache") or {}
 timings = {"onnx_s": onnx_s, **built.build_info.get("timings", {})}
 timings.update({k: cache[k] for k in ("key_s", "store_s") if k in cache})
+try:  # a tree that writes the build cache's entry in the background: what the process's exit waits for
+    from relay_tune.compile.build_cache import wait_for_stores
+except ImportError:
+    pass
+else:
+    start = time.perf_counter()
+    wait_for_stores()
+    timings["exit_wait_s"] = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "timings": timings, "hit": bool(cache.get("hit"))}))
 """
 

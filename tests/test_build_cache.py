@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 import relay_tune
 import relay_tune.compile.build_model as build_model
 from relay_tune.cli import main
-from relay_tune.compile.build_cache import BUILD_CACHE_ENV, MODEL_FILE, BuildCache
+from relay_tune.compile.build_cache import BUILD_CACHE_ENV, MODEL_FILE, BuildCache, wait_for_stores
 from relay_tune.compile.lookup import BuildWarning
 from relay_tune.interpreter import evaluate
 from relay_tune.runtime.vm import load_model
@@ -59,6 +60,7 @@ def test_a_hit_returns_the_same_model_without_compiling(builds: list[int], _priv
     params = _params()
     first = relay_tune.build(mod, params=params)
     assert len(builds) == 1 and first.build_info["build_cache"]["hit"] is False
+    wait_for_stores()  # the entry is written in the background
     assert list((_private_tuning_cache / "models").glob(f"*/*/{MODEL_FILE}"))
     second = relay_tune.build(parse_module(MODEL), params=_params())  # parsed again, equal weights
     assert len(builds) == 1 and second.build_info["build_cache"]["hit"] is True
@@ -128,6 +130,7 @@ def test_a_hit_repeats_the_build_warnings(builds: list[int], tmp_path: Path) -> 
 def test_a_damaged_entry_is_built_again(builds: list[int], _private_tuning_cache: Path, damage: str) -> None:
     mod = parse_module(MODEL)
     relay_tune.build(mod, params=_params())
+    wait_for_stores()
     (path,) = (_private_tuning_cache / "models").glob(f"*/*/{MODEL_FILE}")
     data = bytearray(path.read_bytes())
     if damage == "flip":  # a byte inside the weights: only the member's CRC-32 tells
@@ -146,6 +149,30 @@ def test_a_damaged_entry_is_built_again(builds: list[int], _private_tuning_cache
     np.testing.assert_allclose(np.asarray(model.run(x=x)), want, rtol=1e-4, atol=1e-4)
     again = relay_tune.build(mod, params=_params())  # the rebuilt entry replaced the damaged one
     assert len(builds) == 2 and again.build_info["build_cache"]["hit"] is True
+
+
+def test_the_build_does_not_wait_for_the_entry_to_be_written(
+        builds: list[int], _private_tuning_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    real_store = BuildCache.store
+
+    def held_store(self: BuildCache, *args: Any, **kwargs: Any) -> None:
+        assert release.wait(60)
+        real_store(self, *args, **kwargs)
+
+    monkeypatch.setattr(BuildCache, "store", held_store)
+    mod = parse_module(MODEL)
+    first = relay_tune.build(mod, params=_params())  # returns while the writer waits for `release`
+    assert first.build_info["build_cache"]["hit"] is False
+    assert not list((_private_tuning_cache / "models").glob(f"*/*/{MODEL_FILE}"))
+    first.build_info["timings"]["changed after the build"] = 1.0  # the entry keeps the build's own build_info
+    release.set()
+    second = relay_tune.build(parse_module(MODEL), params=_params())  # waits for the entry, then loads it
+    assert len(builds) == 1 and second.build_info["build_cache"]["hit"] is True
+    x = _x()
+    assert np.array_equal(np.asarray(second.run(x=x)), np.asarray(first.run(x=x)))
+    (path,) = (_private_tuning_cache / "models").glob(f"*/*/{MODEL_FILE}")
+    assert "changed after the build" not in json.dumps(load_model(path).build_info)
 
 
 def test_the_cache_keeps_the_most_recently_used_entries(tmp_path: Path) -> None:

@@ -297,6 +297,16 @@ class LLVMCodegenBase:
         self._declared: dict[str, ir.Function] = {}
         self._float_flags: tuple[str, ...] = ("contract",)
         self._func_name = ""
+        # The same access is classified once per unrolled copy of its loop body and per vector chunk: its
+        # analyses, by (ids of the index tuple and loop variable, ...) -> (the index tuple kept alive, result).
+        self._varies_memo: dict[tuple[int, int], tuple[object, bool]] = {}
+        self._stride_memo: dict[tuple[object, ...], tuple[object, int | None]] = {}
+        # Constants by (dtype, lanes, value): llvmlite builds a vector constant lane by lane.
+        self._constants: dict[tuple[str, int, object], ir.Constant] = {}
+        # Vector constants by (id of the element type, lane values) and splats of scalar constants by (id of the
+        # scalar, lanes); the type or scalar is kept alive with the result so that its id stays its own.
+        self._vectors: dict[tuple[int, tuple[int, ...]], tuple[ir.Type, ir.Constant]] = {}
+        self._splats: dict[tuple[int, int], tuple[ir.Constant, ir.Constant]] = {}
 
     # -- target hooks ---------------------------------------------------------------------------------
 
@@ -531,11 +541,11 @@ class LLVMCodegenBase:
 
     def _emit_vector_chunk(self, loop: tir.For, base: ir.Value, lanes: int) -> None:
         ctx = self.ctx
-        ramp = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
         base_value = int_constant_value(base)
         if base_value is not None:
-            lane_index: ir.Value = ir.Constant(ir.VectorType(I64, lanes), [base_value + i for i in range(lanes)])
+            lane_index: ir.Value = self.vector_constant(I64, tuple(range(base_value, base_value + lanes)))
         else:
+            ramp = self.vector_constant(I64, tuple(range(lanes)))
             lane_index = ctx.builder.add(self.broadcast(base, lanes), ramp, name=f"{loop.var.name}.lanes")
         ctx.vector = VectorLanes(loop.var, lanes, base)
         self.bind(loop.var, lane_index, loop.extent)
@@ -597,6 +607,24 @@ class LLVMCodegenBase:
         self.ctx.stack_buffers.add(buffer)
         return entry_builder.bitcast(slot, memory_type(buffer.dtype).as_pointer(), name=f"{buffer.name}.ptr")
 
+    def lane_varies(self, indices: tuple[tir.PrimExpr, ...], var: tir.LoopVar) -> bool:
+        """Whether an access at `indices` moves with vector loop variable `var` (memoized)."""
+        key = (id(indices), id(var))
+        known = self._varies_memo.get(key)
+        if known is None:
+            known = self._varies_memo[key] = (indices, any(affine.contains_var(i, var) for i in indices))
+        return known[1]
+
+    def lane_stride(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer, var: tir.LoopVar) -> int | None:
+        """`affine.lane_stride` of `buf[indices]` along `var` over the enclosing loops' extents (memoized: it
+        depends only on the expressions, the shape and those extents)."""
+        extents = self.ctx.extents
+        key = (id(indices), buf.shape, id(var), tuple(extents.items()))
+        known = self._stride_memo.get(key)
+        if known is None:
+            known = self._stride_memo[key] = (indices, affine.lane_stride(indices, buf.shape, var, extents))
+        return known[1]
+
     def own_vector_access(self, buf: tir.Buffer, indices: tuple[tir.PrimExpr, ...]) -> bool:
         """Whether a contiguous vector access `buf[indices]` may touch its masked-off lanes: `buf` is on this
         function's stack (no other thread sees it) and every lane of every chunk of the vectorized loop, at every
@@ -625,10 +653,10 @@ class LLVMCodegenBase:
             value = b.and_(value, self.constant("uint8", (1 << value_bits) - 1, lanes_of(value)))
         align = dtype_info(buf.dtype).itemsize
         vec = ctx.vector
-        varies = vec is not None and any(affine.contains_var(i, vec.var) for i in stmt.indices)
+        varies = vec is not None and self.lane_varies(stmt.indices, vec.var)
         stride: int | None = 0
         if vec is not None and varies:
-            stride = affine.lane_stride(stmt.indices, buf.shape, vec.var, ctx.extents)
+            stride = self.lane_stride(stmt.indices, buf, vec.var)
         if vec is None or stride == 0:
             offset = self.eval_lane0(stmt.indices, buf) if varies else self.offset(stmt.indices, buf)
             address = b.gep(pointer, [offset])
@@ -767,11 +795,11 @@ class LLVMCodegenBase:
 
     def offset(self, indices: tuple[tir.PrimExpr, ...], buf: tir.Buffer) -> ir.Value:
         """Row-major flat element offset (i64, a vector if an index depends on the vector lane)."""
-        total: ir.Value = ir.Constant(I64, 0)
+        total: ir.Value = self.constant("int64", 0)
         stride = 1
         for index, extent in zip(reversed(indices), reversed(buf.shape)):
             value = self.cast(self.eval(index), index.dtype, "int64")
-            term = self.int_op("mul", value, self.broadcast(ir.Constant(I64, stride), lanes_of(value)), "int64")
+            term = self.int_op("mul", value, self.constant("int64", stride, lanes_of(value)), "int64")
             total, term = self.match_lanes(total, term)
             total = self.int_op("add", total, term, "int64")
             stride *= extent
@@ -906,6 +934,16 @@ class LLVMCodegenBase:
         return phi
 
     def constant(self, dtype: str, value: float | int, lanes: int = 1) -> ir.Constant:
+        """`value` as a `dtype` constant of `lanes` lanes (one object per distinct constant: llvmlite values are
+        immutable once made, and a vector constant costs one Python object per lane)."""
+        # float.hex: -0.0 and 0.0 are different constants but equal keys as floats
+        key = (dtype, lanes, int(value) if isinstance(value, int | np.integer) else float(value).hex())
+        known = self._constants.get(key)
+        if known is None:
+            known = self._constants[key] = self._new_constant(dtype, value, lanes)
+        return known
+
+    def _new_constant(self, dtype: str, value: float | int, lanes: int) -> ir.Constant:
         info = dtype_info(dtype)
         if info.kind == "lowfloat":  # the code ml_dtypes gives the value
             code = np.asarray(value, dtype=np.float64).astype(numpy_dtype(dtype)).view(f"u{info.bits // 8}")
@@ -918,6 +956,14 @@ class LLVMCodegenBase:
             return splat_constant(I1, int(bool(value)), lanes)
         return splat_constant(scalar_type(dtype), _wrap(int(value), info.bits, info.is_signed), lanes)
 
+    def vector_constant(self, element: ir.Type, values: tuple[int, ...]) -> ir.Constant:
+        """The integer vector constant `values` of `element` lanes (one object per distinct constant)."""
+        key = (id(element), values)
+        known = self._vectors.get(key)
+        if known is None:
+            known = self._vectors[key] = (element, ir.Constant(ir.VectorType(element, len(values)), list(values)))
+        return known[1]
+
     def broadcast(self, value: ir.Value, lanes: int) -> ir.Value:
         current = lanes_of(value)
         if current == lanes:
@@ -925,7 +971,12 @@ class LLVMCodegenBase:
         if current != 1:
             raise CompileError(f"cannot combine vectors of {current} and {lanes} lanes")
         if isinstance(value, ir.Constant) and not isinstance(value.constant, ir.values._Undefined):
-            return ir.Constant(ir.VectorType(value.type, lanes), [value.constant] * lanes)
+            key = (id(value), lanes)
+            known = self._splats.get(key)
+            if known is None:
+                known = self._splats[key] = (value, ir.Constant(ir.VectorType(value.type, lanes),
+                                                                 [value.constant] * lanes))
+            return known[1]
         b = self.builder
         vtype = ir.VectorType(value.type, lanes)
         undef = ir.Constant(vtype, ir.Undefined)
@@ -933,7 +984,10 @@ class LLVMCodegenBase:
         return b.shuffle_vector(single, undef, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
     def match_lanes(self, *values: ir.Value) -> list[ir.Value]:
-        lanes = max(lanes_of(v) for v in values)
+        widths = [lanes_of(v) for v in values]
+        lanes = max(widths)
+        if min(widths) == lanes:  # the common case, operands of one width: nothing to broadcast
+            return list(values)
         return [self.broadcast(v, lanes) for v in values]
 
     def logical_not(self, value: ir.Value) -> ir.Value:
@@ -1208,10 +1262,10 @@ class LLVMCodegenBase:
         self._check_rank(node.indices, buf)
         align = dtype_info(buf.dtype).itemsize
         vec = ctx.vector
-        varies = vec is not None and any(affine.contains_var(i, vec.var) for i in node.indices)
+        varies = vec is not None and self.lane_varies(node.indices, vec.var)
         stride: int | None = 0
         if vec is not None and varies:
-            stride = affine.lane_stride(node.indices, buf.shape, vec.var, ctx.extents)
+            stride = self.lane_stride(node.indices, buf, vec.var)
         if vec is None or stride == 0:
             offset = self.eval_lane0(node.indices, buf) if varies else self.offset(node.indices, buf)
             address = b.gep(pointer, [offset])

@@ -20,6 +20,11 @@ file would cost a hit more than the key). An entry is written as a temporary fol
 concurrent builds never see half an entry (the second writer's folder is dropped). An entry that does not load
 (damaged, truncated, a member whose CRC does not match) is deleted and the model built again.
 
+A build writes its entry in a background thread (`store_in_background`): writing a model's weights costs about a
+second per hundred megabytes on a slow disk, which the caller need not wait for. The thread is not a daemon, so the
+process's exit waits for it; a later build of the same key in the same process waits for it before it looks
+(`BuildCache.load`), and `wait_for_stores` waits for every entry being written.
+
 The folder is `models/` in the tuning cache's folder (`relay_tune.records.cache.default_cache_dir`);
 `RELAY_TUNE_BUILD_CACHE=0` turns the cache off, and it is pruned to `DEFAULT_MAX_BYTES`, least recently used
 first, whenever a build adds to it. Only CPU (llvm) builds are kept.
@@ -27,12 +32,14 @@ first, whenever a build adds to it. Only CPU (llvm) builds are kept.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -79,8 +86,13 @@ class BuildCache:
 
     def load(self, key: str, threading_runtime: str = "auto") -> tuple[Any, list[str]] | None:
         """The model saved under `key`, loaded, and the build warnings it had; None when there is none. A damaged
-        entry (a member whose CRC does not match, a truncated archive) is deleted and reported as missing."""
+        entry (a member whose CRC does not match, a truncated archive) is deleted and reported as missing. An
+        entry this process is still writing is waited for."""
         entry = self._entry(key)
+        with _writers_lock:
+            writer = _writers.get(entry)
+        if writer is not None:
+            writer.join()
         if not entry.is_dir():
             return None
         try:
@@ -118,6 +130,29 @@ class BuildCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def store_in_background(self, key: str, model: Any, messages: Iterable[str] = ()) -> None:
+        """`store` and `prune` in a thread of their own, on a snapshot of `model` (its `build_info` copied, so the
+        caller may go on changing it; the weights and code it shares are never written to). The thread is not a
+        daemon: the process exits once the entry is written."""
+        snapshot = copy.copy(model)
+        snapshot.build_info = copy.deepcopy(model.build_info)
+        entry = self._entry(key)
+        texts = [str(m) for m in messages]
+
+        def write() -> None:
+            try:
+                self.store(key, snapshot, texts)
+                self.prune()
+            finally:
+                with _writers_lock:
+                    if _writers.get(entry) is threading.current_thread():
+                        del _writers[entry]
+
+        writer = threading.Thread(target=write, name=f"relay-tune build cache {key[:12]}")
+        with _writers_lock:
+            _writers[entry] = writer
+        writer.start()
+
     def remove(self, key: str) -> None:
         shutil.rmtree(self._entry(key), ignore_errors=True)
 
@@ -143,6 +178,19 @@ class BuildCache:
             total -= size
             removed += 1
         return removed
+
+
+# Entries being written by `store_in_background`, by folder: the threads writing them.
+_writers: dict[Path, threading.Thread] = {}
+_writers_lock = threading.Lock()
+
+
+def wait_for_stores() -> None:
+    """Return once every build-cache entry that this process writes in the background is written."""
+    with _writers_lock:
+        writers = list(_writers.values())
+    for writer in writers:
+        writer.join()
 
 
 def build_key(
@@ -209,8 +257,8 @@ def cached_build(cache: BuildCache, key: str, build: Callable[[], Any], threadin
         warnings.warn(warning.message, warning.category, stacklevel=3)
     stored = time.perf_counter()
     model.build_info["build_cache"] = {"hit": False, "key": key, "key_s": key_s}
-    cache.store(key, model, [str(w.message) for w in caught if issubclass(w.category, BuildWarning)])
-    cache.prune()
+    cache.store_in_background(key, model, [str(w.message) for w in caught if issubclass(w.category, BuildWarning)])
+    # what the build waited for: the snapshot and the writer's start, not the writing
     model.build_info["build_cache"]["store_s"] = time.perf_counter() - stored
     return model
 
