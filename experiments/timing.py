@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from relay_tune.compile.build_cache import wait_for_stores
 from relay_tune.runtime.benchmark import interleaved_samples
 
 
@@ -97,6 +98,7 @@ def interleaved(engines: Mapping[str, Callable[[], object] | Benchmarkable], rou
     wait = (lambda: settle(settle_s)) if settle_s > 0 else None
     timed = [TimedCallable(e, before=wait, gap_s=gap_s) if not hasattr(e, "benchmark") else
              (_Settled(e, wait) if wait else e) for e in engines.values()]
+    wait_for_stores()  # build-cache entries still being written would share the cores with the timed calls
     samples = interleaved_samples(timed, inputs, rounds=rounds, repeat=repeat)
     if first is not None:
         first.update({name: Samples(tuple(t.first)) for name, t in zip(engines, timed)

@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relay_tune.compile import BuildWarning, check_tuned_records, resolve_target
 from relay_tune.compile import build as compile_model
+from relay_tune.compile.build_cache import wait_for_stores
 from relay_tune.compile.lookup import LOOKUP_CANDIDATES
 from relay_tune.errors import RelayTuneError
 from relay_tune.passes import precision_mode
@@ -607,6 +608,7 @@ def _latencies(model: Any, untuned: Any) -> LatencyComparison:
         return LatencyComparison(tuple(map(tuple, rounds["default"])), tuple(map(tuple, rounds["tuned"])))
     # Interleaved: timed one after the other, a small model's latency drifted between the two (117 vs 140 us, the
     # tuned build "slower" than the default it had just been checked against).
+    wait_for_stores()  # a build-cache entry written meanwhile would share the cores with the timed calls
     with measurement_lock():
         return compare_latency(untuned, model, extend_s=EXTEND_S)
 
