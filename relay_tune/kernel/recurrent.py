@@ -2,7 +2,8 @@
 because their loops carry a dependence from one iteration to the next that tensor expressions cannot state.
 
     call = fixed_kernel_call(func)          # the fused function's one call of such an operator, else None
-    prim_func = fixed_kernel(func, target, "k3_lstm")
+    prim_func = fixed_kernel(func, target, "k3_lstm")                   # an LSTM's default schedule
+    prim_func = fixed_kernel(func, target, "k3_lstm", LstmSchedule(32, 4, parallel=True))
 
 `nn.lstm_sequence` (`relay_tune.op.recurrent`) is one: its kernel runs the directions of an LSTM layer in
 parallel (one core each, where the target has them and the layer is worth a parallel region) and, within a
@@ -21,10 +22,12 @@ vector accumulators per end (independent chains: vector min/max take a few cycle
 It runs on one core: a parallel region costs a few microseconds on an idle host and up to a scheduler time slice
 on a busy one, about the time this kernel takes for a tensor of a megabyte.
 
-A fixed kernel has no schedule space: the tuner passes over its task (`compile.task_list.ModelTasks.kernels`) and
-the build lowers it here. Its parameters are the operator's arguments in order (`fixed_kernel_inputs`: the
-fused function's parameter behind each), then its output.
-"""
+The LSTM kernels take an `LstmSchedule` (block width of the recurrent product, reduction unroll, directions in
+parallel, in turn or interleaved on one core); its space and default rule are the `lstm` family
+(`search_space.families.lstm`), so they are tuned like other tasks. `min_max` has no schedule space: the tuner
+passes over its task (`compile.task_list.ModelTasks.kernels`). The build lowers them all here. Its parameters are
+the operator's arguments in order (`fixed_kernel_inputs`: the fused function's parameter behind each), then its
+output. """
 
 from __future__ import annotations
 
