@@ -50,6 +50,7 @@ from search_space.families.lstm import (
     lstm_kernel,
     lstm_space,
     lstm_steps,
+    lstm_test_scales,
     lstm_workload,
 )
 
@@ -175,7 +176,9 @@ class RelayTuneTask:
     def input_specs(self) -> list[TensorSpec]:
         if self._prim is None:
             types = [p.checked_type for p in self.func.params]
-            return [TensorSpec(tuple(t.shape), str(t.dtype), i in self.nonnegative_inputs) for i, t in enumerate(types)]
+            scales = lstm_test_scales(self.func)
+            return [TensorSpec(tuple(t.shape), str(t.dtype), i in self.nonnegative_inputs, scales.get(i, 1.0))
+                    for i, t in enumerate(types)]
         return [TensorSpec(tuple(t.shape), str(t.dtype), i in self.nonnegative_inputs)
                 for i, t in enumerate(self._prim.inputs)]
 

@@ -48,7 +48,8 @@ from search_space.knobs import ChoiceKnob, Knob
 from search_space.space import Constraint, Space
 
 __all__ = ["LSTM_FAMILY", "LSTM_STEP", "K_UNROLLS", "lstm_call", "lstm_default", "lstm_kernel",
-           "lstm_kernel_from_steps", "lstm_schedule", "lstm_space", "lstm_steps", "lstm_workload"]
+           "lstm_kernel_from_steps", "lstm_schedule", "lstm_space", "lstm_steps", "lstm_test_scales",
+           "lstm_workload"]
 
 LSTM_FAMILY = "lstm"
 """The `family` knob of an LSTM kernel's configs."""
@@ -127,6 +128,21 @@ def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
         ChoiceKnob("interleave", [False, True] if two else [False]),
     ]
     return knobs, [Constraint("only directions on one core interleave", _interleave_on_one_core)]
+
+
+def lstm_test_scales(func: Function) -> dict[int, float]:
+    """Per parameter of a fused LSTM call, the scale of its random test floats where it is not 1: the recurrent
+    weights at a trained layer's scale, 1/sqrt(H) (PyTorch's initialisation; for int8 weights, whose test integers
+    average about 4, the column scales 1/(8 sqrt(H))). At +-1 a layer of hundreds of units is chaotic: rounding that
+    differs from the reference's (another summation order) grows over the steps until every state differs."""
+    call = lstm_call(func)
+    if call is None:
+        return {}
+    hidden = _shape(call.args[0])[3] // 4
+    int8 = isinstance(call.op, Op) and call.op.name == LSTM_SEQUENCE_INT8
+    weight = call.args[2] if int8 else call.args[1]  # rscale, or rp
+    scale = 1.0 / (8.0 if int8 else 1.0) / hidden ** 0.5
+    return {i: scale for i, p in enumerate(func.params) if p is weight}
 
 
 def lstm_space(workload: CpuWorkload) -> Space:
