@@ -47,6 +47,7 @@ from search_space.families.lstm import (
     LSTM_FAMILY,
     lstm_call,
     lstm_default,
+    lstm_flops,
     lstm_kernel,
     lstm_space,
     lstm_steps,
@@ -134,6 +135,7 @@ class RelayTuneTask:
             self._prim = None
             self.workload, self._default = lstm, lstm_default(lstm)
             self.space = lstm_space(lstm)
+            self.flops = lstm_flops(lstm)  # the operator's own count is its output's size
             return
         self._prim = primitive_compute(self.func)
         # A dense weight received at run time may be packed on every run (`task_workload`): the artifact then

@@ -48,7 +48,7 @@ from search_space.knobs import ChoiceKnob, Knob
 from search_space.space import Constraint, Space
 
 __all__ = ["LSTM_FAMILY", "LSTM_STEP", "K_UNROLLS", "lstm_call", "lstm_default", "lstm_kernel",
-           "lstm_kernel_from_steps", "lstm_schedule", "lstm_space", "lstm_steps", "lstm_test_scales",
+           "lstm_flops", "lstm_kernel_from_steps", "lstm_schedule", "lstm_space", "lstm_steps", "lstm_test_scales",
            "lstm_workload"]
 
 LSTM_FAMILY = "lstm"
@@ -128,6 +128,15 @@ def _knobs(workload: CpuWorkload) -> tuple[list[Knob], list[Constraint]]:
         ChoiceKnob("interleave", [False, True] if two else [False]),
     ]
     return knobs, [Constraint("only directions on one core interleave", _interleave_on_one_core)]
+
+
+def lstm_flops(workload: CpuWorkload) -> float:
+    """Operations of one call: the recurrent products (a multiply and an add per weight per step, padding columns
+    included) and about 30 per gate column per step for the nonlinearities and the state update."""
+    dims = workload.dims
+    steps = dims["seq"] * dims["batch"] * dims["directions"]
+    depth = dims["depth"] * (2 if workload.extras["int8"] else 1)
+    return float(steps * (2 * dims["columns"] * depth + 30 * dims["hidden"]))
 
 
 def lstm_test_scales(func: Function) -> dict[int, float]:
