@@ -112,3 +112,29 @@ def test_the_space_follows_the_vector_width() -> None:
         assert (128 in widths) == (lanes == 16), (lanes, widths)
         for config in task.space.enumerate():
             task.lower(config)  # every point lowers on the target, run or not
+
+
+@pytest.mark.parametrize("case_id", ["h17_reverse_initial", "h33_bidirectional_batch3", "h9_full_lens"])
+def test_tuned_models_match_onnxruntime(case_id: str, tmp_path: Path) -> None:
+    """Whole one-node ONNX LSTMs (a reverse direction with initial states, a bidirectional layer at batch 3, full
+    `sequence_lens`) built from a log holding one non-default config per block width (the reduction unroll and the
+    direction order varied along), against onnxruntime."""
+    from test_lstm_sequence import CASES, check, make_model, onnxruntime_outputs
+
+    case = next(c for c in CASES if c.id == case_id)
+    model, feeds = make_model(case)
+    want = onnxruntime_outputs(case)
+    mod, _ = from_onnx(model)
+    (task,) = [t for t in tasks_from_module(mod, HOST) if t.family == LSTM_FAMILY]
+    configs = [c for c in task.space.enumerate() if c != task.default_config()]
+    picked = {}
+    for index, config in enumerate(configs):  # one per width, cycling through the other knobs
+        if config["width"] not in picked and (index % 3 == len(picked) % 3 or index == len(configs) - 1):
+            picked[config["width"]] = config
+    assert picked
+    for width, config in picked.items():
+        log = tmp_path / f"w{width}.jsonl"
+        append_lines(log, [TuningRecord(task.key, task.target, config, (1e-6,), host_cpu=host_cpu_name()).to_json()])
+        tuned = build(mod, target=HOST, logs=log)
+        assert any(t.tuned for t in tuned.plan.tasks if "lstm_sequence" in t.description)
+        check([np.asarray(v) for v in tuned.run(**feeds)], want, f"{dict(config)}")
