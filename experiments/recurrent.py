@@ -1,7 +1,8 @@
 """A stacked bidirectional ONNX LSTM: relay-tune's import and build time, and its latency against onnxruntime.
 
     python -m experiments recurrent [--layers 2] [--hidden 256] [--seq 64] [--batch 1] [--input 256] [--threads 2]
-                                    [--trials N] [--log LOG] [--baseline-tree DIR] [--int8] [--profile]
+                                    [--trials N] [--log LOG] [--baseline-tree DIR] [--space REPEATS] [--int8]
+                                    [--profile]
 
 The model is `--layers` bidirectional LSTM nodes (random weights in [-0.1, 0.1], biases), each layer's output
 reshaped to `(seq, batch, 2 * hidden)` for the next, as exporters write it. relay-tune imports each LSTM as one
@@ -17,6 +18,9 @@ with sequential execution and all graph optimisations):
   are printed, and each LSTM task's measured spread (best, worst, default);
 - `baseline` (`--baseline-tree DIR`): the same model built by the relay-tune code of another checkout (for
   example the unchanged main branch), default schedules.
+
+`--space REPEATS` times every point of each LSTM kernel's schedule space (`search_space.families.lstm`) with the
+tuner's runner, the points' repeats interleaved, and prints them sorted with the default marked.
 
 `--int8` quantizes the model first with onnxruntime's `quantize_dynamic` (int8 weights, 7-bit as `reduce_range`
 makes them, which onnxruntime's u8 x s8 products multiply exactly on every CPU): DynamicQuantizeLSTM nodes, which
@@ -59,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --trials: keep the tuning log here (default: a temporary file)")
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also time the model as the relay-tune checkout in DIR builds it (default schedules)")
+    parser.add_argument("--space", type=int, default=0, metavar="REPEATS",
+                        help="time every point of each LSTM kernel's schedule space, interleaved (the runner's "
+                             "in-context timing, REPEATS repeats each), and print them sorted beside the default")
     parser.add_argument("--int8", action="store_true",
                         help="quantize the model with onnxruntime's quantize_dynamic (DynamicQuantizeLSTM) first")
     parser.add_argument("--profile", action="store_true",
@@ -120,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
           f"{len(compiled.plan.tasks)} tasks")
     session = ort_session(model, args.threads)
     want = np.asarray(session.run(None, {"X": x})[0])
+    if args.space:
+        print_space_times(mod, target, args.space)
     builds = {"relay-tune": compiled}
     if args.trials:
         builds["tuned"] = _tuned(mod, target, args.trials, args.log)
@@ -235,6 +244,33 @@ def _tuned(mod: Any, target: Any, trials: int, log: Path | None = None) -> Any:
         if result.model is None:
             raise RuntimeError("tuning ended without a model")
         return result.model
+
+
+def print_space_times(mod: Any, target: Any, repeats: int) -> None:
+    """Every point of each LSTM task's space timed by the tuner's runner with the configs' repeats interleaved
+    (`LocalRunner.run_batch`: drifting load falls on every point alike), medians sorted, the default marked."""
+    import statistics
+
+    from relay_tune.tuning.relay_task import tasks_from_module
+    from relay_tune.tuning.runner import LocalRunner
+
+    for task in tasks_from_module(mod, target):
+        if task.family != "lstm":
+            continue
+        configs = list(task.space.enumerate())
+        with LocalRunner(number=1, repeat=repeats, min_repeat_ms=0.0) as runner:
+            results = runner.run_batch(task, [task.build(c) for c in configs])
+        rows = sorted(((statistics.median(r.costs), c) for c, r in zip(configs, results) if r.costs),
+                      key=lambda row: row[0])
+        default = task.default_config()
+        default_time = next((t for t, c in rows if c == default), None)
+        print(f"{task.description}: {len(rows)} of {len(configs)} points, {repeats} interleaved repeats each")
+        for time_s, config in rows:
+            knobs = " ".join(f"{k}={v}" for k, v in config.items() if k != "family")
+            mark = "  <- default" if config == default else ""
+            print(f"  {time_s * 1e3:9.4f} ms  {knobs}{mark}")
+        if default_time:
+            print(f"  best / default {rows[0][0] / default_time:.2f}, worst / default {rows[-1][0] / default_time:.2f}")
 
 
 def print_space_spread(log: Path) -> None:
