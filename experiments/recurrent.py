@@ -1,7 +1,8 @@
 """A stacked bidirectional ONNX LSTM: relay-tune's import and build time, and its latency against onnxruntime.
 
     python -m experiments recurrent [--layers 2] [--hidden 256] [--seq 64] [--batch 1] [--input 256] [--threads 2]
-                                    [--trials N] [--baseline-tree DIR] [--int8] [--profile]
+                                    [--trials N] [--log LOG] [--baseline-tree DIR] [--space REPEATS] [--int8]
+                                    [--profile]
 
 The model is `--layers` bidirectional LSTM nodes (random weights in [-0.1, 0.1], biases), each layer's output
 reshaped to `(seq, batch, 2 * hidden)` for the next, as exporters write it. relay-tune imports each LSTM as one
@@ -12,10 +13,14 @@ with sequential execution and all graph optimisations):
 
 - `relay-tune`: default schedules;
 - `tuned` (`--trials N`): the model's tasks tuned with N trials in all (`relay_tune.tuning.tune_model`, xgb
-  search; the loop kernels have no schedule space, so the trials go to the projections and the output copies),
-  then built from that log;
+  search: the projections, the output copies and the loop kernels, whose space is the `lstm` family's,
+  `search_space.families.lstm`), then built from that log (`--log LOG` keeps it); each task's trials and times
+  are printed, and each LSTM task's measured spread (best, worst, default);
 - `baseline` (`--baseline-tree DIR`): the same model built by the relay-tune code of another checkout (for
   example the unchanged main branch), default schedules.
+
+`--space REPEATS` times every point of each LSTM kernel's schedule space (`search_space.families.lstm`) with the
+tuner's runner, the points' repeats interleaved, and prints them sorted with the default marked.
 
 `--int8` quantizes the model first with onnxruntime's `quantize_dynamic` (int8 weights, 7-bit as `reduce_range`
 makes them, which onnxruntime's u8 x s8 products multiply exactly on every CPU): DynamicQuantizeLSTM nodes, which
@@ -54,8 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=0,
                         help="tune the model's tasks with this many trials in all and time the tuned build too "
                              "(default 0: no tuning)")
+    parser.add_argument("--log", type=Path, metavar="LOG",
+                        help="with --trials: keep the tuning log here (default: a temporary file)")
     parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
                         help="also time the model as the relay-tune checkout in DIR builds it (default schedules)")
+    parser.add_argument("--space", type=int, default=0, metavar="REPEATS",
+                        help="time every point of each LSTM kernel's schedule space, interleaved (the runner's "
+                             "in-context timing, REPEATS repeats each), and print them sorted beside the default")
     parser.add_argument("--int8", action="store_true",
                         help="quantize the model with onnxruntime's quantize_dynamic (DynamicQuantizeLSTM) first")
     parser.add_argument("--profile", action="store_true",
@@ -117,9 +127,11 @@ def run(args: argparse.Namespace) -> int:
           f"{len(compiled.plan.tasks)} tasks")
     session = ort_session(model, args.threads)
     want = np.asarray(session.run(None, {"X": x})[0])
+    if args.space:
+        print_space_times(mod, target, args.space)
     builds = {"relay-tune": compiled}
     if args.trials:
-        builds["tuned"] = _tuned(mod, target, args.trials)
+        builds["tuned"] = _tuned(mod, target, args.trials, args.log)
     if args.baseline_tree is not None:
         builds["baseline"] = baseline_build(args.baseline_tree, model, args.threads)
     worst = 0.0
@@ -208,17 +220,73 @@ def print_profiles(compiled: Any, model: Any, feeds: dict[str, np.ndarray], thre
         print(f"  {seconds * 1e3:8.3f} ms  {op} {name}")
 
 
-def _tuned(mod: Any, target: Any, trials: int) -> Any:
-    """`mod` built from a fresh log of `trials` tuning trials over its tasks (xgb search, no tuning cache)."""
+def _tuned(mod: Any, target: Any, trials: int, log: Path | None = None) -> Any:
+    """`mod` built from a fresh log of `trials` tuning trials over its tasks (xgb search, no tuning cache), kept
+    at `log` if given; prints each task's trials and times, and the spread of each LSTM task's space."""
     from relay_tune.tuning.tune_model import BuildOptions, SearchOptions, tune_model
 
     with tempfile.TemporaryDirectory() as folder:
+        path = log if log is not None else Path(folder) / "lstm.jsonl"
+        if path.exists():
+            raise UsageError(f"--log {path}: the file exists (tuning starts from a fresh log)")
         start = time.perf_counter()
-        result = tune_model(mod, target, trials, Path(folder) / "lstm.jsonl", search=SearchOptions(storage=None),
+        result = tune_model(mod, target, trials, path, search=SearchOptions(storage=None),
                             build=BuildOptions(measure_latency=False))
         tuned = sum(1 for t in result.tasks if t.trials)
         print(f"tuned {len(result.tasks)} tasks ({tuned} measured) with {trials} trials in "
               f"{time.perf_counter() - start:.0f} s")
+        for task in result.tasks:
+            times = (f"default {task.default_cost * 1e3:.3f} ms, best {task.best_cost * 1e3:.3f} ms"
+                     if task.default_cost and task.best_cost else "not measured")
+            print(f"  {task.family:18} x{task.weight} {task.trials:3d} trials ({task.valid_trials} valid) of a space "
+                  f"of {task.space_size}: {times}  {task.description[:60]}")
+        print_space_spread(path)
         if result.model is None:
             raise RuntimeError("tuning ended without a model")
         return result.model
+
+
+def print_space_times(mod: Any, target: Any, repeats: int) -> None:
+    """Every point of each LSTM task's space timed by the tuner's runner with the configs' repeats interleaved
+    (`LocalRunner.run_batch`: drifting load falls on every point alike), medians sorted, the default marked."""
+    import statistics
+
+    from relay_tune.tuning.relay_task import tasks_from_module
+    from relay_tune.tuning.runner import LocalRunner
+
+    for task in tasks_from_module(mod, target):
+        if task.family != "lstm":
+            continue
+        configs = list(task.space.enumerate())
+        with LocalRunner(number=1, repeat=repeats, min_repeat_ms=0.0) as runner:
+            results = runner.run_batch(task, [task.build(c) for c in configs])
+        rows = sorted(((statistics.median(r.costs), c) for c, r in zip(configs, results) if r.costs),
+                      key=lambda row: row[0])
+        default = task.default_config()
+        default_time = next((t for t, c in rows if c == default), None)
+        print(f"{task.description}: {len(rows)} of {len(configs)} points, {repeats} interleaved repeats each")
+        for time_s, config in rows:
+            knobs = " ".join(f"{k}={v}" for k, v in config.items() if k != "family")
+            mark = "  <- default" if config == default else ""
+            print(f"  {time_s * 1e3:9.4f} ms  {knobs}{mark}")
+        if default_time:
+            print(f"  best / default {rows[0][0] / default_time:.2f}, worst / default {rows[-1][0] / default_time:.2f}")
+
+
+def print_space_spread(log: Path) -> None:
+    """Per LSTM task of a tuning log (`lstm` family configs): its measured points' best, worst and default times
+    and the best point's knobs."""
+    from relay_tune.records.log_format import read_records
+
+    by_task: dict[str, list[Any]] = {}
+    for record in read_records(log):
+        if record.config.get("family") == "lstm" and record.error_kind is None and record.costs:
+            by_task.setdefault(record.workload_key, []).append(record)
+    for records in by_task.values():
+        ranked = sorted(records, key=lambda r: r.cost)
+        default = [r.cost for r in records if r.strategy == "default"]
+        best, worst = ranked[0], ranked[-1]
+        knobs = {k: v for k, v in best.config.items() if k != "family"}
+        shown = f"{min(default) * 1e3:.3f} ms" if default else "not measured"
+        print(f"  lstm space {best.description[:50]}: {len(records)} points measured; best {best.cost * 1e3:.3f} ms "
+              f"{knobs}, worst {worst.cost * 1e3:.3f} ms, default {shown}")

@@ -22,6 +22,7 @@ from search_space import gpu
 from search_space.config import Config
 from search_space.cpu import analyze, cpu_space, parameter_numbers, with_later_knobs
 from search_space.families import FAMILIES, family_named
+from search_space.families.lstm import LSTM_FAMILY, lstm_space, lstm_steps, lstm_workload
 
 __all__ = ["ConfigNotInSpace", "config_to_steps"]
 
@@ -44,6 +45,13 @@ def config_to_steps(func: Any, config: Mapping[str, Any], target: Any) -> list[A
             raise RelayTuneError(f"a tuning config's steps are not valid JSON: {err}") from None
         if isinstance(decoded, list):
             return decoded
+    if config.get("family") == LSTM_FAMILY and target.kind == "llvm":
+        lstm = lstm_workload(func, target)
+        plain = config if isinstance(config, Config) else Config(dict(config))
+        if lstm is None or not lstm_space(lstm).is_valid(plain):
+            raise ConfigNotInSpace(f"cannot turn a tuning config into an LSTM schedule: {dict(config)} is not a point "
+                                   "of this workload's lstm schedule space")
+        return lstm_steps(plain)
     if config.get("family") not in FAMILIES or target.kind != "llvm":
         raise ConfigNotInSpace(
             f"cannot turn a tuning config into schedule steps (knobs: {', '.join(config) or 'none'}): it is not a "

@@ -14,6 +14,7 @@ from relay_tune.ir import Function, IRModule
 from relay_tune.kernel.recurrent import fixed_kernel_call
 from relay_tune.passes.extract_tasks import TaskSpec, extract_tasks
 from relay_tune.target import Target
+from search_space.families.lstm import lstm_call
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ class ModelTasks:
     @property
     def kernels(self) -> list[TaskSpec]:
         """The tasks whose kernels the model calls and that have a schedule space: what tuning should spend its
-        trials on (a fixed kernel, `kernel.recurrent`, has none)."""
+        trials on (of the fixed kernels, `kernel.recurrent`, only the LSTMs have one: `search_space.families.lstm`)."""
         return [s for s in self.specs if s.key not in self.views and s.key not in self.in_place
-                and fixed_kernel_call(s.func) is None]
+                and (fixed_kernel_call(s.func) is None or lstm_call(s.func) is not None)]
 
 
 def model_tasks(fused_main: Function | IRModule, target: Target) -> ModelTasks:

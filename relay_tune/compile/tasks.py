@@ -43,6 +43,7 @@ from relay_tune.passes.fuse_ops import RESHAPE_LIKE_OPS
 from relay_tune.records.cache import default_cache_dir
 from relay_tune.target import Target
 from search_space.defaults import default_steps
+from search_space.families.lstm import lstm_call, lstm_kernel_from_steps
 
 VIEW_OPS = RESHAPE_LIKE_OPS | {"layout_transform", "transpose"}
 """Operators that only move elements: a fused group of them alone may leave every element where it is."""
@@ -222,10 +223,10 @@ def lower_one(
     if is_memory_view(spec.func) if view is None else view:
         empty = tir.PrimFunc(kernel_name, (), tir.Seq(()))
         return LoweredTask(**common, primfunc=empty, bindings=(), tuned=False, alias=True)  # type: ignore[arg-type]
-    if fixed_kernel_call(spec.func) is not None:  # a loop nest written by hand: no schedule to look up
-        primfunc = fixed_kernel(spec.func, target, kernel_name)
+    if fixed_kernel_call(spec.func) is not None:  # a loop nest written by hand: an LSTM's may have tuned steps
+        primfunc, tuned = _fixed_kernel(spec, target, lookup, kernel_name, untuned)
         bindings = (*(ParamBinding("input", i) for i in fixed_kernel_inputs(spec.func)), ParamBinding("output", 0))
-        return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=False, kernel_name=kernel_name,  # type: ignore[arg-type]
+        return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=tuned, kernel_name=kernel_name,  # type: ignore[arg-type]
                            lower_seconds=time.perf_counter() - begin)
     steps = lookup(spec, target) if lookup is not None else None
     tuned = steps is not None
@@ -256,6 +257,25 @@ def lower_one(
         digest = ""  # the tuned key's entry would not be this kernel: not stored, warned about again next time
     return LoweredTask(**common, primfunc=primfunc, bindings=bindings, tuned=tuned, kernel_name=kernel_name,  # type: ignore[arg-type]
                        lower_seconds=time.perf_counter() - begin, digest=digest)
+
+
+def _fixed_kernel(spec: TaskSpec, target: Target, lookup: TaskLookup | None, kernel_name: str,
+                  untuned: list[str]) -> tuple[tir.PrimFunc, bool]:
+    """A fixed kernel's loop nest and whether it is tuned: an LSTM kernel with the steps `lookup` has for it (its
+    `lstm` family config), else (and for a fixed kernel without a space) the kernel's default."""
+    if lstm_call(spec.func) is None:
+        return fixed_kernel(spec.func, target, kernel_name), False
+    steps = lookup(spec, target) if lookup is not None else None
+    if steps is None:
+        if lookup is not None:
+            untuned.append(f"{spec.key[:12]} {spec.description}")
+        return fixed_kernel(spec.func, target, kernel_name), False
+    try:
+        return lstm_kernel_from_steps(spec.func, target, kernel_name, steps), True
+    except RelayTuneError as err:
+        warnings.warn(f"the tuned schedule of task {spec.key[:12]} ({spec.description}) does not apply ({err}); "
+                      "using its default schedule", BuildWarning, stacklevel=6)
+        return fixed_kernel(spec.func, target, kernel_name), False
 
 
 def task_default_steps(spec: TaskSpec, target: Target) -> list[Any]:

@@ -2,7 +2,8 @@
 because their loops carry a dependence from one iteration to the next that tensor expressions cannot state.
 
     call = fixed_kernel_call(func)          # the fused function's one call of such an operator, else None
-    prim_func = fixed_kernel(func, target, "k3_lstm")
+    prim_func = fixed_kernel(func, target, "k3_lstm")                   # an LSTM's default schedule
+    prim_func = fixed_kernel(func, target, "k3_lstm", LstmSchedule(32, 4, parallel=True))
 
 `nn.lstm_sequence` (`relay_tune.op.recurrent`) is one: its kernel runs the directions of an LSTM layer in
 parallel (one core each, where the target has them and the layer is worth a parallel region) and, within a
@@ -21,15 +22,18 @@ vector accumulators per end (independent chains: vector min/max take a few cycle
 It runs on one core: a parallel region costs a few microseconds on an idle host and up to a scheduler time slice
 on a busy one, about the time this kernel takes for a tensor of a megabyte.
 
-A fixed kernel has no schedule space: the tuner passes over its task (`compile.task_list.ModelTasks.kernels`) and
-the build lowers it here. Its parameters are the operator's arguments in order (`fixed_kernel_inputs`: the
-fused function's parameter behind each), then its output.
-"""
+The LSTM kernels take an `LstmSchedule` (block width of the recurrent product, reduction unroll, directions in
+parallel, in turn or interleaved on one core); its space and default rule are the `lstm` family
+(`search_space.families.lstm`), so they are tuned like other tasks. `min_max` has no schedule space: the tuner
+passes over its task (`compile.task_list.ModelTasks.kernels`). The build lowers them all here. Its parameters are
+the operator's arguments in order (`fixed_kernel_inputs`: the fused function's parameter behind each), then its
+output. """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from relay_tune.errors import CompileError
 from relay_tune.ir import Call, Expr, Function, Op, TensorType, Var
@@ -38,9 +42,9 @@ from relay_tune.op.recurrent import LSTM_SEQUENCE, LSTM_SEQUENCE_INT8
 from relay_tune.op.reduce import MIN_MAX
 from relay_tune.target import Target
 
-__all__ = ["FIXED_KERNELS", "MIN_MAX_VECTORS", "PARALLEL_MIN_MACS", "fixed_kernel", "fixed_kernel_call",
-           "fixed_kernel_inputs", "lstm_sequence_int8_kernel", "lstm_sequence_kernel",
-           "min_max_kernel"]
+__all__ = ["FIXED_KERNELS", "MIN_MAX_VECTORS", "PARALLEL_MIN_MACS", "SCHEDULED_KERNELS", "LstmSchedule",
+           "default_lstm_schedule", "fixed_kernel", "fixed_kernel_call", "fixed_kernel_inputs",
+           "lstm_sequence_int8_kernel", "lstm_sequence_kernel", "min_max_kernel", "parallel_worthwhile"]
 
 PARALLEL_MIN_MACS = 1 << 18
 """Multiply-accumulates per direction (all steps) below which the directions run in turn on one core: a parallel
@@ -61,14 +65,65 @@ def _shape(value: Expr) -> tuple[int, ...]:
     return tuple(d for d in ty.shape if isinstance(d, int))
 
 
+@dataclass(frozen=True)
+class LstmSchedule:
+    """How an LSTM kernel runs its steps (a point of the `lstm` family's space, `search_space.families.lstm`).
+
+    width: accumulator columns of one block of the recurrent product, in registers while the block's weights
+    stream front to back: a divisor of the panel width (the block reads a slice of each panel row) or a multiple
+    of it (several panels side by side, more independent accumulator chains). k_unroll: reduction steps per loop
+    iteration (a remainder loop takes what it does not divide). parallel: the directions on separate cores.
+    interleave: with the directions on one core, both advance a step at a time in one loop (two independent
+    dependence chains, the weights of both directions streamed in turn) instead of one direction after the other.
+    """
+
+    width: int
+    k_unroll: int
+    parallel: bool
+    interleave: bool = False
+
+    def check(self, call: Call) -> None:
+        """Raises CompileError where this schedule does not fit `call`'s shapes."""
+        directions, panel, columns = _panel_shape(call)
+        if self.width < 1 or self.k_unroll < 1:
+            raise CompileError(f"LSTM schedule {self}: width and k_unroll must be positive")
+        if not (panel % self.width == 0 or (self.width % panel == 0 and columns % self.width == 0)):
+            raise CompileError(f"LSTM schedule {self}: width {self.width} neither divides the panel ({panel}) nor "
+                               f"is a multiple of it dividing the {columns} columns")
+        if self.interleave and (self.parallel or directions < 2):
+            raise CompileError(f"LSTM schedule {self}: only two directions on one core interleave")
+
+
+def _panel_shape(call: Call) -> tuple[int, int, int]:
+    """Directions, panel width and padded columns of an LSTM call's packed recurrent weights."""
+    weights = _shape(call.args[1])
+    directions, panels, panel = weights[0], weights[1], weights[3]
+    return directions, panel, panels * panel
+
+
+def parallel_worthwhile(call: Call, target: Target) -> bool:
+    """Whether the directions of an LSTM call may run on separate cores: two of them, a target with several cores,
+    and at least `PARALLEL_MIN_MACS` multiply-accumulates per direction."""
+    seq, batch, directions, gates = _shape(call.args[0])
+    return directions > 1 and target.num_cores > 1 and seq * batch * gates * (gates // 4) >= PARALLEL_MIN_MACS
+
+
+def default_lstm_schedule(call: Call, target: Target) -> LstmSchedule:
+    """The untuned schedule: one panel per block, the reduction unrolled by `K_UNROLL` where that divides it, the
+    directions in parallel where `parallel_worthwhile`, in turn otherwise."""
+    _, panel, _ = _panel_shape(call)
+    depth = _shape(call.args[1])[2]
+    return LstmSchedule(panel, K_UNROLL if depth % K_UNROLL == 0 else 1, parallel_worthwhile(call, target))
+
+
 def _lstm_gates(xp: tir.Buffer, g: tir.Buffer, h: tir.Buffer, c: tir.Buffer, out: tir.Buffer, t: tir.PrimExpr,
-                d: tir.PrimExpr, batch: int, hidden: int) -> tir.Stmt:
-    """One step's gates from the input projection `xp[t]` and the recurrent products `g`: the new states into the
-    scratch `h`, `c` and into `out[t, d]`."""
+                d: tir.PrimExpr, slot: tir.PrimExpr, batch: int, hidden: int) -> tir.Stmt:
+    """One step's gates from the input projection `xp[t]` and the recurrent products `g[slot]`: the new states
+    into the scratch `h[slot]`, `c[slot]` and into `out[t, d]`."""
     b2, j = tir.LoopVar("b2"), tir.LoopVar("j")
 
     def pre(gate: int) -> tir.PrimExpr:
-        return xp[t, b2, d, gate * hidden + j] + g[b2, gate * hidden + j]
+        return xp[t, b2, d, gate * hidden + j] + g[slot, b2, gate * hidden + j]
 
     def sigmoid(x: tir.PrimExpr) -> tir.PrimExpr:
         return tir.Call("sigmoid", (x,), "float32")
@@ -79,29 +134,37 @@ def _lstm_gates(xp: tir.Buffer, g: tir.Buffer, h: tir.Buffer, c: tir.Buffer, out
     # gates i, o, f, c in ONNX order; the new cell state is written first and read back for the hidden state
     cell = out[t, d, b2, hidden + j]
     return tir.For(b2, batch, tir.For(j, hidden, tir.seq(
-        tir.Store(out, (t, d, b2, hidden + j), sigmoid(pre(2)) * c[b2, j] + sigmoid(pre(0)) * tanh(pre(3))),
-        tir.Store(c, (b2, j), cell),
-        tir.Store(h, (b2, j), sigmoid(pre(1)) * tanh(cell)),
-        tir.Store(out, (t, d, b2, j), h[b2, j])), tir.ForKind.VECTORIZED))
+        tir.Store(out, (t, d, b2, hidden + j), sigmoid(pre(2)) * c[slot, b2, j] + sigmoid(pre(0)) * tanh(pre(3))),
+        tir.Store(c, (slot, b2, j), cell),
+        tir.Store(h, (slot, b2, j), sigmoid(pre(1)) * tanh(cell)),
+        tir.Store(out, (t, d, b2, j), h[slot, b2, j])), tir.ForKind.VECTORIZED))
 
 
-def _lstm_layer(call: Call, target: Target, name: str, params: tuple[tir.Buffer, ...],
-                product: Callable[[tir.PrimExpr, tir.Buffer, tir.Buffer], tir.Stmt],
-                scratch: tuple[tir.Buffer, ...], prologue: tir.Stmt | None, columns: int) -> tir.PrimFunc:
-    """The loop nest shared by the LSTM kernels: per direction `d` (in parallel where it pays), the states from
-    `h0`, `c0`, then per step `product(d, h, g)` (the recurrent products of the state `h` into `g (batch,
-    columns)`) and the gates. `params` are the kernel's parameters, `xp` first and `h0`, `c0`, `out` last;
-    `scratch` the product's own per-direction buffers, `prologue` what it does once per direction."""
+Product = Callable[[tir.PrimExpr, tir.PrimExpr, tir.Buffer, tir.Buffer], tir.Stmt]
+"""`product(d, slot, h, g)`: one step's recurrent products of direction `d`'s state `h[slot]` into `g[slot]`."""
+
+
+def _lstm_layer(call: Call, target: Target, name: str, params: tuple[tir.Buffer, ...], product: Product,
+                scratch: tuple[tir.Buffer, ...], prologue: tir.Stmt | None, columns: int,
+                schedule: LstmSchedule) -> tir.PrimFunc:
+    """The loop nest shared by the LSTM kernels: per direction `d` the states from `h0`, `c0`, then per step
+    `product(d, slot, h, g)` (the recurrent products of the state `h[slot]` into `g[slot] (batch, columns)`) and
+    the gates; the directions in parallel, in turn, or interleaved step by step (`schedule`). `params` are the
+    kernel's parameters, `xp` first and `h0`, `c0`, `out` last; `scratch` the product's own buffers, `prologue`
+    what it does once before the steps."""
     seq, batch, directions, gates = _shape(call.args[0])
     hidden = gates // 4
     reverse = [int(bool(r)) for r in call.attrs["reverse"]]
     xp, h0, c0, out = params[0], params[-3], params[-2], params[-1]
-    # per-direction scratch: states, the step's recurrent products
-    h = tir.Buffer("h", (batch, hidden), scope=tir.Scope.LOCAL)
-    c = tir.Buffer("c", (batch, hidden), scope=tir.Scope.LOCAL)
-    g = tir.Buffer("g", (batch, columns), scope=tir.Scope.LOCAL)
+    interleave = schedule.interleave and directions > 1 and not schedule.parallel
+    slots = directions if interleave else 1
+    # the states and the step's recurrent products: one slot per direction that is live at the same time
+    h = tir.Buffer("h", (slots, batch, hidden), scope=tir.Scope.LOCAL)
+    c = tir.Buffer("c", (slots, batch, hidden), scope=tir.Scope.LOCAL)
+    g = tir.Buffer("g", (slots, batch, columns), scope=tir.Scope.LOCAL)
 
     d, s = tir.LoopVar("d"), tir.LoopVar("s")
+    slot: tir.PrimExpr = d if interleave else tir.as_expr(0)
     # the input step of iteration s: s for a forward direction, seq - 1 - s for a reverse one
     backwards: tir.PrimExpr = tir.as_expr(reverse[0])
     if directions == 2 and reverse[0] != reverse[1]:
@@ -110,60 +173,93 @@ def _lstm_layer(call: Call, target: Target, name: str, params: tuple[tir.Buffer,
 
     b0, j0 = tir.LoopVar("b0"), tir.LoopVar("j0")
     init: tir.Stmt = tir.For(b0, batch, tir.For(j0, hidden, tir.seq(
-        tir.Store(h, (b0, j0), h0[d, b0, j0]), tir.Store(c, (b0, j0), c0[d, b0, j0])), tir.ForKind.VECTORIZED))
-    if prologue is not None:
-        init = tir.seq(init, prologue)
-    steps = tir.For(s, seq, tir.seq(product(d, h, g), _lstm_gates(xp, g, h, c, out, t, d, batch, hidden)))
-    body: tir.Stmt = tir.seq(init, steps)
+        tir.Store(h, (slot, b0, j0), h0[d, b0, j0]), tir.Store(c, (slot, b0, j0), c0[d, b0, j0])),
+        tir.ForKind.VECTORIZED))
+    step = tir.seq(product(d, slot, h, g), _lstm_gates(xp, g, h, c, out, t, d, slot, batch, hidden))
+    body: tir.Stmt
+    if interleave:
+        body = tir.seq(tir.For(d, directions, init), tir.For(s, seq, tir.For(d, directions, step)))
+        if prologue is not None:
+            body = tir.seq(prologue, body)
+    else:
+        body = tir.seq(init, tir.For(s, seq, step))
+        if prologue is not None:
+            body = tir.seq(prologue, body)
     for buffer in (*scratch, g, c, h):
         body = tir.Allocate(buffer, body)
-    parallel = directions > 1 and target.num_cores > 1 and seq * batch * gates * hidden >= PARALLEL_MIN_MACS
+    if interleave:
+        return tir.PrimFunc(name, params, body)
+    parallel = schedule.parallel and directions > 1 and target.num_cores > 1
     kind = tir.ForKind.PARALLEL if parallel else tir.ForKind.SERIAL
     return tir.PrimFunc(name, params, tir.For(d, directions, body, kind))
 
 
-def _panel_products(acc: tir.Buffer, panels: int, batch: int, depth: int, zero: tir.PrimExpr,
+def _panel_products(acc: tir.Buffer, panel: int, columns: int, batch: int, depth: int, k_unroll: int,
+                    zero: tir.PrimExpr,
                     term: Callable[[tir.PrimExpr, tir.PrimExpr, tir.PrimExpr, tir.PrimExpr], tir.PrimExpr],
-                    result: Callable[[tir.PrimExpr, tir.PrimExpr, tir.PrimExpr, tir.PrimExpr], tir.Stmt]) -> tir.Stmt:
-    """One step's recurrent products, a weight panel at a time: per panel `p` and batch row `b`, the panel's
-    accumulators `acc` (one per column `j`, vectorized) start at `zero`, sum `term(p, b, k, j)` over `k < depth`
-    (unrolled by `K_UNROLL` where it divides), and `result(p, b, j, column)` stores column `p * panel + j`."""
-    panel = acc.shape[0]
-    p, b, j1, j2, j3 = (tir.LoopVar(n) for n in ("p", "b1", "j1", "j2", "j3"))
-    ko, ku = tir.LoopVar("ko"), tir.LoopVar("ku")
-    unroll = K_UNROLL if depth % K_UNROLL == 0 else 1
-    k = ko * unroll + ku
+                    result: Callable[[tir.PrimExpr, tir.PrimExpr, tir.PrimExpr], tir.Stmt]) -> tir.Stmt:
+    """One step's recurrent products, a block of `width = acc.shape[0]` columns at a time: per block `q` and batch
+    row `b`, the block's accumulators `acc` (vectorized) start at `zero`, sum `term(p, b, k, j)` (panel `p`,
+    column `j` of that panel) over `k < depth` (`k_unroll` steps per iteration, a remainder loop after), and
+    `result(b, i, column)` stores accumulator `i` as column `q * width + i`. A block narrower than a panel reads
+    a slice of each panel row; a wider one reads `width / panel` panels side by side."""
+    width = acc.shape[0]
+    sub = min(width, panel)
+    groups, per = width // sub, panel // sub
+    q, b, j1, jo, ji, j3 = (tir.LoopVar(n) for n in ("q", "b1", "j1", "jo", "ji", "j3"))
+    ko, ku, kt = tir.LoopVar("ko"), tir.LoopVar("ku"), tir.LoopVar("kt")
     vectorized = tir.ForKind.VECTORIZED
-    update = tir.For(j2, panel, tir.Store(acc, (j2,), acc[j2] + term(p, b, k, j2)), vectorized)
-    reduce = tir.For(ko, depth // unroll, tir.For(ku, unroll, update,
-                                                  tir.ForKind.UNROLLED if unroll > 1 else tir.ForKind.SERIAL))
-    return tir.For(p, panels, tir.For(b, batch, tir.seq(
-        tir.For(j1, panel, tir.Store(acc, (j1,), zero), vectorized),
-        reduce,
-        tir.For(j3, panel, result(p, b, j3, p * panel + j3), vectorized))))
+    if groups > 1:  # whole panels side by side
+        p: tir.PrimExpr = q * groups + jo
+        offset: tir.PrimExpr = tir.as_expr(0)
+    elif per > 1:  # a slice of one panel
+        p, offset = q // per, (q % per) * sub
+    else:
+        p, offset = q, tir.as_expr(0)
+
+    def update(k: tir.PrimExpr) -> tir.Stmt:
+        inner = tir.For(ji, sub, tir.Store(acc, (jo * sub + ji,), acc[jo * sub + ji] + term(p, b, k, offset + ji)),
+                        vectorized)
+        return tir.For(jo, groups, inner, tir.ForKind.UNROLLED if groups > 1 else tir.ForKind.SERIAL)
+
+    unroll = max(1, min(k_unroll, depth))
+    main, tail = divmod(depth, unroll)
+    stmts: list[tir.Stmt] = [tir.For(j1, width, tir.Store(acc, (j1,), zero), vectorized)]
+    if main:
+        stmts.append(tir.For(ko, main, tir.For(ku, unroll, update(ko * unroll + ku),
+                                               tir.ForKind.UNROLLED if unroll > 1 else tir.ForKind.SERIAL)))
+    if tail:
+        stmts.append(tir.For(kt, tail, update(main * unroll + kt)))
+    stmts.append(tir.For(j3, width, result(b, j3, q * width + j3), vectorized))
+    return tir.For(q, columns // width, tir.For(b, batch, tir.seq(*stmts)))
 
 
-def lstm_sequence_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
-    """The loop nest of one `nn.lstm_sequence` call (see the module docstring); parameters xp, rp, h0, c0, out."""
+def lstm_sequence_kernel(call: Call, target: Target, name: str, schedule: LstmSchedule | None = None
+                         ) -> tir.PrimFunc:
+    """The loop nest of one `nn.lstm_sequence` call (see the module docstring) under `schedule` (None: the
+    default); parameters xp, rp, h0, c0, out."""
+    schedule = schedule or default_lstm_schedule(call, target)
+    schedule.check(call)
     seq, batch, directions, gates = _shape(call.args[0])
     _, panels, hidden, panel = _shape(call.args[1])
     params = (tir.Buffer("xp", (seq, batch, directions, gates)), tir.Buffer("rp", (directions, panels, hidden, panel)),
               tir.Buffer("h0", (directions, batch, hidden)), tir.Buffer("c0", (directions, batch, hidden)),
               tir.Buffer("out", (seq, directions, batch, 2 * hidden)))
     rp = params[1]
-    acc = tir.Buffer("acc", (panel,), scope=tir.Scope.LOCAL)  # one panel's accumulators
+    acc = tir.Buffer("acc", (schedule.width,), scope=tir.Scope.LOCAL)  # one block's accumulators
 
-    def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
-        return _panel_products(acc, panels, batch, hidden, tir.FloatImm(0.0),
-                               lambda p, b, k, j: h[b, k] * rp[d, p, k, j],
-                               lambda p, b, j, column: tir.Store(g, (b, column), acc[j]))
+    def product(d: tir.PrimExpr, slot: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
+        return _panel_products(acc, panel, panels * panel, batch, hidden, schedule.k_unroll, tir.FloatImm(0.0),
+                               lambda p, b, k, j: h[slot, b, k] * rp[d, p, k, j],
+                               lambda b, j, column: tir.Store(g, (slot, b, column), acc[j]))
 
-    return _lstm_layer(call, target, name, params, product, (acc,), None, panels * panel)
+    return _lstm_layer(call, target, name, params, product, (acc,), None, panels * panel, schedule)
 
 
-def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
-    """The loop nest of one `nn.lstm_sequence_int8` call (see `relay_tune.op.recurrent`); parameters xp, rq,
-    rscale, rsum, h0, c0, out.
+def lstm_sequence_int8_kernel(call: Call, target: Target, name: str, schedule: LstmSchedule | None = None
+                              ) -> tir.PrimFunc:
+    """The loop nest of one `nn.lstm_sequence_int8` call (see `relay_tune.op.recurrent`) under `schedule` (None:
+    the default); parameters xp, rq, rscale, rsum, h0, c0, out.
 
     Each step first quantizes the state `h` to uint8 (its range in one scalar pass: a few hundred elements, next
     to a product of `4H` times as many), then streams the int8 weight panels with two-term dot products into int32
@@ -172,6 +268,8 @@ def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.Prim
     vpmaddwd multiplies int16, so full-range int8 weights need no care: the four-byte vpmaddubsw would saturate on
     them (and, split into halves that do not, take two multiply sequences per weight register, twice vpmaddwd's
     multiply-port work on CPUs without VNNI)."""
+    schedule = schedule or default_lstm_schedule(call, target)
+    schedule.check(call)
     seq, batch, directions, gates = _shape(call.args[0])
     _, panels, pairs, panel, _ = _shape(call.args[1])
     hidden, columns = gates // 4, panels * panel
@@ -181,7 +279,7 @@ def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.Prim
               tir.Buffer("h0", (directions, batch, hidden)), tir.Buffer("c0", (directions, batch, hidden)),
               tir.Buffer("out", (seq, directions, batch, 2 * hidden)))
     rq, rscale, rsum = params[1:4]
-    acc = tir.Buffer("acc", (panel,), "int32", scope=tir.Scope.LOCAL)  # one panel's accumulators
+    acc = tir.Buffer("acc", (schedule.width,), "int32", scope=tir.Scope.LOCAL)  # one block's accumulators
     # the quantized state; a row past an odd hidden size meets zero weights
     qh = tir.Buffer("qh", (batch, 2 * pairs), "uint8", scope=tir.Scope.LOCAL)
     ends = tir.Buffer("ends", (2,), scope=tir.Scope.LOCAL)  # the state's range, 0 included
@@ -192,34 +290,36 @@ def lstm_sequence_int8_kernel(call: Call, target: Target, name: str) -> tir.Prim
     bz, jz = tir.LoopVar("bz"), tir.LoopVar("jz")
     clear = tir.For(bz, batch, tir.For(jz, 2 * pairs, tir.Store(qh, (bz, jz), tir.IntImm(0, "uint8")), vectorized))
 
-    def quantize(h: tir.Buffer) -> tir.Stmt:
+    def quantize(slot: tir.PrimExpr, h: tir.Buffer) -> tir.Stmt:
         bm, jm, bq, jq = (tir.LoopVar(n) for n in ("bm", "jm", "bq", "jq"))
         zero, top = tir.FloatImm(0.0), tir.FloatImm(255.0)
         span = ends[1] - ends[0]
         scale, zero_point = quant[0], quant[1]
-        level = tir.minimum(tir.maximum(tir.Call("round", (h[bq, jq] / scale,), "float32") + zero_point, zero), top)
+        level = tir.minimum(tir.maximum(tir.Call("round", (h[slot, bq, jq] / scale,), "float32") + zero_point, zero),
+                            top)
         return tir.seq(
             tir.Store(ends, (0,), zero), tir.Store(ends, (1,), zero),
             tir.For(bm, batch, tir.For(jm, hidden, tir.seq(
-                tir.Store(ends, (0,), tir.minimum(ends[0], h[bm, jm])),
-                tir.Store(ends, (1,), tir.maximum(ends[1], h[bm, jm]))))),
+                tir.Store(ends, (0,), tir.minimum(ends[0], h[slot, bm, jm])),
+                tir.Store(ends, (1,), tir.maximum(ends[1], h[slot, bm, jm]))))),
             # onnxruntime's parameters: scale 1 for an empty range, the zero point the rounded image of 0
             tir.Store(quant, (0,), tir.Select(tir.binary("eq", span, zero), tir.FloatImm(1.0), span / top)),
             tir.Store(quant, (1,), tir.Call("round", (tir.minimum(tir.maximum(-ends[0] / quant[0], zero), top),),
                                             "float32")),
             tir.For(bq, batch, tir.For(jq, hidden, tir.Store(qh, (bq, jq), tir.Cast("uint8", level)), vectorized)))
 
-    def product(d: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
+    def product(d: tir.PrimExpr, slot: tir.PrimExpr, h: tir.Buffer, g: tir.Buffer) -> tir.Stmt:
         def term(p: tir.PrimExpr, b: tir.PrimExpr, k: tir.PrimExpr, j: tir.PrimExpr) -> tir.PrimExpr:
             return te.dot2_u8s16_i32([qh[b, k * 2], qh[b, k * 2 + 1]], [rq[d, p, k, j, 0], rq[d, p, k, j, 1]])
 
-        def scaled(p: tir.PrimExpr, b: tir.PrimExpr, j: tir.PrimExpr, column: tir.PrimExpr) -> tir.Stmt:
+        def scaled(b: tir.PrimExpr, j: tir.PrimExpr, column: tir.PrimExpr) -> tir.Stmt:
             exact = tir.Cast("float32", acc[j] - tir.Cast("int32", quant[1]) * rsum[d, column])
-            return tir.Store(g, (b, column), exact * (quant[0] * rscale[d, column]))
+            return tir.Store(g, (slot, b, column), exact * (quant[0] * rscale[d, column]))
 
-        return tir.seq(quantize(h), _panel_products(acc, panels, batch, pairs, tir.IntImm(0, "int32"), term, scaled))
+        return tir.seq(quantize(slot, h), _panel_products(acc, panel, columns, batch, pairs, schedule.k_unroll,
+                                                          tir.IntImm(0, "int32"), term, scaled))
 
-    return _lstm_layer(call, target, name, params, product, (acc, qh, ends, quant), clear, columns)
+    return _lstm_layer(call, target, name, params, product, (acc, qh, ends, quant), clear, columns, schedule)
 
 
 def min_max_kernel(call: Call, target: Target, name: str) -> tir.PrimFunc:
@@ -260,6 +360,10 @@ FIXED_KERNELS: dict[str, Callable[[Call, Target, str], tir.PrimFunc]] = {
     LSTM_SEQUENCE: lstm_sequence_kernel, LSTM_SEQUENCE_INT8: lstm_sequence_int8_kernel, MIN_MAX: min_max_kernel}
 """Per operator with a fixed kernel, the function that writes its loop nest."""
 
+SCHEDULED_KERNELS: dict[str, Callable[[Call, Target, str, LstmSchedule | None], tir.PrimFunc]] = {
+    LSTM_SEQUENCE: lstm_sequence_kernel, LSTM_SEQUENCE_INT8: lstm_sequence_int8_kernel}
+"""The fixed kernels with a schedule space (`LstmSchedule`, the `lstm` family of `search_space.families`)."""
+
 
 def fixed_kernel_call(func: Function) -> Call | None:
     """The call of `func` when `func` (a fused function) is one call of an operator with a fixed kernel whose
@@ -280,10 +384,15 @@ def fixed_kernel_inputs(func: Function) -> tuple[int, ...]:
     return tuple(next(i for i, p in enumerate(func.params) if p is a) for a in call.args)
 
 
-def fixed_kernel(func: Function, target: Target, name: str) -> tir.PrimFunc:
-    """The loop nest of a fused function that `fixed_kernel_call` accepts."""
+def fixed_kernel(func: Function, target: Target, name: str, schedule: LstmSchedule | None = None) -> tir.PrimFunc:
+    """The loop nest of a fused function that `fixed_kernel_call` accepts, under `schedule` (an LSTM's; None: the
+    kernel's default)."""
     call = fixed_kernel_call(func)
     if call is None:
         raise CompileError("the fused function is not one call of an operator with a fixed kernel")
     assert isinstance(call.op, Op)
-    return FIXED_KERNELS[call.op.name](call, target, name)
+    if schedule is None:
+        return FIXED_KERNELS[call.op.name](call, target, name)
+    if call.op.name not in SCHEDULED_KERNELS:
+        raise CompileError(f"the fixed kernel of {call.op.name} takes no schedule")
+    return SCHEDULED_KERNELS[call.op.name](call, target, name, schedule)

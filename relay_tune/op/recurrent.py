@@ -29,7 +29,8 @@ sequence runs the full length; the importer keeps other LSTMs unrolled.
 Each step quantizes the hidden state as onnxruntime does before its u8s8 product (per direction, over the whole
 `(batch, H)` state: the range `[min(h, 0), max(h, 0)]` onto [0, 255], scale 1 when it is empty, zero point and
 values rounded half to even) and computes the recurrent product on the integers:
-`(sum_k qh[k] * R[k, j] - zp * rsum[j]) * (scale_h * rscale[j])`, exact up to the final float multiply.
+`(sum_k qh[k] * R[k, j] - zp * rsum[j]) * (scale_h * rscale[j])`, exact up to the final float multiply (the
+reference takes `rsum` as given, so it defines the operator on any inputs).
 """
 
 from __future__ import annotations
@@ -184,10 +185,13 @@ def lstm_sequence_int8_ref(inputs: Sequence[np.ndarray], attrs: Attrs) -> np.nda
     hidden, gates = int(attrs["hidden"]), xp.shape[3]
     r = unpack_int8_recurrent_weights(np.asarray(inputs[1]), hidden, gates).astype(np.int64)
     rscale = np.asarray(inputs[2], np.float32)[:, :gates]
+    rsum = np.asarray(inputs[3], np.int64)[:, :gates]
 
     def recurrent(d: int, h: np.ndarray) -> np.ndarray:
         q, scale, zero = quantize_state(h)
-        acc = (q.astype(np.int64) - zero) @ r[d]  # exact, as the kernel's int32 sums
+        # exact, as the kernel's int32 sums; the zero point's share from `rsum` as given (R's column sums in a
+        # model), so that the reference is the operator's definition on any inputs
+        acc = q.astype(np.int64) @ r[d] - zero * rsum[d]
         return (acc.astype(np.float32) * (scale * rscale[d])).astype(np.float32)
 
     return _lstm_steps(xp, h0, c0, hidden, attrs["reverse"], recurrent)

@@ -43,6 +43,17 @@ from relay_tune.type_infer import infer_types
 from search_space import Config, InvalidConfigError, Space
 from search_space.cpu import cpu_space, task_workload, with_later_knobs
 from search_space.families import family_named
+from search_space.families.lstm import (
+    LSTM_FAMILY,
+    lstm_call,
+    lstm_default,
+    lstm_flops,
+    lstm_kernel,
+    lstm_space,
+    lstm_steps,
+    lstm_test_scales,
+    lstm_workload,
+)
 
 __all__ = [
     "RelayTuneTask", "ReferenceWarning", "constant_inputs", "layout_steps", "tasks_from_module",
@@ -119,6 +130,13 @@ class RelayTuneTask:
         self._setup()
 
     def _setup(self) -> None:
+        lstm = lstm_workload(self.func, self.target_info)
+        if lstm is not None:  # a fixed LSTM kernel: its loop nest is written by hand, its space is the lstm family's
+            self._prim = None
+            self.workload, self._default = lstm, lstm_default(lstm)
+            self.space = lstm_space(lstm)
+            self.flops = lstm_flops(lstm)  # the operator's own count is its output's size
+            return
         self._prim = primitive_compute(self.func)
         # A dense weight received at run time may be packed on every run (`task_workload`): the artifact then
         # carries the packing kernel in its prologue, so the runner times packing and kernel together.
@@ -158,6 +176,11 @@ class RelayTuneTask:
     nonnegative_inputs: frozenset[int] = frozenset()
 
     def input_specs(self) -> list[TensorSpec]:
+        if self._prim is None:
+            types = [p.checked_type for p in self.func.params]
+            scales = lstm_test_scales(self.func)
+            return [TensorSpec(tuple(t.shape), str(t.dtype), i in self.nonnegative_inputs, scales.get(i, 1.0))
+                    for i, t in enumerate(types)]
         return [TensorSpec(tuple(t.shape), str(t.dtype), i in self.nonnegative_inputs)
                 for i, t in enumerate(self._prim.inputs)]
 
@@ -184,11 +207,16 @@ class RelayTuneTask:
         reproduces the logged schedule), or None when it belongs to another space (`CurrentSpaces`)."""
         if config.get("family") != self.family:
             return None
+        if self.family == LSTM_FAMILY:
+            return config if self.space.is_valid(config) else None
         current = with_later_knobs(self.workload, config)
         return current if self.space.is_valid(current) else None
 
     def steps(self, config: Config) -> list[Any]:
-        """The schedule steps of a config: its family's template applied to it."""
+        """The schedule steps of a config: its family's template applied to it (an LSTM config's one step)."""
+        if self._prim is None:
+            self.space.validate(config)
+            return lstm_steps(config)
         return family_named(self.family).steps(self._prim, config, self.target_info)
 
     def lower(self, config: Config) -> Any:
@@ -197,6 +225,8 @@ class RelayTuneTask:
 
     def _lower(self, config: Config) -> tuple[Any, Any]:
         self.space.validate(config)
+        if self._prim is None:
+            return lstm_kernel(self.func, self.target_info, self.kernel_name, config), None
         steps = self.steps(config)
         try:
             return lower_primitive(self.func, self.target_info, steps, name=self.kernel_name, prim=self._prim)
@@ -210,6 +240,8 @@ class RelayTuneTask:
         return KERNEL_PREFIX + self.key[:16]
 
     def build(self, config: Config) -> BuildArtifact:
+        if self._prim is None:
+            return self._build_fixed(config)
         primfunc, packing = self._lower(config)
         funcs = [primfunc]
         args: list[KernelArg] = []
@@ -230,6 +262,23 @@ class RelayTuneTask:
         return BuildArtifact(code, "elf-object", primfunc.name, tuple(args),
                              requires_libraries=required_libraries(funcs, self.target_info),
                              repeat_symbol=primfunc.name + REPEAT_SUFFIX, prologue=tuple(prologue))
+
+    def _build_fixed(self, config: Config) -> BuildArtifact:
+        """The artifact of a fixed LSTM kernel: its parameters are the call's arguments (each a function
+        parameter, none packed), then the output."""
+        primfunc = self.lower(config)
+        call = lstm_call(self.func)
+        assert call is not None
+        params = list(self.func.params)
+        args = [KernelArg(TensorSpec(tuple(b.shape), str(b.dtype)), "input", next(i for i, p in enumerate(params)
+                                                                                  if p is a))
+                for a, b in zip(call.args, primfunc.params)]
+        out = primfunc.params[-1]
+        args.append(KernelArg(TensorSpec(tuple(out.shape), str(out.dtype)), "output", 0))
+        code = compile_object([primfunc], self.target_info)
+        return BuildArtifact(code, "elf-object", primfunc.name, tuple(args),
+                             requires_libraries=required_libraries([primfunc], self.target_info),
+                             repeat_symbol=primfunc.name + REPEAT_SUFFIX)
 
     def workload_spec(self) -> dict[str, Any]:
         """A JSON description to rebuild this task from (the function's Relay text, the target, constants)."""

@@ -147,8 +147,9 @@ MAX_WEIGHT_COPIES = 4096  # small weights: the copies' count, not their bytes, b
 
 
 def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
-    """Seeded inputs with irregular values: floats in [-1, 1) away from 0, small non-zero integers, random bools.
-    A spec marked `nonnegative` gets the magnitudes alone (the same draws, so other inputs keep their values)."""
+    """Seeded inputs with irregular values: floats in [-1, 1) away from 0 (times the spec's `scale`), small non-zero
+    integers, random bools. A spec marked `nonnegative` gets the magnitudes alone (the same draws, so other inputs
+    keep their values)."""
     rng = np.random.default_rng(seed)
     arrays: list[np.ndarray] = []
     for spec in specs:
@@ -160,7 +161,7 @@ def random_inputs(specs: Sequence[TensorSpec], seed: int) -> list[np.ndarray]:
             magnitude = rng.uniform(0.05, 1.0, size=spec.shape)
             sign = rng.choice(np.array([-1.0, 1.0]), size=spec.shape)
             unsigned = spec.nonnegative or spec.dtype == "float8_e8m0fnu"
-            arrays.append((magnitude if unsigned else magnitude * sign).astype(dtype))
+            arrays.append(((magnitude if unsigned else magnitude * sign) * spec.scale).astype(dtype))
         elif kind == "b":
             arrays.append(rng.integers(0, 2, size=spec.shape).astype(dtype))
         elif kind == "u":

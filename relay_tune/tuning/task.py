@@ -41,6 +41,9 @@ class TensorSpec:
     dtype: str
     # Test inputs of this tensor must be non-negative (the domain of a variance under a square root, say).
     nonnegative: bool = False
+    # Test floats of this tensor are scaled by this (recurrent weights at a trained layer's scale: at +-1 a layer of
+    # hundreds of units is chaotic, and float rounding that differs from the reference's grows over the steps).
+    scale: float = 1.0
 
     @property
     def nbytes(self) -> int:

@@ -353,7 +353,8 @@ class SearchOptions:
     strategy: a name of `SEARCH_STRATEGIES`. storage: the Optuna storage ("default": a journal file beside the
     log; None: in memory; a path or URL). transfer_from: earlier tuning logs (files, folders or glob patterns) whose
     measurements warm the xgb cost model. scheduler: a name of `SCHEDULERS` (how the budget is shared between
-    tasks). warmup_trials: trials of each task's first round (None: a full batch; 1: only its default schedule, see
+    tasks). warmup_trials: trials of each task's first round (None: a full batch, or only the default schedule where
+    full batches would take more than half the budget, `warmup_trials`; 1: only its default schedule, see
     `relay_tune.tuning.scheduler`). early_stopping: rounds without improvement after which a task stops.
     batch_size: trials per round of a task (default: up to 8, fewer when the budget would not give every task a
     round). timeout: seconds of tuning before the run ends (the model is still built). task_filter: a substring of
@@ -445,9 +446,9 @@ def tune_model(
     receives the tuning loop's progress (`relay_tune.tuning.progress`).
     """
     started = time.monotonic()
-    scheduler = make_scheduler(search.scheduler, seed=search.seed, early_stopping=search.early_stopping,
-                               warmup_trials=search.warmup_trials)
     plan = _plan(mod, target, total_trials, Path(log_path), search, build)
+    scheduler = make_scheduler(search.scheduler, seed=search.seed, early_stopping=search.early_stopping,
+                               warmup_trials=warmup_trials(search, total_trials, len(plan.tasks)))
     _check_or_note(plan, measure.check)
     database = (distributed.PostgresDatabase(os.fspath(plan.storage), mirror=plan.log_path)
                 if distributed.is_database_url(plan.storage) else None)
@@ -519,13 +520,31 @@ def _check_or_note(plan: _Plan, check: bool) -> None:
             "tasks": len(plan.tasks)}))
 
 
+def batch_size_for(search: SearchOptions, total_trials: int, tasks: int) -> int:
+    """Trials per round of a task: `search.batch_size`, else up to 8, fewer where the budget would not give every
+    task a round."""
+    return search.batch_size or max(1, min(8, total_trials // max(1, tasks)))
+
+
+def warmup_trials(search: SearchOptions, total_trials: int, tasks: int) -> int | None:
+    """Trials of each task's warm-up round: `search.warmup_trials` if set; a full batch (None) where the caller set
+    the batch size or the warm-up rounds take at most half the budget; else only the default schedule (1), so
+    that the gradient scheduler shares the rest by the tasks' measured times (full batches for a CRNN's 16 tasks
+    at 128 trials would be the whole budget, 8 trials each whatever a task's share of the model's time)."""
+    if search.warmup_trials is not None:
+        return search.warmup_trials
+    if search.batch_size is not None:
+        return None
+    return 1 if 2 * batch_size_for(search, total_trials, tasks) * tasks > total_trials else None
+
+
 def _tune_tasks(plan: _Plan, total_trials: int, search: SearchOptions, measure: MeasureOptions,
                 scheduler: TaskScheduler, database: Any, progress: ProgressCallback | None) -> tuple[TuneSummary, int]:
     """Tune the plan's tasks (none: every task is in the tuning cache); the summary, and the records added to the
     tuning cache (also after Ctrl-C: what was measured is worth keeping)."""
     log_path = plan.log_path
     # every task gets its warm-up round (its default schedule measured) when the budget allows
-    batch_size = search.batch_size or max(1, min(8, total_trials // max(1, len(plan.tasks))))
+    batch_size = batch_size_for(search, total_trials, len(plan.tasks))
     strategy = make_search(search.strategy, storage=plan.storage, seed=search.seed, log_path=log_path,
                            transfer_from=search.transfer_from)
     budget = distributed.SharedBudget.factory(database) if database is not None else None

@@ -24,9 +24,11 @@ by side, registered in one table.
 | `depthwise_conv2d_nchwc` | `depthwise`    | depthwise convolutions on channel-blocked layouts                   |
 | `reduction`              | `reduction`    | every other reduction: pooling, softmax, normalisations, ...        |
 
-The table's order is the order in which families are asked: the Winograd transforms before everything, functions
-without a reduction next, `reduction` last. `search_space.families.common` holds what several families share.
-"""
+The fixed LSTM kernels (`relay_tune.kernel.recurrent`, loop nests written by hand) have a family of their own,
+`lstm` (`search_space.families.lstm`), outside this table: it has no tensor-expression template, and a task is of it
+exactly when its fused function is one LSTM call. The table's order is the order in which families are asked: the
+Winograd transforms before everything, functions without a reduction next, `reduction` last.
+`search_space.families.common` holds what several families share. """
 
 from __future__ import annotations
 
