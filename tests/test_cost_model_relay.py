@@ -54,7 +54,7 @@ def test_search_options(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_xgb_tunes_a_model_and_a_later_run_transfers_from_its_log(example: Any, tmp_path: Path) -> None:
     first = tmp_path / "first.jsonl"
-    result = tune_model(example, "llvm", 40, first, search=SearchOptions(seed=0),
+    result = tune_model(example, "llvm", 40, first, search=SearchOptions(seed=0, warmup_trials=2),
                         measure=MeasureOptions(runner=fast_runner()), build=BuildOptions(measure_latency=False))
     records = read_records(first)
     assert len(records) == 40 and len({(r.workload_key, r.config_key) for r in records}) == 40

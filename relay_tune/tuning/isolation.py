@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
+import os
 import signal
 import sys
 
@@ -14,7 +16,9 @@ def die_with_parent() -> None:
 
     Pool workers otherwise outlive a killed driver: they hold both ends of their own task pipe, so they never see
     end-of-file and wait forever. (The signal fires when the starting *thread* exits; pools start their workers
-    from threads that live as long as the pool.)
+    from threads that live as long as the pool.) A parent that died before the request (while this worker was still
+    starting: a spawned worker imports for a second or two) sends no signal: such a worker is an orphan already and
+    exits here.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -22,7 +26,10 @@ def die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
-        pass
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)
 
 
 def ignore_interrupts() -> None:
