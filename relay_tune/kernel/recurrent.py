@@ -179,12 +179,10 @@ def _lstm_layer(call: Call, target: Target, name: str, params: tuple[tir.Buffer,
     body: tir.Stmt
     if interleave:
         body = tir.seq(tir.For(d, directions, init), tir.For(s, seq, tir.For(d, directions, step)))
-        if prologue is not None:
-            body = tir.seq(prologue, body)
     else:
         body = tir.seq(init, tir.For(s, seq, step))
-        if prologue is not None:
-            body = tir.seq(prologue, body)
+    if prologue is not None:
+        body = tir.seq(prologue, body)
     for buffer in (*scratch, g, c, h):
         body = tir.Allocate(buffer, body)
     if interleave:

@@ -86,13 +86,6 @@ def as_phases(call: Call, data: Expr, weight: Expr) -> Expr:
     return call_op("strided_slice", conv, begin=[0, 0, 0, 0], end=[n, o, 1, out_width])
 
 
-def frame_overlap(call: Call, weight: Expr) -> int:
-    """How many strides one frame of `call` (a `rewritable` convolution, `weight` its rewritten weight) spans:
-    `ceil(K / S)` for the `K` taps `used_taps` leaves."""
-    first, end = used_taps(weight, int(tensor_type_of(call.args[1]).shape[3]))  # type: ignore[union-attr]
-    return -(-(end - first) // int_pair(call.attrs["strides"])[1])
-
-
 def used_taps(weight: Expr, taps: int) -> tuple[int, int]:
     """(first, end) of the `taps` taps of a one-row OIHW `weight` that can be non-zero: for a constant weight the
     range outside which every output and input channel's weight is zero (a 400-sample window in 512 taps), else
@@ -109,17 +102,18 @@ of one row with the same geometry (an STFT's real and imaginary parts) share one
 CombineSiblingProducts then finds as the one input of their products."""
 
 
-def as_frames(call: Call, data: Expr, weight: Expr, cache: FramesCache | None = None) -> Expr:
+def as_frames(call: Call, data: Expr, weight: Expr, used: tuple[int, int], cache: FramesCache | None = None) -> Expr:
     """`call` as a product of its frames with the flattened weight (see the module docstring), on its rewritten
-    args; the result in `call`'s NCHW shape. Frames cover only the taps `used_taps` leaves (the products left out
-    are `0 * x`, which differ from zero only where `x` is not finite); `cache` shares frames between calls."""
+    args; the result in `call`'s NCHW shape. Frames cover only the taps `used` (`used_taps` of the weight: the
+    products left out are `0 * x`, which differ from zero only where `x` is not finite); `cache` shares frames
+    between calls."""
     n, c, _, width = (int(d) for d in tensor_type_of(call.args[0]).shape)  # type: ignore[union-attr]
-    o, _, _, all_taps = (int(d) for d in tensor_type_of(call.args[1]).shape)  # type: ignore[union-attr]
+    o = int(tensor_type_of(call.args[1]).shape[0])  # type: ignore[union-attr]
     out_width = int(tensor_type_of(call).shape[3])  # type: ignore[union-attr]
     dtype = tensor_type_of(call.args[0]).dtype  # type: ignore[union-attr]
     stride = int_pair(call.attrs["strides"])[1]
     _, left, _, _ = conv2d_padding(call.attrs["padding"])
-    first, end = used_taps(weight, all_taps)
+    first, end = used
     taps = end - first
     start = first - left  # where frame 0 starts in the unpadded row (negative: in the left padding)
     key = (id(data), start, taps, stride, out_width)
@@ -182,8 +176,12 @@ def _frames_rewrite() -> Callable[[Expr, Expr], Expr]:
     def rewrite(orig: Expr, new: Expr) -> Expr:
         if isinstance(new, Call) and new.op_name == "nn.conv2d":
             assert isinstance(orig, Call)
-            if rewritable(orig) and frame_overlap(orig, new.args[1]) <= MAX_FRAME_OVERLAP:
-                return as_frames(orig, new.args[0], new.args[1], cache)
+            if rewritable(orig):
+                all_taps = int(tensor_type_of(orig.args[1]).shape[3])  # type: ignore[union-attr]
+                first, end = used_taps(new.args[1], all_taps)
+                overlap = -(-(end - first) // int_pair(orig.attrs["strides"])[1])  # strides one frame spans
+                if overlap <= MAX_FRAME_OVERLAP:
+                    return as_frames(orig, new.args[0], new.args[1], (first, end), cache)
         return new
 
     return rewrite

@@ -35,6 +35,7 @@ from relay_tune.interpreter import evaluate
 from relay_tune.ir import Function, IRModule
 from relay_tune.ir.types import TupleType
 from relay_tune.kernel.compute import primitive_compute
+from relay_tune.kernel.recurrent import fixed_kernel, fixed_kernel_inputs
 from relay_tune.passes import full_range_int8_mode, layout_block, optimize, precision_mode
 from relay_tune.passes.extract_tasks import constant_inputs
 from relay_tune.text import parse_module, print_module
@@ -45,10 +46,9 @@ from search_space.cpu import cpu_space, task_workload, with_later_knobs
 from search_space.families import family_named
 from search_space.families.lstm import (
     LSTM_FAMILY,
-    lstm_call,
     lstm_default,
     lstm_flops,
-    lstm_kernel,
+    lstm_schedule,
     lstm_space,
     lstm_steps,
     lstm_test_scales,
@@ -224,9 +224,10 @@ class RelayTuneTask:
         return self._lower(config)[0]
 
     def _lower(self, config: Config) -> tuple[Any, Any]:
+        if self._prim is None:  # `lstm_schedule` checks the config is a point of the space
+            schedule = lstm_schedule(self.workload, config)
+            return fixed_kernel(self.func, self.target_info, self.kernel_name, schedule), None
         self.space.validate(config)
-        if self._prim is None:
-            return lstm_kernel(self.func, self.target_info, self.kernel_name, config), None
         steps = self.steps(config)
         try:
             return lower_primitive(self.func, self.target_info, steps, name=self.kernel_name, prim=self._prim)
@@ -267,12 +268,8 @@ class RelayTuneTask:
         """The artifact of a fixed LSTM kernel: its parameters are the call's arguments (each a function
         parameter, none packed), then the output."""
         primfunc = self.lower(config)
-        call = lstm_call(self.func)
-        assert call is not None
-        params = list(self.func.params)
-        args = [KernelArg(TensorSpec(tuple(b.shape), str(b.dtype)), "input", next(i for i, p in enumerate(params)
-                                                                                  if p is a))
-                for a, b in zip(call.args, primfunc.params)]
+        args = [KernelArg(TensorSpec(tuple(b.shape), str(b.dtype)), "input", i)
+                for i, b in zip(fixed_kernel_inputs(self.func), primfunc.params)]
         out = primfunc.params[-1]
         args.append(KernelArg(TensorSpec(tuple(out.shape), str(out.dtype)), "output", 0))
         code = compile_object([primfunc], self.target_info)
