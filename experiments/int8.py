@@ -1,11 +1,14 @@
 """An int8 (QDQ) ResNet-50 against our fp32 build and onnxruntime, and the int8 convolution kernels against the peak.
 
-    python -m experiments int8 [--per-channel] [--weights full reduced] [--baseline-tree DIR] [--rounds 5]
-                               [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose] [--profile]
+    python -m experiments int8 [--per-channel] [--no-preprocess] [--weights full reduced] [--baseline-tree DIR]
+                               [--rounds 5] [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose]
+                               [--profile]
 
-1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), quantized by onnxruntime's `quantize_static`
-   (QDQ, uint8 activations, int8 weights, a calibration reader of a few random images) with full-range weights
-   (its default) and with `reduce_range` (7-bit weights), by default both;
+1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), prepared by onnxruntime's `quant_pre_process`
+   (the quantization guide's first step: shape inference and its graph optimisations, which fold each BatchNorm into
+   its convolution; `--no-preprocess` skips it, leaving each BatchNorm between two QuantizeLinear/DequantizeLinear
+   pairs) and quantized by `quantize_static` (QDQ, uint8 activations, int8 weights, a calibration reader of a few
+   random images) with full-range weights (its default) and with `reduce_range` (7-bit weights), by default both;
 2. builds each with relay-tune (`QuantizedProducts` turns its convolutions into int8 products, `PlanLayouts` into
    the packed `nn.contrib_conv2d_NCHWc_int8` with the requantization fused) and the float model too, and times,
    interleaved in the same run (`experiments.timing`): relay-tune fp32; per weight range relay-tune's default
@@ -69,8 +72,17 @@ def cpu_features() -> tuple[set[str], float]:
 
 
 def quantize_model(src: Path, dst: Path, input_name: str, shape: tuple[int, ...], per_channel: bool,
-                   reduce_range: bool) -> None:
+                   reduce_range: bool, preprocess: bool = False) -> None:
+    """Quantize `src` into `dst` with onnxruntime's static QDQ quantizer; `preprocess` runs its `quant_pre_process`
+    first (written beside `dst`)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    if preprocess:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        prepared = dst.with_name(dst.stem + ".prepared.onnx")
+        quant_pre_process(str(src), str(prepared))
+        src = prepared
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -123,7 +135,7 @@ def model_comparison(args: argparse.Namespace) -> None:
         engines["onnxruntime fp32"] = lambda: ort_fp32.run(None, feeds)
         for weights in args.weights:
             dst = Path(tmp) / f"r50.int8.{weights}.onnx"
-            quantize_model(src, dst, name, shape, args.per_channel, RANGES[weights])
+            quantize_model(src, dst, name, shape, args.per_channel, RANGES[weights], preprocess=args.preprocess)
             quantized = onnx.load(str(dst))
             qmodel = from_onnx(quantized)[0]
             int8 = build(qmodel, "llvm")  # the default build: the target's exact path for every product
@@ -154,7 +166,8 @@ def model_comparison(args: argparse.Namespace) -> None:
     width = max(len(engine) for engine in samples)
     for engine, sample in samples.items():
         print(f"{engine:{width}} {sample.describe()}")
-    print("int8 products: " + "; ".join(shares))
+    print(f"quantized {'after' if args.preprocess else 'without'} onnxruntime's quant_pre_process; int8 products: "
+          + "; ".join(shares))
     med = {k: v.median for k, v in samples.items()}
     for weights in args.weights:
         ours = med[f"relay-tune int8 {weights}"]
@@ -318,6 +331,9 @@ def kernel_comparison(args: argparse.Namespace) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-channel", action="store_true", help="per-channel weight scales (default per tensor)")
+    parser.add_argument("--no-preprocess", dest="preprocess", action="store_false",
+                        help="quantize the model as it is, without onnxruntime's quant_pre_process (its BatchNorms "
+                             "then stay float between QuantizeLinear/DequantizeLinear pairs)")
     parser.add_argument("--weights", nargs="+", choices=list(RANGES), default=list(RANGES),
                         help="weight ranges of the quantized models timed (default both): full (8-bit, onnxruntime's "
                              "default) and reduced (`reduce_range`: 7-bit, its u8 x s8 AVX2 kernels never saturate)")

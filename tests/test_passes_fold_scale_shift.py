@@ -112,6 +112,34 @@ def test_no_merge_that_would_enlarge_or_change_integers() -> None:
     assert FoldScaleShift().run(runtime_scale, CONFIG)["main"] is runtime_scale["main"]
 
 
+def _requantized(q: Var, zero: float, scale: float, out_scale: float) -> Expr:
+    """QuantizeLinear(DequantizeLinear(q) * 1.7 + 0.3): a dequantize, a float scale-shift, a requantize to uint8."""
+    dequantized = call("multiply", call("subtract", call("cast", q, dtype="float32"), const(np.float32(zero))),
+                       const(np.float32(scale)))
+    shifted = call("add", call("multiply", dequantized, const(np.float32(1.7))), const(np.float32(0.3)))
+    rounded = call("round", call("divide", shifted, const(np.float32(out_scale))))
+    clipped = call("clip", call("add", rounded, const(np.float32(3.0))), a_min=0.0, a_max=255.0)
+    return call("cast", clipped, dtype="uint8")
+
+
+def test_a_dequantize_is_never_merged() -> None:
+    """`(q - zp) * s` rounds once on exact integers; merged into `q * s + (-zp * s)` it rounds twice, and the
+    requantize after it moves by a whole step at ties: the dequantize's steps stay out of every chain."""
+    q = Var("q", TensorType((1, 256), "uint8"))
+    zero, scale, out_scale = 131.0, 0.0784493, 0.0642922
+    mod = module([q], _requantized(q, zero, scale, out_scale))
+    folded = FoldScaleShift().run(mod, CONFIG)
+    names = op_names(folded)
+    assert names[:3] == ["cast", "subtract", "multiply"]  # the dequantize as it was
+    assert names.count("multiply") == 2 and names.count("add") == 2  # the float scale-shift after it is one step
+    every = np.arange(256, dtype=np.uint8).reshape(1, 256)
+    np.testing.assert_array_equal(evaluate(folded, [every]), evaluate(mod, [every]))
+    # what a merge would do to these 256 values: some land a step away
+    merged = np.float32(1.7) * (every.astype(np.float32) * np.float32(scale) + np.float32(-zero * scale))
+    exact = np.float32(1.7) * ((every.astype(np.float32) - np.float32(zero)) * np.float32(scale))
+    assert not np.array_equal(merged, exact)
+
+
 def test_pre_activation_batch_norm_on_blocked_layout_compiles_to_one_scale_shift() -> None:
     """A batch norm, scale and shift and ReLU that read a concatenation (no convolution to fold into) between two
     convolutions, 12 channels (blocked as NCHW4c): the default pipeline leaves one multiply and one add in the

@@ -13,6 +13,12 @@ floating-point dtype, whose result has the non-constant operand's type (the cons
 enlarging it); every step but the last has no other user. A chain of one step is left as it is. The merged
 coefficients are computed in the tensor's dtype, so results may differ from the chain's in the last bits, as with
 any reassociation (FoldScaleAxis does the same).
+
+A dequantize is never merged: `(cast(q) - zero_point) * scale` of an integer `q` (and integral constants) computes
+the integer difference exactly and rounds once, and a QuantizeLinear downstream rounds to an integer again, so a
+last-bit change there moves results by a whole quantization step at ties (and such steps compound through a
+network). The steps on the integer values stay as they are, and a chain may start only after the multiply by the
+scale.
 """
 
 from __future__ import annotations
@@ -79,21 +85,38 @@ def _step(node: Call) -> tuple[int, Constant] | None:
     return found
 
 
+def _integer_cast(node: Call) -> bool:
+    """Whether `node` casts an integer tensor to a floating-point one (its values are integers)."""
+    if node.op_name != "cast":
+        return False
+    source, result = tensor_type_of(node.args[0]), tensor_type_of(node)
+    return (source is not None and result is not None and str(source.dtype).startswith(("int", "uint", "bool"))
+            and str(result.dtype).startswith("float"))
+
+
 def fold_scale_shift(func: Function) -> Function:
     """`func` with every chain of two or more constant multiplies and adds merged (see the module docstring)."""
     uses = use_counts(func)
     chains: dict[int, _Affine] = {}  # id(rewritten node) -> the chain it ends, when it is a step of one
+    integral: set[int] = set()  # ids of rewritten nodes holding integer values: a dequantize's operand
     merged = False
 
     def apply(orig: Expr, new: Expr) -> Expr:
         nonlocal merged
         if not isinstance(orig, Call) or not isinstance(new, Call):
             return new
+        if _integer_cast(orig):
+            integral.add(id(new))
+            return new
         step = _step(orig)
         if step is None:
             return new
         data_index, constant = step
         data = new.args[data_index]
+        if id(data) in integral:  # a dequantize's steps on the integers: exact, and kept out of any chain
+            if orig.op_name != "multiply" and bool(np.all(np.mod(constant.data, 1) == 0)):
+                integral.add(id(new))
+            return new
         inner = chains.get(id(data)) if uses.get(id(orig.args[data_index]), 0) == 1 else None
         chain = (inner or _Affine(data, None, None)).then(str(orig.op_name), constant.data, data_index == 1)
         if inner is None:
