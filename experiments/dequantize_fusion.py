@@ -14,8 +14,9 @@ Without `--models`, ResNet-50 with random weights (`relay_tune.testing.onnx_ligh
 2. in each of `--rounds` rounds, alternating the two builds, takes each one's in-graph per-call profile
    (`CompiledModel.profile_calls`, median of `--repeat` runs) and then times both end to end
    (`experiments.timing.interleaved`);
-3. prints the medians: end-to-end latency and total kernel time of each build, and, call by call where the two
-   plans have the same calls, every call whose fused function differs or whose time changed by more than 10 %.
+3. prints the medians: end-to-end latency and total kernel time of each build, the summed time of the calls whose
+   fused function differs, and, call by call where the two plans have the same calls, every call whose fused
+   function differs or whose time changed by more than 10 %.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ def compare(path: Path, args: argparse.Namespace) -> None:
     if len(names["ours"]) != len(names["baseline"]):
         print(f"{path.name}: the plans differ in their calls; no call-by-call comparison")
         return
+    moved = [i for i, name in enumerate(names["ours"]) if name != names["baseline"][i]]
+    if moved:
+        before, after = (sum(per_call[label][i] for i in moved) for label in ("baseline", "ours"))
+        print(f"{path.name}: the {len(moved)} calls whose fused function differs: baseline {1e3 * before:.2f} ms, "
+              f"ours {1e3 * after:.2f} ms ({after / before:.3f})")
     print("   call  baseline ms   ours ms  ratio  fused function (ours; * differs from the baseline's)")
     for i, (a, b) in enumerate(zip(per_call["baseline"], per_call["ours"])):
         differs = names["ours"][i] != names["baseline"][i]

@@ -31,6 +31,13 @@ The algorithm, per function:
    A call with a one-element result (a scalar computed from data: DynamicQuantizeLinear's scale and zero point) never
    joins a group whose root has more elements: it is computed once in its own kernel, not once per element.
    Reductions never start a merge, so element-wise ops after a reduction are not absorbed.
+4b. **Dequantize chains go to their consumers** (`partition_keeping_8bit`, unless
+   `PassConfig.dequantize_in_consumers` is off). Where the partition appended a dequantize (`cast(x8, float32)`,
+   then multiplies, adds and subtracts by constants) to the group of a complex op that computes `x8`, so that the
+   kernel returns the float tensor instead of the 8-bit one, the chain is copied once per consumer and partitioned
+   again with the producer's group ending at `x8`: each copy then joins its consumer's kernel (an epilogue input of
+   a convolution, an element-wise kernel, a 1x1 blocked convolution's prologue). A chain some copy of which would
+   stay a kernel of its own keeps the first grouping.
 5. **Rewrite.** Each group becomes `Function((p0, p1, ...), body, Primitive=1)` called at the group's root, the
    parameters allocated in first-use order for each distinct outside value. Non-scalar constants are parameters
    (passed by the caller); scalar constants stay inline. Groups containing only reshape-like calls also carry
