@@ -99,6 +99,19 @@ def compare(path: Path, args: argparse.Namespace) -> None:
         before, after = (sum(per_call[label][i] for i in moved) for label in ("baseline", "ours"))
         print(f"{path.name}: the {len(moved)} calls whose fused function differs: baseline {1e3 * before:.2f} ms, "
               f"ours {1e3 * after:.2f} ms ({after / before:.3f})")
+        # A busy host slows whole profiles: the same round's ratio over the unchanged calls is the yardstick.
+        same = [i for i in range(len(names["ours"])) if i not in set(moved)]
+
+        def share(run: list[float], which: list[int]) -> float:
+            return sum(run[i] for i in which)
+
+        ratios = [(share(o, moved) / share(b, moved), share(o, same) / share(b, same))
+                  for o, b in zip(calls["ours"], calls["baseline"])]
+        print(f"{path.name}: per round, ours / baseline over the differing calls: median "
+              f"{statistics.median(m for m, _ in ratios):.3f}; over the unchanged calls "
+              f"{statistics.median(u for _, u in ratios):.3f}; the first over the second "
+              f"{statistics.median(m / u for m, u in ratios):.3f} (quartiles "
+              + " ".join(f"{q:.3f}" for q in statistics.quantiles([m / u for m, u in ratios], n=4)) + ")")
     print("   call  baseline ms   ours ms  ratio  fused function (ours; * differs from the baseline's)")
     for i, (a, b) in enumerate(zip(per_call["baseline"], per_call["ours"])):
         differs = names["ours"][i] != names["baseline"][i]
