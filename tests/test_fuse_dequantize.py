@@ -3,11 +3,12 @@ producer's result goes into its consumers' kernels (`relay_tune.passes.fuse_ops.
 
 Hand-written int8 programs (integer convolutions with a requantizing epilogue, as QuantizedProducts makes them):
 - a projection-style producer whose dequantized result is the residual of another convolution's epilogue returns
-  uint8, and the consumer dequantizes;
-- with two consumers each takes a copy of the dequantize;
-- a consumer that cannot take it (a float convolution's data) leaves today's grouping;
+  uint8, and the consumer dequantizes; with two consumers each takes a copy of the dequantize;
+- a convolution's residual and a plain element-wise kernel (a ReLU) as the two consumers;
+- a 1x1 float convolution takes the dequantize as its prologue;
+- a consumer that cannot take it (a padded 3x3 float convolution's data) leaves the plain grouping;
 - float programs are grouped as before;
-and every compiled program equals the numpy reference interpreter exactly.
+and every compiled program equals the numpy reference interpreter (exactly where the result is 8-bit).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import pytest
 from relay_tune import build
 from relay_tune.compile import resolve_target
 from relay_tune.interpreter import evaluate
-from relay_tune.ir import Function, IRModule
+from relay_tune.ir import Call, Function, IRModule
 from relay_tune.passes import PassConfig, fused_groups
+from relay_tune.passes.base import dataflow_post_order
 from relay_tune.passes.pipeline import layout_block, optimize
 from relay_tune.text import parse_module
 
@@ -83,9 +85,6 @@ def _fused(mod: IRModule, on: bool = True) -> IRModule:
 
 def _primitive_results(mod: IRModule) -> list[tuple[tuple[str, ...], str]]:
     """(operators, result dtype) of every primitive function `main` calls, in evaluation order."""
-    from relay_tune.ir import Call
-    from relay_tune.passes.base import dataflow_post_order
-
     found = []
     for node in dataflow_post_order(mod["main"]):
         if isinstance(node, Call) and isinstance(node.op, Function) and node.op.is_primitive:
@@ -160,17 +159,20 @@ def test_pointwise_float_conv_takes_the_dequantize_as_its_prologue() -> None:
 
 
 def test_dequantize_read_by_an_elementwise_kernel_and_an_epilogue() -> None:
-    # one consumer is a plain element-wise kernel (the add of two dequantized tensors after a second convolution),
-    # the other a third convolution's residual: each takes its copy, the producer returns uint8
+    # one consumer is another convolution's residual add, the other a plain element-wise kernel (a ReLU the function
+    # returns): each takes its copy of the dequantize, and the producer returns uint8
     prog = _Program()
     residual = prog.dequantize(prog.conv("%x", 0, 0.03125, 7), 0.03125, 7)
     own = prog.dequantize(prog.conv("%x", 1, 0.0625, 3), 0.0625, 3)
     total = prog.requantize(prog.let(f"add({own}, {residual})"), 0.125, 9)
-    tail = prog.dequantize(prog.conv(total, 2, 0.015625, 4), 0.015625, 4)
-    mod = prog.module(f"(add({tail}, {residual}), {total})", _weights(3))
-    convs = _int8_convs(_fused(mod))
-    producer = [ops for ops, dtype in convs if dtype == "uint8" and ops.count("cast") == 2]
-    assert producer, convs
+    mod = prog.module(f"(nn.relu({residual}), {total})", _weights(2))
+    fused = _fused(mod)
+    assert sorted(dtype for _, dtype in _int8_convs(fused)) == ["uint8", "uint8"]
+    # the ReLU's kernel (with the layout transform back to NCHW) dequantizes the uint8 map it reads
+    relu = ("cast", "multiply", "add", "nn.relu")
+    assert any(ops[:4] == relu for ops, _ in _primitive_results(fused))
+    assert sorted(dtype for _, dtype in _int8_convs(_fused(mod, on=False))) == ["float32", "uint8"]
+    assert not any(ops[:4] == relu for ops, _ in _primitive_results(_fused(mod, on=False)))
     _check_compiled(mod)
 
 
