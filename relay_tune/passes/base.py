@@ -57,6 +57,9 @@ class PassConfig:
             VNNI); the last two take them at opt_level 3.
         precision: what float32 convolutions and dense products compute in: "fp32", or "bf16" (bfloat16 weights
             and activations, float32 sums: `relay_tune.passes.bf16`).
+        dequantize_in_consumers: FuseOps leaves a dequantize (`cast(x8, float32)` times and plus constants) that
+            would widen its producer kernel's result to the kernels of its consumers, so 8-bit tensors stay 8-bit
+            between kernels (`relay_tune.passes.fuse_ops.partition_keeping_8bit`); False: the plain partition.
     """
 
     opt_level: int = 2
@@ -67,6 +70,7 @@ class PassConfig:
     winograd: str = "off"
     full_range_int8: str = "float"
     precision: str = "fp32"
+    dequantize_in_consumers: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disabled_passes", frozenset(self.disabled_passes))

@@ -31,6 +31,13 @@ The algorithm, per function:
    A call with a one-element result (a scalar computed from data: DynamicQuantizeLinear's scale and zero point) never
    joins a group whose root has more elements: it is computed once in its own kernel, not once per element.
    Reductions never start a merge, so element-wise ops after a reduction are not absorbed.
+4b. **Dequantize chains go to their consumers** (`partition_keeping_8bit`, unless
+   `PassConfig.dequantize_in_consumers` is off). Where the partition appended a dequantize (`cast(x8, float32)`,
+   then multiplies, adds and subtracts by constants) to the group of a complex op that computes `x8`, so that the
+   kernel returns the float tensor instead of the 8-bit one, the chain is copied once per consumer and partitioned
+   again with the producer's group ending at `x8`: each copy then joins its consumer's kernel (an epilogue input of
+   a convolution, an element-wise kernel, a 1x1 blocked convolution's prologue). A chain some copy of which would
+   stay a kernel of its own keeps the first grouping.
 5. **Rewrite.** Each group becomes `Function((p0, p1, ...), body, Primitive=1)` called at the group's root, the
    parameters allocated in first-use order for each distinct outside value. Non-scalar constants are parameters
    (passed by the caller); scalar constants stay inline. Groups containing only reshape-like calls also carry
@@ -268,9 +275,16 @@ PathRule = Callable[[OpPattern, bool], bool]
 
 
 class GraphPartitioner:
-    def __init__(self, opt_level: int, max_depth: int) -> None:
+    """Union-find partition of an `IndexedGraph` (steps 3-4 of the module docstring).
+
+    `detached` holds the ids of dequantize-chain starts (`cast(x8, float32)`) whose 8-bit input must end its own
+    group: no node joins a detached start's group as its post-dominator, so the chain is left to its consumers.
+    """
+
+    def __init__(self, opt_level: int, max_depth: int, detached: frozenset[int] = frozenset()) -> None:
         self.opt_level = opt_level
         self.max_depth = max_depth
+        self.detached = detached
         self.groups: list[_Group] = []
 
     def partition(self, graph: IndexedGraph) -> list[_Group]:
@@ -346,6 +360,9 @@ class GraphPartitioner:
                 continue
             assert not node.extern_ref
             sink = dom.parent.node
+            if id(sink.expr) in self.detached:
+                # The 8-bit output stays the kernel's result; the dequantize goes to the consumers' kernels.
+                continue
             if self._count_with_new_child(node, sink) > self.max_depth:
                 continue
 
@@ -503,6 +520,160 @@ def _into_anchor(kind: OpPattern, is_sink: bool) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# 4b. Dequantize chains go to their consumers
+# ---------------------------------------------------------------------------------------------------------------------
+
+_EIGHT_BIT = frozenset({"int8", "uint8"})
+_DEQUANTIZE_STEPS = frozenset({"multiply", "add", "subtract"})
+
+
+@dataclass(frozen=True)
+class _DequantizeChain:
+    """`cast(source, float) -> (multiply | add | subtract by a constant)*`: `calls` first to last, `operands[i]` the
+    argument of `calls[i]` that is the chain's value, `consumers` the distinct calls that read the last call."""
+
+    source: Expr
+    calls: tuple[Call, ...]
+    operands: tuple[int, ...]
+    consumers: tuple[Call, ...]
+
+
+def _same_tensor_type(a: Expr, b: Expr) -> bool:
+    return a.has_type() and b.has_type() and isinstance(a.checked_type, TensorType) \
+        and a.checked_type == b.checked_type
+
+
+def _dequantize_chain(start: _Node) -> _DequantizeChain | None:
+    """The dequantize chain that starts at `start` (a cast of an 8-bit call's result to float), followed while each
+    value has one consumer that multiplies, adds or subtracts a constant without changing its type; None when
+    `start` is no such cast or the chain's result is not read by calls only."""
+    expr = start.expr
+    if not (isinstance(expr, Call) and expr.op_name == "cast" and len(expr.args) == 1):
+        return None
+    source = expr.args[0]
+    if not (isinstance(source, Call) and isinstance(source.op, Op) and source.has_type() and expr.has_type()):
+        return None
+    src_ty, out_ty = source.checked_type, expr.checked_type
+    if not (isinstance(src_ty, TensorType) and isinstance(out_ty, TensorType)) or src_ty.dtype not in _EIGHT_BIT \
+            or not out_ty.dtype.startswith("float") or src_ty.shape != out_ty.shape:
+        return None
+    calls: list[Call] = [expr]
+    operands = [0]
+    node = start
+    while not node.extern_ref and len(node.outputs) == 1:
+        consumer = node.outputs[0][0]
+        step = consumer.expr
+        if not (isinstance(step, Call) and step.op_name in _DEQUANTIZE_STEPS and len(step.args) == 2
+                and _same_tensor_type(step, node.expr)):
+            break
+        at = [i for i, a in enumerate(step.args) if a is node.expr]
+        if len(at) != 1 or not isinstance(step.args[1 - at[0]], Constant):
+            break
+        calls.append(step)
+        operands.append(at[0])
+        node = consumer
+    if node.extern_ref or not node.outputs:
+        return None
+    consumers: dict[int, Call] = {}
+    for consumer, _ in node.outputs:
+        if not isinstance(consumer.expr, Call):
+            return None
+        consumers.setdefault(id(consumer.expr), consumer.expr)
+    return _DequantizeChain(source, tuple(calls), tuple(operands), tuple(consumers.values()))
+
+
+def _widening_dequantize_chains(graph: IndexedGraph, groups: list[_Group]) -> list[_DequantizeChain]:
+    """The dequantize chains that `groups` appended to a producer kernel's epilogue, making that kernel's result the
+    chain's float output: the 8-bit source, the whole chain and a complex operator share one group rooted at the
+    chain's last call."""
+    found: list[_DequantizeChain] = []
+    for node in graph.nodes:
+        chain = _dequantize_chain(node)
+        if chain is None:
+            continue
+        group = groups[node.index].find_root()
+        source = graph.node_of[id(chain.source)]
+        last = graph.node_of[id(chain.calls[-1])]
+        if group.anchor is not None and group.root is last and groups[source.index].find_root() is group:
+            found.append(chain)
+    return found
+
+
+def _split_chains(func: Function, chains: list[_DequantizeChain]) -> tuple[Function, list[list[Expr]]]:
+    """`func` with every chain's result read by each of its consumers through a copy of its own (the first consumer
+    keeps the original); also, per chain, the starts and the last calls of its copies, in the new function, as
+    `[start, last, start, last, ...]`. New and rebuilt nodes keep the types of the nodes they replace."""
+    by_consumer: dict[int, list[int]] = {}  # id(consumer) -> indices of the chains it needs a copy of
+    for c, chain in enumerate(chains):
+        for consumer in chain.consumers[1:]:
+            by_consumer.setdefault(id(consumer), []).append(c)
+    copies: list[list[Expr]] = [[] for _ in chains]
+    mapped: dict[int, Expr] = {}
+
+    def copy_chain(chain: _DequantizeChain) -> tuple[Call, Call]:
+        value: Expr = mapped.get(id(chain.source), chain.source)
+        first: Call | None = None
+        for call, at in zip(chain.calls, chain.operands):
+            args = tuple(value if i == at else mapped.get(id(a), a) for i, a in enumerate(call.args))
+            new = Call(call.op, args, call.attrs, call.span)
+            new.set_checked_type(call.checked_type)
+            first = first or new
+            value = new
+        assert isinstance(value, Call) and first is not None
+        return first, value
+
+    for node in dataflow_post_order(func):
+        children = () if is_opaque_function(node) else node.children()
+        new_children = [mapped.get(id(c), c) for c in children]
+        for c in by_consumer.get(id(node), ()):
+            chain = chains[c]
+            start, last = copy_chain(chain)
+            copies[c] += [start, last]
+            shared = mapped.get(id(chain.calls[-1]), chain.calls[-1])
+            new_children = [last if child is shared else child for child in new_children]
+        changed = any(n is not c for n, c in zip(new_children, children))
+        updated = node.with_children(new_children) if changed else node
+        if updated is not node and node.has_type():
+            updated.set_checked_type(node.checked_type)
+        mapped[id(node)] = updated
+    for c, chain in enumerate(chains):
+        copies[c][:0] = [mapped[id(chain.calls[0])], mapped[id(chain.calls[-1])]]
+    new_func = mapped[id(func)]
+    assert isinstance(new_func, Function)
+    return new_func, copies
+
+
+def partition_keeping_8bit(func: Function, opt_level: int, max_depth: int) -> tuple[Function, IndexedGraph,
+                                                                                  list[_Group]]:
+    """Partition `func`, then keep 8-bit results 8-bit between kernels: a dequantize chain (`_dequantize_chain`)
+    that the plain partition appends to its producer's epilogue, so that the kernel returns the wider float tensor,
+    moves to the kernels of its consumers instead, copied once per consumer, when every copy then joins its
+    consumer's group (an epilogue input of a convolution or dense kernel, an element-wise kernel, a reduction).
+    A chain some copy of which would be a kernel of its own stays where the plain partition put it.
+
+    This is TVM's "a dequantize is fused into its consumer" rule made explicit: the producer's group simply does
+    not take the chain's first cast (`GraphPartitioner.detached`), and the element-wise rule of phases 0 and 1 then
+    fuses each copy forward. Returns the (possibly rewritten) function, its graph and its groups."""
+    graph = IndexedGraph(func)
+    groups = GraphPartitioner(opt_level, max_depth).partition(graph)
+    chains = _widening_dequantize_chains(graph, groups) if opt_level > 0 else []
+    while chains:
+        new_func, copies = _split_chains(func, chains)
+        new_graph = IndexedGraph(new_func)
+        detached = frozenset(id(ends[i]) for ends in copies for i in range(0, len(ends), 2))
+        new_groups = GraphPartitioner(opt_level, max_depth, detached).partition(new_graph)
+        taken = [
+            all(new_groups[new_graph.node_of[id(ends[i])].index].find_root().root.expr is not ends[i]
+                for i in range(1, len(ends), 2))
+            for ends in copies
+        ]
+        if all(taken):
+            return new_func, new_graph, new_groups
+        chains = [chain for chain, ok in zip(chains, taken) if ok]
+    return func, graph, groups
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # 5. Rewrite
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -545,9 +716,14 @@ def _make_function(builder: _GroupBuilder, body: Expr, ret_type: object) -> Call
     return Call(func, tuple(builder.arguments[id(h)] for h in holes))
 
 
-def fuse_function(func: Function, opt_level: int, max_depth: int) -> Function:
-    graph = IndexedGraph(func)
-    groups = GraphPartitioner(opt_level, max_depth).partition(graph)
+def fuse_function(func: Function, opt_level: int, max_depth: int, dequantize_in_consumers: bool = True) -> Function:
+    """`func` with every fused group made a primitive function; `dequantize_in_consumers`: see
+    `partition_keeping_8bit` (off: the plain partition)."""
+    if dequantize_in_consumers:
+        func, graph, groups = partition_keeping_8bit(func, opt_level, max_depth)
+    else:
+        graph = IndexedGraph(func)
+        groups = GraphPartitioner(opt_level, max_depth).partition(graph)
     group_of: dict[int, _Group] = {id(n.expr): groups[n.index].find_root() for n in graph.nodes}
     builders: dict[int, _GroupBuilder] = {}
 
@@ -626,7 +802,8 @@ class FuseOps(Pass):
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
         level = config.opt_level if self.fuse_opt_level is None else self.fuse_opt_level
         depth = config.fuse_max_depth if self.max_depth is None else self.max_depth
-        new_mod, changed = map_functions(mod, lambda f: fuse_function(f, level, depth))
+        dequantize = config.dequantize_in_consumers
+        new_mod, changed = map_functions(mod, lambda f: fuse_function(f, level, depth, dequantize))
         return retype(new_mod, changed)
 
 
