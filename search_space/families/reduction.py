@@ -44,10 +44,11 @@ def _analyse(prim: Any, sch: Any, anchor: Any, target: Any, constants: frozenset
     mode, last = _reduction_mode(prim, target)
     work = max(stage_work(st) for st in sch.stages.values() if st.op is not None)
     pads = pad_stages(sch)
+    blocked = out.op is not None and blocked_stage(out)
     return {"dims": {"last": last}, "lanes": _compute_lanes(sch, target),
             "default_parallel": parallel_worthwhile(target, work),
             "has_pad": bool(pads) and mode != "scalar",
-            "extras": {"mode": mode, "blocked": out.op is not None and blocked_stage(out),
+            "extras": {"mode": mode, "blocked": blocked, "columns": int(out.op.axes[-2].extent) if blocked else 0,
                        "dense_window": bool(pads) and _dense_window(pads[0], out)}}
 
 
@@ -127,9 +128,10 @@ def _across_axis(out: Any, reductions: list[Any]) -> int | None:
 
 def _column_tiles(workload: CpuWorkload) -> bool:
     """Whether the `vector` tile may span output columns: a blocked pooling (`NCHW{b}c`) whose block is narrower
-    than one vector (uint8 NCHW8c on AVX2: 8 of 32 lanes) takes whole blocks of several columns."""
+    than one vector (uint8 NCHW8c on AVX2: 8 of 32 lanes) takes whole blocks of several columns, where the output
+    has several (a global pool has one)."""
     return (workload.extras["mode"] == "tiles" and bool(workload.extras.get("blocked"))
-            and workload.dims["last"] < workload.lanes)
+            and workload.dims["last"] < workload.lanes and workload.extras.get("columns", 0) > 1)
 
 
 def _vector_choices(workload: CpuWorkload) -> list[int] | None:
@@ -137,8 +139,11 @@ def _vector_choices(workload: CpuWorkload) -> list[int] | None:
     block is that many whole blocks, one per output column (`_column_tiles`)."""
     mode, last, lanes = workload.extras["mode"], workload.dims["last"], workload.lanes
     if _column_tiles(workload):
-        return [last * columns for columns in (1, 2, 4, 8) if last * columns <= lanes]
+        most = workload.extras["columns"]
+        return [last * columns for columns in (1, 2, 4, 8) if last * columns <= lanes and columns <= most]
     if mode in ("tiles", "across"):
+        if last < lanes // 2 and workload.extras.get("blocked"):
+            return [last]  # one partial vector: the whole block (uint8 NCHW8c global pooling on AVX2)
         return vector_choices(last, lanes)
     if mode == "rows" and last > lanes:
         return vector_choices(last - 1, lanes)
