@@ -63,7 +63,8 @@ def pool_module(pool: str, layout: str, dtype: str, epilogue: str = "", shape: t
                 ) -> IRModule:
     shape = shape or SHAPES[layout]
     body = f"%0 = {POOLS[pool].format(L=layout)};{epilogue or chr(10) + '  %0'}"
-    return infer_types(parse_module(f'#[version = "0.0.5"]\ndef @main(%x: Tensor[{shape}, {dtype}]) {{\n  {body}\n}}\n'))
+    source = f'#[version = "0.0.5"]\ndef @main(%x: Tensor[{shape}, {dtype}]) {{\n  {body}\n}}\n'
+    return infer_types(parse_module(source))
 
 
 def data(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
