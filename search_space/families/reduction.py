@@ -2,7 +2,8 @@
 
 Knobs: `vector` (tile width along the innermost output axis) where the reductions read it contiguously
 (also where they run across another axis: softmax over channels),
-`parallel`; on `NCHW{b}c` pooling that axis is the block, one vector of channels; `pad` where a pooling window is
+`parallel`; on `NCHW{b}c` pooling that axis is the block, one vector of channels (where a block is narrower than a
+vector of the type the kernel computes in, whole blocks of several output columns); `pad` where a pooling window is
 padded (the padded input written ahead, or read through a guard).
 """
 
@@ -187,7 +188,7 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
         # pool, 1x256x112x112: 2.4x faster than a padded copy), but copy where it slides by one (Inception's 3x3
         # stride-1 pools on NCHW8c, 6x6 to 56x56: the copy 1.8-2.1x faster, every value read nine times).
         # Tiles of several columns (`_column_tiles`) read the padded copy: through the guard, each lane's clamped
-        # column is a gather (uint8 NCHW8c, 3x3 stride 2: 18x slower than the copy).
+        # column is a gather (uint8 NCHW8c, 3x3 stride 2: about 17x slower than the copy).
         blocked = workload.extras.get("blocked")
         values["pad"] = ("root" if (vectors is not None and not blocked)
                          or (blocked and workload.extras.get("dense_window"))
