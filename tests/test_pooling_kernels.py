@@ -134,6 +134,9 @@ def test_tile_is_as_wide_as_the_compute_type() -> None:
     assert plain.default_config()["pad"] == "root"
     wide = pool_task(pool_module("max s2 pad", "NCHW8c", "uint8", "", stem), AVX512)
     assert wide.default_config()["vector"] == AVX512.vector_lanes("uint8")
+    # a float32 block of 8 on AVX-512 (half a vector) stays one block per tile by default; two columns may be tuned
+    half = pool_task(pool_module("max s2 pad", "NCHW8c", "float32", "", stem), AVX512)
+    assert half.default_config()["vector"] == 8 and 16 in half.space.knob("vector").choices
     single = pool_task(pool_module("global max", "NCHW8c", "uint8", "", stem))  # one column: the block alone
     assert single.default_config()["vector"] == 8
 
