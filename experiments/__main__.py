@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "int8": ("int8", "a QDQ int8 ResNet-50 against our fp32 build and onnxruntime; int8 conv kernels against the peak"),
     "dequantize-fusion": ("dequantize_fusion", "an int8 ResNet-50 with uint8 projection shortcuts against a baseline "
                           "checkout: in-graph profile call by call"),
+    "pooling": ("pooling", "pooling kernels of quantized graphs against a baseline checkout; QuantizedPooling in int8"),
     "relay-vm": ("relay_vm", "an RNN as a recursive loop (the Relay VM) against the same RNN unrolled"),
     "elementwise": ("elementwise", "a network's element-wise kernels alone, before and after, against a STREAM triad"),
     "bf16": ("bf16", "bf16 builds (widened on CPUs without AVX512_BF16): a batch-1 dense and ResNet-50 against fp32"),

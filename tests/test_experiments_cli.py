@@ -62,6 +62,7 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     (["models", "--models", "light_lenet"], "unknown network(s) light_lenet"),
     (["matvec", "--only", "nosuch"], "no workload name contains 'nosuch'"),
     (["elementwise", "--model", "nosuch"], "unknown network 'nosuch'"),
+    (["pooling", "--only", "nosuch", "--skip-model"], "no pooling kernel name contains 'nosuch'"),
     (["recurrent", "--seq", "0"], "must be at least 1"),
     (["fidelity", "--relay", "missing.relay", "--log", "missing.jsonl"], "no such file: missing.relay"),
 ])
@@ -164,6 +165,12 @@ def test_elementwise_times_a_densenet_injective_function_before_and_after(capsys
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("layout_transform 1x3x224x224"))
     assert row[-1] in ("same", "new") and all(float(value) > 0 for value in row[-7:-1])  # MB, before, after, ...
+
+
+def test_pooling_times_a_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pooling", "--only", "global max pool u8", "--skip-model", "--rounds", "1", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "global max pool u8" in out and " ms " in out
 
 
 def test_models_checks_and_times_a_small_network(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1371,18 +1371,15 @@ class LLVMCodegenBase:
         return low, [d - low for d in deltas]
 
     def _window_load(self, address: ir.Value, picks: list[int], element: ir.Type, align: int) -> ir.Value:
-        """Lanes `address[picks[0]], address[picks[1]], ...`: one load of the span they cover (masked to the
-        elements some lane reads, so nothing else is touched), then a shuffle."""
+        """Lanes `address[picks[0]], address[picks[1]], ...`: one plain load of the span they cover, then a
+        shuffle. The span's first and last elements are read by some lane, so every element between them lies in
+        the same buffer: the load touches no memory the lanes do not own, and needs no mask (a masked byte load
+        has no instruction on AVX2: LLVM splits it into one insert per element)."""
         b = self.builder
         span = max(picks) + 1
         wide = ir.VectorType(element, span)
-        used = set(picks)
         pointer = b.bitcast(address, wide.as_pointer())
-        if len(used) == span:
-            loaded = b.load(pointer, align=align)
-        else:
-            mask = ir.Constant(ir.VectorType(I1, span), [int(j in used) for j in range(span)])
-            loaded = self._masked_load(pointer, mask, align)
+        loaded = b.load(pointer, align=align)
         if picks == list(range(span)):
             return loaded
         order = ir.Constant(ir.VectorType(I32, len(picks)), picks)

@@ -107,7 +107,7 @@ def default_pipeline() -> Sequential:
     by then), QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv,
     CombineSiblingProducts (after PlanLayouts: blocked convolutions are left alone), FoldConstant, Bfloat16Products,
     DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
-    (QuantizedPooling from 4 on; QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
+    (QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
     takes at 3 and 4; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
     `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into their blocked
     layouts once, at build time; Bfloat16Products acts only when `PassConfig.precision` is "bf16" and repacks those

@@ -11,8 +11,9 @@ the dequantized maximum, exactly:
 
 The pool then reads the 8-bit tensor (a quarter of the bytes) instead of a float copy made by a kernel of its own,
 and the dequantize and the QuantizeLinear that follows are an elementwise epilogue of the pooling kernel after
-fusion. The pass runs from opt_level 4 on: in ResNet-50's QDQ graph the 8-bit pool kernel measured no faster than
-the float one (experiments/README.md). Padding: the float pool pads with -inf, the 8-bit one with the type's
+fusion. The pass is in the default builds (opt_level 3): in ResNet-50's QDQ graph the vectorized 8-bit pool kernel
+and the stem convolution whose epilogue now ends at its 8-bit cast both measured faster than with the float pool
+(experiments/README.md, "Pooling kernels"). Padding: the float pool pads with -inf, the 8-bit one with the type's
 smallest value; both never win a window that holds an input element, which every window does when each padding is
 narrower than the undilated window and `ceil_mode` is off (the only pools taken). Global max pooling has no padding.
 """
@@ -76,9 +77,7 @@ class QuantizedPooling(Pass):
     see the module docstring)."""
 
     name: ClassVar[str] = "QuantizedPooling"
-    # Not in the default builds (opt_level 3): in ResNet-50's QDQ graph (stem max pool on NCHW8c) the 8-bit pool
-    # kernel was not faster in the graph than the float one it replaces (see experiments/README.md, "int8 products").
-    opt_level: ClassVar[int] = 4
+    opt_level: ClassVar[int] = 3
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:

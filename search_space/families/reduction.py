@@ -2,7 +2,8 @@
 
 Knobs: `vector` (tile width along the innermost output axis) where the reductions read it contiguously
 (also where they run across another axis: softmax over channels),
-`parallel`; on `NCHW{b}c` pooling that axis is the block, one vector of channels; `pad` where a pooling window is
+`parallel`; on `NCHW{b}c` pooling that axis is the block, one vector of channels (where a block is narrower than a
+vector of the type the kernel computes in, whole blocks of several output columns); `pad` where a pooling window is
 padded (the padded input written ahead, or read through a guard).
 """
 
@@ -44,11 +45,18 @@ def _analyse(prim: Any, sch: Any, anchor: Any, target: Any, constants: frozenset
     mode, last = _reduction_mode(prim, target)
     work = max(stage_work(st) for st in sch.stages.values() if st.op is not None)
     pads = pad_stages(sch)
-    return {"dims": {"last": last}, "lanes": target.vector_lanes(out.tensor.dtype),
+    blocked = out.op is not None and blocked_stage(out)
+    return {"dims": {"last": last}, "lanes": _compute_lanes(sch, target),
             "default_parallel": parallel_worthwhile(target, work),
             "has_pad": bool(pads) and mode != "scalar",
-            "extras": {"mode": mode, "blocked": out.op is not None and blocked_stage(out),
+            "extras": {"mode": mode, "blocked": blocked, "columns": int(out.op.axes[-2].extent) if blocked else 0,
                        "dense_window": bool(pads) and _dense_window(pads[0], out)}}
+
+
+def _compute_lanes(sch: Any, target: Any) -> int:
+    """Vector lanes of the widest type the kernel computes in: a pool with a quantizing epilogue (float32 pooled,
+    uint8 stored) runs on float32 vectors, so its tile is a float32 vector wide, not a uint8 one."""
+    return min(target.vector_lanes(st.tensor.dtype) for st in sch.stages.values() if st.op is not None)
 
 
 def _dense_window(pad: Any, out: Any) -> bool:
@@ -119,10 +127,24 @@ def _across_axis(out: Any, reductions: list[Any]) -> int | None:
 # -- space and default -------------------------------------------------------------------------------------------
 
 
+def _column_tiles(workload: CpuWorkload) -> bool:
+    """Whether the `vector` tile may span output columns: a blocked pooling (`NCHW{b}c`) whose block is narrower
+    than one vector (uint8 NCHW8c on AVX2: 8 of 32 lanes) takes whole blocks of several columns, where the output
+    has several (a global pool has one)."""
+    return (workload.extras["mode"] == "tiles" and bool(workload.extras.get("blocked"))
+            and workload.dims["last"] < workload.lanes and workload.extras.get("columns", 0) > 1)
+
+
 def _vector_choices(workload: CpuWorkload) -> list[int] | None:
-    """The `vector` knob's choices, None where the space has no such knob."""
+    """The `vector` knob's choices, None where the space has no such knob. A choice wider than a blocked output's
+    block is that many whole blocks, one per output column (`_column_tiles`)."""
     mode, last, lanes = workload.extras["mode"], workload.dims["last"], workload.lanes
+    if _column_tiles(workload):
+        most = workload.extras["columns"]
+        return [last * columns for columns in (1, 2, 4, 8) if last * columns <= lanes and columns <= most]
     if mode in ("tiles", "across"):
+        if last < lanes // 2 and workload.extras.get("blocked"):
+            return [last]  # one partial vector: the whole block (uint8 NCHW8c global pooling on AVX2)
         return vector_choices(last, lanes)
     if mode == "rows" and last > lanes:
         return vector_choices(last - 1, lanes)
@@ -153,7 +175,12 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
     lanes, mode = workload.lanes, workload.extras["mode"]
     vectors = _vector_choices(workload)
     if vectors is not None:
-        wanted = min(workload.dims["last"], 2 * lanes) if mode in ("tiles", "across") else lanes
+        # Column tiles by default where a block fills less than half a vector (uint8 NCHW8c on AVX2: 0.13 ms against
+        # 0.14 for one block per vector, ResNet-50's stem pool); a float32 NCHW8c block on AVX-512 stays one
+        # half-vector per tile, as measured before column tiles existed.
+        columns = _column_tiles(workload) and workload.dims["last"] < lanes // 2
+        wanted = (lanes if columns else
+                  min(workload.dims["last"], 2 * lanes) if mode in ("tiles", "across") else lanes)
         values["vector"] = max((c for c in vectors if c <= wanted), default=vectors[0])
     if mode != "scalar":
         values["parallel"] = default_parallel(workload, 1)
@@ -164,9 +191,12 @@ def _default(workload: CpuWorkload) -> dict[str, Any]:
         # the whole vector of a block: read through it where the window strides (ResNet-50's 3x3 stride-2 max
         # pool, 1x256x112x112: 2.4x faster than a padded copy), but copy where it slides by one (Inception's 3x3
         # stride-1 pools on NCHW8c, 6x6 to 56x56: the copy 1.8-2.1x faster, every value read nine times).
+        # Tiles of several columns (`_column_tiles`) read the padded copy: through the guard, each lane's clamped
+        # column is a gather (uint8 NCHW8c, 3x3 stride 2: about 17x slower than the copy).
         blocked = workload.extras.get("blocked")
         values["pad"] = ("root" if (vectors is not None and not blocked)
-                         or (blocked and workload.extras.get("dense_window")) else "inline")
+                         or (blocked and workload.extras.get("dense_window"))
+                         or values.get("vector", 0) > workload.dims["last"] else "inline")
     return values
 
 
@@ -189,12 +219,16 @@ def _prepare_reduction(prim: Any) -> tuple[Any, Any, list[Any]]:
     return sch, out, inner
 
 
-def _reduction_inside(sch: Any, stage: Any, vectorize: bool) -> None:
+def _reduction_inside(sch: Any, stage: Any, vectorize: bool, columns: bool = False) -> None:
+    """Reduction loops of an attached stage outside its spatial ones, the innermost spatial loop vectorized (with
+    `columns`, the last two fused first: a tile of whole channel blocks of several output columns)."""
     leaves = list(sch.leaves(stage.name))
     spatial = [lp for lp in leaves if not stage.loops[lp].is_reduce]
     reduce = [lp for lp in leaves if stage.loops[lp].is_reduce]
     if reduce:
         sch.reorder(stage.name, *reduce, *spatial)
+    if columns and len(spatial) >= 2:
+        spatial = [*spatial[:-2], sch.fuse(stage.name, *spatial[-2:])]
     if vectorize and spatial:
         sch.vectorize(stage.name, spatial[-1])
 
@@ -215,6 +249,19 @@ def _template_reduction(sch: Any, prim: Any, config: Config, target: Any) -> Non
     if mode == "scalar":
         for st in inner:
             flat_loops(mine, st, target)
+    elif mode == "tiles" and int(config["vector"]) > last:  # type: ignore[arg-type]
+        # Whole channel blocks of `columns` output columns per vector (`_column_tiles`): the window's loads are
+        # strided spans of the input row, which the code generator reads as one load and a shuffle.
+        columns = int(config["vector"]) // last  # type: ignore[arg-type]
+        co, ci = mine.split(out.name, leaves[-2], factor=columns)
+        tile = mine.fuse(out.name, ci, leaves[-1])
+        outer = mine.fuse(out.name, *leaves[:-2], co)
+        if parallel:
+            mine.parallel(out.name, outer)
+        mine.vectorize(out.name, tile)
+        for st in inner:
+            mine.compute_at(st.name, out.name, outer)
+            _reduction_inside(mine, st, vectorize=True, columns=True)
     elif mode == "tiles":
         vx = int(config["vector"])  # type: ignore[arg-type]
         wo, wi = mine.split(out.name, leaves[-1], factor=vx)
