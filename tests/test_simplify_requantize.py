@@ -314,3 +314,27 @@ def test_qdq_onnx_model_equals_onnxruntime(tmp_path: Path) -> None:
     scale = float(onnx.numpy_helper.to_array(next(i for i in onnx.load(str(dst)).graph.initializer
                                                   if i.name.startswith("y") and i.name.endswith("scale"))))
     assert np.abs(got - want).max() <= scale * 1.01  # one step of the output's quantization
+
+
+@pytest.mark.parametrize(("dtype", "zero"), [("uint8", 131), ("int8", -7)])
+def test_pooled_identity_requantize_leaves_the_8bit_pool_alone(dtype: str, zero: int) -> None:
+    # QuantizedPooling moves the pool onto the 8-bit tensor; the requantize after it is then Q(DQ(q)), the identity
+    from relay_tune.passes import QuantizedPooling
+
+    lo, hi = RANGES[dtype]
+    mod = infer_types(parse_module(f'''#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 5, 13, 11), {dtype}]) {{
+  %0 = cast(%x, dtype="float32");
+  %1 = subtract(%0, {zero}f);
+  %2 = multiply(%1, 0.0371f);
+  %3 = nn.max_pool2d(%2, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1]);
+  %4 = divide(%3, 0.0371f);
+  %5 = round(%4);
+  %6 = add(%5, {zero}f);
+  %7 = clip(%6, a_min={lo}f, a_max={hi}f);
+  cast(%7, dtype="{dtype}")
+}}'''))
+    after = Sequential((QuantizedPooling(), SimplifyRequantize())).run(mod, PassConfig(opt_level=4))
+    assert calls(after, "cast") == 0 and calls(after, "nn.max_pool2d") == 1
+    x = RNG.integers(lo, hi + 1, (1, 5, 13, 11)).astype(dtype)
+    assert_same_bits(mod, after, {"x": x})
