@@ -210,17 +210,28 @@ def model_comparison(args: argparse.Namespace) -> None:
 
 
 def print_ablation(models: dict[str, tuple[Any, Any]], ablated: str, inputs: dict[str, Any], repeat: int,
-                   rounds: int) -> None:
-    """In-graph kernel time of each default int8 build and of the same build `ablated`, profiled alternately
-    `rounds` times (medians)."""
+                   rounds: int, top: int = 6) -> None:
+    """In-graph kernel time (`CompiledModel.profile_calls`) of each default int8 build and of the same build
+    `ablated`, profiled alternately `rounds` times: the medians of the totals and, where both plans make the same
+    number of calls, the `top` calls whose medians moved most."""
     for weights, (default, without) in models.items():
-        times: dict[str, list[float]] = {"default": [], ablated: []}
+        runs: dict[str, list[list[float]]] = {"default": [], ablated: []}
         for _ in range(rounds):
-            times["default"].append(_kernel_ms(default, inputs, repeat))
-            times[ablated].append(_kernel_ms(without, inputs, repeat))
-        ours, theirs = statistics.median(times["default"]), statistics.median(times[ablated])
-        print(f"int8 {weights}-range in-graph kernel time: default build {ours:.2f} ms ({len(default.plan.calls)} "
-              f"calls), {ablated} {theirs:.2f} ms ({len(without.plan.calls)} calls): ratio {ours / theirs:.3f}")
+            runs["default"].append(default.profile_calls(3 * repeat, inputs))
+            runs[ablated].append(without.profile_calls(3 * repeat, inputs))
+        ours = statistics.median(1e3 * sum(run) for run in runs["default"])
+        theirs = statistics.median(1e3 * sum(run) for run in runs[ablated])
+        print(f"int8 {weights}-range in-graph kernel time (median of {rounds}): default build {ours:.2f} ms "
+              f"({len(default.plan.calls)} calls), {ablated} {theirs:.2f} ms ({len(without.plan.calls)} calls): "
+              f"ratio {ours / theirs:.3f}")
+        if len(default.plan.calls) != len(without.plan.calls):
+            continue
+        per_call = [(1e3 * float(np.median(a)), 1e3 * float(np.median(b)), call)
+                    for a, b, call in zip(np.array(runs["default"]).T, np.array(runs[ablated]).T, default.plan.calls)]
+        per_call.sort(key=lambda row: row[0] - row[1])
+        for mine, other, call in per_call[:top]:
+            described = "pack" if call.task < 0 else default.plan.tasks[call.task].description
+            print(f"    {other:7.3f} -> {mine:7.3f} ms  {described[:100]}")
 
 
 def print_profile(title: str, model: Any, inputs: dict[str, Any], repeat: int, top: int = 10) -> None:
