@@ -338,3 +338,40 @@ def @main(%x: Tensor[(1, 5, 13, 11), {dtype}]) {{
     assert calls(after, "cast") == 0 and calls(after, "nn.max_pool2d") == 1
     x = RNG.integers(lo, hi + 1, (1, 5, 13, 11)).astype(dtype)
     assert_same_bits(mod, after, {"x": x})
+
+
+def relu_requantize(scale: str, zero: str, tail: str = 'cast(%5, dtype="uint8")', scale_op: str = "divide",
+                    consts: tuple[np.ndarray, ...] = (), extra_use: bool = False) -> IRModule:
+    """The requantize of a ReLU output: relu, scale, round, zero point, clip to uint8, `tail`."""
+    result = f"({tail}, %0)" if extra_use else tail
+    text = f'''#[version = "0.0.5"]
+def @main(%x: Tensor[{SHAPE}, float32]) {{
+  %0 = nn.relu(%x);
+  %1 = {scale_op}(%0, {scale});
+  %2 = round(%1);
+  %3 = add(%2, {zero});
+  %4 = add(%3, 0f);
+  %5 = clip(%4, a_min=0f, a_max=255f);
+  {result}
+}}'''
+    return infer_types(parse_module(text, constants=list(consts)) if consts else parse_module(text))
+
+
+@pytest.mark.parametrize(("variant", "options", "dropped"), [
+    ("zero point 0", {"scale": "0.37f", "zero": "0f"}, True),
+    ("multiply by a positive scale", {"scale": "2.7f", "zero": "0f", "scale_op": "multiply"}, True),
+    ("negative zero point", {"scale": "0.37f", "zero": "-3f"}, True),
+    ("per-channel scales, zero points 0", {"scale": "meta[relay.Constant][0]", "zero": "meta[relay.Constant][1]",
+                                           "consts": (per_channel([0.1, 0.37, 2.0]), per_channel([0, 0, 0]))}, True),
+    ("zero point 5: relu(v) maps v < 0 to 5", {"scale": "0.37f", "zero": "5f"}, False),
+    ("one channel's zero point 2", {"scale": "meta[relay.Constant][0]", "zero": "meta[relay.Constant][1]",
+                                    "consts": (per_channel([0.1, 0.37, 2.0]), per_channel([0, 2, 0]))}, False),
+    ("negative scale: not nondecreasing", {"scale": "-0.37f", "zero": "0f"}, False),
+    ("the clip stays float", {"scale": "0.37f", "zero": "0f", "tail": "%5"}, False),
+    ("the relu has another use", {"scale": "0.37f", "zero": "0f", "extra_use": True}, False),
+])
+def test_relu_before_a_requantize(variant: str, options: dict[str, object], dropped: bool) -> None:
+    mod = relu_requantize(**options)  # type: ignore[arg-type]
+    after = simplified(mod)
+    assert calls(after, "nn.relu") == (0 if dropped else 1), variant
+    assert_same_bits(mod, after, {"x": float_data(spread=30.0)})

@@ -23,6 +23,12 @@ reference interpreter's result (float32, ties of round to even) on every input t
 3. `add(x, 0)` whose every use is a clip whose every use is a cast to an integer type is `x`: adding +0.0 only
    turns -0.0 into +0.0, which no integer cast can tell apart. `add(x, -0.0)` is `x` everywhere.
 
+4. `nn.relu(v)` whose only use is a nondecreasing elementwise chain (divide or multiply by positive constants, add
+   or subtract constants, round / floor / ceil, clip) into a clip whose every use is a cast to an integer type, and
+   whose chain maps 0 to at most that clip's `a_min` at every position, is `v`: the chain maps every v <= 0 to at
+   most `a_min` too, so the clip gives `a_min` with or without the ReLU (the requantize of a ReLU output with zero
+   point 0; `a_min` again only -0.0 against +0.0, which the integer cast cannot see).
+
 NaN: the reference casts NaN to an integer as numpy does (an undefined conversion), where rewrite 1 keeps the NaN;
 the rewrites are exact for every other float, infinities included.
 
@@ -219,24 +225,87 @@ def _byte_chain(node: Call) -> tuple[Expr, list[Call]] | None:
             return None
 
 
-def _is_identity(chain: list[Call], dtype: str) -> bool:
-    """Whether the reference interpreter maps every value of `dtype` to itself through `chain` (elementwise calls,
-    the first one reading the 8-bit tensor) at every position of the constants' broadcast shape."""
+def _constants_shape(chain: list[Call]) -> tuple[int, ...] | None:
+    """The broadcast shape of the constant operands of `chain`; None when it has more than `_MAX_TABLE_POSITIONS`
+    positions."""
     shapes = [np.shape(arg.data) for call in chain for arg in call.args if isinstance(arg, Constant)]
-    broadcast = np.broadcast_shapes(*shapes) if shapes else ()
-    if math.prod(broadcast) > _MAX_TABLE_POSITIONS:
-        return False
-    info = np.iinfo(dtype)
-    values = np.arange(int(info.min), int(info.max) + 1).astype(dtype)
-    every = np.ascontiguousarray(np.broadcast_to(values.reshape((-1,) + (1,) * len(broadcast)),
-                                                 values.shape + tuple(broadcast)))
-    rebuilt: Expr = Constant(every)
+    broadcast = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+    return broadcast if math.prod(broadcast) <= _MAX_TABLE_POSITIONS else None
+
+
+def _evaluate_chain(chain: list[Call], values: np.ndarray) -> np.ndarray:
+    """`chain` (elementwise calls, each with one non-constant operand: the previous call's result) applied by the
+    reference interpreter to `values`."""
+    rebuilt: Expr = Constant(values)
     for call in chain:
         args = tuple(arg if isinstance(arg, Constant) else rebuilt for arg in call.args)
         rebuilt = Call(call.op, args, call.attrs)
     (result,) = evaluate_constants([rebuilt])
-    result = np.asarray(result)
+    return np.asarray(result)
+
+
+def _is_identity(chain: list[Call], dtype: str) -> bool:
+    """Whether the reference interpreter maps every value of `dtype` to itself through `chain` (elementwise calls,
+    the first one reading the 8-bit tensor) at every position of the constants' broadcast shape."""
+    broadcast = _constants_shape(chain)
+    if broadcast is None:
+        return False
+    info = np.iinfo(dtype)
+    values = np.arange(int(info.min), int(info.max) + 1).astype(dtype)
+    every = np.ascontiguousarray(np.broadcast_to(values.reshape((-1,) + (1,) * len(broadcast)),
+                                                 values.shape + broadcast))
+    result = _evaluate_chain(chain, every)
     return result.dtype == every.dtype and result.shape == every.shape and bool(np.array_equal(result, every))
+
+
+def _nondecreasing_step(node: Expr, source: Expr) -> bool:
+    """Whether `node` is a nondecreasing elementwise float32 function of its operand `source` (rewrite 4)."""
+    if not isinstance(node, Call) or not _is_float32(node) or tensor_type_of(node) != tensor_type_of(source):
+        return False
+    name = node.op_name
+    if name in _ROUNDING or name == "clip":
+        return True
+    operands = _constant_operand(node)
+    if operands is None or operands[0] is not source:
+        return False
+    constant = operands[1]
+    if name in ("add", "subtract"):
+        return name == "add" or node.args[0] is source  # c - x decreases
+    if name in ("multiply", "divide"):
+        positive = bool(constant.size) and bool(np.all(np.isfinite(constant)) and np.all(constant > 0))
+        return positive and (name == "multiply" or node.args[0] is source)
+    return False
+
+
+def _relu_absorbed(node: Call, uses: dict[int, list[Expr]]) -> bool:
+    """Whether `node` is a ReLU that rewrite 4 drops (see the module docstring)."""
+    if node.op_name != "nn.relu" or not _is_float32(node):
+        return False
+    chain: list[Call] = []
+    current: Expr = node
+    while True:
+        users = uses.get(id(current), [])
+        if len(users) != 1 or not _nondecreasing_step(users[0], current):
+            return False
+        user = users[0]
+        assert isinstance(user, Call)
+        if user.op_name == "clip":
+            clip_users = uses.get(id(user), [])
+            integer_casts = bool(clip_users) and all(
+                call_op_name(u) == "cast" and (t := tensor_type_of(u)) is not None
+                and np.issubdtype(np.dtype(t.dtype), np.integer) for u in clip_users)
+            if integer_casts:
+                break
+        chain.append(user)
+        current = user
+    a_min = float(user.attrs["a_min"])  # type: ignore[arg-type]
+    if not chain:
+        return a_min >= 0  # clip(relu(v), a_min >= 0, ...) is clip(v, ...)
+    broadcast = _constants_shape(chain)
+    if broadcast is None:
+        return False
+    mapped = _evaluate_chain(chain, np.zeros(broadcast, dtype=np.float32))
+    return bool(np.all(mapped <= np.float32(a_min)))
 
 
 def _dropped_zero_add(node: Call, uses: dict[int, list[Expr]]) -> Expr | None:
@@ -286,8 +355,8 @@ def _users(func: Function) -> dict[int, list[Expr]]:
 @register_pass
 @dataclass(frozen=True)
 class SimplifyRequantize(Pass):
-    """Remove integer round trips, identity requantizations and dead zero additions from quantize / dequantize
-    chains, exactly (see the module docstring)."""
+    """Remove integer round trips, identity requantizations, dead zero additions and ReLUs that a requantize
+    absorbs from quantize / dequantize chains, exactly (see the module docstring)."""
 
     name: ClassVar[str] = "SimplifyRequantize"
     opt_level: ClassVar[int] = 2
@@ -334,6 +403,8 @@ class SimplifyRequantize(Pass):
             result = new
             if isinstance(orig, Call):
                 source = _dropped_zero_add(orig, uses)
+                if source is None and _relu_absorbed(orig, uses):
+                    source = orig.args[0]
                 if source is not None:
                     result = memo.get(id(source), source)
             memo[id(orig)] = result
