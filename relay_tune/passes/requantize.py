@@ -5,7 +5,7 @@ A QDQ graph (ONNX QuantizeLinear / DequantizeLinear, as the importer writes them
     q = cast(clip(add(round(divide(y, s1)), z1), 0, 255), "uint8")        # quantize
     v = multiply(subtract(cast(q, "float32"), z2), s2)                      # dequantize
 
-between and inside the kernels that fusion makes. Three rewrites remove work from them, each giving exactly the
+between and inside the kernels that fusion makes. Four rewrites remove work from them, each giving exactly the
 reference interpreter's result (float32, ties of round to even) on every input that holds no NaN:
 
 1. Integer round trips. `cast(cast(x, D), "float32")` is `x` when `x` is a float32 value that is provably whole,
@@ -22,12 +22,11 @@ reference interpreter's result (float32, ties of round to even) on every input t
    each value to itself, the chain's result is `q`. Another map stays as it is.
 3. `add(x, 0)` whose every use is a clip whose every use is a cast to an integer type is `x`: adding +0.0 only
    turns -0.0 into +0.0, which no integer cast can tell apart. `add(x, -0.0)` is `x` everywhere.
-
 4. `nn.relu(v)` whose only use is a nondecreasing elementwise chain (divide or multiply by positive constants, add
    or subtract constants, round / floor / ceil, clip) into a clip whose every use is a cast to an integer type, and
    whose chain maps 0 to at most that clip's `a_min` at every position, is `v`: the chain maps every v <= 0 to at
    most `a_min` too, so the clip gives `a_min` with or without the ReLU (the requantize of a ReLU output with zero
-   point 0; `a_min` again only -0.0 against +0.0, which the integer cast cannot see).
+   point 0). Where the two differ at all, it is -0.0 against +0.0 (v = -0.0), which the integer cast cannot see.
 
 NaN: the reference casts NaN to an integer as numpy does (an undefined conversion), where rewrite 1 keeps the NaN;
 the rewrites are exact for every other float, infinities included.
