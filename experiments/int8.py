@@ -2,7 +2,7 @@
 
     python -m experiments int8 [--per-channel] [--no-preprocess] [--weights full reduced] [--baseline-tree DIR]
                                [--rounds 5] [--repeat 3] [--threads 2] [--skip-model] [--skip-kernels] [--verbose]
-                               [--profile]
+                               [--profile] [--without-pass NAME ...]
 
 1. ResNet-50 with random weights (`relay_tune.testing.onnx_light`), prepared by onnxruntime's `quant_pre_process`
    (the quantization guide's first step: shape inference and its graph optimisations, which fold each BatchNorm into
@@ -30,19 +30,26 @@
 
 `--profile` prints, per weight range, where the default int8 build's kernel time goes (and the baseline tree's
 build's): in-graph time summed by each fused function's first operator, and the slowest tasks.
+
+`--without-pass NAME` (repeatable) also builds,
+in the same process, each int8 model with those graph passes skipped (e.g. `SimplifyRequantize`), times it
+interleaved with the rest, and prints its latency and in-graph kernel time against the default build's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import re
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -112,6 +119,22 @@ RANGES = {"full": False, "reduced": True}
 """onnxruntime's weight ranges by name: `reduce_range` off (8-bit weights, its default) or on (7-bit)."""
 
 
+@contextlib.contextmanager
+def passes_skipped(names: list[str]) -> Iterator[None]:
+    """Builds inside skip the graph passes `names` (each raised above every optimisation level for the while)."""
+    from relay_tune.passes import get_pass
+
+    with contextlib.ExitStack() as stack:
+        for pass_name in names:
+            stack.enter_context(mock.patch.object(type(get_pass(pass_name)), "opt_level", 1 << 20))
+        yield
+
+
+def _kernel_ms(model: Any, inputs: dict[str, Any], repeat: int) -> float:
+    """A model's in-graph kernel time (`CompiledModel.profile`, median of `3 * repeat` runs per call), in ms."""
+    return 1e3 * sum(row.seconds for row in model.profile(repeat=3 * repeat, inputs=inputs))
+
+
 def model_comparison(args: argparse.Namespace) -> None:
     import onnx
 
@@ -126,6 +149,8 @@ def model_comparison(args: argparse.Namespace) -> None:
     feeds = {name: x}
     engines: dict[str, Any] = {}
     shares: list[str] = []
+    ablated_models: dict[str, tuple[Any, Any]] = {}
+    ablated = "without " + "+".join(args.without_pass) if args.without_pass else ""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "r50.onnx"
         onnx.save(model, str(src))
@@ -155,6 +180,11 @@ def model_comparison(args: argparse.Namespace) -> None:
             engines[f"relay-tune int8 {weights}"] = functools.partial(int8.run, **feeds)
             engines[f"relay-tune int8 {weights} float"] = functools.partial(float_products.run, **feeds)
             engines[f"onnxruntime int8 {weights}"] = functools.partial(ort_int8.run, None, feeds)
+            if ablated:
+                with passes_skipped(args.without_pass):
+                    without = build(qmodel, "llvm", build_cache=False)
+                ablated_models[weights] = (int8, without)
+                engines[f"relay-tune int8 {weights} {ablated}"] = functools.partial(without.run, **feeds)
             if args.baseline_tree is not None:  # the default build of the unchanged code, in a subprocess
                 from experiments.models import baseline_build
 
@@ -163,6 +193,8 @@ def model_comparison(args: argparse.Namespace) -> None:
                     print_profile(f"int8 {weights}-range baseline tree's build", before, feeds, args.repeat)
                 engines[f"relay-tune int8 {weights} baseline"] = functools.partial(before.run, **feeds)
     samples = interleaved(engines, rounds=args.rounds, repeat=args.repeat, settle_s=0.5)
+    if ablated:
+        print_ablation(ablated_models, ablated, feeds, args.repeat, args.rounds)
     width = max(len(engine) for engine in samples)
     for engine, sample in samples.items():
         print(f"{engine:{width}} {sample.describe()}")
@@ -176,9 +208,36 @@ def model_comparison(args: argparse.Namespace) -> None:
                  f"our int8 / float-products build {ours / med[f'relay-tune int8 {weights} float']:.2f}"]
         if args.baseline_tree is not None:
             parts.append(f"our int8 / baseline tree's build {ours / med[f'relay-tune int8 {weights} baseline']:.2f}")
+        if ablated:
+            parts.append(f"our int8 / build {ablated} {ours / med[f'relay-tune int8 {weights} {ablated}']:.2f}")
         parts.append(f"onnxruntime int8 speed-up over its fp32 "
                      f"{med['onnxruntime fp32'] / med[f'onnxruntime int8 {weights}']:.2f}x")
         print(f"{weights}-range weights: " + "; ".join(parts))
+
+
+def print_ablation(models: dict[str, tuple[Any, Any]], ablated: str, inputs: dict[str, Any], repeat: int,
+                   rounds: int, top: int = 6) -> None:
+    """In-graph kernel time (`CompiledModel.profile_calls`) of each default int8 build and of the same build
+    `ablated`, profiled alternately `rounds` times: the medians of the totals and, where both plans make the same
+    number of calls, the `top` calls whose medians moved most."""
+    for weights, (default, without) in models.items():
+        runs: dict[str, list[list[float]]] = {"default": [], ablated: []}
+        for _ in range(rounds):
+            runs["default"].append(default.profile_calls(3 * repeat, inputs))
+            runs[ablated].append(without.profile_calls(3 * repeat, inputs))
+        ours = statistics.median(1e3 * sum(run) for run in runs["default"])
+        theirs = statistics.median(1e3 * sum(run) for run in runs[ablated])
+        print(f"int8 {weights}-range in-graph kernel time (median of {rounds}): default build {ours:.2f} ms "
+              f"({len(default.plan.calls)} calls), {ablated} {theirs:.2f} ms ({len(without.plan.calls)} calls): "
+              f"ratio {ours / theirs:.3f}")
+        if len(default.plan.calls) != len(without.plan.calls):
+            continue
+        per_call = [(1e3 * float(np.median(a)), 1e3 * float(np.median(b)), call)
+                    for a, b, call in zip(np.array(runs["default"]).T, np.array(runs[ablated]).T, default.plan.calls)]
+        per_call.sort(key=lambda row: row[0] - row[1])
+        for mine, other, call in per_call[:top]:
+            described = "pack" if call.task < 0 else default.plan.tasks[call.task].description
+            print(f"    {other:7.3f} -> {mine:7.3f} ms  {described[:100]}")
 
 
 def print_profile(title: str, model: Any, inputs: dict[str, Any], repeat: int, top: int = 10) -> None:
@@ -345,6 +404,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-model", action="store_true", help="only the kernels")
     parser.add_argument("--skip-kernels", action="store_true", help="only the model")
     parser.add_argument("--verbose", action="store_true", help="name the kernels timed")
+    parser.add_argument("--without-pass", nargs="+", default=[], metavar="NAME",
+                        help="also time each int8 build with these graph passes skipped (e.g. SimplifyRequantize)")
     parser.add_argument("--profile", action="store_true",
                         help="print where the default int8 builds' time goes (in-graph kernel times by operator)")
 

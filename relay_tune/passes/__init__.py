@@ -47,6 +47,7 @@ from relay_tune.passes.pipeline import (
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_pooling import QuantizedPooling
 from relay_tune.passes.quantized_products import QuantizedProducts
+from relay_tune.passes.requantize import SimplifyRequantize
 from relay_tune.passes.sibling_products import CombineSiblingProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.strided_row_conv import StridedRowConvAsFrames, StridedRowConvAsPhases
@@ -78,6 +79,7 @@ __all__ = [
     "StridedRowConvAsFrames",
     "StridedRowConvAsPhases",
     "SimplifyInference",
+    "SimplifyRequantize",
     "TaskSpec",
     "WINOGRAD_DEFAULT",
     "WINOGRAD_MODES",

@@ -21,6 +21,7 @@ from relay_tune.passes.fuse_ops import FuseOps
 from relay_tune.passes.plan_layouts import PlanLayouts
 from relay_tune.passes.quantized_pooling import QuantizedPooling
 from relay_tune.passes.quantized_products import QuantizedProducts
+from relay_tune.passes.requantize import SimplifyRequantize
 from relay_tune.passes.sibling_products import CombineSiblingProducts
 from relay_tune.passes.simplify_inference import SimplifyInference
 from relay_tune.passes.strided_row_conv import StridedRowConvAsFrames, StridedRowConvAsPhases
@@ -106,6 +107,7 @@ def default_pipeline() -> Sequential:
     FoldConstant, StridedRowConvAsFrames, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant
     by then), QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv,
     CombineSiblingProducts (after PlanLayouts: blocked convolutions are left alone), FoldConstant, Bfloat16Products,
+    SimplifyRequantize (last before fusion: the products passes match dequantizations as the importer wrote them),
     DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
     (QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
     takes at 3 and 4; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
@@ -131,6 +133,7 @@ def default_pipeline() -> Sequential:
         CombineSiblingProducts(),
         FoldConstant(),
         Bfloat16Products(),
+        SimplifyRequantize(),
         DeadCodeElimination(),
         FuseOps(),
         InferType(),
