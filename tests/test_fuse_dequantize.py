@@ -117,8 +117,9 @@ def test_producer_returns_uint8_and_consumers_dequantize(consumers: int) -> None
     assert len(producer) == 1 and producer[0][-1] == "cast"
     for ops, _ in convs:
         if ops is not producer[0]:
-            # int32 -> f32, requantize -> u8, dequantize its own result and the residual, requantize the sum
-            assert ops.count("cast") == 5
+            # int32 -> f32, the residual u8 -> f32, the sum requantized -> u8 (SimplifyRequantize drops the uint8
+            # round trip between the kernel's own requantize and dequantize)
+            assert ops.count("cast") == 3
     # the old grouping: the producer returns the float dequantized tensor
     old = _int8_convs(_fused(mod, on=False))
     assert sorted(dtype for _, dtype in old) == ["float32"] + ["uint8"] * consumers

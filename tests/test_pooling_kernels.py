@@ -46,14 +46,15 @@ QUANTIZE = '''
   %3 = add(%2, 3f);
   %4 = clip(%3, a_min=0f, a_max=255f);
   cast(%4, dtype="uint8")'''
-# after a uint8 pool: dequantize and quantize again with the same parameters (QuantizedPooling's epilogue)
+# after a uint8 pool: dequantize, then quantize to other parameters (with equal ones, QuantizedPooling's epilogue,
+# SimplifyRequantize finds the identity and the kernel is a plain uint8 pool)
 REQUANTIZE = '''
   %1 = cast(%0, dtype="float32");
   %2 = subtract(%1, 3f);
   %3 = multiply(%2, 0.05f);
-  %4 = divide(%3, 0.05f);
+  %4 = divide(%3, 0.07f);
   %5 = round(%4);
-  %6 = add(%5, 3f);
+  %6 = add(%5, 5f);
   %7 = clip(%6, a_min=0f, a_max=255f);
   cast(%7, dtype="uint8")'''
 SHAPES = {"NCHW": (1, 5, 13, 11), "NCHW8c": (2, 3, 11, 13, 8)}

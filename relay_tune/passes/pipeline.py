@@ -107,8 +107,9 @@ def default_pipeline() -> Sequential:
     FoldConstant, StridedRowConvAsFrames, StridedRowConvAsPhases (after FoldConstant: a constant weight is a constant
     by then), QuantizedPooling, QuantizedProducts, FoldScaleAxis, FoldScaleShift, PlanLayouts, WinogradConv,
     CombineSiblingProducts (after PlanLayouts: blocked convolutions are left alone), FoldConstant, Bfloat16Products,
-    SimplifyRequantize (last before fusion: the products passes match dequantizations as the importer wrote them),
-    DeadCodeElimination, FuseOps, InferType; each pass runs only at or above its own `opt_level`
+    DeadCodeElimination, FuseOps, SimplifyRequantize (inside each fused kernel: the products passes match
+    dequantizations as the importer wrote them, and fusion keeps a kernel's 8-bit result 8-bit), InferType;
+    each pass runs only at or above its own `opt_level`
     (QuantizedProducts: see `relay_tune.passes.quantized_products` for which products it
     takes at 3 and 4; PlanLayouts only when `PassConfig.layout_block` is set, WinogradConv only when
     `PassConfig.winograd` is not "off"). The FoldConstant after PlanLayouts packs constant weights into their blocked
@@ -133,9 +134,9 @@ def default_pipeline() -> Sequential:
         CombineSiblingProducts(),
         FoldConstant(),
         Bfloat16Products(),
-        SimplifyRequantize(),
         DeadCodeElimination(),
         FuseOps(),
+        SimplifyRequantize(),
         InferType(),
     )
     return Sequential(passes, name="DefaultPipeline")

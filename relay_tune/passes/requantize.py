@@ -6,7 +6,10 @@ A QDQ graph (ONNX QuantizeLinear / DequantizeLinear, as the importer writes them
     v = multiply(subtract(cast(q, "float32"), z2), s2)                      # dequantize
 
 between and inside the kernels that fusion makes. Four rewrites remove work from them, each giving exactly the
-reference interpreter's result (float32, ties of round to even) on every input that holds no NaN:
+reference interpreter's result (float32, ties of round to even) on every input that holds no NaN. The default
+pipeline runs the pass after FuseOps, on each fused kernel's function alone (on an unfused module it rewrites the
+global functions' dataflow): a kernel's result is its boundary, so an 8-bit value that a kernel returns (FuseOps
+leaves its dequantize to the consumers) stays 8-bit, and only the round trips inside a kernel go.
 
 1. Integer round trips. `cast(cast(x, D), "float32")` is `x` when `x` is a float32 value that is provably whole,
    inside the range of the integer type `D` (8 or 16 bits: every such integer is a float32) and never -0.0 (the
@@ -50,6 +53,7 @@ from relay_tune.passes.base import (
     call_op_name,
     map_functions,
     register_pass,
+    retype,
     rewrite_dataflow,
     tensor_type_of,
     use_counts,
@@ -362,6 +366,8 @@ class SimplifyRequantize(Pass):
     required: ClassVar[tuple[str, ...]] = ("InferType",)
 
     def transform(self, mod: IRModule, config: PassConfig) -> IRModule:
+        mod, changed = map_functions(mod, self._in_kernels)
+        mod = retype(mod, changed)
         # Two rounds: rewrite 3 must see the casts rewrite 1 removed (an add of 0 is what proves a value is never
         # -0.0 for rewrite 1, and stays needed where the integer cast goes).
         mod, changed = map_functions(mod, self._round_trips)
@@ -369,6 +375,32 @@ class SimplifyRequantize(Pass):
             mod = infer_types(mod)
         mod, changed = map_functions(mod, self._zero_adds)
         return infer_types(mod) if changed else mod
+
+    @classmethod
+    def simplify_function(cls, func: Function) -> Function:
+        """`func` (typed, no nested kernels) with the four rewrites applied."""
+        module = IRModule({"main": func})
+        module = infer_types(IRModule({"main": cls._round_trips(module["main"])}))
+        return cls._zero_adds(module["main"])
+
+    @classmethod
+    def _in_kernels(cls, func: Function) -> Function:
+        """`func` with every fused kernel's function (a `Primitive=1` literal) simplified on its own: after fusion
+        a kernel's parameters and result are its boundary, so an 8-bit value a kernel returns stays 8-bit, and only
+        the round trips inside a kernel go."""
+
+        def visit(orig: Expr, new: Expr) -> Expr:
+            if not (isinstance(new, Function) and new.is_primitive):
+                return new
+            plain = Function(new.params, new.body, new.ret_type)
+            simplified = cls.simplify_function(infer_types(IRModule({"main": plain}))["main"])
+            if simplified.body is plain.body:
+                return new
+            return Function(new.params, simplified.body, new.ret_type, new.attrs, new.type_params)
+
+        out = rewrite_dataflow(func, visit)
+        assert isinstance(out, Function)
+        return out
 
     @staticmethod
     def _round_trips(func: Function) -> Function:
