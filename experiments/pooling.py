@@ -19,10 +19,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,23 +95,10 @@ def kernel_comparison(args: argparse.Namespace) -> None:
         print(line)
 
 
-@contextlib.contextmanager
-def without_quantized_pooling() -> Iterator[None]:
-    """Builds inside skip `QuantizedPooling` (its opt_level above any build's)."""
-    from relay_tune.passes import QuantizedPooling
-
-    level = QuantizedPooling.opt_level
-    QuantizedPooling.opt_level = 99  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        QuantizedPooling.opt_level = level  # type: ignore[misc]
-
-
 def model_comparison(args: argparse.Namespace) -> None:
     import onnx
 
-    from experiments.int8 import RANGES, quantize_model
+    from experiments.int8 import RANGES, passes_skipped, quantize_model
     from relay_tune import build
     from relay_tune.frontend import from_onnx
     from relay_tune.testing.onnx_light import light_model
@@ -127,7 +112,7 @@ def model_comparison(args: argparse.Namespace) -> None:
         quantize_model(src, dst, name, shape, False, RANGES["reduced"])
         mod = from_onnx(onnx.load(str(dst)))[0]
     builds = {"QuantizedPooling": build(mod, "llvm", build_cache=False)}
-    with without_quantized_pooling():
+    with passes_skipped(["QuantizedPooling"]):
         builds["float pool"] = build(mod, "llvm", build_cache=False)
     outputs = [np.asarray(m.run(**feeds)) for m in builds.values()]
     print(f"max |with - without QuantizedPooling| = {np.abs(outputs[0] - outputs[1]).max():.3g}")

@@ -41,6 +41,7 @@ replacing a non-identity 8-bit chain by a per-channel table (a possible later st
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -369,19 +370,21 @@ class SimplifyRequantize(Pass):
         mod, changed = map_functions(mod, self._in_kernels)
         mod = retype(mod, changed)
         # Two rounds: rewrite 3 must see the casts rewrite 1 removed (an add of 0 is what proves a value is never
-        # -0.0 for rewrite 1, and stays needed where the integer cast goes).
+        # -0.0 for rewrite 1, and stays needed where the integer cast goes). The module is retyped between them as
+        # a whole: a global function may call another.
         mod, changed = map_functions(mod, self._round_trips)
-        if changed:
-            mod = infer_types(mod)
+        mod = retype(mod, changed)
         mod, changed = map_functions(mod, self._zero_adds)
-        return infer_types(mod) if changed else mod
+        return retype(mod, changed)
 
     @classmethod
     def simplify_function(cls, func: Function) -> Function:
-        """`func` (typed, no nested kernels) with the four rewrites applied."""
-        module = IRModule({"main": func})
-        module = infer_types(IRModule({"main": cls._round_trips(module["main"])}))
-        return cls._zero_adds(module["main"])
+        """`func` (typed, calling no other global function) with the four rewrites applied, in `transform`'s two
+        rounds."""
+        rounded = cls._round_trips(func)
+        if rounded is not func:
+            rounded = infer_types(IRModule({"main": rounded}))["main"]
+        return cls._zero_adds(rounded)
 
     @classmethod
     def _in_kernels(cls, func: Function) -> Function:
@@ -406,41 +409,44 @@ class SimplifyRequantize(Pass):
     def _round_trips(func: Function) -> Function:
         counts = use_counts(func)
         finder = _FactFinder()
-        memo: dict[int, Expr] = {}
 
-        def visit(orig: Expr, new: Expr) -> Expr:
-            result = new
-            if isinstance(orig, Call):
-                source = _round_trip_source(orig, counts, finder)
-                if source is None:
-                    chain = _byte_chain(orig)
-                    if chain is not None and _is_identity(chain[1], chain[1][-1].checked_type.dtype):  # type: ignore[attr-defined]
-                        source = chain[0]
-                if source is not None:
-                    result = memo.get(id(source), source)
-            memo[id(orig)] = result
-            return result
+        def source_of(call: Call) -> Expr | None:
+            source = _round_trip_source(call, counts, finder)
+            if source is None:
+                chain = _byte_chain(call)
+                if chain is not None and _is_identity(chain[1], chain[1][-1].checked_type.dtype):  # type: ignore[attr-defined]
+                    source = chain[0]
+            return source
 
-        new = rewrite_dataflow(func, visit)
-        assert isinstance(new, Function)
-        return new
+        return _bypass_calls(func, source_of)
 
     @staticmethod
     def _zero_adds(func: Function) -> Function:
         uses = _users(func)
-        memo: dict[int, Expr] = {}
 
-        def visit(orig: Expr, new: Expr) -> Expr:
-            result = new
-            if isinstance(orig, Call):
-                source = _dropped_zero_add(orig, uses)
-                if source is None and _relu_absorbed(orig, uses):
-                    source = orig.args[0]
-                if source is not None:
-                    result = memo.get(id(source), source)
-            memo[id(orig)] = result
-            return result
+        def source_of(call: Call) -> Expr | None:
+            source = _dropped_zero_add(call, uses)
+            if source is None and _relu_absorbed(call, uses):
+                source = call.args[0]
+            return source
 
-        new = rewrite_dataflow(func, visit)
-        assert isinstance(new, Function)
-        return new
+        return _bypass_calls(func, source_of)
+
+
+def _bypass_calls(func: Function, source_of: Callable[[Call], Expr | None]) -> Function:
+    """`func` with every call for which `source_of` (given the typed original call) names an earlier value replaced
+    by that value (as rewritten itself)."""
+    memo: dict[int, Expr] = {}
+
+    def visit(orig: Expr, new: Expr) -> Expr:
+        result = new
+        if isinstance(orig, Call):
+            source = source_of(orig)
+            if source is not None:
+                result = memo.get(id(source), source)
+        memo[id(orig)] = result
+        return result
+
+    out = rewrite_dataflow(func, visit)
+    assert isinstance(out, Function)
+    return out
